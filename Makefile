@@ -1,0 +1,55 @@
+# SPDX-License-Identifier: Apache-2.0
+# The two commands of the README:
+#   make demo   install what is missing, build, run the main job on the local store
+#   make test   install what is missing, check formatting, build and run every test twice
+#               (-Werror build, then ASan+UBSan build)
+.PHONY: all deps build build-asan test test-normal test-asan format format-check demo fuzz bench clean
+
+BUILD      ?= build
+BUILD_ASAN ?= build-asan
+JOBS       ?= $(shell nproc)
+CTEST_ARGS ?= --output-on-failure -j$(JOBS)
+
+all: build
+
+deps:
+	@scripts/deps.sh all
+
+build: deps
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVMSNAP_WERROR=ON >/dev/null
+	cmake --build $(BUILD)
+
+build-asan: deps
+	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DVMSNAP_WERROR=ON \
+	      -DVMSNAP_SANITIZE=ON -DCMAKE_C_COMPILER=clang -DVMSNAP_FUZZ=ON >/dev/null
+	cmake --build $(BUILD_ASAN)
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+format-check: deps
+	@bad=$$(for f in $$(git ls-files -co --exclude-standard '*.c' '*.h'); do \
+	    clang-format --dry-run -Werror "$$f" >/dev/null 2>&1 || echo "$$f"; done); \
+	if [ -n "$$bad" ]; then echo "not clang-formatted (run 'make format'):"; echo "$$bad"; exit 1; fi; \
+	echo "format-check: ok"
+
+test-normal: build
+	cd $(BUILD) && ctest $(CTEST_ARGS)
+
+test-asan: build-asan
+	cd $(BUILD_ASAN) && VMSNAP_SANITIZED=1 \
+	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest $(CTEST_ARGS)
+
+test: format-check
+	$(MAKE) test-normal
+	$(MAKE) test-asan
+
+demo: build
+	scripts/demo.sh $(BUILD)/vmsnap
+
+bench: build
+	bench/codec.sh $(BUILD)/vmsnap
+
+clean:
+	rm -rf $(BUILD) $(BUILD_ASAN)

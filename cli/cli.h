@@ -1,0 +1,56 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The CLI's verb table and shared helpers. Each verb lives in cli/cmd_<verb>.c. */
+#ifndef VMSNAP_CLI_H
+#define VMSNAP_CLI_H
+
+#include "vmsnap/common.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Exit codes. */
+#define EXIT_OK 0
+#define EXIT_FAIL 1
+#define EXIT_USAGE 2
+
+struct cli_verb {
+    const char *name;
+    int (*run)(int argc, char **argv); /* argv[0] is the verb */
+    const char *synopsis;              /* one line: "pack [-j N] ... SRC DST" */
+    const char *help;                  /* paragraph for `vmsnap help VERB` */
+};
+
+/* Global flags parsed by main before the verb. */
+extern bool cli_quiet;
+extern int cli_verbose;
+
+/* Parse "64M", "4G", "4096", "1.5G" (powers of 1024). Returns 0 or -EINVAL. */
+int cli_parse_size(const char *s, uint64_t *out);
+/* Parse a non-negative integer within [lo, hi]. */
+int cli_parse_uint(const char *s, unsigned long lo, unsigned long hi, unsigned long *out);
+
+/* Print "vmsnap VERB: message" to stderr. */
+void cli_error(const char *verb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Print a usage error (with the verb's synopsis) and return EXIT_USAGE. */
+int cli_usage(const char *verb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Progress line on stderr when it is a TTY and not quiet: "\rverb: done / total (rate)". */
+struct cli_progress {
+    const char *label;
+    double t0;
+    double last;
+    bool active;
+};
+void cli_progress_init(struct cli_progress *p, const char *label);
+void cli_progress_cb(void *arg, uint64_t done, uint64_t total);
+void cli_progress_end(struct cli_progress *p);
+
+double cli_now(void);
+const char *cli_bytes(char *buf, size_t len, uint64_t bytes);
+
+/* Verb implementations. */
+int cmd_pack(int argc, char **argv);
+int cmd_unpack(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+
+#endif

@@ -1,0 +1,108 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* vmsnap: the verb table and global flags. */
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static int cmd_help(int argc, char **argv);
+static int cmd_version(int argc, char **argv);
+
+/* One row per verb; keep sorted by how often users need them. */
+static const struct cli_verb verbs[] = {
+    {"pack", cmd_pack,
+     "pack [-j N] [--frame-size SIZE] [--level L] [--keep-zero-pages] [--keep-cache] SRC DST",
+     "Encode the sparse file SRC (a guest memory image, a disk image) into DST ('-' = stdout):\n"
+     "populated extents only, all-zero pages skipped, independent zstd frames per source range\n"
+     "(default 64M) compressed on N threads (default: all CPUs), and a seek table.\n"
+     "The output is byte-identical for every N. DST appears only when complete (mode 0600)."},
+    {"unpack", cmd_unpack, "unpack [-j N] [--max-size SIZE] [--fsync] SRC DST",
+     "Decode SRC ('-' = stdin) into the sparse file DST: vmsnap images in parallel, reference\n"
+     "single-stream images and plain zstd sequentially. Every field and checksum is validated;\n"
+     "DST is written under a temporary name and renamed only on success (mode 0600)."},
+    {"inspect", cmd_inspect, "inspect [--json] [--verify] [-j N] SRC",
+     "Show an image's logical size, populated bytes, zero pages elided, frames, compressed size\n"
+     "and ratio. --verify decodes everything and checks every checksum without writing."},
+    {"help", cmd_help, "help [VERB]", "Show the verbs, or one verb's help."},
+    {"version", cmd_version, "version", "Show the version (also --version)."},
+};
+
+static const struct cli_verb *find_verb(const char *name)
+{
+    for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
+        if (strcmp(verbs[i].name, name) == 0)
+            return &verbs[i];
+    return NULL;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: vmsnap [-q] [-v] VERB [ARGS]\n\nverbs:\n");
+    for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
+        fprintf(f, "  %s\n", verbs[i].synopsis);
+    fprintf(f, "\nExit codes: 0 ok, 1 failure, 2 usage. 'vmsnap help VERB' for details.\n");
+}
+
+static int cmd_help(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stdout);
+        return EXIT_OK;
+    }
+    const struct cli_verb *v = find_verb(argv[1]);
+    if (!v)
+        return cli_usage("help", "unknown verb '%s'", argv[1]);
+    printf("usage: vmsnap %s\n\n%s\n", v->synopsis, v->help);
+    return EXIT_OK;
+}
+
+static int cmd_version(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    printf("vmsnap %s\n", vmsnap_version());
+    return EXIT_OK;
+}
+
+static void log_stderr(void *arg, enum vmsnap_log_level level, const char *msg)
+{
+    (void)arg;
+    static const char *const names[] = {"error", "warning", "info", "debug"};
+    fprintf(stderr, "vmsnap: %s: %s\n", names[level], msg);
+}
+
+int main(int argc, char **argv)
+{
+    int i = 1;
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        if (!strcmp(argv[i], "-q") || !strcmp(argv[i], "--quiet"))
+            cli_quiet = true;
+        else if (!strcmp(argv[i], "-v") || !strcmp(argv[i], "--verbose"))
+            cli_verbose++;
+        else if (!strcmp(argv[i], "--version"))
+            return cmd_version(0, NULL);
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return EXIT_OK;
+        } else {
+            fprintf(stderr, "vmsnap: unknown option '%s'\n", argv[i]);
+            usage(stderr);
+            return EXIT_USAGE;
+        }
+    }
+    if (i >= argc) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    vmsnap_set_log(log_stderr, NULL,
+                   cli_quiet ? VMSNAP_LOG_ERROR
+                             : (cli_verbose > 1 ? VMSNAP_LOG_DEBUG
+                                                : (cli_verbose ? VMSNAP_LOG_INFO : VMSNAP_LOG_WARN)));
+    const struct cli_verb *v = find_verb(argv[i]);
+    if (!v) {
+        fprintf(stderr, "vmsnap: unknown verb '%s'\n", argv[i]);
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    return v->run(argc - i, argv + i);
+}

@@ -1,0 +1,149 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* CLI helpers: size parsing, error printing, the TTY progress line. */
+#include "cli.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+bool cli_quiet;
+int cli_verbose;
+
+int cli_parse_size(const char *s, uint64_t *out)
+{
+    if (!s || !*s)
+        return -EINVAL;
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0)
+        return -EINVAL;
+    double mult = 1;
+    switch (*end) {
+    case 'k':
+    case 'K':
+        mult = 1024.0;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mult = 1024.0 * 1024;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mult = 1024.0 * 1024 * 1024;
+        end++;
+        break;
+    case 't':
+    case 'T':
+        mult = 1024.0 * 1024 * 1024 * 1024;
+        end++;
+        break;
+    default:
+        break;
+    }
+    if (*end == 'i' && end[1] == 'B')
+        end += 2;
+    else if (*end == 'B')
+        end++;
+    if (*end)
+        return -EINVAL;
+    double r = v * mult;
+    if (r >= 18446744073709551615.0)
+        return -EINVAL;
+    *out = (uint64_t)r;
+    return 0;
+}
+
+int cli_parse_uint(const char *s, unsigned long lo, unsigned long hi, unsigned long *out)
+{
+    if (!s || !*s)
+        return -EINVAL;
+    errno = 0;
+    char *end;
+    unsigned long v = strtoul(s, &end, 10);
+    if (errno || *end || s[0] == '-' || v < lo || v > hi)
+        return -EINVAL;
+    *out = v;
+    return 0;
+}
+
+void cli_error(const char *verb, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "vmsnap %s: ", verb);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+int cli_usage(const char *verb, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "vmsnap %s: ", verb);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(see 'vmsnap help %s')\n", verb);
+    va_end(ap);
+    return EXIT_USAGE;
+}
+
+double cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+const char *cli_bytes(char *buf, size_t len, uint64_t bytes)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double v = (double)bytes;
+    unsigned u = 0;
+    while (v >= 1024.0 && u < 5) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%llu B", (unsigned long long)bytes);
+    else
+        snprintf(buf, len, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+void cli_progress_init(struct cli_progress *p, const char *label)
+{
+    p->label = label;
+    p->t0 = cli_now();
+    p->last = 0;
+    p->active = !cli_quiet && isatty(STDERR_FILENO);
+}
+
+void cli_progress_cb(void *arg, uint64_t done, uint64_t total)
+{
+    struct cli_progress *p = arg;
+    if (!p->active)
+        return;
+    double now = cli_now();
+    if (now - p->last < 0.2 && done < total)
+        return;
+    p->last = now;
+    char a[32], b[32], r[32];
+    double el = now - p->t0;
+    uint64_t rate = el > 0 ? (uint64_t)((double)done / el) : 0;
+    fprintf(stderr, "\r%s: %s / %s (%s/s)   ", p->label, cli_bytes(a, sizeof(a), done),
+            cli_bytes(b, sizeof(b), total), cli_bytes(r, sizeof(r), rate));
+}
+
+void cli_progress_end(struct cli_progress *p)
+{
+    if (p->active && p->last > 0)
+        fputs("\r\033[K", stderr);
+}

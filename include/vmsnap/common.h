@@ -1,0 +1,65 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * vmsnap common definitions: the error value every fallible call fills, the export macro, the
+ * log callback and the version.
+ *
+ * Conventions (all modules): functions return >= 0 on success and a negative errno on failure.
+ * The last parameter of a fallible call is `struct vmsnap_err *err` (NULL allowed); on failure
+ * it holds the same code and a message naming what failed and where. The library never prints
+ * and never exits; it reports through the log callback set with vmsnap_set_log().
+ */
+#ifndef VMSNAP_COMMON_H
+#define VMSNAP_COMMON_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define VMSNAP_API __attribute__((visibility("default")))
+
+#define VMSNAP_ERR_MSG_MAX 512
+
+/* An error: a positive errno in `code` and a human-readable message. Caller-owned. */
+struct vmsnap_err {
+    int code;
+    char msg[VMSNAP_ERR_MSG_MAX];
+};
+
+/* Fill `err` (if not NULL) with `code` (a positive errno) and a formatted message.
+ * Returns -code, so a caller can write `return vmsnap_err_set(err, EIO, "...")`. */
+VMSNAP_API int vmsnap_err_set(struct vmsnap_err *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Prefix the message in `err` with formatted context ("pull s3://b/k: " + old message).
+ * Keeps the code. Returns -err->code (or -EIO if err is NULL or empty). */
+VMSNAP_API int vmsnap_err_wrap(struct vmsnap_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Reset `err` to "no error". */
+VMSNAP_API void vmsnap_err_clear(struct vmsnap_err *err);
+
+enum vmsnap_log_level {
+    VMSNAP_LOG_ERROR = 0,
+    VMSNAP_LOG_WARN = 1,
+    VMSNAP_LOG_INFO = 2,
+    VMSNAP_LOG_DEBUG = 3,
+};
+
+/* Log callback: called from any thread; must be thread-safe. `msg` has no trailing newline. */
+typedef void (*vmsnap_log_fn)(void *arg, enum vmsnap_log_level level, const char *msg);
+
+/* Install the process-wide log callback (NULL: discard) and the most verbose level passed to it.
+ * Not thread-safe against concurrent logging: set it once at start-up. */
+VMSNAP_API void vmsnap_set_log(vmsnap_log_fn fn, void *arg, enum vmsnap_log_level max_level);
+
+/* Library version string, e.g. "0.1.0". */
+VMSNAP_API const char *vmsnap_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,181 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The snapshot image codec: a sparse file (a guest RAM image, a disk image) encoded as the
+ * reference system's sparse-extent stream, version 2 ("ATESPRSE", u32 2, zstd frames holding
+ * totalSize, {off, len, data}* records and a -1 sentinel), cut into independent zstd frames per
+ * source range, with a seek table in a trailing zstd skippable frame. Byte layouts: docs/FORMAT.md.
+ *
+ * Encoding runs `threads` workers that each take the next source range, find its extents with
+ * SEEK_DATA/SEEK_HOLE, elide all-zero 4 KiB pages and compress; the calling thread writes frames
+ * in order to a sink. Decoding with a seek table runs workers over frames in parallel and pwrites
+ * extents into a sparse destination; without one it streams sequentially.
+ *
+ * Thread safety: every call is independent; a struct vmsnap_image may be shared by decoder
+ * threads once opened (it is read-only after vmsnap_image_open()).
+ */
+#ifndef VMSNAP_IMAGE_H
+#define VMSNAP_IMAGE_H
+
+#include "vmsnap/common.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define VMSNAP_IMAGE_DEFAULT_FRAME_SIZE (64ull << 20)
+#define VMSNAP_IMAGE_MIN_FRAME_SIZE (1ull << 20)
+#define VMSNAP_IMAGE_MAX_FRAME_SIZE (1ull << 30)
+#define VMSNAP_IMAGE_DEFAULT_MAX_SIZE (64ull << 40) /* 64 TiB cap on a decoded totalSize */
+#define VMSNAP_IMAGE_PAGE 4096u
+
+/* Progress: `done` of `total` bytes (source bytes on pack, object bytes on unpack). Called from
+ * one thread at a time. */
+typedef void (*vmsnap_progress_fn)(void *arg, uint64_t done, uint64_t total);
+
+/* Where an encoder writes its object, in order. `write` gets whole frames (or the 12-byte header,
+ * or the seek table) and must consume all of `len`; returns >= 0 or -errno with `err` filled. */
+struct vmsnap_sink {
+    int (*write)(void *arg, const void *buf, size_t len, struct vmsnap_err *err);
+    void *arg;
+};
+
+/* Random-access input: `size` bytes, read with `pread` (must return exactly `len` bytes or
+ * -errno with `err` filled). May be called from several threads at once. */
+struct vmsnap_source {
+    int (*pread)(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err);
+    void *arg;
+    uint64_t size;
+    const char *name; /* for error messages ("s3://b/k", "/path") */
+};
+
+struct vmsnap_pack_opts {
+    unsigned threads;        /* 0: online CPUs */
+    uint64_t frame_size;     /* source range per frame; 0: 64 MiB; multiple of 4 KiB */
+    int level;               /* zstd level; 0: 1 */
+    bool keep_zero_pages;    /* encode all-zero pages instead of treating them as holes */
+    bool keep_cache;         /* do not drop the source's clean page cache after reading */
+    vmsnap_progress_fn progress;
+    void *progress_arg;
+};
+
+struct vmsnap_image_stats {
+    uint64_t total_size;  /* logical size of the file */
+    uint64_t populated;   /* bytes stored in extents */
+    uint64_t zero_elided; /* allocated bytes skipped as all-zero pages (pack only) */
+    uint64_t extents;     /* extent records */
+    uint64_t frames;      /* zstd frames holding records (data frames) */
+    uint64_t object_size; /* encoded bytes */
+    bool has_seek_table;
+    bool plain_zstd; /* input was a plain zstd stream of a whole file */
+};
+
+/* Encode the regular file open at `src_fd` into `sink`. The output is byte-identical for any
+ * thread count. Memory: about threads x 3 x frame_size at most. */
+VMSNAP_API int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_sink *sink,
+                                    const struct vmsnap_pack_opts *opts,
+                                    struct vmsnap_image_stats *stats, struct vmsnap_err *err);
+
+/* Encode file `src` to file `dst` ("-" = stdout). A file destination is written under a temporary
+ * name in its directory (mode 0600) and renamed on success; on failure nothing is left there. */
+VMSNAP_API int vmsnap_image_pack(const char *src, const char *dst,
+                                 const struct vmsnap_pack_opts *opts,
+                                 struct vmsnap_image_stats *stats, struct vmsnap_err *err);
+
+struct vmsnap_unpack_opts {
+    unsigned threads;  /* 0: online CPUs */
+    uint64_t max_size; /* cap on totalSize; 0: 64 TiB */
+    bool fsync;        /* fsync the destination before renaming it into place */
+    vmsnap_progress_fn progress;
+    void *progress_arg;
+};
+
+/* Decode file `src` ("-" = stdin, sequential) into a new sparse file `dst` (mode 0600), written
+ * under a temporary name and renamed only on success; an existing `dst` is replaced only then.
+ * Accepts vmsnap objects, reference single-stream objects and plain zstd streams. */
+VMSNAP_API int vmsnap_image_unpack(const char *src, const char *dst,
+                                   const struct vmsnap_unpack_opts *opts,
+                                   struct vmsnap_image_stats *stats, struct vmsnap_err *err);
+
+/* An opened image with a seek table (read-only after open). */
+struct vmsnap_image;
+
+struct vmsnap_frame_info {
+    uint64_t offset;    /* byte offset of the frame in the object */
+    uint64_t csize;     /* compressed bytes */
+    uint64_t dsize;     /* decompressed bytes */
+    uint64_t src_start; /* source range covered [src_start, src_end) */
+    uint64_t src_end;
+    uint64_t populated; /* data bytes in its records */
+    uint64_t checksum;  /* XXH64 of the decompressed content */
+};
+
+/* Read and validate the seek table at the end of `src`. Returns 1 and sets *out when the object
+ * has one, 0 (with *out NULL) when it has none (a sequential stream or plain zstd), -errno on an
+ * I/O error or a corrupt table. `max_size` caps totalSize (0: 64 TiB). Free with
+ * vmsnap_image_free(). */
+VMSNAP_API int vmsnap_image_open(const struct vmsnap_source *src, uint64_t max_size,
+                                 struct vmsnap_image **out, struct vmsnap_err *err);
+VMSNAP_API void vmsnap_image_free(struct vmsnap_image *img);
+
+/* Whole-image fields from the table. `frames` counts every frame, header and trailer included. */
+VMSNAP_API void vmsnap_image_get_stats(const struct vmsnap_image *img,
+                                       struct vmsnap_image_stats *stats);
+VMSNAP_API uint32_t vmsnap_image_frame_count(const struct vmsnap_image *img);
+VMSNAP_API void vmsnap_image_frame(const struct vmsnap_image *img, uint32_t i,
+                                   struct vmsnap_frame_info *info);
+
+/* Decode frame `i`, reading its bytes from `src` at `info.offset - base` (so a caller holding a
+ * buffer of frames starting at object offset `base` passes a source over that buffer). Extents
+ * are pwritten to `dst_fd` (-1: only verify). Checks the zstd checksum, the table's XXH64 and
+ * sizes, and that every record lies inside the frame's source range. Thread-safe. Adds the
+ * frame's extents and data bytes to *extents and *populated when not NULL. */
+VMSNAP_API int vmsnap_image_decode_frame(const struct vmsnap_image *img, uint32_t i,
+                                         const struct vmsnap_source *src, uint64_t base,
+                                         int dst_fd, uint64_t *extents, struct vmsnap_err *err);
+
+/* Decode a whole image with a seek table into `dst_fd` using `threads` workers (0: CPUs). The
+ * caller has sized nothing: this sets the file size (ftruncate) and writes only extents. */
+VMSNAP_API int vmsnap_image_decode_parallel(const struct vmsnap_image *img,
+                                            const struct vmsnap_source *src, int dst_fd,
+                                            const struct vmsnap_unpack_opts *opts,
+                                            struct vmsnap_image_stats *stats,
+                                            struct vmsnap_err *err);
+
+/* Sequential decoder, fed by the caller (a pipe, a streaming GET). Handles vmsnap and reference
+ * sparse-extent objects (skippable frames are skipped) and plain zstd of a whole file (all-zero
+ * 64 KiB blocks are left as holes). `dst_fd` must be a regular file open for writing (-1 = verify
+ * only); the decoder sets its size. */
+struct vmsnap_seqdec;
+VMSNAP_API int vmsnap_seqdec_new(int dst_fd, uint64_t max_size, const char *src_name,
+                                 struct vmsnap_seqdec **out, struct vmsnap_err *err);
+VMSNAP_API int vmsnap_seqdec_feed(struct vmsnap_seqdec *dec, const void *buf, size_t len,
+                                  struct vmsnap_err *err);
+/* End of input: fails if the stream is incomplete (no sentinel, truncated frame). */
+VMSNAP_API int vmsnap_seqdec_finish(struct vmsnap_seqdec *dec, struct vmsnap_image_stats *stats,
+                                    struct vmsnap_err *err);
+VMSNAP_API void vmsnap_seqdec_free(struct vmsnap_seqdec *dec);
+
+/* Decode everything and check every checksum without writing. Fills `stats` (from the table when
+ * there is one, else from the stream). `verify`=false reads only the table when there is one. */
+VMSNAP_API int vmsnap_image_inspect(const char *src, bool verify, unsigned threads,
+                                    struct vmsnap_image_stats *stats, struct vmsnap_err *err);
+
+/* A source over a regular file descriptor (not owned). */
+VMSNAP_API void vmsnap_source_fd(struct vmsnap_source *src, int fd, uint64_t size,
+                                 const char *name);
+/* A source over a memory buffer (not owned). */
+struct vmsnap_membuf {
+    const uint8_t *data;
+    size_t len;
+};
+VMSNAP_API void vmsnap_source_mem(struct vmsnap_source *src, struct vmsnap_membuf *mb,
+                                  const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private layout constants of the image format (docs/FORMAT.md is the prose version). */
+#ifndef VMSNAP_IMAGE_INT_H
+#define VMSNAP_IMAGE_INT_H
+
+#include "vmsnap/image.h"
+
+#define IMG_MAGIC "ATESPRSE"
+#define IMG_MAGIC_LEN 8
+#define IMG_VERSION 2u
+#define IMG_HEADER_LEN 12 /* magic + u32 version */
+
+#define ZSTD_FRAME_MAGIC 0xFD2FB528u
+#define ZSTD_SKIP_MAGIC_MIN 0x184D2A50u
+#define ZSTD_SKIP_MAGIC_MASK 0xFFFFFFF0u
+
+/* The seek table lives in a skippable frame with this magic. */
+#define SEEK_SKIP_MAGIC 0x184D2A5Eu
+#define SEEK_TABLE_VERSION 1u
+#define SEEK_HDR_LEN 64
+#define SEEK_ENTRY_LEN 48
+#define SEEK_FOOTER_LEN 32
+#define SEEK_FOOTER_MAGIC "VMSNSEEK"
+#define SEEK_FLAG_ZERO_ELIDED 1u
+/* Frames in one image at most (1 TiB logical at 1 MiB per frame, plus header and trailer). */
+#define SEEK_MAX_FRAMES (1u << 20)
+
+/* Bytes of an extent record header (off i64, len i64) and of the totalSize / sentinel words. */
+#define REC_HDR_LEN 16
+#define REC_WORD_LEN 8
+
+/* The upper bound on a data frame's decompressed size for a given source span: every byte plus
+ * a record header per 512 bytes (no filesystem reports extents finer than that) and two more. */
+static inline uint64_t img_max_dsize(uint64_t span)
+{
+    return span + REC_HDR_LEN * (span / 512 + 2);
+}
+
+#endif

@@ -1,0 +1,170 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Whole-buffer I/O and atomically published files. */
+#include "sys/sys.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+ssize_t sys_pread_full(int fd, void *buf, size_t len, uint64_t off)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = pread(fd, (char *)buf + done, len - done, (off_t)(off + done));
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (n == 0)
+            break;
+        done += (size_t)n;
+    }
+    return (ssize_t)done;
+}
+
+int sys_pwrite_full(int fd, const void *buf, size_t len, uint64_t off)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = pwrite(fd, (const char *)buf + done, len - done, (off_t)(off + done));
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (n == 0)
+            return -EIO;
+        done += (size_t)n;
+    }
+    return 0;
+}
+
+int sys_write_full(int fd, const void *buf, size_t len)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = write(fd, (const char *)buf + done, len - done);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (n == 0)
+            return -EIO;
+        done += (size_t)n;
+    }
+    return 0;
+}
+
+unsigned sys_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (unsigned)n : 1;
+}
+
+int sys_atomic_open(struct sys_atomic_file *af, const char *path, mode_t mode,
+                    struct vmsnap_err *err)
+{
+    af->fd = -1;
+    af->path = strdup(path);
+    size_t n = strlen(path) + 32;
+    af->tmp = malloc(n);
+    if (!af->path || !af->tmp) {
+        free(af->path);
+        free(af->tmp);
+        af->path = af->tmp = NULL;
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    }
+    /* Hidden temporary name in the same directory so rename is atomic. */
+    char *dup = strdup(path);
+    if (!dup) {
+        sys_atomic_abort(af);
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    }
+    char *dup2 = strdup(path);
+    if (!dup2) {
+        free(dup);
+        sys_atomic_abort(af);
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    }
+    const char *dir = dirname(dup);
+    const char *base = basename(dup2);
+    snprintf(af->tmp, n, "%s/.%s.XXXXXX", dir, base);
+    free(dup2);
+    free(dup);
+    af->fd = mkostemp(af->tmp, O_CLOEXEC);
+    if (af->fd < 0) {
+        int e = errno;
+        sys_atomic_abort(af);
+        return vmsnap_err_set(err, e, "create temporary file for %s: %s", path, strerror(e));
+    }
+    if (fchmod(af->fd, mode) < 0) {
+        int e = errno;
+        sys_atomic_abort(af);
+        return vmsnap_err_set(err, e, "chmod %s: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+int sys_fsync_parent(const char *path, struct vmsnap_err *err)
+{
+    char *dup = strdup(path);
+    if (!dup)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    int dfd = open(dirname(dup), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = 0;
+    if (dfd < 0 || fsync(dfd) < 0)
+        rc = vmsnap_err_set(err, errno, "fsync directory of %s: %s", path, strerror(errno));
+    if (dfd >= 0)
+        close(dfd);
+    free(dup);
+    return rc;
+}
+
+int sys_atomic_commit(struct sys_atomic_file *af, bool sync, struct vmsnap_err *err)
+{
+    int rc = 0;
+    if (sync && fsync(af->fd) < 0) {
+        rc = vmsnap_err_set(err, errno, "fsync %s: %s", af->path, strerror(errno));
+        goto fail;
+    }
+    if (close(af->fd) < 0) {
+        af->fd = -1;
+        rc = vmsnap_err_set(err, errno, "close %s: %s", af->path, strerror(errno));
+        goto fail;
+    }
+    af->fd = -1;
+    if (rename(af->tmp, af->path) < 0) {
+        rc = vmsnap_err_set(err, errno, "rename %s to %s: %s", af->tmp, af->path, strerror(errno));
+        goto fail;
+    }
+    free(af->tmp);
+    af->tmp = NULL;
+    if (sync)
+        rc = sys_fsync_parent(af->path, err);
+    free(af->path);
+    af->path = NULL;
+    return rc;
+fail:
+    sys_atomic_abort(af);
+    return rc;
+}
+
+void sys_atomic_abort(struct sys_atomic_file *af)
+{
+    if (af->fd >= 0)
+        close(af->fd);
+    af->fd = -1;
+    if (af->tmp) {
+        unlink(af->tmp);
+        free(af->tmp);
+    }
+    af->tmp = NULL;
+    free(af->path);
+    af->path = NULL;
+}

@@ -1,0 +1,38 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private system helpers: whole-buffer I/O, atomically published output files, CPU count. */
+#ifndef VMSNAP_SYS_H
+#define VMSNAP_SYS_H
+
+#include "util/util.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* pread/pwrite/write the whole buffer, retrying on EINTR and short counts.
+ * pread_full returns the bytes read (less than len only at end of file) or -errno. */
+ssize_t sys_pread_full(int fd, void *buf, size_t len, uint64_t off);
+int sys_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
+int sys_write_full(int fd, const void *buf, size_t len);
+
+/* Online CPUs (at least 1). */
+unsigned sys_cpus(void);
+
+/* A file created under a temporary name beside `path` and renamed onto it by commit.
+ * Abort (or a failed commit) unlinks the temporary file; nothing appears at `path`. */
+struct sys_atomic_file {
+    int fd;
+    char *path;
+    char *tmp;
+};
+int sys_atomic_open(struct sys_atomic_file *af, const char *path, mode_t mode,
+                    struct vmsnap_err *err);
+/* fsync the file (if `sync`), rename onto the final path, fsync the directory (if `sync`). */
+int sys_atomic_commit(struct sys_atomic_file *af, bool sync, struct vmsnap_err *err);
+void sys_atomic_abort(struct sys_atomic_file *af);
+
+/* fsync the directory holding `path`. */
+int sys_fsync_parent(const char *path, struct vmsnap_err *err);
+
+#endif

@@ -1,0 +1,27 @@
+# SPDX-License-Identifier: Apache-2.0
+# Shared helpers for shell tests. Source it: . "$VMSNAP_SRC/tests/lib.sh"
+set -euo pipefail
+VMSNAP=${VMSNAP_BIN:?VMSNAP_BIN is set by ctest}
+SRC=${VMSNAP_SRC:?}
+T=$(mktemp -d "${TMPDIR:-/tmp}/vmsnap-sh.XXXXXX")
+trap 't_cleanup' EXIT
+t_cleanup() { [ -n "${VMSNAP_KEEP_TMP:-}" ] || rm -rf "$T"; }
+fails=0
+fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+# skip REASON: exit 77, or 1 when VMSNAP_REQUIRE_ALL=1
+skip() {
+    if [ "${VMSNAP_REQUIRE_ALL:-0}" = 1 ]; then echo "FAIL (skip not allowed): $*" >&2; exit 1; fi
+    echo "SKIP: $*" >&2; exit 77
+}
+# expect_fail DESC CMD...: the command must exit 1 and print an error to stderr
+expect_fail() {
+    local desc=$1; shift
+    local rc=0
+    "$@" >"$T/out" 2>"$T/err" || rc=$?
+    if [ "$rc" != 1 ]; then fail "$desc: exit $rc, expected 1 ($(head -c 300 "$T/err"))"; return; fi
+    [ -s "$T/err" ] || fail "$desc: no error message"
+}
+done_tests() {
+    if [ "$fails" -ne 0 ]; then echo "FAILED: $fails" >&2; exit 1; fi
+    echo ok
+}
