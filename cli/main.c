@@ -95,9 +95,10 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     vmsnap_set_log(log_stderr, NULL,
-                   cli_quiet ? VMSNAP_LOG_ERROR
-                             : (cli_verbose > 1 ? VMSNAP_LOG_DEBUG
-                                                : (cli_verbose ? VMSNAP_LOG_INFO : VMSNAP_LOG_WARN)));
+                   cli_quiet
+                       ? VMSNAP_LOG_ERROR
+                       : (cli_verbose > 1 ? VMSNAP_LOG_DEBUG
+                                          : (cli_verbose ? VMSNAP_LOG_INFO : VMSNAP_LOG_WARN)));
     const struct cli_verb *v = find_verb(argv[i]);
     if (!v) {
         fprintf(stderr, "vmsnap: unknown verb '%s'\n", argv[i]);

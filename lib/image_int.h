@@ -14,6 +14,15 @@
 #define ZSTD_SKIP_MAGIC_MIN 0x184D2A50u
 #define ZSTD_SKIP_MAGIC_MASK 0xFFFFFFF0u
 
+/* An info skippable frame right after the header announces the seek table, so a sequential
+ * reader can tell a vmsnap object that lost its table (truncated) from a reference stream.
+ * Content: "VMSNINFO", u32 version, u32 flags, u64 frame size. */
+#define INFO_SKIP_MAGIC 0x184D2A5Du
+#define INFO_MAGIC "VMSNINFO"
+#define INFO_VERSION 1u
+#define INFO_FLAG_SEEK_TABLE 1u
+#define INFO_CONTENT_LEN 24
+
 /* The seek table lives in a skippable frame with this magic. */
 #define SEEK_SKIP_MAGIC 0x184D2A5Eu
 #define SEEK_TABLE_VERSION 1u
@@ -35,5 +44,11 @@ static inline uint64_t img_max_dsize(uint64_t span)
 {
     return span + REC_HDR_LEN * (span / 512 + 2);
 }
+
+/* Parse and validate a seek table (the whole skippable frame, `tsize` bytes found at object
+ * offset `toff`). On success *out is a new image. */
+struct vmsnap_image;
+int img_table_parse(const uint8_t *t, size_t tsize, uint64_t toff, uint64_t max_size,
+                    const char *name, struct vmsnap_image **out, struct vmsnap_err *err);
 
 #endif

@@ -53,11 +53,11 @@ struct vmsnap_source {
 };
 
 struct vmsnap_pack_opts {
-    unsigned threads;        /* 0: online CPUs */
-    uint64_t frame_size;     /* source range per frame; 0: 64 MiB; multiple of 4 KiB */
-    int level;               /* zstd level; 0: 1 */
-    bool keep_zero_pages;    /* encode all-zero pages instead of treating them as holes */
-    bool keep_cache;         /* do not drop the source's clean page cache after reading */
+    unsigned threads;     /* 0: online CPUs */
+    uint64_t frame_size;  /* source range per frame; 0: 64 MiB; multiple of 4 KiB */
+    int level;            /* zstd level; 0: 1 */
+    bool keep_zero_pages; /* encode all-zero pages instead of treating them as holes */
+    bool keep_cache;      /* do not drop the source's clean page cache after reading */
     vmsnap_progress_fn progress;
     void *progress_arg;
 };
@@ -75,7 +75,8 @@ struct vmsnap_image_stats {
 
 /* Encode the regular file open at `src_fd` into `sink`. The output is byte-identical for any
  * thread count. Memory: about threads x 3 x frame_size at most. */
-VMSNAP_API int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_sink *sink,
+VMSNAP_API int vmsnap_image_pack_fd(int src_fd, const char *src_name,
+                                    const struct vmsnap_sink *sink,
                                     const struct vmsnap_pack_opts *opts,
                                     struct vmsnap_image_stats *stats, struct vmsnap_err *err);
 
@@ -134,8 +135,8 @@ VMSNAP_API void vmsnap_image_frame(const struct vmsnap_image *img, uint32_t i,
  * sizes, and that every record lies inside the frame's source range. Thread-safe. Adds the
  * frame's extents and data bytes to *extents and *populated when not NULL. */
 VMSNAP_API int vmsnap_image_decode_frame(const struct vmsnap_image *img, uint32_t i,
-                                         const struct vmsnap_source *src, uint64_t base,
-                                         int dst_fd, uint64_t *extents, struct vmsnap_err *err);
+                                         const struct vmsnap_source *src, uint64_t base, int dst_fd,
+                                         uint64_t *extents, struct vmsnap_err *err);
 
 /* Decode a whole image with a seek table into `dst_fd` using `threads` workers (0: CPUs). The
  * caller has sized nothing: this sets the file size (ftruncate) and writes only extents. */

@@ -34,7 +34,11 @@ int vmsnap_err_wrap(struct vmsnap_err *err, const char *fmt, ...)
     char old[VMSNAP_ERR_MSG_MAX];
     memcpy(old, err->msg, sizeof(old));
     old[sizeof(old) - 1] = '\0';
-    snprintf(err->msg, sizeof(err->msg), "%s%s", prefix, old);
+    size_t pl = strnlen(prefix, sizeof(err->msg) - 1);
+    memcpy(err->msg, prefix, pl);
+    size_t ol = strnlen(old, sizeof(err->msg) - 1 - pl);
+    memcpy(err->msg + pl, old, ol);
+    err->msg[pl + ol] = '\0';
     return -err->code;
 }
 

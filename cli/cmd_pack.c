@@ -1,0 +1,158 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* vmsnap pack / unpack. */
+#include "cli.h"
+#include "vmsnap/image.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+static void summary(const char *verb, const struct vmsnap_image_stats *st, double wall, double cpu)
+{
+    if (cli_quiet)
+        return;
+    char a[32], b[32], c[32], d[32], r[32];
+    double ratio = st->object_size ? (double)st->populated / (double)st->object_size : 0;
+    fprintf(stderr,
+            "%s: logical %s, populated %s, zero pages elided %s, object %s (%.2fx), %llu frames, "
+            "%.3f s, %s/s of populated data, %.2f CPU s\n",
+            verb, cli_bytes(a, sizeof(a), st->total_size), cli_bytes(b, sizeof(b), st->populated),
+            cli_bytes(c, sizeof(c), st->zero_elided), cli_bytes(d, sizeof(d), st->object_size),
+            ratio, (unsigned long long)st->frames, wall,
+            cli_bytes(r, sizeof(r), wall > 0 ? (uint64_t)((double)st->populated / wall) : 0), cpu);
+}
+
+int cmd_pack(int argc, char **argv)
+{
+    static const struct option lopts[] = {
+        {"threads", required_argument, NULL, 'j'},
+        {"frame-size", required_argument, NULL, 'f'},
+        {"level", required_argument, NULL, 'l'},
+        {"keep-zero-pages", no_argument, NULL, 'z'},
+        {"keep-cache", no_argument, NULL, 'k'},
+        {"help", no_argument, NULL, 'h'},
+        {0, 0, 0, 0},
+    };
+    struct vmsnap_pack_opts o = {0};
+    unsigned long v;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "j:h", lopts, NULL)) != -1) {
+        switch (c) {
+        case 'j':
+            if (cli_parse_uint(optarg, 1, 256, &v) < 0)
+                return cli_usage("pack", "-j wants a thread count from 1 to 256, not '%s'", optarg);
+            o.threads = (unsigned)v;
+            break;
+        case 'f':
+            if (cli_parse_size(optarg, &o.frame_size) < 0)
+                return cli_usage("pack", "--frame-size wants a size like 64M, not '%s'", optarg);
+            break;
+        case 'l':
+            if (cli_parse_uint(optarg, 1, 22, &v) < 0)
+                return cli_usage("pack", "--level wants a zstd level from 1 to 22, not '%s'",
+                                 optarg);
+            o.level = (int)v;
+            break;
+        case 'z':
+            o.keep_zero_pages = true;
+            break;
+        case 'k':
+            o.keep_cache = true;
+            break;
+        case 'h':
+            printf("usage: vmsnap pack [-j N] [--frame-size SIZE] [--level L] [--keep-zero-pages] "
+                   "[--keep-cache] SRC DST\n");
+            return EXIT_OK;
+        default:
+            return cli_usage("pack", "bad option");
+        }
+    }
+    if (argc - optind != 2)
+        return cli_usage("pack", "wants SRC and DST");
+    const char *src = argv[optind], *dst = argv[optind + 1];
+    if (strcmp(dst, "-") == 0 && isatty(STDOUT_FILENO))
+        return cli_usage("pack", "refusing to write an image to a terminal");
+    struct cli_progress p;
+    cli_progress_init(&p, "pack");
+    o.progress = cli_progress_cb;
+    o.progress_arg = &p;
+    struct vmsnap_err err = {0};
+    struct vmsnap_image_stats st;
+    double t0 = cli_now(), c0 = cpu_seconds();
+    int rc = vmsnap_image_pack(src, dst, &o, &st, &err);
+    cli_progress_end(&p);
+    if (rc < 0) {
+        cli_error("pack", "%s", err.msg);
+        return EXIT_FAIL;
+    }
+    summary("pack", &st, cli_now() - t0, cpu_seconds() - c0);
+    return EXIT_OK;
+}
+
+int cmd_unpack(int argc, char **argv)
+{
+    static const struct option lopts[] = {
+        {"threads", required_argument, NULL, 'j'},
+        {"max-size", required_argument, NULL, 'm'},
+        {"fsync", no_argument, NULL, 's'},
+        {"help", no_argument, NULL, 'h'},
+        {0, 0, 0, 0},
+    };
+    struct vmsnap_unpack_opts o = {0};
+    unsigned long v;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "j:h", lopts, NULL)) != -1) {
+        switch (c) {
+        case 'j':
+            if (cli_parse_uint(optarg, 1, 256, &v) < 0)
+                return cli_usage("unpack", "-j wants a thread count from 1 to 256, not '%s'",
+                                 optarg);
+            o.threads = (unsigned)v;
+            break;
+        case 'm':
+            if (cli_parse_size(optarg, &o.max_size) < 0 || o.max_size == 0)
+                return cli_usage("unpack", "--max-size wants a size like 64T, not '%s'", optarg);
+            break;
+        case 's':
+            o.fsync = true;
+            break;
+        case 'h':
+            printf("usage: vmsnap unpack [-j N] [--max-size SIZE] [--fsync] SRC DST\n");
+            return EXIT_OK;
+        default:
+            return cli_usage("unpack", "bad option");
+        }
+    }
+    if (argc - optind != 2)
+        return cli_usage("unpack", "wants SRC and DST");
+    const char *src = argv[optind], *dst = argv[optind + 1];
+    if (strcmp(dst, "-") == 0)
+        return cli_usage("unpack", "DST must be a file path (the output is a sparse file)");
+    struct cli_progress p;
+    cli_progress_init(&p, "unpack");
+    o.progress = cli_progress_cb;
+    o.progress_arg = &p;
+    struct vmsnap_err err = {0};
+    struct vmsnap_image_stats st;
+    double t0 = cli_now(), c0 = cpu_seconds();
+    int rc = vmsnap_image_unpack(src, dst, &o, &st, &err);
+    cli_progress_end(&p);
+    if (rc < 0) {
+        cli_error("unpack", "%s", err.msg);
+        return EXIT_FAIL;
+    }
+    summary("unpack", &st, cli_now() - t0, cpu_seconds() - c0);
+    return EXIT_OK;
+}

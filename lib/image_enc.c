@@ -1,0 +1,612 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Image encoder.
+ *
+ * The source is cut into fixed ranges of `frame_size` bytes. Worker threads take the next range,
+ * walk its extents with SEEK_DATA/SEEK_HOLE, pread each extent straight into a content buffer
+ * laid out as the decoded stream ({off, len} header then data), drop all-zero pages by compacting
+ * the buffer in place (a zero page frees 4 KiB, enough for the 16-byte header of the run after
+ * it, so the write pointer never overtakes the read pointer), and compress the buffer as one zstd
+ * frame with pinned parameters. The calling thread writes finished frames in range order and
+ * builds the seek table. Range boundaries depend only on frame_size, so the output is the same
+ * for every thread count.
+ *
+ * Memory: each worker owns one content buffer (<= frame_size + headers) and a window of
+ * threads + 1 compressed frames waits for the writer, so at most about 2 x threads x frame_size.
+ */
+#include "image_int.h"
+#include "sys/sys.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+#include <zstd.h>
+
+enum slot_state { SLOT_FREE, SLOT_BUSY, SLOT_DONE };
+
+struct slot {
+    enum slot_state state;
+    int rc;
+    struct vmsnap_err err;
+    uint8_t *cbuf; /* compressed frame, NULL for an empty range */
+    size_t clen;
+    struct vmsnap_frame_info fi;
+    uint64_t zero_elided;
+    uint64_t extents;
+};
+
+struct enc {
+    int fd;
+    const char *name;
+    uint64_t size;
+    uint64_t frame_size;
+    uint64_t nranges;
+    int level;
+    bool elide;
+    bool drop_cache;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work; /* a slot was freed or abort */
+    pthread_cond_t cv_done; /* a slot finished */
+    uint64_t next;          /* next range to hand out */
+    uint64_t written;       /* ranges consumed by the writer */
+    unsigned window;
+    struct slot *slots;
+    bool abort;
+};
+
+struct extent {
+    uint64_t off;
+    uint64_t len;
+};
+
+struct worker {
+    struct enc *e;
+    ZSTD_CCtx *cctx;
+    uint8_t *buf;
+    size_t cap;
+    struct extent *ext;
+    size_t next_cap;
+};
+
+/* True when `len` bytes at p are all zero: 64 bytes per step, stop at the first non-zero word. */
+static bool all_zero(const uint8_t *p, size_t len)
+{
+    size_t i = 0;
+    for (; i + 64 <= len; i += 64) {
+        uint64_t w[8];
+        memcpy(w, p + i, 64);
+        if (w[0] | w[1] | w[2] | w[3] | w[4] | w[5] | w[6] | w[7])
+            return false;
+    }
+    for (; i < len; i++)
+        if (p[i])
+            return false;
+    return true;
+}
+
+static int set_cparams(ZSTD_CCtx *cctx, int level)
+{
+    size_t r = ZSTD_CCtx_reset(cctx, ZSTD_reset_session_and_parameters);
+    if (!ZSTD_isError(r))
+        r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, level);
+    if (!ZSTD_isError(r))
+        r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
+    if (!ZSTD_isError(r))
+        r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 1);
+    if (!ZSTD_isError(r))
+        r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_nbWorkers, 0);
+    return ZSTD_isError(r) ? -EINVAL : 0;
+}
+
+/* Compress `len` bytes into a new exactly-sized buffer. */
+static int compress_frame(ZSTD_CCtx *cctx, int level, const uint8_t *src, size_t len, uint8_t **out,
+                          size_t *out_len, struct vmsnap_err *err)
+{
+    if (set_cparams(cctx, level) < 0)
+        return vmsnap_err_set(err, EINVAL, "zstd: cannot set level %d", level);
+    size_t cap = ZSTD_compressBound(len);
+    uint8_t *c = malloc(cap);
+    if (!c)
+        return vmsnap_err_set(err, ENOMEM, "out of memory (%zu bytes for a frame)", cap);
+    size_t n = ZSTD_compress2(cctx, c, cap, src, len);
+    if (ZSTD_isError(n)) {
+        free(c);
+        return vmsnap_err_set(err, EIO, "zstd compress: %s", ZSTD_getErrorName(n));
+    }
+    uint8_t *shrunk = realloc(c, n);
+    *out = shrunk ? shrunk : c;
+    *out_len = n;
+    return 0;
+}
+
+static int reserve(struct worker *w, size_t need, struct vmsnap_err *err)
+{
+    if (need <= w->cap)
+        return 0;
+    size_t cap = w->cap ? w->cap : (1u << 20);
+    while (cap < need)
+        cap *= 2;
+    uint8_t *b = realloc(w->buf, cap);
+    if (!b)
+        return vmsnap_err_set(err, ENOMEM, "out of memory (%zu bytes for a range)", cap);
+    w->buf = b;
+    w->cap = cap;
+    return 0;
+}
+
+/* Find the data extents of [start, end). */
+static int find_extents(struct worker *w, uint64_t start, uint64_t end, size_t *n_out,
+                        struct vmsnap_err *err)
+{
+    struct enc *e = w->e;
+    size_t n = 0;
+    uint64_t pos = start;
+    while (pos < end) {
+        off_t d = lseek(e->fd, (off_t)pos, SEEK_DATA);
+        if (d < 0) {
+            if (errno == ENXIO)
+                break;
+            return vmsnap_err_set(err, errno, "%s: SEEK_DATA at offset %llu: %s", e->name,
+                                  (unsigned long long)pos, strerror(errno));
+        }
+        if ((uint64_t)d >= end)
+            break;
+        off_t h = lseek(e->fd, d, SEEK_HOLE);
+        if (h < 0)
+            return vmsnap_err_set(err, errno, "%s: SEEK_HOLE at offset %lld: %s", e->name,
+                                  (long long)d, strerror(errno));
+        uint64_t hend = VMSNAP_MIN((uint64_t)h, end);
+        if (hend <= (uint64_t)d)
+            break;
+        if (n == w->next_cap) {
+            size_t cap = w->next_cap ? w->next_cap * 2 : 64;
+            struct extent *x = realloc(w->ext, cap * sizeof(*x));
+            if (!x)
+                return vmsnap_err_set(err, ENOMEM, "out of memory (extent list)");
+            w->ext = x;
+            w->next_cap = cap;
+        }
+        w->ext[n].off = (uint64_t)d;
+        w->ext[n].len = hend - (uint64_t)d;
+        n++;
+        pos = hend;
+    }
+    *n_out = n;
+    return 0;
+}
+
+/*
+ * Encode range `idx` into `s`. The content buffer holds records; for each extent we reserve a
+ * header, read the data behind it, then (when eliding) rewrite it as runs of non-zero blocks.
+ * Blocks are aligned to absolute 4 KiB source pages, so the edges of an unaligned extent are
+ * partial blocks.
+ */
+static int encode_range(struct worker *w, uint64_t idx, struct slot *s)
+{
+    struct enc *e = w->e;
+    uint64_t start = idx * e->frame_size;
+    uint64_t end = VMSNAP_MIN(start + e->frame_size, e->size);
+    size_t n = 0;
+    int rc = find_extents(w, start, end, &n, &s->err);
+    if (rc < 0)
+        return rc;
+
+    uint64_t need = 0;
+    for (size_t i = 0; i < n; i++)
+        need += REC_HDR_LEN + w->ext[i].len;
+    if (need == 0)
+        return 0;
+    rc = reserve(w, need, &s->err);
+    if (rc < 0)
+        return rc;
+
+    size_t o = 0; /* write position in w->buf */
+    uint64_t populated = 0, extents = 0, zero = 0;
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t d = w->ext[i].off, len = w->ext[i].len;
+        const size_t p = o + REC_HDR_LEN; /* where this extent's data is read to */
+        ssize_t got = sys_pread_full(e->fd, w->buf + p, len, d);
+        if (got < 0)
+            return vmsnap_err_set(&s->err, (int)-got, "%s: read %llu bytes at offset %llu: %s",
+                                  e->name, (unsigned long long)len, (unsigned long long)d,
+                                  strerror((int)-got));
+        if ((uint64_t)got != len)
+            return vmsnap_err_set(&s->err, EIO,
+                                  "%s: file shrank while reading (offset %llu): is it in use?",
+                                  e->name, (unsigned long long)(d + (uint64_t)got));
+        if (!e->elide) {
+            put_le64(w->buf + o, d);
+            put_le64(w->buf + o + 8, len);
+            o = p + len;
+            populated += len;
+            extents++;
+            continue;
+        }
+        /* Walk blocks; emit runs of non-zero blocks, compacted to o. */
+        uint64_t run_start = 0;
+        bool in_run = false;
+        uint64_t b = d;
+        while (b < d + len) {
+            uint64_t bend = VMSNAP_MIN((b / VMSNAP_IMAGE_PAGE + 1) * VMSNAP_IMAGE_PAGE, d + len);
+            bool z = all_zero(w->buf + p + (b - d), bend - b);
+            if (!z && !in_run) {
+                run_start = b;
+                in_run = true;
+            }
+            if (z) {
+                zero += bend - b;
+                if (in_run) {
+                    uint64_t rl = b - run_start;
+                    put_le64(w->buf + o, run_start);
+                    put_le64(w->buf + o + 8, rl);
+                    memmove(w->buf + o + REC_HDR_LEN, w->buf + p + (run_start - d), rl);
+                    o += REC_HDR_LEN + rl;
+                    populated += rl;
+                    extents++;
+                    in_run = false;
+                }
+            }
+            b = bend;
+        }
+        if (in_run) {
+            uint64_t rl = d + len - run_start;
+            put_le64(w->buf + o, run_start);
+            put_le64(w->buf + o + 8, rl);
+            memmove(w->buf + o + REC_HDR_LEN, w->buf + p + (run_start - d), rl);
+            o += REC_HDR_LEN + rl;
+            populated += rl;
+            extents++;
+        }
+    }
+    if (e->drop_cache)
+        (void)posix_fadvise(e->fd, (off_t)start, (off_t)(end - start), POSIX_FADV_DONTNEED);
+    s->zero_elided = zero;
+    s->extents = extents;
+    if (o == 0)
+        return 0; /* all zero: no frame */
+    rc = compress_frame(w->cctx, e->level, w->buf, o, &s->cbuf, &s->clen, &s->err);
+    if (rc < 0)
+        return rc;
+    s->fi.csize = s->clen;
+    s->fi.dsize = o;
+    s->fi.src_start = start;
+    s->fi.src_end = end;
+    s->fi.populated = populated;
+    s->fi.checksum = XXH64(w->buf, o, 0);
+    return 0;
+}
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    struct enc *e = w->e;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        while (!e->abort && e->next < e->nranges && e->next >= e->written + e->window)
+            pthread_cond_wait(&e->cv_work, &e->mu);
+        if (e->abort || e->next >= e->nranges)
+            break;
+        uint64_t idx = e->next++;
+        struct slot *s = &e->slots[idx % e->window];
+        s->state = SLOT_BUSY;
+        pthread_mutex_unlock(&e->mu);
+
+        s->rc = encode_range(w, idx, s);
+
+        pthread_mutex_lock(&e->mu);
+        s->state = SLOT_DONE;
+        pthread_cond_broadcast(&e->cv_done);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* Growable array of frame entries for the seek table. */
+struct table {
+    struct vmsnap_frame_info *f;
+    size_t n, cap;
+};
+
+static int table_add(struct table *t, const struct vmsnap_frame_info *fi, struct vmsnap_err *err)
+{
+    if (t->n == t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 64;
+        struct vmsnap_frame_info *f = realloc(t->f, cap * sizeof(*f));
+        if (!f)
+            return vmsnap_err_set(err, ENOMEM, "out of memory (seek table)");
+        t->f = f;
+        t->cap = cap;
+    }
+    t->f[t->n++] = *fi;
+    return 0;
+}
+
+struct out {
+    const struct vmsnap_sink *sink;
+    uint64_t pos;
+};
+
+static int emit(struct out *o, const void *buf, size_t len, struct vmsnap_err *err)
+{
+    int rc = o->sink->write(o->sink->arg, buf, len, err);
+    if (rc < 0)
+        return rc;
+    o->pos += len;
+    return 0;
+}
+
+/* A frame holding one 8-byte word (the totalSize header or the -1 sentinel). */
+static int emit_word_frame(struct out *o, ZSTD_CCtx *cctx, int level, uint64_t word,
+                           uint64_t src_pos, struct table *t, struct vmsnap_err *err)
+{
+    uint8_t w[8];
+    put_le64(w, word);
+    uint8_t *c = NULL;
+    size_t clen = 0;
+    int rc = compress_frame(cctx, level, w, sizeof(w), &c, &clen, err);
+    if (rc < 0)
+        return rc;
+    struct vmsnap_frame_info fi = {.offset = o->pos,
+                                   .csize = clen,
+                                   .dsize = 8,
+                                   .src_start = src_pos,
+                                   .src_end = src_pos,
+                                   .populated = 0,
+                                   .checksum = XXH64(w, sizeof(w), 0)};
+    rc = emit(o, c, clen, err);
+    free(c);
+    if (rc < 0)
+        return rc;
+    return table_add(t, &fi, err);
+}
+
+/* The info skippable frame right after the file header: announces the seek table. */
+static int emit_info_frame(struct out *o, uint64_t frame_size, struct vmsnap_err *err)
+{
+    uint8_t b[8 + INFO_CONTENT_LEN];
+    put_le32(b, INFO_SKIP_MAGIC);
+    put_le32(b + 4, INFO_CONTENT_LEN);
+    memcpy(b + 8, INFO_MAGIC, 8);
+    put_le32(b + 16, INFO_VERSION);
+    put_le32(b + 20, INFO_FLAG_SEEK_TABLE);
+    put_le64(b + 24, frame_size);
+    return emit(o, b, sizeof(b), err);
+}
+
+static int emit_seek_table(struct out *o, const struct table *t,
+                           const struct vmsnap_image_stats *st, uint64_t frame_size,
+                           uint64_t frames_start, int level, bool elided, struct vmsnap_err *err)
+{
+    size_t body = SEEK_HDR_LEN + t->n * SEEK_ENTRY_LEN;
+    size_t total = 8 + body + SEEK_FOOTER_LEN;
+    uint8_t *b = calloc(1, total);
+    if (!b)
+        return vmsnap_err_set(err, ENOMEM, "out of memory (seek table)");
+    put_le32(b, SEEK_SKIP_MAGIC);
+    put_le32(b + 4, (uint32_t)(total - 8));
+    uint8_t *h = b + 8;
+    put_le32(h + 0, SEEK_TABLE_VERSION);
+    put_le32(h + 4, elided ? SEEK_FLAG_ZERO_ELIDED : 0);
+    put_le64(h + 8, st->total_size);
+    put_le64(h + 16, st->populated);
+    put_le64(h + 24, st->zero_elided);
+    put_le64(h + 32, frame_size);
+    put_le64(h + 40, frames_start);
+    put_le64(h + 48, o->pos);
+    put_le32(h + 56, (uint32_t)t->n);
+    put_le32(h + 60, (uint32_t)level);
+    for (size_t i = 0; i < t->n; i++) {
+        uint8_t *en = h + SEEK_HDR_LEN + i * SEEK_ENTRY_LEN;
+        put_le64(en + 0, t->f[i].csize);
+        put_le64(en + 8, t->f[i].dsize);
+        put_le64(en + 16, t->f[i].src_start);
+        put_le64(en + 24, t->f[i].src_end);
+        put_le64(en + 32, t->f[i].populated);
+        put_le64(en + 40, t->f[i].checksum);
+    }
+    uint8_t *ft = h + body;
+    put_le64(ft + 0, XXH64(h, body, 0));
+    put_le32(ft + 8, (uint32_t)t->n);
+    put_le32(ft + 12, (uint32_t)total);
+    put_le32(ft + 16, SEEK_TABLE_VERSION);
+    put_le32(ft + 20, 0);
+    memcpy(ft + 24, SEEK_FOOTER_MAGIC, 8);
+    int rc = emit(o, b, total, err);
+    free(b);
+    return rc;
+}
+
+int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_sink *sink,
+                         const struct vmsnap_pack_opts *opts, struct vmsnap_image_stats *stats,
+                         struct vmsnap_err *err)
+{
+    static const struct vmsnap_pack_opts defaults;
+    if (!opts)
+        opts = &defaults;
+    const char *name = src_name ? src_name : "source";
+    struct stat st;
+    if (fstat(src_fd, &st) < 0)
+        return vmsnap_err_set(err, errno, "stat %s: %s", name, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return vmsnap_err_set(err, EINVAL, "%s: not a regular file", name);
+
+    struct enc e = {
+        .fd = src_fd,
+        .name = name,
+        .size = (uint64_t)st.st_size,
+        .frame_size = opts->frame_size ? opts->frame_size : VMSNAP_IMAGE_DEFAULT_FRAME_SIZE,
+        .level = opts->level ? opts->level : 1,
+        .elide = !opts->keep_zero_pages,
+        .drop_cache = !opts->keep_cache,
+    };
+    if (e.frame_size % VMSNAP_IMAGE_PAGE || e.frame_size < VMSNAP_IMAGE_MIN_FRAME_SIZE ||
+        e.frame_size > VMSNAP_IMAGE_MAX_FRAME_SIZE)
+        return vmsnap_err_set(
+            err, EINVAL, "frame size %llu: must be a multiple of 4 KiB between 1 MiB and 1 GiB",
+            (unsigned long long)e.frame_size);
+    if (e.level < ZSTD_minCLevel() || e.level > ZSTD_maxCLevel())
+        return vmsnap_err_set(err, EINVAL, "zstd level %d out of range [%d, %d]", e.level,
+                              ZSTD_minCLevel(), ZSTD_maxCLevel());
+    e.nranges = (e.size + e.frame_size - 1) / e.frame_size;
+    if (e.nranges + 2 > SEEK_MAX_FRAMES)
+        return vmsnap_err_set(err, EFBIG,
+                              "%s: %llu bytes makes too many frames at frame size %llu; use a "
+                              "larger --frame-size",
+                              name, (unsigned long long)e.size, (unsigned long long)e.frame_size);
+    unsigned threads = opts->threads ? opts->threads : sys_cpus();
+    if (threads > 256)
+        threads = 256;
+    if ((uint64_t)threads > e.nranges)
+        threads = e.nranges ? (unsigned)e.nranges : 1;
+    e.window = threads + 1;
+
+    struct vmsnap_image_stats s = {.total_size = e.size, .has_seek_table = true};
+    struct table t = {0};
+    struct out o = {.sink = sink, .pos = 0};
+    struct worker *ws = calloc(threads, sizeof(*ws));
+    pthread_t *tids = calloc(threads, sizeof(*tids));
+    e.slots = calloc(e.window, sizeof(*e.slots));
+    ZSTD_CCtx *cctx = ZSTD_createCCtx();
+    unsigned started = 0;
+    int rc = 0;
+    if (!ws || !tids || !e.slots || !cctx) {
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        goto out;
+    }
+    pthread_mutex_init(&e.mu, NULL);
+    pthread_cond_init(&e.cv_work, NULL);
+    pthread_cond_init(&e.cv_done, NULL);
+
+    /* Header, info frame and the totalSize frame go out before any worker starts. */
+    uint8_t hdr[IMG_HEADER_LEN];
+    memcpy(hdr, IMG_MAGIC, IMG_MAGIC_LEN);
+    put_le32(hdr + 8, IMG_VERSION);
+    if ((rc = emit(&o, hdr, sizeof(hdr), err)) < 0 ||
+        (rc = emit_info_frame(&o, e.frame_size, err)) < 0)
+        goto out_sync;
+    const uint64_t frames_start = o.pos;
+    if ((rc = emit_word_frame(&o, cctx, e.level, e.size, 0, &t, err)) < 0)
+        goto out_sync;
+
+    for (; started < threads; started++) {
+        ws[started].e = &e;
+        ws[started].cctx = ZSTD_createCCtx();
+        if (!ws[started].cctx ||
+            pthread_create(&tids[started], NULL, worker_main, &ws[started]) != 0) {
+            ZSTD_freeCCtx(ws[started].cctx);
+            rc = vmsnap_err_set(err, EAGAIN, "cannot start encoder thread %u", started);
+            break;
+        }
+    }
+
+    /* The ordered writer. */
+    for (uint64_t i = 0; rc == 0 && i < e.nranges; i++) {
+        struct slot *sl = &e.slots[i % e.window];
+        pthread_mutex_lock(&e.mu);
+        while (sl->state != SLOT_DONE && started > 0)
+            pthread_cond_wait(&e.cv_done, &e.mu);
+        pthread_mutex_unlock(&e.mu);
+        if (sl->state != SLOT_DONE) {
+            rc = vmsnap_err_set(err, EAGAIN, "no encoder thread running");
+            break;
+        }
+        if (sl->rc < 0) {
+            if (err)
+                *err = sl->err;
+            rc = sl->rc;
+        } else if (sl->cbuf) {
+            sl->fi.offset = o.pos;
+            rc = emit(&o, sl->cbuf, sl->clen, err);
+            if (rc == 0)
+                rc = table_add(&t, &sl->fi, err);
+            s.populated += sl->fi.populated;
+            s.frames++;
+        }
+        s.zero_elided += sl->zero_elided;
+        s.extents += sl->extents;
+        free(sl->cbuf);
+        sl->cbuf = NULL;
+        pthread_mutex_lock(&e.mu);
+        sl->state = SLOT_FREE;
+        e.written++;
+        if (rc < 0)
+            e.abort = true;
+        pthread_cond_broadcast(&e.cv_work);
+        pthread_mutex_unlock(&e.mu);
+        if (rc == 0 && opts->progress)
+            opts->progress(opts->progress_arg, VMSNAP_MIN((i + 1) * e.frame_size, e.size), e.size);
+    }
+    pthread_mutex_lock(&e.mu);
+    e.abort = true;
+    pthread_cond_broadcast(&e.cv_work);
+    pthread_mutex_unlock(&e.mu);
+    for (unsigned i = 0; i < started; i++) {
+        pthread_join(tids[i], NULL);
+        ZSTD_freeCCtx(ws[i].cctx);
+        free(ws[i].buf);
+        free(ws[i].ext);
+    }
+    for (unsigned i = 0; i < e.window; i++)
+        free(e.slots[i].cbuf);
+    if (rc < 0)
+        goto out_sync;
+
+    if ((rc = emit_word_frame(&o, cctx, e.level, UINT64_MAX, e.size, &t, err)) < 0)
+        goto out_sync;
+    rc = emit_seek_table(&o, &t, &s, e.frame_size, frames_start, e.level, e.elide, err);
+    s.object_size = o.pos;
+out_sync:
+    pthread_cond_destroy(&e.cv_done);
+    pthread_cond_destroy(&e.cv_work);
+    pthread_mutex_destroy(&e.mu);
+out:
+    ZSTD_freeCCtx(cctx);
+    free(e.slots);
+    free(tids);
+    free(ws);
+    free(t.f);
+    if (rc == 0 && stats)
+        *stats = s;
+    return rc < 0 ? rc : 0;
+}
+
+static int fd_sink_write(void *arg, const void *buf, size_t len, struct vmsnap_err *err)
+{
+    const struct sys_atomic_file *af = arg;
+    int rc = sys_write_full(af->fd, buf, len);
+    if (rc < 0)
+        return vmsnap_err_set(err, -rc, "write %s: %s", af->path ? af->path : "stdout",
+                              strerror(-rc));
+    return 0;
+}
+
+int vmsnap_image_pack(const char *src, const char *dst, const struct vmsnap_pack_opts *opts,
+                      struct vmsnap_image_stats *stats, struct vmsnap_err *err)
+{
+    int fd = open(src, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return vmsnap_err_set(err, errno, "open %s: %s", src, strerror(errno));
+    struct sys_atomic_file af = {.fd = STDOUT_FILENO};
+    bool to_stdout = strcmp(dst, "-") == 0;
+    int rc = 0;
+    if (!to_stdout && (rc = sys_atomic_open(&af, dst, 0600, err)) < 0) {
+        close(fd);
+        return rc;
+    }
+    struct vmsnap_sink sink = {.write = fd_sink_write, .arg = &af};
+    rc = vmsnap_image_pack_fd(fd, src, &sink, opts, stats, err);
+    close(fd);
+    if (to_stdout)
+        return rc;
+    if (rc < 0) {
+        sys_atomic_abort(&af);
+        return rc;
+    }
+    return sys_atomic_commit(&af, false, err);
+}

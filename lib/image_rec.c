@@ -1,0 +1,143 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The extent-record parser shared by the parallel and the sequential decoders. It is fed
+ * decompressed bytes in pieces of any size, validates every word before acting on it, and
+ * pwrites extent data straight from the caller's buffer.
+ */
+#include "image_rec.h"
+#include "sys/sys.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <string.h>
+#include <unistd.h>
+
+void rec_init(struct rec_parser *rp, enum rec_state start, int fd, const char *name,
+              uint64_t max_size)
+{
+    memset(rp, 0, sizeof(*rp));
+    rp->state = start;
+    rp->fd = fd;
+    rp->name = name;
+    rp->max_size = max_size;
+    rp->hi = UINT64_MAX;
+}
+
+__attribute__((format(printf, 3, 4))) static int bad(struct rec_parser *rp, struct vmsnap_err *err,
+                                                     const char *fmt, ...)
+{
+    char what[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    return vmsnap_err_set(err, EBADMSG, "%s: corrupt image: %s (%s, decoded byte %llu)", rp->name,
+                          what, rp->where[0] ? rp->where : "stream", (unsigned long long)rp->pos);
+}
+
+#define ULL(x) ((unsigned long long)(x))
+
+static int word(struct rec_parser *rp, uint64_t v, struct vmsnap_err *err)
+{
+    int64_t sv = (int64_t)v;
+    switch (rp->state) {
+    case REC_TOTAL:
+        if (sv < 0)
+            return bad(rp, err, "negative totalSize %lld", (long long)sv);
+        if (v > rp->max_size)
+            return bad(rp, err, "totalSize %llu exceeds the cap of %llu bytes", ULL(v),
+                       ULL(rp->max_size));
+        rp->total = v;
+        rp->have_total = true;
+        if (rp->truncate_on_total && rp->fd >= 0 && ftruncate(rp->fd, (off_t)v) < 0)
+            return vmsnap_err_set(err, errno, "%s: set destination size to %llu: %s", rp->name,
+                                  (unsigned long long)v, strerror(errno));
+        rp->state = REC_OFF;
+        return 0;
+    case REC_OFF:
+        if (sv == -1) {
+            if (!rp->allow_sentinel)
+                return bad(rp, err, "end-of-extents sentinel inside a data frame");
+            rp->state = REC_DONE;
+            return 0;
+        }
+        if (sv < 0)
+            return bad(rp, err, "negative extent offset %lld", (long long)sv);
+        if (v < rp->next_min)
+            return bad(rp, err,
+                       "extent at %llu overlaps or precedes the previous one (ends at %llu)",
+                       ULL(v), ULL(rp->next_min));
+        if (v < rp->lo)
+            return bad(rp, err, "extent at %llu lies before its frame's range (starts at %llu)",
+                       ULL(v), ULL(rp->lo));
+        if (!rp->have_total || v > rp->total)
+            return bad(rp, err, "extent at %llu lies beyond totalSize %llu", ULL(v),
+                       ULL(rp->total));
+        rp->off = v;
+        rp->state = REC_LEN;
+        return 0;
+    case REC_LEN:
+        if (sv < 0)
+            return bad(rp, err, "negative extent length %lld at offset %llu", (long long)sv,
+                       ULL(rp->off));
+        if (v > rp->total - rp->off)
+            return bad(rp, err, "extent at %llu with length %llu runs past totalSize %llu",
+                       ULL(rp->off), ULL(v), ULL(rp->total));
+        if (rp->off + v > rp->hi)
+            return bad(rp, err, "extent ending at %llu runs past its frame's range (ends at %llu)",
+                       ULL(rp->off + v), ULL(rp->hi));
+        rp->data_off = rp->off;
+        rp->data_left = v;
+        rp->next_min = rp->off + v;
+        rp->extents++;
+        rp->populated += v;
+        rp->state = v ? REC_DATA : REC_OFF;
+        return 0;
+    default:
+        return bad(rp, err, "internal parser state %d", (int)rp->state);
+    }
+}
+
+int rec_feed(struct rec_parser *rp, const uint8_t *buf, size_t len, struct vmsnap_err *err)
+{
+    while (len > 0) {
+        if (rp->state == REC_DATA) {
+            size_t n = (size_t)VMSNAP_MIN((uint64_t)len, rp->data_left);
+            if (rp->fd >= 0) {
+                int rc = sys_pwrite_full(rp->fd, buf, n, rp->data_off);
+                if (rc < 0)
+                    return vmsnap_err_set(err, -rc, "%s: write %zu bytes at offset %llu: %s",
+                                          rp->dst_name ? rp->dst_name : "destination", n,
+                                          (unsigned long long)rp->data_off, strerror(-rc));
+            }
+            rp->data_off += n;
+            rp->data_left -= n;
+            rp->pos += n;
+            buf += n;
+            len -= n;
+            if (rp->data_left == 0)
+                rp->state = REC_OFF;
+            continue;
+        }
+        if (rp->state == REC_DONE)
+            return bad(rp, err, "%zu bytes of data after the end-of-extents sentinel", len);
+        size_t n = VMSNAP_MIN(len, (size_t)8 - rp->fill);
+        memcpy(rp->word + rp->fill, buf, n);
+        rp->fill += (unsigned)n;
+        buf += n;
+        len -= n;
+        if (rp->fill == 8) {
+            rp->fill = 0;
+            int rc = word(rp, get_le64(rp->word), err);
+            rp->pos += 8;
+            if (rc < 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+bool rec_at_boundary(const struct rec_parser *rp)
+{
+    return rp->fill == 0 && (rp->state == REC_OFF || rp->state == REC_DONE);
+}

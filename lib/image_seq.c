@@ -1,0 +1,488 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The sequential decoder: for stdin, streaming GETs and objects without a seek table.
+ *
+ * It is push-driven (the caller feeds bytes) and tracks zstd frame boundaries itself, so that
+ * vmsnap's skippable frames are not just skipped but checked: the info frame after the header
+ * announces a seek table, and a seek table met in the stream is validated against the frames
+ * actually decoded (sizes and XXH64 per frame). An object that announced a table and ends
+ * without one was truncated. Objects without the "ATESPRSE" magic are plain zstd of a whole
+ * file; their output is written in 64 KiB blocks, all-zero blocks left as holes.
+ */
+#include "image_rec.h"
+#include "sys/sys.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+#include <zstd.h>
+
+#define ULL(x) ((unsigned long long)(x))
+#define PLAIN_BLOCK (64u << 10)
+#define OUT_CAP (1u << 20)
+
+enum mode { M_HEAD, M_SPARSE, M_PLAIN };
+enum fstate { F_MAGIC, F_ZSTD, F_SKIPHDR, F_SKIP, F_CAPTURE, F_END };
+
+struct seen_frame {
+    uint64_t csize, dsize, xxh;
+};
+
+struct vmsnap_seqdec {
+    int fd;
+    uint64_t max_size;
+    char *name;
+    enum mode mode;
+    uint8_t head[IMG_HEADER_LEN];
+    unsigned head_fill;
+    uint64_t in_off; /* object bytes consumed */
+    ZSTD_DCtx *dctx;
+    uint8_t *out;
+
+    /* sparse mode */
+    enum fstate fs;
+    uint8_t fhdr[8];
+    unsigned fhdr_fill;
+    uint64_t frame_start;
+    uint32_t skip_magic;
+    uint64_t skip_left;
+    uint8_t *cap_buf;
+    size_t cap_len, cap_size;
+    bool expect_table, table_seen, any_frame;
+    XXH64_state_t *xxh;
+    uint64_t frame_dsize;
+    struct seen_frame *seen;
+    size_t n_seen, seen_cap;
+    struct rec_parser rp;
+
+    /* plain mode */
+    uint8_t *blk;
+    size_t blk_fill;
+    uint64_t plain_pos;
+    bool plain_open;
+};
+
+__attribute__((format(printf, 3, 4))) static int fail(struct vmsnap_seqdec *sd,
+                                                      struct vmsnap_err *err, const char *fmt, ...)
+{
+    char what[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    return vmsnap_err_set(err, EBADMSG, "%s: corrupt image: %s", sd->name, what);
+}
+
+int vmsnap_seqdec_new(int dst_fd, uint64_t max_size, const char *src_name,
+                      struct vmsnap_seqdec **out, struct vmsnap_err *err)
+{
+    struct vmsnap_seqdec *sd = calloc(1, sizeof(*sd));
+    if (!sd)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    sd->fd = dst_fd;
+    sd->max_size = max_size ? max_size : VMSNAP_IMAGE_DEFAULT_MAX_SIZE;
+    sd->name = strdup(src_name ? src_name : "stream");
+    sd->dctx = ZSTD_createDCtx();
+    sd->out = malloc(OUT_CAP);
+    sd->xxh = XXH64_createState();
+    if (!sd->name || !sd->dctx || !sd->out || !sd->xxh) {
+        vmsnap_seqdec_free(sd);
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    }
+    *out = sd;
+    return 0;
+}
+
+void vmsnap_seqdec_free(struct vmsnap_seqdec *sd)
+{
+    if (!sd)
+        return;
+    ZSTD_freeDCtx(sd->dctx);
+    XXH64_freeState(sd->xxh);
+    free(sd->out);
+    free(sd->cap_buf);
+    free(sd->seen);
+    free(sd->blk);
+    free(sd->name);
+    free(sd);
+}
+
+/* ---- plain zstd ---- */
+
+static int plain_flush(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
+{
+    bool zero = true;
+    for (size_t i = 0; i < sd->blk_fill && zero; i++)
+        zero = sd->blk[i] == 0;
+    if (!zero && sd->fd >= 0) {
+        int rc = sys_pwrite_full(sd->fd, sd->blk, sd->blk_fill, sd->plain_pos);
+        if (rc < 0)
+            return vmsnap_err_set(err, -rc, "%s: write at offset %llu: %s", sd->name,
+                                  ULL(sd->plain_pos), strerror(-rc));
+    }
+    sd->plain_pos += sd->blk_fill;
+    sd->blk_fill = 0;
+    if (sd->plain_pos > sd->max_size)
+        return fail(sd, err, "decoded size passes the cap of %llu bytes", ULL(sd->max_size));
+    return 0;
+}
+
+static int plain_feed(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len,
+                      struct vmsnap_err *err)
+{
+    ZSTD_inBuffer in = {buf, len, 0};
+    for (;;) {
+        ZSTD_outBuffer out = {sd->blk, PLAIN_BLOCK, sd->blk_fill};
+        size_t ret = ZSTD_decompressStream(sd->dctx, &out, &in);
+        if (ZSTD_isError(ret))
+            return fail(sd, err, "zstd: %s (near byte %llu)", ZSTD_getErrorName(ret),
+                        ULL(sd->in_off + in.pos));
+        sd->blk_fill = out.pos;
+        sd->plain_open = ret != 0;
+        if (sd->blk_fill == PLAIN_BLOCK) {
+            int rc = plain_flush(sd, err);
+            if (rc < 0)
+                return rc;
+            continue;
+        }
+        if (in.pos == in.size)
+            break;
+    }
+    sd->in_off += len;
+    return 0;
+}
+
+/* ---- sparse-extent streams ---- */
+
+static int add_seen(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
+{
+    if (sd->n_seen == SEEK_MAX_FRAMES)
+        return fail(sd, err, "more than %u frames", SEEK_MAX_FRAMES);
+    if (sd->n_seen == sd->seen_cap) {
+        size_t cap = sd->seen_cap ? sd->seen_cap * 2 : 64;
+        struct seen_frame *s = realloc(sd->seen, cap * sizeof(*s));
+        if (!s)
+            return vmsnap_err_set(err, ENOMEM, "out of memory");
+        sd->seen = s;
+        sd->seen_cap = cap;
+    }
+    sd->seen[sd->n_seen++] = (struct seen_frame){.csize = sd->in_off - sd->frame_start,
+                                                 .dsize = sd->frame_dsize,
+                                                 .xxh = XXH64_digest(sd->xxh)};
+    return 0;
+}
+
+/* Decode zstd input of the current frame; returns bytes consumed, stops at the frame's end. */
+static int zstd_part(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len, size_t *used,
+                     struct vmsnap_err *err)
+{
+    ZSTD_inBuffer in = {buf, len, 0};
+    for (;;) {
+        ZSTD_outBuffer out = {sd->out, OUT_CAP, 0};
+        size_t ret = ZSTD_decompressStream(sd->dctx, &out, &in);
+        if (ZSTD_isError(ret))
+            return fail(sd, err, "zstd frame at byte %llu: %s (near byte %llu)",
+                        ULL(sd->frame_start), ZSTD_getErrorName(ret), ULL(sd->in_off + in.pos));
+        if (out.pos) {
+            XXH64_update(sd->xxh, sd->out, out.pos);
+            sd->frame_dsize += out.pos;
+            snprintf(sd->rp.where, sizeof(sd->rp.where), "zstd frame at byte %llu",
+                     ULL(sd->frame_start));
+            int rc = rec_feed(&sd->rp, sd->out, out.pos, err);
+            if (rc < 0)
+                return rc;
+        }
+        if (ret == 0) { /* frame complete and flushed */
+            sd->in_off += in.pos;
+            *used = in.pos;
+            int rc = add_seen(sd, err);
+            sd->fs = F_MAGIC;
+            return rc;
+        }
+        if (in.pos == in.size && out.pos < out.size)
+            break;
+    }
+    sd->in_off += in.pos;
+    *used = in.pos;
+    return 0;
+}
+
+static int check_table(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
+{
+    struct vmsnap_image *img = NULL;
+    int rc = img_table_parse(sd->cap_buf, sd->cap_len, sd->frame_start, sd->max_size, sd->name,
+                             &img, err);
+    if (rc < 0)
+        return rc;
+    struct vmsnap_image_stats st;
+    vmsnap_image_get_stats(img, &st);
+    uint32_t n = vmsnap_image_frame_count(img);
+    if (n != sd->n_seen || st.total_size != sd->rp.total || st.populated != sd->rp.populated) {
+        rc = fail(sd, err,
+                  "seek table at byte %llu disagrees with the stream (%u vs %zu frames, size %llu "
+                  "vs %llu, data %llu vs %llu)",
+                  ULL(sd->frame_start), n, sd->n_seen, ULL(st.total_size), ULL(sd->rp.total),
+                  ULL(st.populated), ULL(sd->rp.populated));
+    }
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        struct vmsnap_frame_info fi;
+        vmsnap_image_frame(img, i, &fi);
+        if (fi.csize != sd->seen[i].csize || fi.dsize != sd->seen[i].dsize ||
+            fi.checksum != sd->seen[i].xxh)
+            rc = fail(sd, err, "frame %u at byte %llu does not match its seek table entry", i,
+                      ULL(fi.offset));
+    }
+    vmsnap_image_free(img);
+    sd->table_seen = true;
+    return rc;
+}
+
+static int end_capture(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
+{
+    if (sd->skip_magic == INFO_SKIP_MAGIC) {
+        if (sd->frame_start != IMG_HEADER_LEN || sd->cap_len != INFO_CONTENT_LEN ||
+            memcmp(sd->cap_buf, INFO_MAGIC, 8) != 0 || get_le32(sd->cap_buf + 8) != INFO_VERSION)
+            return fail(sd, err, "damaged info frame at byte %llu", ULL(sd->frame_start));
+        sd->expect_table = get_le32(sd->cap_buf + 12) & INFO_FLAG_SEEK_TABLE;
+        sd->fs = F_MAGIC;
+        return 0;
+    }
+    /* The seek table: it must come after the sentinel and end the object. */
+    if (sd->rp.state != REC_DONE)
+        return fail(sd, err, "seek table at byte %llu before the end-of-extents sentinel",
+                    ULL(sd->frame_start));
+    uint8_t *full = malloc(sd->cap_len + 8);
+    if (!full)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    put_le32(full, SEEK_SKIP_MAGIC);
+    put_le32(full + 4, (uint32_t)sd->cap_len);
+    memcpy(full + 8, sd->cap_buf, sd->cap_len);
+    free(sd->cap_buf);
+    sd->cap_buf = full;
+    sd->cap_len += 8;
+    int rc = check_table(sd, err);
+    sd->fs = F_END;
+    return rc;
+}
+
+static int sparse_feed(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len,
+                       struct vmsnap_err *err)
+{
+    while (len > 0) {
+        size_t n;
+        int rc;
+        switch (sd->fs) {
+        case F_END:
+            return fail(sd, err, "%zu bytes after the seek table at byte %llu", len,
+                        ULL(sd->in_off));
+        case F_MAGIC:
+        case F_SKIPHDR: {
+            unsigned want = sd->fs == F_MAGIC ? 4 : 8;
+            n = VMSNAP_MIN(len, (size_t)(want - sd->fhdr_fill));
+            memcpy(sd->fhdr + sd->fhdr_fill, buf, n);
+            sd->fhdr_fill += (unsigned)n;
+            sd->in_off += n;
+            buf += n;
+            len -= n;
+            if (sd->fhdr_fill < want)
+                break;
+            if (sd->fs == F_MAGIC) {
+                sd->frame_start = sd->in_off - 4;
+                uint32_t m = get_le32(sd->fhdr);
+                if (m == ZSTD_FRAME_MAGIC) {
+                    sd->fs = F_ZSTD;
+                    sd->fhdr_fill = 0;
+                    sd->frame_dsize = 0;
+                    sd->any_frame = true;
+                    XXH64_reset(sd->xxh, 0);
+                    /* hand the magic to zstd; the byte count was already taken */
+                    sd->in_off -= 4;
+                    size_t used;
+                    rc = zstd_part(sd, sd->fhdr, 4, &used, err);
+                    if (rc < 0)
+                        return rc;
+                } else if ((m & ZSTD_SKIP_MAGIC_MASK) == ZSTD_SKIP_MAGIC_MIN) {
+                    sd->fs = F_SKIPHDR;
+                } else {
+                    return fail(sd, err, "unknown frame magic 0x%08x at byte %llu", m,
+                                ULL(sd->frame_start));
+                }
+                break;
+            }
+            sd->skip_magic = get_le32(sd->fhdr);
+            sd->skip_left = get_le32(sd->fhdr + 4);
+            sd->fhdr_fill = 0;
+            if (sd->skip_magic == INFO_SKIP_MAGIC || sd->skip_magic == SEEK_SKIP_MAGIC) {
+                uint64_t lim =
+                    8 + SEEK_HDR_LEN + (uint64_t)SEEK_MAX_FRAMES * SEEK_ENTRY_LEN + SEEK_FOOTER_LEN;
+                if (sd->skip_left > lim)
+                    return fail(sd, err, "vmsnap skippable frame at byte %llu too large (%llu)",
+                                ULL(sd->frame_start), ULL(sd->skip_left));
+                free(sd->cap_buf);
+                sd->cap_buf = malloc(sd->skip_left ? sd->skip_left : 1);
+                if (!sd->cap_buf)
+                    return vmsnap_err_set(err, ENOMEM, "out of memory");
+                sd->cap_len = 0;
+                sd->cap_size = sd->skip_left;
+                sd->fs = F_CAPTURE;
+                if (sd->skip_left == 0 && (rc = end_capture(sd, err)) < 0)
+                    return rc;
+            } else {
+                sd->fs = sd->skip_left ? F_SKIP : F_MAGIC;
+            }
+            break;
+        }
+        case F_SKIP:
+            n = (size_t)VMSNAP_MIN((uint64_t)len, sd->skip_left);
+            sd->skip_left -= n;
+            sd->in_off += n;
+            buf += n;
+            len -= n;
+            if (!sd->skip_left)
+                sd->fs = F_MAGIC;
+            break;
+        case F_CAPTURE:
+            n = (size_t)VMSNAP_MIN((uint64_t)len, sd->cap_size - sd->cap_len);
+            memcpy(sd->cap_buf + sd->cap_len, buf, n);
+            sd->cap_len += n;
+            sd->in_off += n;
+            buf += n;
+            len -= n;
+            if (sd->cap_len == sd->cap_size && (rc = end_capture(sd, err)) < 0)
+                return rc;
+            break;
+        case F_ZSTD:
+            rc = zstd_part(sd, buf, len, &n, err);
+            if (rc < 0)
+                return rc;
+            buf += n;
+            len -= n;
+            break;
+        }
+    }
+    return 0;
+}
+
+static int start_mode(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
+{
+    if (memcmp(sd->head, IMG_MAGIC, IMG_MAGIC_LEN) == 0) {
+        uint32_t v = get_le32(sd->head + 8);
+        if (v != IMG_VERSION)
+            return fail(sd, err,
+                        "unsupported sparse-extent format version %u at byte 8 (this "
+                        "reader supports version 2)",
+                        v);
+        sd->mode = M_SPARSE;
+        sd->in_off = IMG_HEADER_LEN;
+        sd->fs = F_MAGIC;
+        rec_init(&sd->rp, REC_TOTAL, sd->fd, sd->name, sd->max_size);
+        sd->rp.truncate_on_total = true;
+        sd->rp.allow_sentinel = true;
+        return 0;
+    }
+    sd->mode = M_PLAIN;
+    sd->blk = malloc(PLAIN_BLOCK);
+    if (!sd->blk)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    unsigned n = sd->head_fill;
+    sd->head_fill = 0;
+    return plain_feed(sd, sd->head, n, err);
+}
+
+static bool is_zstd_magic(const uint8_t *p)
+{
+    uint32_t m = get_le32(p);
+    return m == ZSTD_FRAME_MAGIC || (m & ZSTD_SKIP_MAGIC_MASK) == ZSTD_SKIP_MAGIC_MIN;
+}
+
+int vmsnap_seqdec_feed(struct vmsnap_seqdec *sd, const void *data, size_t len,
+                       struct vmsnap_err *err)
+{
+    const uint8_t *buf = data;
+    if (sd->mode == M_HEAD) {
+        size_t n = VMSNAP_MIN(len, (size_t)(IMG_HEADER_LEN - sd->head_fill));
+        memcpy(sd->head + sd->head_fill, buf, n);
+        sd->head_fill += (unsigned)n;
+        buf += n;
+        len -= n;
+        if (sd->head_fill >= 4 && is_zstd_magic(sd->head)) {
+            int rc = start_mode(sd, err);
+            if (rc < 0)
+                return rc;
+        } else if (sd->head_fill >= 4 && memcmp(sd->head, IMG_MAGIC, 4) != 0) {
+            return fail(sd, err, "not a vmsnap image or zstd stream (bad magic at byte 0)");
+        } else if (sd->head_fill == IMG_HEADER_LEN) {
+            if (memcmp(sd->head, IMG_MAGIC, IMG_MAGIC_LEN) != 0)
+                return fail(sd, err, "not a vmsnap image or zstd stream (bad magic at byte 0)");
+            int rc = start_mode(sd, err);
+            if (rc < 0)
+                return rc;
+        }
+        if (sd->mode == M_HEAD)
+            return 0;
+    }
+    if (!len)
+        return 0;
+    return sd->mode == M_PLAIN ? plain_feed(sd, buf, len, err) : sparse_feed(sd, buf, len, err);
+}
+
+int vmsnap_seqdec_finish(struct vmsnap_seqdec *sd, struct vmsnap_image_stats *stats,
+                         struct vmsnap_err *err)
+{
+    int rc;
+    struct vmsnap_image_stats st = {0};
+    switch (sd->mode) {
+    case M_HEAD:
+        if (sd->head_fill == 0)
+            return fail(sd, err, "empty input");
+        if (sd->head_fill >= 4 && is_zstd_magic(sd->head)) {
+            if ((rc = start_mode(sd, err)) < 0)
+                return rc;
+            return vmsnap_seqdec_finish(sd, stats, err);
+        }
+        return fail(sd, err, "truncated: %u bytes, too short for a header", sd->head_fill);
+    case M_PLAIN:
+        if (sd->plain_open)
+            return fail(sd, err, "truncated: zstd stream ends inside a frame at byte %llu",
+                        ULL(sd->in_off));
+        if ((rc = plain_flush(sd, err)) < 0)
+            return rc;
+        if (sd->fd >= 0 && ftruncate(sd->fd, (off_t)sd->plain_pos) < 0)
+            return vmsnap_err_set(err, errno, "%s: set destination size: %s", sd->name,
+                                  strerror(errno));
+        st.total_size = sd->plain_pos;
+        st.plain_zstd = true;
+        break;
+    case M_SPARSE:
+        if (sd->fs == F_ZSTD)
+            return fail(sd, err,
+                        "truncated: object ends at byte %llu inside the zstd frame "
+                        "starting at byte %llu",
+                        ULL(sd->in_off), ULL(sd->frame_start));
+        if (sd->fs == F_SKIP || sd->fs == F_CAPTURE || sd->fs == F_SKIPHDR || sd->fhdr_fill)
+            return fail(sd, err, "truncated: object ends at byte %llu inside a frame",
+                        ULL(sd->in_off));
+        if (sd->rp.state != REC_DONE)
+            return fail(sd, err,
+                        "truncated: object ends at byte %llu before the "
+                        "end-of-extents sentinel",
+                        ULL(sd->in_off));
+        if (sd->expect_table && !sd->table_seen)
+            return fail(sd, err,
+                        "truncated: the seek table announced at byte 12 is missing "
+                        "(object ends at byte %llu)",
+                        ULL(sd->in_off));
+        st.total_size = sd->rp.total;
+        st.populated = sd->rp.populated;
+        st.extents = sd->rp.extents;
+        st.frames = sd->table_seen && sd->n_seen >= 2 ? sd->n_seen - 2 : sd->n_seen;
+        st.has_seek_table = sd->table_seen;
+        break;
+    }
+    st.object_size = sd->in_off;
+    if (stats)
+        *stats = st;
+    return 0;
+}
