@@ -1,0 +1,143 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Object stores: a small table of operations (put, multipart create/part/complete/abort, ranged
+ * get, head, delete, list, list multipart uploads) with two backends:
+ *
+ *   - the local store (a bare path or file:///abs/path): an object is a file; every write goes
+ *     to a temporary file in the same directory, is fsynced and renamed, so a crash never leaves
+ *     a visible partial object. Files are created 0600, directories 0700.
+ *   - S3 (s3://bucket/key, and gs://bucket/key through Google Cloud Storage's S3-compatible XML
+ *     API): libcurl + OpenSSL with our own SigV4 signer; retries with exponential backoff and
+ *     jitter on 5xx, 429, timeouts and resets, bounded per request.
+ *
+ * A struct vmsnap_store holds the configuration (endpoint, bucket, credentials) and is shared
+ * read-only by all threads. A struct vmsnap_store_conn is one stream: for S3 one CURL handle, so
+ * one TCP connection reused across its requests. A connection is used by one thread at a time.
+ *
+ * Keys are relative to the store (S3: the object key; local: a path relative to the store root,
+ * which is "/" for absolute URLs). Errors: -ENOENT for a missing object or upload, -EACCES for
+ * denied credentials (the message names the bucket), -EIO/-ETIMEDOUT/-ECONNREFUSED for transport
+ * failures after the retries, -EINVAL for bad URLs. Secrets never appear in any message.
+ */
+#ifndef VMSNAP_STORE_H
+#define VMSNAP_STORE_H
+
+#include "vmsnap/common.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define VMSNAP_STORE_ETAG_MAX 96
+
+/* S3 limits: every part but the last at least 5 MiB, at most 10,000 parts, parts <= 5 GiB. */
+#define VMSNAP_STORE_MIN_PART (5ull << 20)
+#define VMSNAP_STORE_MAX_PARTS 10000u
+#define VMSNAP_STORE_MAX_PART (5ull << 30)
+
+struct vmsnap_store;
+struct vmsnap_store_conn;
+
+/* Options for vmsnap_store_open(). Zeroed means defaults (from the environment for S3). */
+struct vmsnap_store_opts {
+    const char *endpoint;  /* --endpoint; NULL: AWS_ENDPOINT_URL, else AWS's regional endpoint */
+    const char *region;    /* NULL: AWS_REGION, else us-east-1 ("auto" for gs://) */
+    bool path_style;       /* force path-style; also AWS_S3_USE_PATH_STYLE=true, IP/localhost */
+    bool insecure_tls;     /* disable TLS verification (never the default) */
+    unsigned max_attempts; /* attempts per request; 0: 6 (VMSNAP_S3_ATTEMPTS overrides) */
+    unsigned backoff_ms;   /* first retry delay; 0: 200 ms, doubled per retry, capped at 5 s */
+};
+
+/* Kinds of store. */
+enum vmsnap_store_kind {
+    VMSNAP_STORE_LOCAL = 0,
+    VMSNAP_STORE_S3 = 1,
+};
+
+/* A part of a multipart upload, as returned by vmsnap_store_mpu_part(). */
+struct vmsnap_store_part {
+    uint32_t number; /* 1-based */
+    char etag[VMSNAP_STORE_ETAG_MAX];
+};
+
+/* Callback for vmsnap_store_list(): one object. Return < 0 to stop (that value is returned). */
+typedef int (*vmsnap_store_list_fn)(void *arg, const char *key, uint64_t size);
+/* Callback for vmsnap_store_list_uploads(): one unfinished multipart upload. */
+typedef int (*vmsnap_store_upload_fn)(void *arg, const char *key, const char *upload_id);
+/* Callback for vmsnap_store_get_stream(): the next bytes of the object, in order. */
+typedef int (*vmsnap_store_data_fn)(void *arg, const void *buf, size_t len, struct vmsnap_err *err);
+
+/* Parse `url` and open its store. Accepted: a bare path, file:///abs/path, s3://bucket/key,
+ * gs://bucket/key. On success *out is the store (free with vmsnap_store_free) and *key a
+ * malloc'd key inside it (caller frees; may be ""), with no trailing '/'. S3 needs
+ * AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN optional); gs:// also reads
+ * GS_ACCESS_KEY_ID / GS_SECRET_ACCESS_KEY first. Thread safety: none needed (no shared state
+ * besides libcurl's global init, done once). */
+VMSNAP_API int vmsnap_store_open(const char *url, const struct vmsnap_store_opts *opts,
+                                 struct vmsnap_store **out, char **key, struct vmsnap_err *err);
+/* Free a store (NULL allowed). Every connection must be freed first. */
+VMSNAP_API void vmsnap_store_free(struct vmsnap_store *st);
+VMSNAP_API enum vmsnap_store_kind vmsnap_store_kind(const struct vmsnap_store *st);
+/* Format the URL of `key` in this store ("s3://bucket/key", "/abs/path") into buf. */
+VMSNAP_API const char *vmsnap_store_url(const struct vmsnap_store *st, const char *key, char *buf,
+                                        size_t len);
+
+/* Open one stream (an S3 connection). Free with vmsnap_store_conn_free (NULL allowed). */
+VMSNAP_API int vmsnap_store_conn_new(struct vmsnap_store *st, struct vmsnap_store_conn **out,
+                                     struct vmsnap_err *err);
+VMSNAP_API void vmsnap_store_conn_free(struct vmsnap_store_conn *c);
+
+/* Store `len` bytes as object `key` in one request (replaces an existing object atomically). */
+VMSNAP_API int vmsnap_store_put(struct vmsnap_store_conn *c, const char *key, const void *buf,
+                                size_t len, struct vmsnap_err *err);
+
+/* Multipart upload: create returns a malloc'd upload id (caller frees). Parts may be uploaded
+ * concurrently on different connections; `offset` is the part's byte offset in the object (the
+ * local store writes there; S3 ignores it) and part numbers run 1..N in offset order. The
+ * object appears only on complete, with parts sorted by number. Abort discards everything;
+ * aborting an unknown upload is not an error. */
+VMSNAP_API int vmsnap_store_mpu_create(struct vmsnap_store_conn *c, const char *key,
+                                       char **upload_id, struct vmsnap_err *err);
+VMSNAP_API int vmsnap_store_mpu_part(struct vmsnap_store_conn *c, const char *key,
+                                     const char *upload_id, uint32_t number, uint64_t offset,
+                                     const void *buf, size_t len, struct vmsnap_store_part *out,
+                                     struct vmsnap_err *err);
+VMSNAP_API int vmsnap_store_mpu_complete(struct vmsnap_store_conn *c, const char *key,
+                                         const char *upload_id,
+                                         const struct vmsnap_store_part *parts, uint32_t nparts,
+                                         struct vmsnap_err *err);
+VMSNAP_API int vmsnap_store_mpu_abort(struct vmsnap_store_conn *c, const char *key,
+                                      const char *upload_id, struct vmsnap_err *err);
+
+/* Read exactly `len` bytes of `key` at `off` into buf (-EIO if the object is shorter). */
+VMSNAP_API int vmsnap_store_get(struct vmsnap_store_conn *c, const char *key, uint64_t off,
+                                size_t len, void *buf, struct vmsnap_err *err);
+/* Read the whole object in order through `fn` (one GET; no retry once data was delivered). */
+VMSNAP_API int vmsnap_store_get_stream(struct vmsnap_store_conn *c, const char *key,
+                                       vmsnap_store_data_fn fn, void *arg, struct vmsnap_err *err);
+/* Object size, or -ENOENT. */
+VMSNAP_API int vmsnap_store_head(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
+                                 struct vmsnap_err *err);
+/* Delete `key`; a missing object is not an error. */
+VMSNAP_API int vmsnap_store_delete(struct vmsnap_store_conn *c, const char *key,
+                                   struct vmsnap_err *err);
+/* Every object whose key starts with `prefix`, in key order for S3 (directory order locally). */
+VMSNAP_API int vmsnap_store_list(struct vmsnap_store_conn *c, const char *prefix,
+                                 vmsnap_store_list_fn fn, void *arg, struct vmsnap_err *err);
+/* Every unfinished multipart upload whose key starts with `prefix`. */
+VMSNAP_API int vmsnap_store_list_uploads(struct vmsnap_store_conn *c, const char *prefix,
+                                         vmsnap_store_upload_fn fn, void *arg,
+                                         struct vmsnap_err *err);
+
+/* libcurl's process-wide state: vmsnap_store_open() initialises it on first use; a program that
+ * wants a clean leak report calls this once at exit, after every store is freed. */
+VMSNAP_API void vmsnap_store_global_cleanup(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,868 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The S3 backend on libcurl. One CURL easy handle per connection object, reset (which keeps its
+ * live connection) and reconfigured for every request, so a parallel stream keeps one TCP
+ * connection. Every request is signed with our SigV4 signer (lib/sigv4.c) and retried with
+ * exponential backoff and jitter on transport errors, 5xx, 429 and RequestTimeout, up to
+ * max_attempts per request. A streaming GET is retried only until its first byte was delivered.
+ *
+ * Secrets: the Authorization header is built here and handed to curl only; the -v trace logs
+ * method, bucket/key, query, status and time, never headers. curl's own verbose mode is never on.
+ */
+#include "s3_int.h"
+#include "sigv4_int.h"
+#include "store_int.h"
+
+#include "util/util.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RESP_CAP (16u << 20)     /* XML answers larger than this are refused */
+#define ERRBODY_CAP (64u << 10)  /* error bodies kept for their <Code> */
+#define SIGN_BODY_MAX (1u << 20) /* bodies up to this are hashed into the signature */
+#define BACKOFF_CAP_MS 5000u
+
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool curl_inited;
+
+int s3_global_init(struct vmsnap_err *err)
+{
+    pthread_mutex_lock(&init_lock);
+    int rc = 0;
+    if (!curl_inited) {
+        if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+            rc = vmsnap_err_set(err, EIO, "libcurl initialisation failed");
+        else
+            curl_inited = true;
+    }
+    pthread_mutex_unlock(&init_lock);
+    return rc;
+}
+
+void s3_global_cleanup(void)
+{
+    pthread_mutex_lock(&init_lock);
+    if (curl_inited)
+        curl_global_cleanup();
+    curl_inited = false;
+    pthread_mutex_unlock(&init_lock);
+}
+
+struct s3_conn {
+    CURL *h;
+    uint64_t rng;
+};
+
+struct dbuf {
+    char *p;
+    size_t len, cap, max;
+    bool overflow;
+};
+
+static int dbuf_add(struct dbuf *b, const void *data, size_t n)
+{
+    if (b->len + n > b->max) {
+        b->overflow = true;
+        return -1;
+    }
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p)
+            return -1;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, data, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return 0;
+}
+
+struct qparam {
+    const char *name;
+    const char *value;
+};
+
+/* One request and its result. */
+struct req {
+    const char *method;
+    const char *key; /* "" for bucket-level requests */
+    const struct qparam *q;
+    size_t nq;
+    const void *body;
+    size_t body_len;
+    bool has_body;
+    uint64_t range_off, range_len; /* range_len 0: no Range */
+    /* sinks for a 2xx body (at most one) */
+    uint8_t *dst; /* exactly range_len bytes */
+    struct dbuf *resp;
+    vmsnap_store_data_fn stream_fn;
+    void *stream_arg;
+    /* state per attempt */
+    size_t body_pos;
+    uint64_t got;
+    long status;
+    bool delivered; /* stream: bytes were handed to stream_fn */
+    int cb_err;     /* an error from stream_fn / overflow, stops the transfer */
+    struct vmsnap_err *cb_errp;
+    struct dbuf errbody;
+    char etag[VMSNAP_STORE_ETAG_MAX];
+    uint64_t content_length;
+    bool have_length;
+};
+
+static size_t read_cb(char *buf, size_t size, size_t n, void *arg)
+{
+    struct req *r = arg;
+    size_t want = size * n, left = r->body_len - r->body_pos;
+    size_t k = want < left ? want : left;
+    if (k)
+        memcpy(buf, (const char *)r->body + r->body_pos, k);
+    r->body_pos += k;
+    return k;
+}
+
+static size_t write_cb(char *buf, size_t size, size_t n, void *arg)
+{
+    struct req *r = arg;
+    size_t len = size * n;
+    if (r->status == 0)
+        r->status = -1; /* set by the header callback; guard against its absence */
+    if (r->status < 200 || r->status >= 300) {
+        dbuf_add(&r->errbody, buf, len); /* truncated silently at the cap */
+        return len;
+    }
+    if (r->dst) {
+        if (r->got + len > r->range_len) {
+            r->cb_err = -EIO;
+            return 0;
+        }
+        memcpy(r->dst + r->got, buf, len);
+    } else if (r->resp) {
+        if (dbuf_add(r->resp, buf, len) < 0) {
+            r->cb_err = -EFBIG;
+            return 0;
+        }
+    } else if (r->stream_fn) {
+        int rc = r->stream_fn(r->stream_arg, buf, len, r->cb_errp);
+        r->delivered = true;
+        if (rc < 0) {
+            r->cb_err = rc;
+            return 0;
+        }
+    }
+    r->got += len;
+    return len;
+}
+
+static size_t header_cb(char *buf, size_t size, size_t n, void *arg)
+{
+    struct req *r = arg;
+    size_t len = size * n;
+    if (len >= 5 && !strncmp(buf, "HTTP/", 5)) {
+        /* status line of a (possibly intermediate) response */
+        const char *sp = memchr(buf, ' ', len);
+        if (sp && (size_t)(sp - buf) + 4 <= len)
+            r->status = strtol(sp + 1, NULL, 10);
+        r->etag[0] = '\0';
+        r->have_length = false;
+        return len;
+    }
+    const char *colon = memchr(buf, ':', len);
+    if (!colon)
+        return len;
+    size_t nl = (size_t)(colon - buf);
+    const char *v = colon + 1, *e = buf + len;
+    while (v < e && (*v == ' ' || *v == '\t'))
+        v++;
+    while (e > v && (e[-1] == '\r' || e[-1] == '\n' || e[-1] == ' '))
+        e--;
+    size_t vl = (size_t)(e - v);
+    if (nl == 4 && !strncasecmp(buf, "etag", 4) && vl < sizeof(r->etag)) {
+        memcpy(r->etag, v, vl);
+        r->etag[vl] = '\0';
+    } else if (nl == 14 && !strncasecmp(buf, "content-length", 14)) {
+        char tmp[24];
+        if (vl > 0 && vl < sizeof(tmp)) {
+            memcpy(tmp, v, vl);
+            tmp[vl] = '\0';
+            char *end;
+            unsigned long long x = strtoull(tmp, &end, 10);
+            if (!*end) {
+                r->content_length = x;
+                r->have_length = true;
+            }
+        }
+    }
+    return len;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *s = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static int cmp_q(const void *a, const void *b)
+{
+    const char *const *x = a, *const *y = b;
+    int c = strcmp(x[0], y[0]);
+    return c ? c : strcmp(x[1], y[1]);
+}
+
+/* Build the URL path (encoded) and the canonical query. */
+static int build_target(const struct s3_config *cfg, const struct req *r, char *path, size_t plen,
+                        char *query, size_t qlen)
+{
+    char enc[3 * 1024 + 1];
+    if (strlen(r->key) > 1024 || sigv4_uri_encode(r->key, true, enc, sizeof(enc)) < 0)
+        return -ENAMETOOLONG;
+    int n;
+    if (cfg->path_style)
+        n = snprintf(path, plen, "/%s%s%s", cfg->bucket, *r->key ? "/" : "", enc);
+    else
+        n = snprintf(path, plen, "/%s", enc);
+    if (n < 0 || (size_t)n >= plen)
+        return -ENAMETOOLONG;
+    /* encode, then sort by encoded name and value */
+    enum { MAXQ = 8 };
+    if (r->nq > MAXQ)
+        return -EINVAL;
+    char encq[MAXQ][2][3 * 1024 + 1];
+    const char *pairs[MAXQ][2];
+    for (size_t i = 0; i < r->nq; i++) {
+        if (strlen(r->q[i].name) > 1024 || strlen(r->q[i].value) > 1024 ||
+            sigv4_uri_encode(r->q[i].name, false, encq[i][0], sizeof(encq[i][0])) < 0 ||
+            sigv4_uri_encode(r->q[i].value, false, encq[i][1], sizeof(encq[i][1])) < 0)
+            return -ENAMETOOLONG;
+        pairs[i][0] = encq[i][0];
+        pairs[i][1] = encq[i][1];
+    }
+    qsort(pairs, r->nq, sizeof(pairs[0]), cmp_q);
+    size_t o = 0;
+    query[0] = '\0';
+    for (size_t i = 0; i < r->nq; i++) {
+        n = snprintf(query + o, qlen - o, "%s%s=%s", i ? "&" : "", pairs[i][0], pairs[i][1]);
+        if (n < 0 || (size_t)n >= qlen - o)
+            return -ENAMETOOLONG;
+        o += (size_t)n;
+    }
+    return 0;
+}
+
+static void host_header(const struct s3_config *cfg, char *out, size_t len)
+{
+    bool v6 = strchr(cfg->host, ':') != NULL;
+    char hostpart[300];
+    snprintf(hostpart, sizeof(hostpart), "%s%s%s%s%s", cfg->path_style ? "" : cfg->bucket,
+             cfg->path_style ? "" : ".", v6 ? "[" : "", cfg->host, v6 ? "]" : "");
+    if (cfg->port)
+        snprintf(out, len, "%s:%u", hostpart, cfg->port);
+    else
+        snprintf(out, len, "%s", hostpart);
+}
+
+static bool retryable_curl(CURLcode c)
+{
+    switch (c) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static int curl_errno(CURLcode c)
+{
+    switch (c) {
+    case CURLE_COULDNT_CONNECT:
+        return ECONNREFUSED;
+    case CURLE_OPERATION_TIMEDOUT:
+        return ETIMEDOUT;
+    case CURLE_COULDNT_RESOLVE_HOST:
+        return EHOSTUNREACH;
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CACERT_BADFILE:
+        return EPROTO;
+    default:
+        return EIO;
+    }
+}
+
+/* Map a non-2xx answer to -errno with a message naming the bucket and key. */
+static int http_error(const struct s3_config *cfg, const struct req *r, struct vmsnap_err *err)
+{
+    char code[128] = "", msg[256] = "";
+    struct xml_span body = {r->errbody.p ? r->errbody.p : "", r->errbody.len};
+    xml_child_text(body, "Code", code, sizeof(code));
+    xml_child_text(body, "Message", msg, sizeof(msg));
+    char where[1200];
+    snprintf(where, sizeof(where), "%s://%s/%s", cfg->url_scheme, cfg->bucket, r->key);
+    const char *detail = code[0] ? code : "no error code";
+    if (r->status == 403 || r->status == 401)
+        return vmsnap_err_set(err, EACCES,
+                              "%s %s: access denied to bucket '%s' (HTTP %ld %s): check the "
+                              "credentials and the bucket's permissions",
+                              r->method, where, cfg->bucket, r->status, detail);
+    if (r->status == 404) {
+        if (!strcmp(code, "NoSuchBucket"))
+            return vmsnap_err_set(err, ENOENT, "%s %s: no such bucket '%s'", r->method, where,
+                                  cfg->bucket);
+        if (!strcmp(code, "NoSuchUpload"))
+            return vmsnap_err_set(err, ENOENT, "%s %s: no such multipart upload", r->method, where);
+        return vmsnap_err_set(err, ENOENT, "%s %s: no such object", r->method, where);
+    }
+    if (r->status == 416)
+        return vmsnap_err_set(err, EIO, "%s %s: range %llu+%llu outside the object", r->method,
+                              where, (unsigned long long)r->range_off,
+                              (unsigned long long)r->range_len);
+    if (r->status == 400 && !strcmp(code, "EntityTooSmall"))
+        return vmsnap_err_set(err, EINVAL, "%s %s: part too small (%s)", r->method, where, detail);
+    return vmsnap_err_set(err, r->status >= 500 ? EAGAIN : EIO, "%s %s: HTTP %ld %s%s%s", r->method,
+                          where, r->status, detail, msg[0] ? ": " : "", msg);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static unsigned env_uint(const char *name, unsigned def)
+{
+    const char *v = getenv(name);
+    if (v && *v) {
+        long x = strtol(v, NULL, 10);
+        if (x > 0)
+            return (unsigned)x;
+    }
+    return def;
+}
+
+/* One attempt. Returns 0 for a 2xx, 1 for "retry", <0 for a final error (err filled). */
+static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err *err)
+{
+    const struct s3_config *cfg = &c->st->s3;
+    struct s3_conn *sc = c->impl;
+    CURL *h = sc->h;
+    char path[4200], query[8400], host[400], url[16384];
+    int rc = build_target(cfg, r, path, sizeof(path), query, sizeof(query));
+    if (rc < 0)
+        return vmsnap_err_set(err, -rc, "%s://%s/%s: key or query too long", cfg->url_scheme,
+                              cfg->bucket, r->key);
+    host_header(cfg, host, sizeof(host));
+    int un = snprintf(url, sizeof(url), "%s://%s%s%s%s", cfg->scheme, host, path,
+                      query[0] ? "?" : "", query);
+    if (un < 0 || (size_t)un >= sizeof(url))
+        return vmsnap_err_set(err, ENAMETOOLONG, "%s://%s/%s: URL too long", cfg->url_scheme,
+                              cfg->bucket, r->key);
+
+    char phash[65];
+    if (r->has_body && r->body_len > SIGN_BODY_MAX)
+        snprintf(phash, sizeof(phash), "UNSIGNED-PAYLOAD");
+    else
+        sigv4_sha256_hex(r->has_body ? r->body : "", r->has_body ? r->body_len : 0, phash);
+    char amzdate[20];
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(amzdate, sizeof(amzdate), "%Y%m%dT%H%M%SZ", &tm);
+
+    struct sigv4_header sh[4] = {
+        {"host", host}, {"x-amz-content-sha256", phash}, {"x-amz-date", amzdate}};
+    size_t nsh = 3;
+    if (cfg->session_token)
+        sh[nsh++] = (struct sigv4_header){"x-amz-security-token", cfg->session_token};
+    char auth[1024];
+    struct sigv4_input in = {r->method,      path,    query,       sh,   nsh,
+                             phash,          amzdate, cfg->region, "s3", cfg->access_key,
+                             cfg->secret_key};
+    rc = sigv4_authorization(&in, auth, sizeof(auth));
+    if (rc < 0)
+        return vmsnap_err_set(err, -rc, "signing request for %s://%s/%s failed", cfg->url_scheme,
+                              cfg->bucket, r->key);
+
+    struct curl_slist *hl = NULL;
+    char line[2048];
+    snprintf(line, sizeof(line), "Host: %s", host);
+    hl = curl_slist_append(hl, line);
+    snprintf(line, sizeof(line), "x-amz-content-sha256: %s", phash);
+    hl = curl_slist_append(hl, line);
+    snprintf(line, sizeof(line), "x-amz-date: %s", amzdate);
+    hl = curl_slist_append(hl, line);
+    if (cfg->session_token && strlen(cfg->session_token) < sizeof(line) - 32) {
+        snprintf(line, sizeof(line), "x-amz-security-token: %s", cfg->session_token);
+        hl = curl_slist_append(hl, line);
+    }
+    snprintf(line, sizeof(line), "Authorization: %s", auth);
+    hl = curl_slist_append(hl, line);
+    explicit_bzero(line, sizeof(line));
+    explicit_bzero(auth, sizeof(auth));
+    hl = curl_slist_append(hl, "Expect:");
+    if (r->range_len) {
+        snprintf(line, sizeof(line), "Range: bytes=%llu-%llu", (unsigned long long)r->range_off,
+                 (unsigned long long)(r->range_off + r->range_len - 1));
+        hl = curl_slist_append(hl, line);
+    }
+    if (r->has_body)
+        hl = curl_slist_append(hl, "Content-Type: application/octet-stream");
+    if (!hl)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+
+    curl_easy_reset(h);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
+                     (long)env_uint("VMSNAP_S3_CONNECT_TIMEOUT_MS", 10000));
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, (long)env_uint("VMSNAP_S3_STALL_SECONDS", 30));
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, cfg->insecure_tls ? 0L : 1L);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, cfg->insecure_tls ? 0L : 2L);
+    curl_easy_setopt(h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, write_cb);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, header_cb);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, r);
+    curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 256L * 1024);
+    curl_easy_setopt(h, CURLOPT_UPLOAD_BUFFERSIZE, 1024L * 1024);
+    if (!strcmp(r->method, "HEAD")) {
+        curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+    } else if (r->has_body || !strcmp(r->method, "POST")) {
+        curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
+        curl_easy_setopt(h, CURLOPT_READFUNCTION, read_cb);
+        curl_easy_setopt(h, CURLOPT_READDATA, r);
+        curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)r->body_len);
+        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r->method);
+    } else if (strcmp(r->method, "GET")) {
+        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r->method);
+    }
+
+    r->body_pos = 0;
+    r->got = 0;
+    r->status = 0;
+    r->cb_err = 0;
+    r->etag[0] = '\0';
+    r->have_length = false;
+    r->errbody.len = 0;
+    if (r->resp)
+        r->resp->len = 0;
+    double t0 = now_s();
+    CURLcode cc = curl_easy_perform(h);
+    curl_slist_free_all(hl);
+    long status = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    if (status)
+        r->status = status;
+    vlog(VMSNAP_LOG_DEBUG, "s3: %s %s/%s%s%s -> %ld%s%s (%.3f s)", r->method, cfg->bucket, r->key,
+         query[0] ? "?" : "", query, r->status, cc ? " curl: " : "",
+         cc ? curl_easy_strerror(cc) : "", now_s() - t0);
+
+    if (r->cb_err) {
+        if (r->cb_err == -EFBIG)
+            return vmsnap_err_set(err, EFBIG, "%s %s/%s: answer larger than %u bytes", r->method,
+                                  cfg->bucket, r->key, RESP_CAP);
+        if (r->dst)
+            return vmsnap_err_set(err, EIO, "GET %s/%s: more bytes than the %llu requested",
+                                  cfg->bucket, r->key, (unsigned long long)r->range_len);
+        return r->cb_err; /* stream_fn filled err */
+    }
+    if (cc != CURLE_OK) {
+        if (r->stream_fn && r->delivered)
+            return vmsnap_err_set(err, curl_errno(cc), "GET %s://%s/%s: %s (after data)",
+                                  cfg->url_scheme, cfg->bucket, r->key, curl_easy_strerror(cc));
+        if (retryable_curl(cc)) {
+            vmsnap_err_set(err, curl_errno(cc), "%s %s://%s/%s: %s", r->method, cfg->url_scheme,
+                           cfg->bucket, r->key, curl_easy_strerror(cc));
+            return 1;
+        }
+        return vmsnap_err_set(err, curl_errno(cc), "%s %s://%s/%s: %s", r->method, cfg->url_scheme,
+                              cfg->bucket, r->key, curl_easy_strerror(cc));
+    }
+    if (r->status >= 200 && r->status < 300) {
+        /* CompleteMultipartUpload may answer 200 with an <Error> body */
+        if (r->resp && r->resp->p && strstr(r->resp->p, "<Error>")) {
+            r->errbody.len = 0;
+            dbuf_add(&r->errbody, r->resp->p, r->resp->len);
+            r->status = 500;
+            http_error(cfg, r, err);
+            return 1;
+        }
+        return 0;
+    }
+    char code[64] = "";
+    struct xml_span body = {r->errbody.p ? r->errbody.p : "", r->errbody.len};
+    xml_child_text(body, "Code", code, sizeof(code));
+    if (r->status >= 500 || r->status == 429 || !strcmp(code, "RequestTimeout") ||
+        !strcmp(code, "SlowDown")) {
+        if (r->stream_fn && r->delivered)
+            return http_error(cfg, r, err);
+        http_error(cfg, r, err);
+        return 1;
+    }
+    return http_error(cfg, r, err);
+}
+
+static int perform(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err *err)
+{
+    const struct s3_config *cfg = &c->st->s3;
+    struct s3_conn *sc = c->impl;
+    r->errbody.max = ERRBODY_CAP;
+    r->cb_errp = err;
+    unsigned delay = cfg->backoff_ms;
+    int rc = 0;
+    for (unsigned a = 1;; a++) {
+        rc = attempt(c, r, err);
+        if (rc <= 0)
+            break;
+        if (a >= cfg->max_attempts) {
+            vmsnap_err_wrap(err, "gave up after %u attempts: ", a);
+            rc = -err_code_or(err, EIO);
+            if (rc == -EAGAIN)
+                rc = -EIO;
+            if (err && err->code == EAGAIN)
+                err->code = EIO;
+            break;
+        }
+        /* full jitter in [delay/2, delay] */
+        unsigned j = delay / 2 + (unsigned)(rng_next(&sc->rng) % (delay / 2 + 1));
+        vlog(VMSNAP_LOG_INFO, "s3: retry %u/%u of %s %s/%s in %u ms (%s)", a, cfg->max_attempts - 1,
+             r->method, cfg->bucket, r->key, j, err ? err->msg : "");
+        sleep_ms(j);
+        delay = delay * 2 > BACKOFF_CAP_MS ? BACKOFF_CAP_MS : delay * 2;
+    }
+    free(r->errbody.p);
+    r->errbody.p = NULL;
+    if (rc == 0)
+        vmsnap_err_clear(err);
+    return rc;
+}
+
+static int s3_conn_new(struct vmsnap_store *st, struct vmsnap_store_conn *c, struct vmsnap_err *err)
+{
+    (void)st;
+    struct s3_conn *sc = calloc(1, sizeof(*sc));
+    if (!sc)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    sc->h = curl_easy_init();
+    if (!sc->h) {
+        free(sc);
+        return vmsnap_err_set(err, ENOMEM, "curl_easy_init failed");
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    sc->rng = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)(uintptr_t)sc ^ (uint64_t)getpid() ^ 1;
+    c->impl = sc;
+    return 0;
+}
+
+static void s3_conn_free(struct vmsnap_store_conn *c)
+{
+    struct s3_conn *sc = c->impl;
+    if (sc) {
+        curl_easy_cleanup(sc->h);
+        free(sc);
+    }
+}
+
+static int s3_put(struct vmsnap_store_conn *c, const char *key, const void *buf, size_t len,
+                  struct vmsnap_err *err)
+{
+    struct req r = {.method = "PUT", .key = key, .body = buf, .body_len = len, .has_body = true};
+    return perform(c, &r, err);
+}
+
+static int s3_mpu_create(struct vmsnap_store_conn *c, const char *key, char **upload_id,
+                         struct vmsnap_err *err)
+{
+    struct qparam q[] = {{"uploads", ""}};
+    struct dbuf resp = {.max = RESP_CAP};
+    struct req r = {.method = "POST", .key = key, .q = q, .nq = 1, .resp = &resp};
+    int rc = perform(c, &r, err);
+    if (rc == 0) {
+        char id[1024];
+        struct xml_span s = {resp.p ? resp.p : "", resp.len};
+        if (!xml_child_text(s, "UploadId", id, sizeof(id)) || !id[0])
+            rc = vmsnap_err_set(err, EPROTO, "create multipart upload %s/%s: no UploadId in answer",
+                                c->st->s3.bucket, key);
+        else if (!(*upload_id = strdup(id)))
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    }
+    free(resp.p);
+    return rc;
+}
+
+static int s3_mpu_part(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
+                       uint32_t number, uint64_t offset, const void *buf, size_t len,
+                       struct vmsnap_store_part *out, struct vmsnap_err *err)
+{
+    (void)offset;
+    char num[16];
+    snprintf(num, sizeof(num), "%u", number);
+    struct qparam q[] = {{"partNumber", num}, {"uploadId", upload_id}};
+    struct req r = {.method = "PUT",
+                    .key = key,
+                    .q = q,
+                    .nq = 2,
+                    .body = buf,
+                    .body_len = len,
+                    .has_body = true};
+    int rc = perform(c, &r, err);
+    if (rc == 0) {
+        if (!r.etag[0])
+            return vmsnap_err_set(err, EPROTO, "upload part %u of %s/%s: no ETag in answer", number,
+                                  c->st->s3.bucket, key);
+        out->number = number;
+        snprintf(out->etag, sizeof(out->etag), "%s", r.etag);
+    }
+    return rc;
+}
+
+static int s3_mpu_complete(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
+                           const struct vmsnap_store_part *parts, uint32_t nparts,
+                           struct vmsnap_err *err)
+{
+    struct dbuf body = {.max = (size_t)nparts * 256 + 256};
+    int rc = dbuf_add(&body, "<CompleteMultipartUpload>", 25);
+    for (uint32_t i = 0; i < nparts && rc == 0; i++) {
+        char line[256];
+        /* ETags are quoted hex; escape the quotes for XML */
+        char et[VMSNAP_STORE_ETAG_MAX * 6];
+        size_t o = 0;
+        for (const char *p = parts[i].etag; *p && o + 7 < sizeof(et); p++) {
+            if (*p == '"') {
+                memcpy(et + o, "&quot;", 6);
+                o += 6;
+            } else if (*p == '&' || *p == '<' || *p == '>') {
+                continue;
+            } else {
+                et[o++] = *p;
+            }
+        }
+        et[o] = '\0';
+        int n =
+            snprintf(line, sizeof(line), "<Part><PartNumber>%u</PartNumber><ETag>%s</ETag></Part>",
+                     parts[i].number, et);
+        rc = dbuf_add(&body, line, (size_t)n);
+    }
+    if (rc == 0)
+        rc = dbuf_add(&body, "</CompleteMultipartUpload>", 26);
+    if (rc < 0) {
+        free(body.p);
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    }
+    struct qparam q[] = {{"uploadId", upload_id}};
+    struct dbuf resp = {.max = RESP_CAP};
+    struct req r = {.method = "POST",
+                    .key = key,
+                    .q = q,
+                    .nq = 1,
+                    .body = body.p,
+                    .body_len = body.len,
+                    .has_body = true,
+                    .resp = &resp};
+    rc = perform(c, &r, err);
+    /* RGW answers an empty <ETag></ETag>: nothing in the answer is needed. */
+    free(resp.p);
+    free(body.p);
+    return rc;
+}
+
+static int s3_mpu_abort(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
+                        struct vmsnap_err *err)
+{
+    struct qparam q[] = {{"uploadId", upload_id}};
+    struct req r = {.method = "DELETE", .key = key, .q = q, .nq = 1};
+    int rc = perform(c, &r, err);
+    if (rc == -ENOENT) { /* NoSuchUpload, or RGW's NoSuchKey: already gone */
+        vmsnap_err_clear(err);
+        rc = 0;
+    }
+    return rc;
+}
+
+static int s3_get(struct vmsnap_store_conn *c, const char *key, uint64_t off, size_t len, void *buf,
+                  struct vmsnap_err *err)
+{
+    struct req r = {.method = "GET", .key = key, .range_off = off, .range_len = len, .dst = buf};
+    int rc = perform(c, &r, err);
+    if (rc == 0 && r.got != len)
+        rc = vmsnap_err_set(err, EIO, "GET %s://%s/%s: %llu of %zu bytes at %llu (short object)",
+                            c->st->s3.url_scheme, c->st->s3.bucket, key, (unsigned long long)r.got,
+                            len, (unsigned long long)off);
+    return rc;
+}
+
+static int s3_get_stream(struct vmsnap_store_conn *c, const char *key, vmsnap_store_data_fn fn,
+                         void *arg, struct vmsnap_err *err)
+{
+    struct req r = {.method = "GET", .key = key, .stream_fn = fn, .stream_arg = arg};
+    int rc = perform(c, &r, err);
+    if (rc == 0 && r.have_length && r.got != r.content_length)
+        rc = vmsnap_err_set(err, EIO, "GET %s/%s: %llu of %llu bytes", c->st->s3.bucket, key,
+                            (unsigned long long)r.got, (unsigned long long)r.content_length);
+    return rc;
+}
+
+static int s3_head(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
+                   struct vmsnap_err *err)
+{
+    struct req r = {.method = "HEAD", .key = key};
+    int rc = perform(c, &r, err);
+    if (rc == 0) {
+        if (!r.have_length)
+            return vmsnap_err_set(err, EPROTO, "HEAD %s/%s: no Content-Length", c->st->s3.bucket,
+                                  key);
+        *size = r.content_length;
+    }
+    return rc;
+}
+
+static int s3_del(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err)
+{
+    struct req r = {.method = "DELETE", .key = key};
+    int rc = perform(c, &r, err);
+    if (rc == -ENOENT && r.status == 404) {
+        char code[64] = "";
+        /* a missing key is fine; a missing bucket is not */
+        if (!strstr(err ? err->msg : "", "no such bucket")) {
+            vmsnap_err_clear(err);
+            rc = 0;
+        }
+        (void)code;
+    }
+    return rc;
+}
+
+static int s3_list(struct vmsnap_store_conn *c, const char *prefix, vmsnap_store_list_fn fn,
+                   void *arg, struct vmsnap_err *err)
+{
+    char token[2048] = "";
+    for (;;) {
+        struct qparam q[3] = {{"list-type", "2"}, {"prefix", prefix}};
+        size_t nq = 2;
+        if (token[0])
+            q[nq++] = (struct qparam){"continuation-token", token};
+        struct dbuf resp = {.max = RESP_CAP};
+        struct req r = {.method = "GET", .key = "", .q = q, .nq = nq, .resp = &resp};
+        int rc = perform(c, &r, err);
+        if (rc < 0) {
+            free(resp.p);
+            return rc;
+        }
+        struct xml_span s = {resp.p ? resp.p : "", resp.len}, item, rest;
+        for (struct xml_span cur = s; rc == 0 && xml_find(cur, "Contents", &item, &rest);
+             cur = rest) {
+            char k[1100];
+            uint64_t size = 0;
+            if (!xml_child_text(item, "Key", k, sizeof(k)) || !xml_child_u64(item, "Size", &size))
+                rc = vmsnap_err_set(err, EPROTO, "list %s/%s: malformed <Contents>",
+                                    c->st->s3.bucket, prefix);
+            else
+                rc = fn(arg, k, size);
+        }
+        char trunc[8] = "";
+        xml_child_text(s, "IsTruncated", trunc, sizeof(trunc));
+        bool more = !strcmp(trunc, "true");
+        if (rc == 0 && more &&
+            (!xml_child_text(s, "NextContinuationToken", token, sizeof(token)) || !token[0]))
+            rc = vmsnap_err_set(err, EPROTO, "list %s/%s: truncated without a continuation token",
+                                c->st->s3.bucket, prefix);
+        free(resp.p);
+        if (rc < 0 || !more)
+            return rc;
+    }
+}
+
+static int s3_list_uploads(struct vmsnap_store_conn *c, const char *prefix,
+                           vmsnap_store_upload_fn fn, void *arg, struct vmsnap_err *err)
+{
+    char kmark[1100] = "", umark[1100] = "";
+    for (;;) {
+        struct qparam q[4] = {{"uploads", ""}, {"prefix", prefix}};
+        size_t nq = 2;
+        if (kmark[0]) {
+            q[nq++] = (struct qparam){"key-marker", kmark};
+            q[nq++] = (struct qparam){"upload-id-marker", umark};
+        }
+        struct dbuf resp = {.max = RESP_CAP};
+        struct req r = {.method = "GET", .key = "", .q = q, .nq = nq, .resp = &resp};
+        int rc = perform(c, &r, err);
+        if (rc < 0) {
+            free(resp.p);
+            return rc;
+        }
+        struct xml_span s = {resp.p ? resp.p : "", resp.len}, item, rest;
+        for (struct xml_span cur = s; rc == 0 && xml_find(cur, "Upload", &item, &rest);
+             cur = rest) {
+            char k[1100], id[1100];
+            if (!xml_child_text(item, "Key", k, sizeof(k)) ||
+                !xml_child_text(item, "UploadId", id, sizeof(id)))
+                rc = vmsnap_err_set(err, EPROTO, "list uploads %s/%s: malformed <Upload>",
+                                    c->st->s3.bucket, prefix);
+            else
+                rc = fn(arg, k, id);
+        }
+        char trunc[8] = "";
+        xml_child_text(s, "IsTruncated", trunc, sizeof(trunc));
+        bool more = !strcmp(trunc, "true");
+        if (rc == 0 && more) {
+            if (!xml_child_text(s, "NextKeyMarker", kmark, sizeof(kmark)) ||
+                !xml_child_text(s, "NextUploadIdMarker", umark, sizeof(umark)) || !kmark[0])
+                rc = vmsnap_err_set(err, EPROTO, "list uploads %s/%s: truncated without markers",
+                                    c->st->s3.bucket, prefix);
+        }
+        free(resp.p);
+        if (rc < 0 || !more)
+            return rc;
+    }
+}
+
+const struct store_ops store_s3_ops = {
+    .conn_new = s3_conn_new,
+    .conn_free = s3_conn_free,
+    .put = s3_put,
+    .mpu_create = s3_mpu_create,
+    .mpu_part = s3_mpu_part,
+    .mpu_complete = s3_mpu_complete,
+    .mpu_abort = s3_mpu_abort,
+    .get = s3_get,
+    .get_stream = s3_get_stream,
+    .head = s3_head,
+    .del = s3_del,
+    .list = s3_list,
+    .list_uploads = s3_list_uploads,
+};

@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private: the store backend table and the shared store/connection structs. */
+#ifndef VMSNAP_STORE_INT_H
+#define VMSNAP_STORE_INT_H
+
+#include "vmsnap/store.h"
+
+/* One backend. Every function fills `err` on failure; keys are already validated. */
+struct store_ops {
+    int (*conn_new)(struct vmsnap_store *st, struct vmsnap_store_conn *c, struct vmsnap_err *err);
+    void (*conn_free)(struct vmsnap_store_conn *c);
+    int (*put)(struct vmsnap_store_conn *c, const char *key, const void *buf, size_t len,
+               struct vmsnap_err *err);
+    int (*mpu_create)(struct vmsnap_store_conn *c, const char *key, char **upload_id,
+                      struct vmsnap_err *err);
+    int (*mpu_part)(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
+                    uint32_t number, uint64_t offset, const void *buf, size_t len,
+                    struct vmsnap_store_part *out, struct vmsnap_err *err);
+    int (*mpu_complete)(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
+                        const struct vmsnap_store_part *parts, uint32_t nparts,
+                        struct vmsnap_err *err);
+    int (*mpu_abort)(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
+                     struct vmsnap_err *err);
+    int (*get)(struct vmsnap_store_conn *c, const char *key, uint64_t off, size_t len, void *buf,
+               struct vmsnap_err *err);
+    int (*get_stream)(struct vmsnap_store_conn *c, const char *key, vmsnap_store_data_fn fn,
+                      void *arg, struct vmsnap_err *err);
+    int (*head)(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
+                struct vmsnap_err *err);
+    int (*del)(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err);
+    int (*list)(struct vmsnap_store_conn *c, const char *prefix, vmsnap_store_list_fn fn, void *arg,
+                struct vmsnap_err *err);
+    int (*list_uploads)(struct vmsnap_store_conn *c, const char *prefix, vmsnap_store_upload_fn fn,
+                        void *arg, struct vmsnap_err *err);
+};
+
+/* Parsed endpoint and credentials of an S3 store (secrets never printed). */
+struct s3_config {
+    char *scheme;  /* "http" / "https" */
+    char *host;    /* endpoint host (no port) */
+    unsigned port; /* 0: scheme default */
+    char *bucket;
+    char *region;
+    char *access_key;
+    char *secret_key;
+    char *session_token; /* NULL if none */
+    bool path_style;
+    bool insecure_tls;
+    unsigned max_attempts;
+    unsigned backoff_ms;
+    const char *url_scheme; /* "s3" or "gs" for messages */
+};
+
+struct vmsnap_store {
+    enum vmsnap_store_kind kind;
+    const struct store_ops *ops;
+    char *root; /* local: directory the keys are relative to ("/") */
+    struct s3_config s3;
+};
+
+struct vmsnap_store_conn {
+    struct vmsnap_store *st;
+    void *impl; /* backend state (S3: struct s3_conn) */
+};
+
+extern const struct store_ops store_local_ops;
+extern const struct store_ops store_s3_ops;
+
+/* S3 backend set-up helpers (lib/s3.c). */
+int s3_global_init(struct vmsnap_err *err);
+void s3_global_cleanup(void);
+
+/* Local store: join root and key into a malloc'd path. */
+char *store_local_path(const struct vmsnap_store *st, const char *key);
+
+/* The code in `err`, or `def` when err is NULL or empty (for callees that filled err). */
+static inline int err_code_or(const struct vmsnap_err *e, int def)
+{
+    return e && e->code > 0 ? e->code : def;
+}
+
+/* True if `host` is an IPv4/IPv6 literal or "localhost" (path-style addressing). */
+bool store_host_is_ip(const char *host);
+
+#endif

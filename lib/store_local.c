@@ -1,0 +1,443 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The local store: an object is a regular file under the store root. A put goes to a hidden
+ * temporary file beside the object, is fsynced, renamed, and the directory fsynced. A multipart
+ * upload is a hidden temporary file `.<name>.mpu-XXXXXX` (its name is the upload id) that parts
+ * are pwritten into at their offsets, concurrently, from any thread; complete fsyncs and renames
+ * it. Listing skips hidden names, so neither kind of temporary is ever visible as an object;
+ * list_uploads reports the `.mpu-` ones so that leftovers of a killed push can be aborted.
+ */
+#include "store_int.h"
+
+#include "sys/sys.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MPU_TAG ".mpu-"
+#define MAX_DEPTH 32
+
+/* Create the parent directories of `path` (mode 0700 for new ones). */
+static int mkparents(const char *path, struct vmsnap_err *err)
+{
+    char *p = strdup(path);
+    if (!p)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    for (char *s = strchr(p + 1, '/'); s; s = strchr(s + 1, '/')) {
+        *s = '\0';
+        if (mkdir(p, 0700) < 0 && errno != EEXIST) {
+            int e = errno;
+            vmsnap_err_set(err, e, "mkdir %s: %s", p, strerror(e));
+            free(p);
+            return -e;
+        }
+        *s = '/';
+    }
+    free(p);
+    return 0;
+}
+
+/* Split "dir/base" into malloc'd dir and a pointer to base inside `path`. */
+static char *dir_of(const char *path, const char **base)
+{
+    const char *s = strrchr(path, '/');
+    *base = s + 1;
+    size_t n = s == path ? 1 : (size_t)(s - path);
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, path, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
+static int lput(struct vmsnap_store_conn *c, const char *key, const void *buf, size_t len,
+                struct vmsnap_err *err)
+{
+    char *path = store_local_path(c->st, key);
+    if (!path)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    struct sys_atomic_file af;
+    int rc = mkparents(path, err);
+    if (rc == 0)
+        rc = sys_atomic_open(&af, path, 0600, err);
+    if (rc == 0) {
+        rc = sys_write_full(af.fd, buf, len);
+        if (rc < 0) {
+            vmsnap_err_set(err, -rc, "write %s: %s", path, strerror(-rc));
+            sys_atomic_abort(&af);
+        } else {
+            rc = sys_atomic_commit(&af, true, err);
+        }
+    }
+    free(path);
+    return rc;
+}
+
+/* The temporary file of an upload: dir(key)/upload_id, where upload_id is ".<base>.mpu-XXXXXX". */
+static char *mpu_path(const struct vmsnap_store *st, const char *key, const char *id,
+                      struct vmsnap_err *err)
+{
+    const char *slash = strrchr(key, '/');
+    const char *base = slash ? slash + 1 : key;
+    size_t bl = strlen(base);
+    if (strchr(id, '/') || id[0] != '.' || strncmp(id + 1, base, bl) ||
+        strncmp(id + 1 + bl, MPU_TAG, strlen(MPU_TAG))) {
+        vmsnap_err_set(err, EINVAL, "bad upload id '%s' for %s", id, key);
+        return NULL;
+    }
+    size_t dl = slash ? (size_t)(slash - key) + 1 : 0;
+    size_t n = dl + strlen(id) + 1;
+    char *k = malloc(n);
+    if (!k) {
+        vmsnap_err_set(err, ENOMEM, "out of memory");
+        return NULL;
+    }
+    snprintf(k, n, "%.*s%s", (int)dl, key, id);
+    char *p = store_local_path(st, k);
+    free(k);
+    if (!p)
+        vmsnap_err_set(err, ENOMEM, "out of memory");
+    return p;
+}
+
+static int lmpu_create(struct vmsnap_store_conn *c, const char *key, char **upload_id,
+                       struct vmsnap_err *err)
+{
+    char *path = store_local_path(c->st, key);
+    if (!path)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    int rc = mkparents(path, err);
+    const char *base;
+    char *dir = rc == 0 ? dir_of(path, &base) : NULL;
+    char *tmp = NULL;
+    if (rc == 0 && dir) {
+        size_t n = strlen(path) + 32;
+        tmp = malloc(n);
+        if (tmp)
+            snprintf(tmp, n, "%s/.%s" MPU_TAG "XXXXXX", strcmp(dir, "/") ? dir : "", base);
+    }
+    if (rc == 0 && !tmp)
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    if (rc == 0) {
+        int fd = mkostemp(tmp, O_CLOEXEC);
+        if (fd < 0) {
+            rc = vmsnap_err_set(err, errno, "create temporary file for %s: %s", path,
+                                strerror(errno));
+        } else {
+            close(fd); /* mkostemp creates 0600 */
+            *upload_id = strdup(strrchr(tmp, '/') + 1);
+            if (!*upload_id) {
+                unlink(tmp);
+                rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+            }
+        }
+    }
+    free(tmp);
+    free(dir);
+    free(path);
+    return rc;
+}
+
+static int lmpu_part(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
+                     uint32_t number, uint64_t offset, const void *buf, size_t len,
+                     struct vmsnap_store_part *out, struct vmsnap_err *err)
+{
+    char *p = mpu_path(c->st, key, upload_id, err);
+    if (!p)
+        return -err_code_or(err, EINVAL);
+    int rc = 0;
+    int fd = open(p, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+        rc = errno == ENOENT
+                 ? vmsnap_err_set(err, ENOENT, "upload %s of %s no longer exists", upload_id, key)
+                 : vmsnap_err_set(err, errno, "open %s: %s", p, strerror(errno));
+    } else {
+        rc = sys_pwrite_full(fd, buf, len, offset);
+        if (rc < 0)
+            vmsnap_err_set(err, -rc, "write %s at %llu: %s", p, (unsigned long long)offset,
+                           strerror(-rc));
+        close(fd);
+    }
+    if (rc == 0 && out) {
+        out->number = number;
+        snprintf(out->etag, sizeof(out->etag), "local");
+    }
+    free(p);
+    return rc;
+}
+
+static int lmpu_complete(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
+                         const struct vmsnap_store_part *parts, uint32_t nparts,
+                         struct vmsnap_err *err)
+{
+    (void)parts;
+    (void)nparts;
+    char *p = mpu_path(c->st, key, upload_id, err);
+    if (!p)
+        return -err_code_or(err, EINVAL);
+    char *dst = store_local_path(c->st, key);
+    int rc = 0;
+    int fd = dst ? open(p, O_RDONLY | O_CLOEXEC) : -1;
+    if (!dst)
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    else if (fd < 0)
+        rc = vmsnap_err_set(err, errno, "open %s: %s", p, strerror(errno));
+    else if (fsync(fd) < 0)
+        rc = vmsnap_err_set(err, errno, "fsync %s: %s", p, strerror(errno));
+    else if (rename(p, dst) < 0)
+        rc = vmsnap_err_set(err, errno, "rename %s: %s", dst, strerror(errno));
+    else
+        rc = sys_fsync_parent(dst, err);
+    if (fd >= 0)
+        close(fd);
+    free(dst);
+    free(p);
+    return rc;
+}
+
+static int lmpu_abort(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
+                      struct vmsnap_err *err)
+{
+    char *p = mpu_path(c->st, key, upload_id, err);
+    if (!p)
+        return -err_code_or(err, EINVAL);
+    int rc = 0;
+    if (unlink(p) < 0 && errno != ENOENT)
+        rc = vmsnap_err_set(err, errno, "unlink %s: %s", p, strerror(errno));
+    free(p);
+    return rc;
+}
+
+static int open_obj(struct vmsnap_store_conn *c, const char *key, char **pathp,
+                    struct vmsnap_err *err)
+{
+    char *p = store_local_path(c->st, key);
+    if (!p)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno == ENOTDIR ? ENOENT : errno;
+        vmsnap_err_set(err, e, "%s: %s", p, e == ENOENT ? "no such object" : strerror(e));
+        free(p);
+        return -e;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        vmsnap_err_set(err, ENOENT, "%s: not a regular file", p);
+        free(p);
+        return -ENOENT;
+    }
+    *pathp = p;
+    return fd;
+}
+
+static int lget(struct vmsnap_store_conn *c, const char *key, uint64_t off, size_t len, void *buf,
+                struct vmsnap_err *err)
+{
+    char *p;
+    int fd = open_obj(c, key, &p, err);
+    if (fd < 0)
+        return fd;
+    ssize_t n = sys_pread_full(fd, buf, len, off);
+    int rc = 0;
+    if (n < 0)
+        rc = vmsnap_err_set(err, (int)-n, "read %s at %llu: %s", p, (unsigned long long)off,
+                            strerror((int)-n));
+    else if ((size_t)n != len)
+        rc = vmsnap_err_set(err, EIO, "read %s: short object (%zd of %zu bytes at %llu)", p, n, len,
+                            (unsigned long long)off);
+    close(fd);
+    free(p);
+    return rc;
+}
+
+static int lget_stream(struct vmsnap_store_conn *c, const char *key, vmsnap_store_data_fn fn,
+                       void *arg, struct vmsnap_err *err)
+{
+    char *p;
+    int fd = open_obj(c, key, &p, err);
+    if (fd < 0)
+        return fd;
+    enum { CHUNK = 1 << 20 };
+    char *buf = malloc(CHUNK);
+    int rc = buf ? 0 : vmsnap_err_set(err, ENOMEM, "out of memory");
+    for (uint64_t off = 0; rc == 0;) {
+        ssize_t n = sys_pread_full(fd, buf, CHUNK, off);
+        if (n < 0) {
+            rc = vmsnap_err_set(err, (int)-n, "read %s: %s", p, strerror((int)-n));
+            break;
+        }
+        if (n == 0)
+            break;
+        rc = fn(arg, buf, (size_t)n, err);
+        off += (uint64_t)n;
+    }
+    free(buf);
+    close(fd);
+    free(p);
+    return rc;
+}
+
+static int lhead(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
+                 struct vmsnap_err *err)
+{
+    char *p;
+    int fd = open_obj(c, key, &p, err);
+    if (fd < 0)
+        return fd;
+    struct stat sb;
+    int rc = fstat(fd, &sb) < 0 ? vmsnap_err_set(err, errno, "stat %s: %s", p, strerror(errno)) : 0;
+    if (rc == 0)
+        *size = (uint64_t)sb.st_size;
+    close(fd);
+    free(p);
+    return rc;
+}
+
+static int ldel(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err)
+{
+    char *p = store_local_path(c->st, key);
+    if (!p)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    int rc = 0;
+    struct stat sb;
+    if (lstat(p, &sb) == 0 && !S_ISREG(sb.st_mode))
+        rc = vmsnap_err_set(err, EISDIR, "delete %s: not an object", p);
+    else if (unlink(p) < 0 && errno != ENOENT && errno != ENOTDIR)
+        rc = vmsnap_err_set(err, errno, "delete %s: %s", p, strerror(errno));
+    else
+        (void)sys_fsync_parent(p, NULL); /* best effort: the unlink itself succeeded */
+    free(p);
+    return rc;
+}
+
+/* Directory walk shared by list and list_uploads. `dirkey` is the key of the directory ("" for
+ * the root), `prefix` the full key prefix wanted. */
+struct walk {
+    const struct vmsnap_store *st;
+    const char *prefix;
+    vmsnap_store_list_fn list_fn;
+    vmsnap_store_upload_fn up_fn;
+    void *arg;
+    struct vmsnap_err *err;
+};
+
+static int walk_dir(struct walk *w, const char *dirkey, int depth)
+{
+    if (depth > MAX_DEPTH)
+        return 0;
+    char *dpath = store_local_path(w->st, dirkey);
+    if (!dpath)
+        return vmsnap_err_set(w->err, ENOMEM, "out of memory");
+    struct dirent **ents = NULL;
+    int n = scandir(dpath, &ents, NULL, alphasort);
+    if (n < 0) {
+        int e = errno;
+        free(dpath);
+        if (e == ENOENT || e == ENOTDIR)
+            return 0;
+        return vmsnap_err_set(w->err, e, "list %s: %s", dirkey, strerror(e));
+    }
+    size_t plen = strlen(w->prefix);
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        const char *name = ents[i]->d_name;
+        if (rc < 0 || !strcmp(name, ".") || !strcmp(name, ".."))
+            continue;
+        bool hidden = name[0] == '.';
+        const char *logical = name; /* the key name an upload temp stands for */
+        char base[256];
+        if (hidden) {
+            const char *tag = strstr(name, MPU_TAG);
+            if (!w->up_fn || !tag || tag == name + 1 || (size_t)(tag - name - 1) >= sizeof(base))
+                continue;
+            snprintf(base, sizeof(base), "%.*s", (int)(tag - name - 1), name + 1);
+            logical = base;
+        }
+        size_t kn = strlen(dirkey) + strlen(logical) + 2;
+        char *k = malloc(kn);
+        if (!k) {
+            rc = vmsnap_err_set(w->err, ENOMEM, "out of memory");
+            continue;
+        }
+        snprintf(k, kn, "%s%s%s", dirkey, *dirkey ? "/" : "", logical);
+        size_t klen = strlen(k);
+        bool match = klen >= plen && !strncmp(k, w->prefix, plen);
+        char *full = store_local_path(w->st, k);
+        struct stat sb;
+        if (!full) {
+            rc = vmsnap_err_set(w->err, ENOMEM, "out of memory");
+        } else if (hidden) {
+            if (match)
+                rc = w->up_fn(w->arg, k, name);
+        } else if (lstat(full, &sb) == 0) {
+            if (S_ISDIR(sb.st_mode)) {
+                /* descend if some key below could start with the prefix */
+                bool could = match || (klen < plen && !strncmp(k, w->prefix, klen) &&
+                                       w->prefix[klen] == '/');
+                if (could)
+                    rc = walk_dir(w, k, depth + 1);
+            } else if (S_ISREG(sb.st_mode) && match && w->list_fn) {
+                rc = w->list_fn(w->arg, k, (uint64_t)sb.st_size);
+            }
+        }
+        free(full);
+        free(k);
+    }
+    for (int i = 0; i < n; i++)
+        free(ents[i]);
+    free(ents);
+    free(dpath);
+    return rc;
+}
+
+static int walk_prefix(struct walk *w)
+{
+    /* start at the deepest directory named entirely by the prefix */
+    const char *slash = strrchr(w->prefix, '/');
+    size_t dl = slash ? (size_t)(slash - w->prefix) : 0;
+    char *dirkey = malloc(dl + 1);
+    if (!dirkey)
+        return vmsnap_err_set(w->err, ENOMEM, "out of memory");
+    memcpy(dirkey, w->prefix, dl);
+    dirkey[dl] = '\0';
+    int rc = walk_dir(w, dirkey, 0);
+    free(dirkey);
+    return rc;
+}
+
+static int llist(struct vmsnap_store_conn *c, const char *prefix, vmsnap_store_list_fn fn,
+                 void *arg, struct vmsnap_err *err)
+{
+    struct walk w = {c->st, prefix, fn, NULL, arg, err};
+    return walk_prefix(&w);
+}
+
+static int llist_uploads(struct vmsnap_store_conn *c, const char *prefix, vmsnap_store_upload_fn fn,
+                         void *arg, struct vmsnap_err *err)
+{
+    struct walk w = {c->st, prefix, NULL, fn, arg, err};
+    return walk_prefix(&w);
+}
+
+const struct store_ops store_local_ops = {
+    .put = lput,
+    .mpu_create = lmpu_create,
+    .mpu_part = lmpu_part,
+    .mpu_complete = lmpu_complete,
+    .mpu_abort = lmpu_abort,
+    .get = lget,
+    .get_stream = lget_stream,
+    .head = lhead,
+    .del = ldel,
+    .list = llist,
+    .list_uploads = llist_uploads,
+};
