@@ -1,0 +1,274 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* vmsnap cache stat|evict: page-cache state of snapshot files, and hygiene on demand. */
+#include "cli.h"
+#include "vmsnap/pcache.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define STAT_USAGE "cache stat [--json] PATH..."
+#define EVICT_USAGE                                                                                \
+    "cache evict [--staged] [--preserve PATH]... [--wait SECONDS] [--kick-writeback] PATH..."
+
+struct stat_out {
+    bool json;
+    bool first;
+};
+
+static double pct(uint64_t part, uint64_t whole)
+{
+    return whole ? 100.0 * (double)part / (double)whole : 0.0;
+}
+
+static json_object *stat_json(const char *path, const struct vmsnap_pcache_stat *st)
+{
+    json_object *o = json_object_new_object();
+    if (path)
+        json_object_object_add(o, "path", json_object_new_string(path));
+    else
+        json_object_object_add(o, "files", json_object_new_int64((int64_t)st->files));
+    json_object_object_add(o, "size", json_object_new_int64((int64_t)st->size));
+    json_object_object_add(o, "pages", json_object_new_int64((int64_t)st->pages));
+    json_object_object_add(o, "cached", json_object_new_int64((int64_t)st->cached));
+    json_object_object_add(o, "source",
+                           json_object_new_string(st->mincore ? "mincore" : "cachestat"));
+    if (!st->mincore) {
+        json_object_object_add(o, "dirty", json_object_new_int64((int64_t)st->dirty));
+        json_object_object_add(o, "writeback", json_object_new_int64((int64_t)st->writeback));
+        json_object_object_add(o, "evicted", json_object_new_int64((int64_t)st->evicted));
+        json_object_object_add(o, "recently_evicted",
+                               json_object_new_int64((int64_t)st->recently_evicted));
+    }
+    return o;
+}
+
+static void stat_line(const char *label, const struct vmsnap_pcache_stat *st)
+{
+    char size[32];
+    cli_bytes(size, sizeof(size), st->size);
+    if (st->mincore)
+        printf("%12s %10llu %10llu %6.1f%% %10s %10s %10s %10s  %s (mincore: only resident pages "
+               "known)\n",
+               size, (unsigned long long)st->pages, (unsigned long long)st->cached,
+               pct(st->cached, st->pages), "-", "-", "-", "-", label);
+    else
+        printf("%12s %10llu %10llu %6.1f%% %10llu %10llu %10llu %10llu  %s\n", size,
+               (unsigned long long)st->pages, (unsigned long long)st->cached,
+               pct(st->cached, st->pages), (unsigned long long)st->dirty,
+               (unsigned long long)st->writeback, (unsigned long long)st->evicted,
+               (unsigned long long)st->recently_evicted, label);
+}
+
+/* Streamed one file at a time so memory stays bounded on large trees. */
+static int stat_cb(void *arg, const char *path, const struct vmsnap_pcache_stat *st)
+{
+    struct stat_out *o = arg;
+    if (o->json) {
+        json_object *j = stat_json(path, st);
+        printf("%s\n    %s", o->first ? "" : ",",
+               json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN));
+        json_object_put(j);
+        o->first = false;
+    } else {
+        stat_line(path, st);
+    }
+    return 0;
+}
+
+static int cache_stat(int argc, char **argv)
+{
+    static const struct option lopts[] = {
+        {"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+    struct stat_out o = {.first = true};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
+        switch (c) {
+        case 'j':
+            o.json = true;
+            break;
+        case 'h':
+            printf("usage: vmsnap %s\n", STAT_USAGE);
+            return EXIT_OK;
+        default:
+            return cli_usage("cache", "usage: %s", STAT_USAGE);
+        }
+    }
+    if (optind >= argc)
+        return cli_usage("cache", "stat: no PATH given (usage: %s)", STAT_USAGE);
+    struct vmsnap_pcache_stat total = {0};
+    int rc = EXIT_OK;
+    if (o.json)
+        printf("{\"files\": [");
+    else
+        printf("%12s %10s %10s %7s %10s %10s %10s %10s  %s\n", "SIZE", "PAGES", "CACHED", "%",
+               "DIRTY", "WRITEBACK", "EVICTED", "RECENT", "PATH");
+    for (int i = optind; i < argc; i++) {
+        struct vmsnap_pcache_stat sum;
+        struct vmsnap_err err = {0};
+        if (vmsnap_pcache_stat_path(argv[i], stat_cb, &o, &sum, &err) < 0) {
+            cli_error("cache", "%s", err.msg);
+            rc = EXIT_FAIL;
+        }
+        total.files += sum.files;
+        total.size += sum.size;
+        total.pages += sum.pages;
+        total.cached += sum.cached;
+        total.dirty += sum.dirty;
+        total.writeback += sum.writeback;
+        total.evicted += sum.evicted;
+        total.recently_evicted += sum.recently_evicted;
+        total.mincore |= sum.mincore;
+        total.page_size = sum.page_size;
+    }
+    if (o.json) {
+        json_object *t = stat_json(NULL, &total);
+        printf("\n  ],\n  \"page_size\": %u,\n  \"total\": %s\n}\n", total.page_size,
+               json_object_to_json_string_ext(t, JSON_C_TO_STRING_PLAIN));
+        json_object_put(t);
+    } else {
+        char label[64];
+        snprintf(label, sizeof(label), "total (%llu files)", (unsigned long long)total.files);
+        stat_line(label, &total);
+    }
+    return rc;
+}
+
+/* The --wait schedule: the library's 0.5 s, 1.5 s, 3 s, then every second up to the limit. */
+static size_t wait_schedule(double limit, double *d, size_t cap)
+{
+    static const double first[] = {0.5, 1.5, 3.0};
+    size_t n = 0;
+    for (size_t i = 0; i < 3 && first[i] <= limit; i++)
+        d[n++] = first[i];
+    for (double t = 4.0; t <= limit && n < cap - 1; t += 1.0)
+        d[n++] = t;
+    if (n == 0 || d[n - 1] < limit)
+        d[n++] = limit;
+    return n;
+}
+
+static int cache_evict(int argc, char **argv)
+{
+    static const struct option lopts[] = {
+        {"staged", no_argument, NULL, 's'},         {"wait", required_argument, NULL, 'w'},
+        {"kick-writeback", no_argument, NULL, 'k'}, {"preserve", required_argument, NULL, 'p'},
+        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
+    struct vmsnap_pcache_evict_opts opts = {0};
+    double wait = -1;
+    const char **preserve = calloc((size_t)argc + 1, sizeof(char *));
+    size_t npreserve = 0;
+    if (!preserve) {
+        cli_error("cache", "out of memory");
+        return EXIT_FAIL;
+    }
+    int c, rc = EXIT_OK;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
+        switch (c) {
+        case 's':
+            opts.staged = true;
+            break;
+        case 'k':
+            opts.kick_writeback = true;
+            break;
+        case 'p':
+            preserve[npreserve++] = optarg;
+            break;
+        case 'w': {
+            char *end;
+            errno = 0;
+            wait = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(wait >= 0) || wait > 3600) {
+                free(preserve);
+                return cli_usage("cache", "--wait '%s': expected seconds in [0, 3600]", optarg);
+            }
+            break;
+        }
+        case 'h':
+            printf("usage: vmsnap %s\n", EVICT_USAGE);
+            free(preserve);
+            return EXIT_OK;
+        default:
+            free(preserve);
+            return cli_usage("cache", "usage: %s", EVICT_USAGE);
+        }
+    }
+    if (optind >= argc) {
+        free(preserve);
+        return cli_usage("cache", "evict: no PATH given (usage: %s)", EVICT_USAGE);
+    }
+    opts.preserve = npreserve ? preserve : NULL;
+
+    struct vmsnap_pcache_retrier *retrier = NULL;
+    struct vmsnap_err err = {0};
+    if (wait > 0) {
+        double *delays = calloc(VMSNAP_PCACHE_RETRIER_MAX_DELAYS, sizeof(double));
+        int r = delays ? vmsnap_pcache_retrier_new(
+                             delays, wait_schedule(wait, delays, VMSNAP_PCACHE_RETRIER_MAX_DELAYS),
+                             &retrier, &err)
+                       : vmsnap_err_set(&err, ENOMEM, "out of memory");
+        free(delays);
+        if (r < 0) {
+            cli_error("cache", "%s", err.msg);
+            free(preserve);
+            return EXIT_FAIL;
+        }
+        opts.retrier = retrier;
+    }
+
+    struct vmsnap_pcache_report rep = {0};
+    for (int i = optind; i < argc; i++) {
+        vmsnap_err_clear(&err);
+        if (vmsnap_pcache_evict(argv[i], &opts, &rep, &err) < 0) {
+            cli_error("cache", "%s", err.msg);
+            rc = EXIT_FAIL;
+        }
+    }
+    uint64_t dropped_pages = rep.dropped_pages, still_dirty = rep.dirty_files;
+    uint64_t dropped_files = rep.dropped_files;
+    if (retrier) {
+        vmsnap_pcache_retrier_wait(retrier, wait + 1.0);
+        struct vmsnap_pcache_retrier_stats rs;
+        vmsnap_pcache_retrier_get_stats(retrier, &rs);
+        vmsnap_pcache_retrier_free(retrier);
+        dropped_pages += rs.dropped_pages;
+        dropped_files += rs.dropped_files;
+        /* Scheduled files that came clean, or were replaced, are no longer ours to report. */
+        still_dirty = rep.dirty_files - rep.scheduled + rs.gave_up + rs.failed + rs.pending;
+    }
+    free(preserve);
+    if (!cli_quiet) {
+        long ps = sysconf(_SC_PAGESIZE);
+        char b1[32], b2[32];
+        printf("dropped: %llu pages (%s) from %llu files\n", (unsigned long long)dropped_pages,
+               cli_bytes(b1, sizeof(b1), dropped_pages * (uint64_t)ps),
+               (unsigned long long)dropped_files);
+        printf("removed: %llu files (%s, %llu pages cached)\n",
+               (unsigned long long)rep.removed_files, cli_bytes(b2, sizeof(b2), rep.removed_bytes),
+               (unsigned long long)rep.removed_pages);
+        printf("still dirty: %llu files\n", (unsigned long long)still_dirty);
+        if (rep.kicked)
+            printf("writeback started: %llu files\n", (unsigned long long)rep.kicked);
+        if (rep.unknown_files)
+            printf("skipped (cachestat unavailable): %llu files\n",
+                   (unsigned long long)rep.unknown_files);
+    }
+    return rc;
+}
+
+int cmd_cache(int argc, char **argv)
+{
+    if (argc < 2)
+        return cli_usage("cache", "expected 'stat' or 'evict'");
+    if (strcmp(argv[1], "stat") == 0)
+        return cache_stat(argc - 1, argv + 1);
+    if (strcmp(argv[1], "evict") == 0)
+        return cache_evict(argc - 1, argv + 1);
+    return cli_usage("cache", "unknown subcommand '%s' (expected 'stat' or 'evict')", argv[1]);
+}
