@@ -52,5 +52,6 @@ const char *cli_bytes(char *buf, size_t len, uint64_t bytes);
 int cmd_pack(int argc, char **argv);
 int cmd_unpack(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_cache(int argc, char **argv);
 
 #endif

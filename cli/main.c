@@ -23,6 +23,14 @@ static const struct cli_verb verbs[] = {
     {"inspect", cmd_inspect, "inspect [--json] [--verify] [-j N] SRC",
      "Show an image's logical size, populated bytes, zero pages elided, frames, compressed size\n"
      "and ratio. --verify decodes everything and checks every checksum without writing."},
+    {"cache", cmd_cache,
+     "cache stat [--json] PATH... | cache evict [--staged] [--preserve PATH]... [--wait SECONDS] "
+     "[--kick-writeback] PATH...",
+     "stat: pages cached, dirty, under writeback, evicted and recently evicted per file and in\n"
+     "total (cachestat; mincore where unavailable, marked). evict: drop clean pages of files that\n"
+     "are never modified; with --staged, single-link files outside --preserve paths are\n"
+     "truncated and unlinked. Reports dropped, removed and still-dirty files; --wait retries\n"
+     "dirty files up to SECONDS; --kick-writeback starts their writeback first."},
     {"help", cmd_help, "help [VERB]", "Show the verbs, or one verb's help."},
     {"version", cmd_version, "version", "Show the version (also --version)."},
 };
