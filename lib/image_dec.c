@@ -66,7 +66,7 @@ int img_table_parse(const uint8_t *t, size_t tsize, uint64_t toff, uint64_t max_
         return corrupt(err, name, "seek table footer magic at byte %llu is damaged",
                        ULL(foot_off + 24));
     const uint32_t n = get_le32(foot + 8);
-    if (get_le32(foot + 16) != SEEK_TABLE_VERSION)
+    if (get_le32(foot + 16) != SEEK_TABLE_VERSION || get_le32(foot + 20) != 0)
         return corrupt(err, name, "seek table version %u at byte %llu (expected %u)",
                        get_le32(foot + 16), ULL(foot_off + 16), SEEK_TABLE_VERSION);
     if (n < 2 || n > SEEK_MAX_FRAMES)
@@ -126,6 +126,7 @@ int img_table_parse(const uint8_t *t, size_t tsize, uint64_t toff, uint64_t max_
         fi->src_end = get_le64(e + 24);
         fi->populated = get_le64(e + 32);
         fi->checksum = get_le64(e + 40);
+        fi->ccheck = get_le64(e + 48);
         const uint64_t eoff = toff + 8 + SEEK_HDR_LEN + (uint64_t)i * SEEK_ENTRY_LEN;
         if (fi->csize == 0 || fi->csize > frames_end - off) {
             corrupt(err, name,
@@ -199,9 +200,7 @@ int vmsnap_image_open(const struct vmsnap_source *src, uint64_t max_size, struct
     if (get_le32(head + 8) != IMG_VERSION)
         return corrupt(err, name, "unsupported format version %u at byte 8 (expected 2)",
                        get_le32(head + 8));
-    if (get_le32(head + IMG_HEADER_LEN) != INFO_SKIP_MAGIC ||
-        get_le32(head + IMG_HEADER_LEN + 4) != INFO_CONTENT_LEN ||
-        memcmp(head + IMG_HEADER_LEN + 8, INFO_MAGIC, 8) != 0)
+    if (!img_info_valid(head + IMG_HEADER_LEN))
         return corrupt(err, name, "info frame at byte %d is missing or damaged", IMG_HEADER_LEN);
     const uint32_t tsize = get_le32(foot + 12);
     if (tsize > size - IMG_HEADER_LEN || tsize < SEEK_FOOTER_LEN)
@@ -218,6 +217,12 @@ int vmsnap_image_open(const struct vmsnap_source *src, uint64_t max_size, struct
     if (rc >= 0)
         rc = img_table_parse(t, tsize, size - tsize, max_size, name, out, err);
     free(t);
+    if (rc >= 0 && (*out)->frame_size != get_le64(head + IMG_HEADER_LEN + 24)) {
+        vmsnap_image_free(*out);
+        *out = NULL;
+        rc = corrupt(err, name, "info frame at byte %d disagrees with the seek table",
+                     IMG_HEADER_LEN);
+    }
     return rc < 0 ? rc : 1;
 }
 
@@ -237,6 +242,7 @@ void vmsnap_image_get_stats(const struct vmsnap_image *img, struct vmsnap_image_
     st->populated = img->populated;
     st->zero_elided = img->zero_elided;
     st->frames = img->n >= 2 ? img->n - 2 : 0;
+    st->frame_size = img->frame_size;
     st->object_size = img->object_size;
     st->has_seek_table = true;
 }
@@ -270,6 +276,11 @@ int vmsnap_image_decode_frame(const struct vmsnap_image *img, uint32_t i,
     }
     if ((rc = src_read(src, c, fi->csize, fi->offset - base, err)) < 0)
         goto out;
+    if (XXH64(c, fi->csize, 0) != fi->ccheck) {
+        rc = corrupt(err, img->name, "frame %u at byte %llu: compressed bytes checksum mismatch", i,
+                     ULL(fi->offset));
+        goto out;
+    }
     unsigned long long fcs = ZSTD_getFrameContentSize(c, fi->csize);
     size_t fsz = ZSTD_findFrameCompressedSize(c, fi->csize);
     if (fcs != fi->dsize || ZSTD_isError(fsz) || fsz != fi->csize) {

@@ -279,6 +279,7 @@ static int encode_range(struct worker *w, uint64_t idx, struct slot *s)
     s->fi.src_end = end;
     s->fi.populated = populated;
     s->fi.checksum = XXH64(w->buf, o, 0);
+    s->fi.ccheck = XXH64(s->cbuf, s->clen, 0);
     return 0;
 }
 
@@ -294,7 +295,7 @@ static void *worker_main(void *arg)
             break;
         uint64_t idx = e->next++;
         struct slot *s = &e->slots[idx % e->window];
-        s->state = SLOT_BUSY;
+        *s = (struct slot){.state = SLOT_BUSY};
         pthread_mutex_unlock(&e->mu);
 
         s->rc = encode_range(w, idx, s);
@@ -358,7 +359,8 @@ static int emit_word_frame(struct out *o, ZSTD_CCtx *cctx, int level, uint64_t w
                                    .src_start = src_pos,
                                    .src_end = src_pos,
                                    .populated = 0,
-                                   .checksum = XXH64(w, sizeof(w), 0)};
+                                   .checksum = XXH64(w, sizeof(w), 0),
+                                   .ccheck = XXH64(c, clen, 0)};
     rc = emit(o, c, clen, err);
     free(c);
     if (rc < 0)
@@ -409,6 +411,7 @@ static int emit_seek_table(struct out *o, const struct table *t,
         put_le64(en + 24, t->f[i].src_end);
         put_le64(en + 32, t->f[i].populated);
         put_le64(en + 40, t->f[i].checksum);
+        put_le64(en + 48, t->f[i].ccheck);
     }
     uint8_t *ft = h + body;
     put_le64(ft + 0, XXH64(h, body, 0));
@@ -466,7 +469,8 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
         threads = e.nranges ? (unsigned)e.nranges : 1;
     e.window = threads + 1;
 
-    struct vmsnap_image_stats s = {.total_size = e.size, .has_seek_table = true};
+    struct vmsnap_image_stats s = {
+        .total_size = e.size, .frame_size = e.frame_size, .has_seek_table = true};
     struct table t = {0};
     struct out o = {.sink = sink, .pos = 0};
     struct worker *ws = calloc(threads, sizeof(*ws));

@@ -5,6 +5,8 @@
 
 #include "vmsnap/image.h"
 
+#include <stdbool.h>
+
 #define IMG_MAGIC "ATESPRSE"
 #define IMG_MAGIC_LEN 8
 #define IMG_VERSION 2u
@@ -27,7 +29,7 @@
 #define SEEK_SKIP_MAGIC 0x184D2A5Eu
 #define SEEK_TABLE_VERSION 1u
 #define SEEK_HDR_LEN 64
-#define SEEK_ENTRY_LEN 48
+#define SEEK_ENTRY_LEN 56
 #define SEEK_FOOTER_LEN 32
 #define SEEK_FOOTER_MAGIC "VMSNSEEK"
 #define SEEK_FLAG_ZERO_ELIDED 1u
@@ -43,6 +45,23 @@
 static inline uint64_t img_max_dsize(uint64_t span)
 {
     return span + REC_HDR_LEN * (span / 512 + 2);
+}
+
+/* True when the 8 + INFO_CONTENT_LEN bytes at p are a well-formed info frame. */
+static inline bool img_info_valid(const uint8_t *p)
+{
+    for (int i = 0; i < 8; i++)
+        if (p[8 + i] != (uint8_t)INFO_MAGIC[i])
+            return false;
+    uint32_t magic = 0, len = 0, ver = 0, flags = 0;
+    for (int i = 3; i >= 0; i--) {
+        magic = (magic << 8) | p[i];
+        len = (len << 8) | p[4 + i];
+        ver = (ver << 8) | p[16 + i];
+        flags = (flags << 8) | p[20 + i];
+    }
+    return magic == INFO_SKIP_MAGIC && len == INFO_CONTENT_LEN && ver == INFO_VERSION &&
+           flags == INFO_FLAG_SEEK_TABLE;
 }
 
 /* Parse and validate a seek table (the whole skippable frame, `tsize` bytes found at object

@@ -27,7 +27,7 @@ enum mode { M_HEAD, M_SPARSE, M_PLAIN };
 enum fstate { F_MAGIC, F_ZSTD, F_SKIPHDR, F_SKIP, F_CAPTURE, F_END };
 
 struct seen_frame {
-    uint64_t csize, dsize, xxh;
+    uint64_t csize, dsize, xxh, cxxh;
 };
 
 struct vmsnap_seqdec {
@@ -51,7 +51,9 @@ struct vmsnap_seqdec {
     uint8_t *cap_buf;
     size_t cap_len, cap_size;
     bool expect_table, table_seen, any_frame;
-    XXH64_state_t *xxh;
+    uint64_t info_frame_size;
+    XXH64_state_t *xxh;  /* of the current frame's decoded content */
+    XXH64_state_t *cxxh; /* of the current frame's compressed bytes */
     uint64_t frame_dsize;
     struct seen_frame *seen;
     size_t n_seen, seen_cap;
@@ -87,7 +89,8 @@ int vmsnap_seqdec_new(int dst_fd, uint64_t max_size, const char *src_name,
     sd->dctx = ZSTD_createDCtx();
     sd->out = malloc(OUT_CAP);
     sd->xxh = XXH64_createState();
-    if (!sd->name || !sd->dctx || !sd->out || !sd->xxh) {
+    sd->cxxh = XXH64_createState();
+    if (!sd->name || !sd->dctx || !sd->out || !sd->xxh || !sd->cxxh) {
         vmsnap_seqdec_free(sd);
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     }
@@ -101,6 +104,7 @@ void vmsnap_seqdec_free(struct vmsnap_seqdec *sd)
         return;
     ZSTD_freeDCtx(sd->dctx);
     XXH64_freeState(sd->xxh);
+    XXH64_freeState(sd->cxxh);
     free(sd->out);
     free(sd->cap_buf);
     free(sd->seen);
@@ -170,7 +174,8 @@ static int add_seen(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
     }
     sd->seen[sd->n_seen++] = (struct seen_frame){.csize = sd->in_off - sd->frame_start,
                                                  .dsize = sd->frame_dsize,
-                                                 .xxh = XXH64_digest(sd->xxh)};
+                                                 .xxh = XXH64_digest(sd->xxh),
+                                                 .cxxh = XXH64_digest(sd->cxxh)};
     return 0;
 }
 
@@ -195,6 +200,7 @@ static int zstd_part(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len, s
                 return rc;
         }
         if (ret == 0) { /* frame complete and flushed */
+            XXH64_update(sd->cxxh, buf, in.pos);
             sd->in_off += in.pos;
             *used = in.pos;
             int rc = add_seen(sd, err);
@@ -204,6 +210,7 @@ static int zstd_part(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len, s
         if (in.pos == in.size && out.pos < out.size)
             break;
     }
+    XXH64_update(sd->cxxh, buf, in.pos);
     sd->in_off += in.pos;
     *used = in.pos;
     return 0;
@@ -219,7 +226,8 @@ static int check_table(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
     struct vmsnap_image_stats st;
     vmsnap_image_get_stats(img, &st);
     uint32_t n = vmsnap_image_frame_count(img);
-    if (n != sd->n_seen || st.total_size != sd->rp.total || st.populated != sd->rp.populated) {
+    if (n != sd->n_seen || st.total_size != sd->rp.total || st.populated != sd->rp.populated ||
+        st.frame_size != sd->info_frame_size) {
         rc = fail(sd, err,
                   "seek table at byte %llu disagrees with the stream (%u vs %zu frames, size %llu "
                   "vs %llu, data %llu vs %llu)",
@@ -230,7 +238,7 @@ static int check_table(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
         struct vmsnap_frame_info fi;
         vmsnap_image_frame(img, i, &fi);
         if (fi.csize != sd->seen[i].csize || fi.dsize != sd->seen[i].dsize ||
-            fi.checksum != sd->seen[i].xxh)
+            fi.checksum != sd->seen[i].xxh || fi.ccheck != sd->seen[i].cxxh)
             rc = fail(sd, err, "frame %u at byte %llu does not match its seek table entry", i,
                       ULL(fi.offset));
     }
@@ -242,10 +250,15 @@ static int check_table(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
 static int end_capture(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
 {
     if (sd->skip_magic == INFO_SKIP_MAGIC) {
+        uint8_t whole[8 + INFO_CONTENT_LEN];
+        put_le32(whole, INFO_SKIP_MAGIC);
+        put_le32(whole + 4, (uint32_t)sd->cap_len);
+        memcpy(whole + 8, sd->cap_buf, VMSNAP_MIN(sd->cap_len, (size_t)INFO_CONTENT_LEN));
         if (sd->frame_start != IMG_HEADER_LEN || sd->cap_len != INFO_CONTENT_LEN ||
-            memcmp(sd->cap_buf, INFO_MAGIC, 8) != 0 || get_le32(sd->cap_buf + 8) != INFO_VERSION)
+            !img_info_valid(whole))
             return fail(sd, err, "damaged info frame at byte %llu", ULL(sd->frame_start));
-        sd->expect_table = get_le32(sd->cap_buf + 12) & INFO_FLAG_SEEK_TABLE;
+        sd->expect_table = true;
+        sd->info_frame_size = get_le64(sd->cap_buf + 16);
         sd->fs = F_MAGIC;
         return 0;
     }
@@ -297,6 +310,7 @@ static int sparse_feed(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len,
                     sd->frame_dsize = 0;
                     sd->any_frame = true;
                     XXH64_reset(sd->xxh, 0);
+                    XXH64_reset(sd->cxxh, 0);
                     /* hand the magic to zstd; the byte count was already taken */
                     sd->in_off -= 4;
                     size_t used;

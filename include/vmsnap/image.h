@@ -68,6 +68,7 @@ struct vmsnap_image_stats {
     uint64_t zero_elided; /* allocated bytes skipped as all-zero pages (pack only) */
     uint64_t extents;     /* extent records */
     uint64_t frames;      /* zstd frames holding records (data frames) */
+    uint64_t frame_size;  /* source range per frame (0 when the object has no seek table) */
     uint64_t object_size; /* encoded bytes */
     bool has_seek_table;
     bool plain_zstd; /* input was a plain zstd stream of a whole file */
@@ -112,6 +113,7 @@ struct vmsnap_frame_info {
     uint64_t src_end;
     uint64_t populated; /* data bytes in its records */
     uint64_t checksum;  /* XXH64 of the decompressed content */
+    uint64_t ccheck;    /* XXH64 of the compressed frame bytes */
 };
 
 /* Read and validate the seek table at the end of `src`. Returns 1 and sets *out when the object

@@ -1,0 +1,61 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# The codec through the CLI as a user drives it: exit codes, usage errors, modes, stdout/stdin,
+# an existing destination untouched by a failed unpack, inspect's output and --json.
+. "$VMSNAP_SRC/tests/lib.sh"
+
+truncate -s 20M "$T/src"
+dd if=/dev/urandom of="$T/src" bs=1M count=2 seek=3 conv=notrunc status=none
+head -c 3000000 /usr/bin/bash | dd of="$T/src" bs=1M seek=12 conv=notrunc status=none
+
+"$VMSNAP" -q pack -j 2 "$T/src" "$T/img" || fail "pack"
+[ "$(stat -c %a "$T/img")" = 600 ] || fail "image mode is $(stat -c %a "$T/img"), want 600"
+"$VMSNAP" -q unpack "$T/img" "$T/out" || fail "unpack"
+cmp -s "$T/src" "$T/out" || fail "round trip differs"
+
+# stdout and stdin
+"$VMSNAP" -q pack "$T/src" - > "$T/img2" || fail "pack to stdout"
+cmp -s "$T/img" "$T/img2" || fail "stdout image differs from the file image"
+"$VMSNAP" -q unpack - "$T/out2" < "$T/img" || fail "unpack from stdin"
+cmp -s "$T/src" "$T/out2" || fail "stdin round trip differs"
+
+# options change the output the way they say
+"$VMSNAP" -q pack --level 9 --frame-size 4M "$T/src" "$T/img9" || fail "pack --level 9"
+"$VMSNAP" inspect --json "$T/img9" > "$T/j9" || fail "inspect --json"
+grep -q '"frames":3,' "$T/j9" || fail "4M frames: data lies in ranges 0, 1 and 3: $(cat "$T/j9")"
+"$VMSNAP" inspect --json "$T/img" > "$T/j1"
+grep -q '"frames":1,' "$T/j1" || fail "64M frames: all data in range 0: $(cat "$T/j1")"
+grep -q '"logical_size":20971520' "$T/j1" || fail "logical size in --json"
+"$VMSNAP" inspect --verify "$T/img" > "$T/iv" || fail "inspect --verify"
+grep -q "all checksums match" "$T/iv" || fail "inspect --verify output"
+
+# a failed unpack never touches an existing destination
+echo "precious" > "$T/keep"
+head -c 1000 "$T/img" > "$T/cut"
+expect_fail "unpack of a truncated image" "$VMSNAP" unpack "$T/cut" "$T/keep"
+[ "$(cat "$T/keep")" = precious ] || fail "existing destination was modified by a failed unpack"
+grep -q "truncated" "$T/err" || fail "truncation message: $(cat "$T/err")"
+ls -a "$T" | grep -q '^\.keep\.' && fail "temporary file left behind"
+
+# errors name the file
+expect_fail "missing source" "$VMSNAP" pack "$T/nope" "$T/x"
+grep -q "$T/nope" "$T/err" || fail "error does not name the missing file"
+[ -e "$T/x" ] && fail "failed pack left a destination"
+expect_fail "unpack into a missing directory" "$VMSNAP" unpack "$T/img" "$T/no/such/dir/out"
+
+# usage errors exit 2
+rc=0; "$VMSNAP" pack -j 0 "$T/src" "$T/x" 2>/dev/null || rc=$?
+[ "$rc" = 2 ] || fail "-j 0: exit $rc, want 2"
+rc=0; "$VMSNAP" pack --frame-size 1000 "$T/src" "$T/x" 2>"$T/err" || rc=$?
+[ "$rc" = 1 ] || fail "--frame-size 1000: exit $rc, want 1"
+rc=0; "$VMSNAP" unpack "$T/img" 2>/dev/null || rc=$?
+[ "$rc" = 2 ] || fail "missing DST: exit $rc, want 2"
+rc=0; "$VMSNAP" frobnicate 2>/dev/null || rc=$?
+[ "$rc" = 2 ] || fail "unknown verb: exit $rc, want 2"
+"$VMSNAP" --version | grep -q '^vmsnap [0-9]' || fail "--version"
+"$VMSNAP" help pack | grep -q -- '--frame-size' || fail "help pack"
+
+# quiet means quiet; not a TTY means no progress line
+out=$("$VMSNAP" -q pack "$T/src" "$T/img3" 2>&1)
+[ -z "$out" ] || fail "-q printed: $out"
+done_tests
