@@ -1,0 +1,292 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* vmsnap disk create|clone|info: writable upper disks (see include/vmsnap/disk.h). */
+#include "cli.h"
+#include "vmsnap/disk.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const sub_usage =
+    "disk create [--size SIZE] [--inodes N] [--label L] [--uuid U] [--force] [--fsync]\n"
+    "                   [--add SRC:DEST[:MODE[:UID:GID]]]... [--mkdir DEST[:MODE[:UID:GID]]]...\n"
+    "                   [--from-dir DIR] IMAGE\n"
+    "       disk clone [--link] [--new-uuid] [--force] SRC DST\n"
+    "       disk info [--json] IMAGE";
+
+static int fail(const char *sub, const struct vmsnap_err *e)
+{
+    char verb[32];
+    snprintf(verb, sizeof(verb), "disk %s", sub);
+    cli_error(verb, "%s", e->msg);
+    return EXIT_FAIL;
+}
+
+/* Parse ":MODE[:UID:GID]" (the part after DEST) into e. */
+static int parse_attrs(char *rest, struct vmsnap_disk_entry *e)
+{
+    e->mode = -1;
+    e->uid = e->gid = -1;
+    if (!rest)
+        return 0;
+    char *uid = strchr(rest, ':');
+    char *gid = NULL;
+    if (uid) {
+        *uid++ = '\0';
+        gid = strchr(uid, ':');
+        if (!gid)
+            return -EINVAL;
+        *gid++ = '\0';
+    }
+    char *end;
+    if (*rest) {
+        unsigned long m = strtoul(rest, &end, 8);
+        if (*end || m > 07777)
+            return -EINVAL;
+        e->mode = (int32_t)m;
+    }
+    unsigned long v;
+    if (uid && *uid) {
+        if (cli_parse_uint(uid, 0, 0xFFFFFFFFul, &v) < 0)
+            return -EINVAL;
+        e->uid = (int64_t)v;
+    }
+    if (gid && *gid) {
+        if (cli_parse_uint(gid, 0, 0xFFFFFFFFul, &v) < 0)
+            return -EINVAL;
+        e->gid = (int64_t)v;
+    }
+    return 0;
+}
+
+static int disk_create(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"size", required_argument, NULL, 's'},     {"inodes", required_argument, NULL, 'i'},
+        {"label", required_argument, NULL, 'L'},    {"uuid", required_argument, NULL, 'U'},
+        {"add", required_argument, NULL, 'a'},      {"mkdir", required_argument, NULL, 'm'},
+        {"from-dir", required_argument, NULL, 'd'}, {"force", no_argument, NULL, 'f'},
+        {"fsync", no_argument, NULL, 'S'},          {NULL, 0, NULL, 0},
+    };
+    struct vmsnap_disk_create_opts o = {0};
+    struct vmsnap_disk_entry *ents = calloc((size_t)argc, sizeof(*ents));
+    uint8_t uuid[16];
+    int rc = EXIT_USAGE;
+    if (!ents) {
+        cli_error("disk create", "out of memory");
+        return EXIT_FAIL;
+    }
+    size_t n = 0;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 's':
+            if (cli_parse_size(optarg, &o.size) < 0) {
+                rc = cli_usage("disk", "create: bad --size '%s'", optarg);
+                goto out;
+            }
+            break;
+        case 'i': {
+            unsigned long v;
+            if (cli_parse_uint(optarg, 1, 0xFFFFFFFFul, &v) < 0) {
+                rc = cli_usage("disk", "create: bad --inodes '%s'", optarg);
+                goto out;
+            }
+            o.inodes = v;
+            break;
+        }
+        case 'L':
+            o.label = optarg;
+            break;
+        case 'U':
+            if (vmsnap_disk_parse_uuid(optarg, uuid) < 0) {
+                rc = cli_usage("disk", "create: bad --uuid '%s' (want xxxxxxxx-xxxx-...)", optarg);
+                goto out;
+            }
+            o.uuid = uuid;
+            break;
+        case 'a':
+        case 'm': {
+            struct vmsnap_disk_entry *e = &ents[n];
+            char *s = optarg;
+            if (c == 'a') {
+                char *colon = strchr(s, ':');
+                if (!colon || colon == s || !colon[1]) {
+                    rc = cli_usage(
+                        "disk", "create: --add wants SRC:DEST[:MODE[:UID:GID]], got '%s'", optarg);
+                    goto out;
+                }
+                *colon = '\0';
+                e->op = VMSNAP_DISK_ADD;
+                e->src = s;
+                s = colon + 1;
+            } else {
+                e->op = VMSNAP_DISK_MKDIR;
+            }
+            char *rest = strchr(s, ':');
+            if (rest)
+                *rest++ = '\0';
+            e->dest = s;
+            if (parse_attrs(rest, e) < 0) {
+                rc = cli_usage("disk", "create: bad MODE[:UID:GID] in '%s' (octal mode, numbers)",
+                               optarg);
+                goto out;
+            }
+            n++;
+            break;
+        }
+        case 'd':
+            o.from_dir = optarg;
+            break;
+        case 'f':
+            o.force = true;
+            break;
+        case 'S':
+            o.fsync = true;
+            break;
+        default:
+            rc = cli_usage("disk", "create: unknown option");
+            goto out;
+        }
+    }
+    if (optind != argc - 1) {
+        rc = cli_usage("disk", "create wants exactly one IMAGE");
+        goto out;
+    }
+    o.entries = ents;
+    o.n_entries = n;
+    struct vmsnap_err e = {0};
+    rc = vmsnap_disk_create(argv[optind], &o, &e) < 0 ? fail("create", &e) : EXIT_OK;
+out:
+    free(ents);
+    return rc;
+}
+
+static int disk_clone(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"link", no_argument, NULL, 'l'},
+        {"new-uuid", no_argument, NULL, 'u'},
+        {"force", no_argument, NULL, 'f'},
+        {NULL, 0, NULL, 0},
+    };
+    struct vmsnap_disk_clone_opts o = {0};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'l':
+            o.link = true;
+            break;
+        case 'u':
+            o.new_uuid = true;
+            break;
+        case 'f':
+            o.force = true;
+            break;
+        default:
+            return cli_usage("disk", "clone: unknown option");
+        }
+    }
+    if (optind != argc - 2)
+        return cli_usage("disk", "clone wants SRC DST");
+    if (o.link && o.new_uuid)
+        return cli_usage("disk", "clone: --link and --new-uuid exclude each other (a link shares "
+                                 "the source's superblock)");
+    struct vmsnap_err e = {0};
+    enum vmsnap_disk_clone_how how;
+    if (vmsnap_disk_clone(argv[optind], argv[optind + 1], &o, &how, &e) < 0)
+        return fail("clone", &e);
+    static const char *const names[] = {"link", "ficlone", "extents", "read-write"};
+    if (cli_verbose)
+        fprintf(stderr, "vmsnap disk clone: %s -> %s (%s)\n", argv[optind], argv[optind + 1],
+                names[how]);
+    return EXIT_OK;
+}
+
+static int disk_info(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"json", no_argument, NULL, 'j'},
+        {NULL, 0, NULL, 0},
+    };
+    bool json = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (c != 'j')
+            return cli_usage("disk", "info: unknown option");
+        json = true;
+    }
+    if (optind != argc - 1)
+        return cli_usage("disk", "info wants exactly one IMAGE");
+    struct vmsnap_disk_info in;
+    struct vmsnap_err e = {0};
+    if (vmsnap_disk_info(argv[optind], &in, &e) < 0)
+        return fail("info", &e);
+    if (json) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "image", json_object_new_string(argv[optind]));
+        json_object_object_add(o, "virtual_size", json_object_new_int64((int64_t)in.virtual_size));
+        json_object_object_add(o, "allocated", json_object_new_int64((int64_t)in.allocated));
+        json_object_object_add(o, "block_size", json_object_new_int64(in.block_size));
+        json_object_object_add(o, "blocks_total", json_object_new_int64((int64_t)in.blocks_total));
+        json_object_object_add(o, "blocks_free", json_object_new_int64((int64_t)in.blocks_free));
+        json_object_object_add(o, "blocks_used",
+                               json_object_new_int64((int64_t)(in.blocks_total - in.blocks_free)));
+        json_object_object_add(o, "inodes_total", json_object_new_int64((int64_t)in.inodes_total));
+        json_object_object_add(o, "inodes_free", json_object_new_int64((int64_t)in.inodes_free));
+        json_object_object_add(o, "inodes_used",
+                               json_object_new_int64((int64_t)(in.inodes_total - in.inodes_free)));
+        json_object_object_add(o, "uuid", json_object_new_string(in.uuid_str));
+        json_object_object_add(o, "label", json_object_new_string(in.label));
+        json_object *f = json_object_new_array();
+        char feats[sizeof(in.features)];
+        memcpy(feats, in.features, sizeof(feats));
+        char *save = NULL;
+        for (char *t = strtok_r(feats, " ", &save); t; t = strtok_r(NULL, " ", &save))
+            json_object_array_add(f, json_object_new_string(t));
+        json_object_object_add(o, "features", f);
+        json_object_object_add(o, "clean", json_object_new_boolean(in.clean));
+        json_object_object_add(o, "mount_count", json_object_new_int64(in.mount_count));
+        json_object_object_add(o, "mkfs_time", json_object_new_int64(in.mkfs_time));
+        json_object_object_add(o, "write_time", json_object_new_int64(in.write_time));
+        puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY |
+                                                   JSON_C_TO_STRING_NOSLASHESCAPE));
+        json_object_put(o);
+        return EXIT_OK;
+    }
+    char a[32], b[32];
+    printf("image:        %s\n", argv[optind]);
+    printf("virtual size: %s (%" PRIu64 " bytes)\n", cli_bytes(a, sizeof(a), in.virtual_size),
+           in.virtual_size);
+    printf("allocated:    %s (%" PRIu64 " bytes)\n", cli_bytes(b, sizeof(b), in.allocated),
+           in.allocated);
+    printf("uuid:         %s\n", in.uuid_str);
+    printf("label:        %s\n", in.label);
+    printf("features:     %s\n", in.features);
+    printf("blocks:       %" PRIu64 " used, %" PRIu64 " free, %" PRIu64 " total (%u bytes each)\n",
+           in.blocks_total - in.blocks_free, in.blocks_free, in.blocks_total, in.block_size);
+    printf("inodes:       %" PRIu64 " used, %" PRIu64 " free, %" PRIu64 " total\n",
+           in.inodes_total - in.inodes_free, in.inodes_free, in.inodes_total);
+    printf("state:        %s\n", in.clean ? "clean" : "not clean (mounted, or errors recorded)");
+    return EXIT_OK;
+}
+
+int cmd_disk(int argc, char **argv)
+{
+    if (argc < 2)
+        return cli_usage("disk", "want a subcommand: %s", sub_usage);
+    if (!strcmp(argv[1], "create"))
+        return disk_create(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "clone"))
+        return disk_clone(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "info"))
+        return disk_info(argc - 1, argv + 1);
+    return cli_usage("disk", "unknown subcommand '%s'; want: %s", argv[1], sub_usage);
+}

@@ -1,0 +1,537 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Disk images: create, info and UUID change (clone lives in disk_clone.c, seeding in
+ * disk_tree.c).
+ *
+ * create follows what mke2fs does for "-t ext4 -O ^has_journal,^resize_inode,metadata_csum_seed
+ * -E lazy_itable_init=1,assume_storage_prezeroed=1", but in-process and on a file we know is a
+ * fresh sparse file: ext2fs_initialize + ext2fs_allocate_tables, every group marked
+ * EXT4_BG_INODE_ZEROED (the inode tables are holes, which read as zeros, so neither mke2fs nor
+ * the kernel's lazyinit thread has to write them), root, a 16 KiB lost+found, the reserved
+ * inodes with valid checksums. All writes go through the write-back io manager (disk_io.c),
+ * which writes each metadata run once at close and never writes an all-zero block.
+ */
+#include "disk_int.h"
+#include "sys/sys.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DISK_BLOCK_SIZE 4096u
+#define DISK_INODE_SIZE 256u
+#define DISK_BYTES_PER_INODE 16384u
+#define DISK_MIN_SIZE (1ull << 20)
+
+int disk_ext2_errno(errcode_t code)
+{
+    if (code > 0 && code < 4096)
+        return (int)code; /* libext2fs passes system errors through as errno values */
+    switch (code) {
+    case EXT2_ET_BLOCK_ALLOC_FAIL:
+    case EXT2_ET_INODE_ALLOC_FAIL:
+    case EXT2_ET_DIR_NO_SPACE:
+    case EXT2_ET_TOOSMALL:
+    case EXT2_ET_RES_GDT_BLOCKS:
+        return ENOSPC;
+    case EXT2_ET_NO_MEMORY:
+        return ENOMEM;
+    case EXT2_ET_FILE_EXISTS:
+    case EXT2_ET_DIR_EXISTS:
+        return EEXIST;
+    case EXT2_ET_FILE_NOT_FOUND:
+        return ENOENT;
+    case EXT2_ET_BAD_MAGIC:
+    case EXT2_ET_UNSUPP_FEATURE:
+    case EXT2_ET_RO_UNSUPP_FEATURE:
+    case EXT2_ET_CORRUPT_SUPERBLOCK:
+    case EXT2_ET_SB_CSUM_INVALID:
+    case EXT2_ET_BAD_DESC_SIZE:
+    case EXT2_ET_GDESC_BAD_BLOCK_MAP:
+    case EXT2_ET_GDESC_BAD_INODE_MAP:
+    case EXT2_ET_GDESC_BAD_INODE_TABLE:
+    case EXT2_ET_UNSUPP_REV:
+    case EXT2_ET_INVALID_ARGUMENT:
+        return EINVAL;
+    default:
+        return EIO;
+    }
+}
+
+const char *disk_ext2_strerror(errcode_t code)
+{
+    static _Thread_local char buf[64];
+    if (code > 0 && code < 4096)
+        return strerror((int)code);
+    switch (code) {
+    case EXT2_ET_BLOCK_ALLOC_FAIL:
+        return "no free blocks";
+    case EXT2_ET_INODE_ALLOC_FAIL:
+        return "no free inodes";
+    case EXT2_ET_DIR_NO_SPACE:
+        return "no space in directory";
+    case EXT2_ET_TOOSMALL:
+        return "filesystem too small";
+    case EXT2_ET_NO_MEMORY:
+        return "out of memory";
+    case EXT2_ET_FILE_EXISTS:
+        return "file exists";
+    case EXT2_ET_FILE_NOT_FOUND:
+        return "file not found";
+    case EXT2_ET_BAD_MAGIC:
+        return "not an ext2/3/4 filesystem (bad superblock magic)";
+    case EXT2_ET_UNSUPP_FEATURE:
+    case EXT2_ET_RO_UNSUPP_FEATURE:
+        return "filesystem has features libext2fs does not support";
+    case EXT2_ET_CORRUPT_SUPERBLOCK:
+        return "corrupt superblock";
+    case EXT2_ET_SB_CSUM_INVALID:
+        return "superblock checksum does not match";
+    case EXT2_ET_SHORT_READ:
+        return "short read (image truncated?)";
+    case EXT2_ET_SHORT_WRITE:
+        return "short write";
+    case EXT2_ET_INVALID_ARGUMENT:
+        return "invalid argument";
+    default:
+        snprintf(buf, sizeof(buf), "libext2fs error %ld", (long)code);
+        return buf;
+    }
+}
+
+int disk_random_uuid(uint8_t uuid[16])
+{
+    size_t got = 0;
+    while (got < 16) {
+        ssize_t n = getrandom(uuid + got, 16 - got, 0);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        got += (size_t)n;
+    }
+    uuid[6] = (uint8_t)((uuid[6] & 0x0f) | 0x40); /* version 4 */
+    uuid[8] = (uint8_t)((uuid[8] & 0x3f) | 0x80); /* RFC 4122 variant */
+    return 0;
+}
+
+void disk_format_uuid(const uint8_t u[16], char *buf)
+{
+    snprintf(buf, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+             u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+             u[14], u[15]);
+}
+
+int vmsnap_disk_parse_uuid(const char *s, uint8_t out[16])
+{
+    if (!s || strlen(s) != 36)
+        return -EINVAL;
+    size_t k = 0;
+    for (size_t i = 0; i < 36;) {
+        if (i == 8 || i == 13 || i == 18 || i == 23) {
+            if (s[i] != '-')
+                return -EINVAL;
+            i++;
+            continue;
+        }
+        unsigned v = 0;
+        for (int j = 0; j < 2; j++, i++) {
+            char c = s[i];
+            v <<= 4;
+            if (c >= '0' && c <= '9')
+                v |= (unsigned)(c - '0');
+            else if (c >= 'a' && c <= 'f')
+                v |= (unsigned)(c - 'a' + 10);
+            else if (c >= 'A' && c <= 'F')
+                v |= (unsigned)(c - 'A' + 10);
+            else
+                return -EINVAL;
+        }
+        out[k++] = (uint8_t)v;
+    }
+    return 0;
+}
+
+/* Check the seeding steps before anything is created, so a typo fails fast and cleanly. */
+static int check_sources(const char *path, const struct vmsnap_disk_create_opts *o,
+                         struct vmsnap_err *err)
+{
+    struct stat st;
+    if (o->from_dir) {
+        if (stat(o->from_dir, &st) < 0)
+            return vmsnap_err_set(err, errno, "disk create %s: --from-dir %s: %s", path,
+                                  o->from_dir, strerror(errno));
+        if (!S_ISDIR(st.st_mode))
+            return vmsnap_err_set(err, ENOTDIR, "disk create %s: --from-dir %s: not a directory",
+                                  path, o->from_dir);
+    }
+    for (size_t i = 0; i < o->n_entries; i++) {
+        const struct vmsnap_disk_entry *e = &o->entries[i];
+        if (!e->dest || e->dest[0] != '/')
+            return vmsnap_err_set(err, EINVAL,
+                                  "disk create %s: destination '%s' must be an absolute path "
+                                  "inside the image",
+                                  path, e->dest ? e->dest : "");
+        if (e->mode > 07777)
+            return vmsnap_err_set(err, EINVAL, "disk create %s: %s: mode %o out of range", path,
+                                  e->dest, (unsigned)e->mode);
+        if (e->op == VMSNAP_DISK_ADD && !e->src)
+            return vmsnap_err_set(err, EINVAL, "disk create %s: %s: no source", path, e->dest);
+        if (e->op == VMSNAP_DISK_ADD && lstat(e->src, &st) < 0)
+            return vmsnap_err_set(err, errno, "disk create %s: source %s: %s", path, e->src,
+                                  strerror(errno));
+    }
+    return 0;
+}
+
+static void set_features(struct ext2_super_block *s)
+{
+    ext2fs_set_feature_ext_attr(s);
+    ext2fs_set_feature_dir_index(s);
+    ext2fs_set_feature_filetype(s);
+    ext2fs_set_feature_extents(s);
+    ext2fs_set_feature_64bit(s);
+    ext2fs_set_feature_flex_bg(s);
+    ext2fs_set_feature_csum_seed(s);
+    ext2fs_set_feature_sparse_super(s);
+    ext2fs_set_feature_large_file(s);
+    ext2fs_set_feature_huge_file(s);
+    ext2fs_set_feature_dir_nlink(s);
+    ext2fs_set_feature_extra_isize(s);
+    ext2fs_set_feature_metadata_csum(s);
+}
+
+#define E2(call, what)                                                                             \
+    do {                                                                                           \
+        errcode_t e2_ = (call);                                                                    \
+        if (e2_) {                                                                                 \
+            rc = vmsnap_err_set(err, disk_ext2_errno(e2_), "disk create %s: %s: %s", path, what,   \
+                                disk_ext2_strerror(e2_));                                          \
+            goto out;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+/* Root, lost+found (16 KiB, like mke2fs, so e2fsck can reconnect files without allocating) and
+ * the reserved inodes, written zeroed with valid checksums. */
+static int make_skeleton(ext2_filsys fs, const char *path, struct vmsnap_err *err)
+{
+    int rc = 0;
+    uint8_t zero[DISK_INODE_SIZE] = {0};
+    for (ext2_ino_t i = 1; i < EXT2_FIRST_INODE(fs->super); i++) {
+        E2(ext2fs_write_inode_full(fs, i, (struct ext2_inode *)zero, sizeof(zero)),
+           "write reserved inode");
+        if (i != EXT2_ROOT_INO)
+            ext2fs_inode_alloc_stats2(fs, i, +1, 0);
+    }
+    E2(ext2fs_mkdir(fs, EXT2_ROOT_INO, EXT2_ROOT_INO, NULL), "create root directory");
+    fs->umask = 077;
+    E2(ext2fs_mkdir(fs, EXT2_ROOT_INO, 0, "lost+found"), "create /lost+found");
+    fs->umask = 022;
+    ext2_ino_t lpf;
+    E2(ext2fs_lookup(fs, EXT2_ROOT_INO, "lost+found", 10, NULL, &lpf), "look up /lost+found");
+    for (unsigned sz = fs->blocksize; sz < 16384; sz += fs->blocksize)
+        E2(ext2fs_expand_dir(fs, lpf), "expand /lost+found");
+out:
+    return rc;
+}
+
+int vmsnap_disk_create(const char *path, const struct vmsnap_disk_create_opts *o,
+                       struct vmsnap_err *err)
+{
+    uint64_t size =
+        (o->size ? o->size : VMSNAP_DISK_DEFAULT_SIZE) & ~(uint64_t)(DISK_BLOCK_SIZE - 1);
+    if (size < DISK_MIN_SIZE)
+        return vmsnap_err_set(err, EINVAL, "disk create %s: size %llu too small (minimum 1 MiB)",
+                              path, (unsigned long long)size);
+    uint64_t blocks = size / DISK_BLOCK_SIZE;
+    if (blocks >= (1ull << 48))
+        return vmsnap_err_set(err, EFBIG, "disk create %s: size too large", path);
+    uint64_t inodes = o->inodes ? o->inodes : size / DISK_BYTES_PER_INODE;
+    if (inodes < 32)
+        inodes = 32;
+    if (inodes > 0xFFFFFFF0ull)
+        return vmsnap_err_set(err, EINVAL,
+                              "disk create %s: %llu inodes requested, ext4 allows at most 2^32",
+                              path, (unsigned long long)inodes);
+    if (o->label && strlen(o->label) > 16)
+        return vmsnap_err_set(err, EINVAL, "disk create %s: label '%s' longer than 16 bytes", path,
+                              o->label);
+    struct stat st;
+    if (!o->force && lstat(path, &st) == 0)
+        return vmsnap_err_set(err, EEXIST,
+                              "disk create %s: already exists (use --force to replace)", path);
+    int rc = check_sources(path, o, err);
+    if (rc < 0)
+        return rc;
+
+    struct sys_atomic_file af;
+    rc = sys_atomic_open(&af, path, 0644, err);
+    if (rc < 0)
+        return vmsnap_err_wrap(err, "disk create %s: ", path);
+    ext2_filsys fs = NULL;
+    struct disk_tree *tree = NULL;
+    if (ftruncate(af.fd, (off_t)size) < 0) {
+        rc = vmsnap_err_set(err, errno, "disk create %s: set size %llu: %s", path,
+                            (unsigned long long)size, strerror(errno));
+        goto out;
+    }
+
+    struct ext2_super_block param;
+    memset(&param, 0, sizeof(param));
+    ext2fs_blocks_count_set(&param, blocks);
+    param.s_log_block_size = 2; /* 1024 << 2 = 4096 */
+    param.s_rev_level = EXT2_DYNAMIC_REV;
+    param.s_inode_size = DISK_INODE_SIZE;
+    param.s_log_groups_per_flex = 4;
+    param.s_inodes_count = (uint32_t)inodes;
+    param.s_desc_size = EXT2_MIN_DESC_SIZE_64BIT;
+    set_features(&param);
+
+    char name[32];
+    snprintf(name, sizeof(name), "%d", af.fd);
+    E2(ext2fs_initialize(name, EXT2_FLAG_64BITS, &param, disk_io_manager, &fs), "initialize");
+    E2(io_channel_set_options(fs->io, "fresh"), "set io options");
+    E2(ext2fs_allocate_tables(fs), "allocate group tables");
+
+    struct ext2_super_block *sb = fs->super;
+    if (o->uuid) {
+        memcpy(sb->s_uuid, o->uuid, 16);
+    } else if ((rc = disk_random_uuid(sb->s_uuid)) < 0) {
+        rc = vmsnap_err_set(err, -rc, "disk create %s: random UUID: %s", path, strerror(-rc));
+        goto out;
+    }
+    sb->s_checksum_seed = ext2fs_crc32c_le(~0U, sb->s_uuid, sizeof(sb->s_uuid));
+    ext2fs_init_csum_seed(fs);
+    if ((rc = disk_random_uuid((uint8_t *)sb->s_hash_seed)) < 0) {
+        rc = vmsnap_err_set(err, -rc, "disk create %s: random hash seed: %s", path, strerror(-rc));
+        goto out;
+    }
+    sb->s_def_hash_version = EXT2_HASH_HALF_MD4;
+    if (o->label)
+        strncpy((char *)sb->s_volume_name, o->label, sizeof(sb->s_volume_name));
+    sb->s_max_mnt_count = -1;
+    sb->s_checkinterval = 0;
+    ext2fs_r_blocks_count_set(sb, 0); /* no root reserve: the guest writes as any user */
+    sb->s_kbytes_written = 1;
+    time_t now = time(NULL);
+    sb->s_mkfs_time = sb->s_lastcheck = (uint32_t)now;
+    for (dgrp_t g = 0; g < fs->group_desc_count; g++)
+        ext2fs_bg_flags_set(fs, g, EXT2_BG_INODE_ZEROED);
+
+    rc = make_skeleton(fs, path, err);
+    if (rc < 0)
+        goto out;
+
+    if (o->from_dir || o->n_entries) {
+        rc = disk_tree_new(fs, path, &tree, err);
+        if (rc < 0)
+            goto out;
+        if (o->from_dir && (rc = disk_tree_from_dir(tree, o->from_dir, err)) < 0)
+            goto out;
+        for (size_t i = 0; i < o->n_entries; i++)
+            if ((rc = disk_tree_apply(tree, &o->entries[i], err)) < 0)
+                goto out;
+        if ((rc = disk_tree_finish(tree, err)) < 0)
+            goto out;
+    }
+    E2(ext2fs_set_gdt_csum(fs), "update group descriptors");
+    vlog(VMSNAP_LOG_DEBUG, "disk create %s: %u groups, %u inodes, %llu blocks", path,
+         fs->group_desc_count, sb->s_inodes_count, (unsigned long long)ext2fs_blocks_count(sb));
+    E2(ext2fs_close_free(&fs), "write metadata");
+    disk_tree_free(tree);
+    tree = NULL;
+    rc = sys_atomic_commit(&af, o->fsync, err);
+    if (rc < 0)
+        return vmsnap_err_wrap(err, "disk create %s: ", path);
+    return 0;
+out:
+    disk_tree_free(tree);
+    if (fs)
+        ext2fs_free(fs);
+    sys_atomic_abort(&af);
+    return rc < 0 ? rc : -EIO;
+}
+
+/* Feature names as e2fsprogs spells them. */
+struct feat {
+    int kind; /* 0 compat, 1 incompat, 2 ro_compat */
+    uint32_t mask;
+    const char *name;
+};
+static const struct feat feats[] = {
+    {0, 0x0001, "dir_prealloc"},    {0, 0x0002, "imagic_inodes"},
+    {0, 0x0004, "has_journal"},     {0, 0x0008, "ext_attr"},
+    {0, 0x0010, "resize_inode"},    {0, 0x0020, "dir_index"},
+    {0, 0x0040, "lazy_bg"},         {0, 0x0100, "exclude_bitmap"},
+    {0, 0x0200, "sparse_super2"},   {0, 0x0400, "fast_commit"},
+    {0, 0x0800, "stable_inodes"},   {0, 0x1000, "orphan_file"},
+    {1, 0x0001, "compression"},     {1, 0x0002, "filetype"},
+    {1, 0x0004, "needs_recovery"},  {1, 0x0008, "journal_dev"},
+    {1, 0x0010, "meta_bg"},         {1, 0x0040, "extent"},
+    {1, 0x0080, "64bit"},           {1, 0x0100, "mmp"},
+    {1, 0x0200, "flex_bg"},         {1, 0x0400, "ea_inode"},
+    {1, 0x1000, "dirdata"},         {1, 0x2000, "metadata_csum_seed"},
+    {1, 0x4000, "large_dir"},       {1, 0x8000, "inline_data"},
+    {1, 0x10000, "encrypt"},        {1, 0x20000, "casefold"},
+    {2, 0x0001, "sparse_super"},    {2, 0x0002, "large_file"},
+    {2, 0x0008, "huge_file"},       {2, 0x0010, "uninit_bg"},
+    {2, 0x0020, "dir_nlink"},       {2, 0x0040, "extra_isize"},
+    {2, 0x0100, "quota"},           {2, 0x0200, "bigalloc"},
+    {2, 0x0400, "metadata_csum"},   {2, 0x0800, "replica"},
+    {2, 0x1000, "read-only"},       {2, 0x2000, "project"},
+    {2, 0x4000, "shared_blocks"},   {2, 0x8000, "verity"},
+    {2, 0x10000, "orphan_present"},
+};
+
+static void feature_string(const struct ext2_super_block *s, char *buf, size_t len)
+{
+    const uint32_t words[3] = {s->s_feature_compat, s->s_feature_incompat, s->s_feature_ro_compat};
+    static const char kinds[3] = {'C', 'I', 'R'};
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < 3; k++) {
+        for (int bit = 0; bit < 32; bit++) {
+            uint32_t m = 1u << bit;
+            if (!(words[k] & m))
+                continue;
+            const char *nm = NULL;
+            for (size_t i = 0; i < sizeof(feats) / sizeof(feats[0]); i++)
+                if (feats[i].kind == k && feats[i].mask == m)
+                    nm = feats[i].name;
+            char unk[24];
+            if (!nm) {
+                snprintf(unk, sizeof(unk), "FEATURE_%c%d", kinds[k], bit);
+                nm = unk;
+            }
+            int n = snprintf(buf + at, len - at, "%s%s", at ? " " : "", nm);
+            if (n < 0 || (size_t)n >= len - at)
+                return;
+            at += (size_t)n;
+        }
+    }
+}
+
+static int open_ro(const char *path, ext2_filsys *fs, struct vmsnap_err *err, const char *verb)
+{
+    struct stat st;
+    if (stat(path, &st) < 0)
+        return vmsnap_err_set(err, errno, "disk %s %s: %s", verb, path, strerror(errno));
+    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
+        return vmsnap_err_set(err, EINVAL, "disk %s %s: not a regular file", verb, path);
+    errcode_t e2 = ext2fs_open2(path, NULL, EXT2_FLAG_64BITS | EXT2_FLAG_SUPER_ONLY, 0, 0,
+                                unix_io_manager, fs);
+    if (e2)
+        return vmsnap_err_set(err, disk_ext2_errno(e2), "disk %s %s: %s", verb, path,
+                              disk_ext2_strerror(e2));
+    return 0;
+}
+
+int vmsnap_disk_info(const char *path, struct vmsnap_disk_info *info, struct vmsnap_err *err)
+{
+    memset(info, 0, sizeof(*info));
+    struct stat st;
+    if (stat(path, &st) < 0)
+        return vmsnap_err_set(err, errno, "disk info %s: %s", path, strerror(errno));
+    ext2_filsys fs;
+    int rc = open_ro(path, &fs, err, "info");
+    if (rc < 0)
+        return rc;
+    const struct ext2_super_block *s = fs->super;
+    info->virtual_size = (uint64_t)st.st_size;
+    info->allocated = (uint64_t)st.st_blocks * 512;
+    info->block_size = fs->blocksize;
+    info->blocks_total = ext2fs_blocks_count(s);
+    info->blocks_free = ext2fs_free_blocks_count(s);
+    info->inodes_total = s->s_inodes_count;
+    info->inodes_free = s->s_free_inodes_count;
+    memcpy(info->uuid, s->s_uuid, 16);
+    disk_format_uuid(s->s_uuid, info->uuid_str);
+    memcpy(info->label, s->s_volume_name, 16);
+    info->label[16] = '\0';
+    feature_string(s, info->features, sizeof(info->features));
+    info->clean = (s->s_state & EXT2_VALID_FS) && !(s->s_state & EXT2_ERROR_FS) &&
+                  !ext2fs_has_feature_journal_needs_recovery(s);
+    info->has_csum_seed = ext2fs_has_feature_csum_seed(s);
+    info->mount_count = s->s_mnt_count;
+    info->mkfs_time = s->s_mkfs_time;
+    info->write_time = s->s_wtime;
+    ext2fs_free(fs);
+    return 0;
+}
+
+int vmsnap_disk_set_uuid(const char *path, const uint8_t *uuid, bool force, struct vmsnap_err *err)
+{
+    ext2_filsys fs;
+    int rc = open_ro(path, &fs, err, "set-uuid");
+    if (rc < 0)
+        return rc;
+    /* The primary superblock exactly as on disk: only the UUID (and, when forced, the seed
+     * feature) changes; everything else is copied to the backups unchanged. */
+    struct ext2_super_block sb;
+    _Static_assert(sizeof(sb) == SUPERBLOCK_SIZE, "superblock size");
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        rc = vmsnap_err_set(err, errno, "disk set-uuid %s: open: %s", path, strerror(errno));
+        goto out;
+    }
+    ssize_t n = sys_pread_full(fd, &sb, sizeof(sb), SUPERBLOCK_OFFSET);
+    if (n != (ssize_t)sizeof(sb)) {
+        rc = vmsnap_err_set(err, n < 0 ? (int)-n : EIO, "disk set-uuid %s: read superblock: %s",
+                            path, n < 0 ? strerror((int)-n) : "short read");
+        goto out;
+    }
+    if (!ext2fs_has_feature_csum_seed(&sb)) {
+        if (ext2fs_has_feature_gdt_csum(&sb) && !ext2fs_has_feature_metadata_csum(&sb)) {
+            rc = vmsnap_err_set(err, EINVAL,
+                                "disk set-uuid %s: the group descriptor checksums (uninit_bg) "
+                                "depend on the UUID; use 'tune2fs -U' to rewrite them",
+                                path);
+            goto out;
+        }
+        if (!force) {
+            rc = vmsnap_err_set(
+                err, EINVAL,
+                "disk set-uuid %s: no metadata_csum_seed feature, so a new UUID would need every "
+                "metadata checksum rewritten; --force adds the feature (kernel 4.4+) instead",
+                path);
+            goto out;
+        }
+        if (ext2fs_has_feature_metadata_csum(&sb)) {
+            sb.s_checksum_seed = ext2fs_crc32c_le(~0U, sb.s_uuid, sizeof(sb.s_uuid));
+            ext2fs_set_feature_csum_seed(&sb);
+        }
+    }
+    if (uuid) {
+        memcpy(sb.s_uuid, uuid, 16);
+    } else if ((rc = disk_random_uuid(sb.s_uuid)) < 0) {
+        rc = vmsnap_err_set(err, -rc, "disk set-uuid %s: random UUID: %s", path, strerror(-rc));
+        goto out;
+    }
+    for (dgrp_t g = 0; g < fs->group_desc_count; g++) {
+        if (!ext2fs_bg_has_super(fs, g))
+            continue;
+        uint64_t off =
+            g == 0 ? SUPERBLOCK_OFFSET : ext2fs_group_first_block2(fs, g) * (uint64_t)fs->blocksize;
+        sb.s_block_group_nr = (uint16_t)g;
+        ext2fs_superblock_csum_set(fs, &sb);
+        int w = sys_pwrite_full(fd, &sb, sizeof(sb), off);
+        if (w < 0) {
+            rc = vmsnap_err_set(err, -w, "disk set-uuid %s: write superblock of group %u: %s", path,
+                                (unsigned)g, strerror(-w));
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    if (fd >= 0 && close(fd) < 0 && rc == 0)
+        rc = vmsnap_err_set(err, errno, "disk set-uuid %s: close: %s", path, strerror(errno));
+    ext2fs_free(fs);
+    return rc;
+}

@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private declarations of the disk module (lib/disk*.c). */
+#ifndef VMSNAP_DISK_INT_H
+#define VMSNAP_DISK_INT_H
+
+#include "vmsnap/disk.h"
+#include "util/util.h"
+
+#include <ext2fs/ext2fs.h>
+
+/*
+ * The write-back io manager (lib/disk_io.c). The channel name is the decimal number of an
+ * already open file descriptor, which the channel borrows (it never closes it). Every write
+ * lands in an in-memory page cache, written out at flush in block order with one pwritev per
+ * contiguous run; the cache is flushed early when it holds more than DISK_IO_CACHE_MAX bytes.
+ * Option "fresh" (io_channel_set_options(io, "fresh")) declares the file a new sparse file:
+ * blocks never written read as zeros without a syscall and all-zero pages are never written,
+ * until the first early flush.
+ */
+#define DISK_IO_CACHE_MAX (64u << 20)
+extern io_manager disk_io_manager;
+
+/* Bytes written to the file by a disk_io channel so far (for tests and logs). */
+uint64_t disk_io_bytes_written(io_channel ch);
+
+/* Map a libext2fs error code to a positive errno and a short description. */
+int disk_ext2_errno(errcode_t code);
+const char *disk_ext2_strerror(errcode_t code);
+
+/* Fill 16 bytes with a random (version 4) UUID. Returns 0 or -errno. */
+int disk_random_uuid(uint8_t uuid[16]);
+/* Format 16 bytes as the canonical 36-character UUID string (buf >= 37 bytes). */
+void disk_format_uuid(const uint8_t uuid[16], char *buf);
+
+/*
+ * Tree building (lib/disk_tree.c). A builder keeps every directory made or changed during the
+ * create in memory as a list of entries and writes each directory's blocks once at the end, so
+ * adding N files to a directory costs O(N) instead of libext2fs's O(N^2) ext2fs_link scans.
+ */
+struct disk_tree;
+
+/* Start a builder on `fs` (root and lost+found already exist); `image` names errors. */
+int disk_tree_new(ext2_filsys fs, const char *image, struct disk_tree **out,
+                  struct vmsnap_err *err);
+/* Copy the host directory `dir` into the image root (root takes dir's mode, owner, times). */
+int disk_tree_from_dir(struct disk_tree *t, const char *dir, struct vmsnap_err *err);
+/* Apply one --add / --mkdir step. */
+int disk_tree_apply(struct disk_tree *t, const struct vmsnap_disk_entry *e, struct vmsnap_err *err);
+/* Write every changed directory and link count. */
+int disk_tree_finish(struct disk_tree *t, struct vmsnap_err *err);
+void disk_tree_free(struct disk_tree *t);
+
+#endif

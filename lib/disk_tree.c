@@ -1,0 +1,811 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Seeding a new image with host files (what mke2fs -d does, in-process).
+ *
+ * Directories are kept in memory as entry lists while the tree is copied and written once at
+ * the end: each directory's blocks are laid out in order (entries never straddle a block, each
+ * block ends with the metadata_csum tail) and written through ext2fs_write_dir_block4, which
+ * sets the checksum. This avoids ext2fs_link, which scans the whole directory for every new
+ * name. Regular files are copied extent by extent (SEEK_DATA/SEEK_HOLE) through the ext2fs_file
+ * API, skipping all-zero blocks, so holes stay holes. Hard links are found by (st_dev, st_ino)
+ * and get one inode with the right link count. Symlinks go through ext2fs_symlink (fast when
+ * the target fits in the inode, a block otherwise). Anything else is refused.
+ */
+#include "disk_int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define COPY_BUF (1u << 20)
+
+struct ddir;
+
+struct dent {
+    char *name;
+    uint8_t len;
+    uint8_t ftype;
+    ext2_ino_t ino;
+    struct ddir *sub; /* the directory, when this entry is one we can add into */
+};
+
+struct ddir {
+    ext2_ino_t ino, parent;
+    struct dent *ents;
+    size_t n, cap;
+    uint32_t nsubdirs;
+    bool is_new;   /* inode created here, written at finish */
+    bool changed;  /* blocks must be (re)written */
+    bool has_meta; /* meta holds mode/owner/times to apply at finish */
+    struct ext2_inode_large meta;
+    struct ddir *next;
+};
+
+struct hlink {
+    dev_t dev;
+    ino_t ino;
+    ext2_ino_t e2;
+    uint32_t links;
+};
+
+struct disk_tree {
+    ext2_filsys fs;
+    const char *image;
+    struct ddir *root;
+    struct ddir *all;
+    struct hlink *hl;
+    size_t hl_cap, hl_n;
+    uint8_t *buf;
+    uint64_t files;
+};
+
+/* ---- helpers ---------------------------------------------------------------------------- */
+
+static int e2err(struct disk_tree *t, errcode_t e2, struct vmsnap_err *err, const char *what,
+                 const char *where)
+{
+    ext2_filsys fs = t->fs;
+    if (e2 == EXT2_ET_INODE_ALLOC_FAIL)
+        return vmsnap_err_set(err, ENOSPC,
+                              "%s: out of inodes %s %s: all %u inodes of the image are in use "
+                              "(%llu entries copied); use a larger --inodes",
+                              t->image, what, where, fs->super->s_inodes_count,
+                              (unsigned long long)t->files);
+    if (e2 == EXT2_ET_BLOCK_ALLOC_FAIL || e2 == EXT2_ET_DIR_NO_SPACE)
+        return vmsnap_err_set(err, ENOSPC,
+                              "%s: out of space %s %s: %llu of %llu blocks of %u bytes free; use "
+                              "a larger --size",
+                              t->image, what, where,
+                              (unsigned long long)ext2fs_free_blocks_count(fs->super),
+                              (unsigned long long)ext2fs_blocks_count(fs->super), fs->blocksize);
+    return vmsnap_err_set(err, disk_ext2_errno(e2), "%s: %s %s: %s", t->image, what, where,
+                          disk_ext2_strerror(e2));
+}
+
+static void set_time(uint32_t *lo, uint32_t *extra, struct timespec ts)
+{
+    int64_t sec = ts.tv_sec;
+    *lo = (uint32_t)sec;
+    /* Bits 0-1 extend the seconds past 2038 (epoch bits); 2-31 hold the nanoseconds. */
+    uint32_t epoch = (uint32_t)(((sec - (int64_t)(int32_t)(uint32_t)sec) >> 32) & 3);
+    *extra = epoch | ((uint32_t)ts.tv_nsec << 2);
+}
+
+/* Fill the inode fields common to every new inode: type+mode, owner, times. */
+static void init_inode(struct ext2_inode_large *in, uint16_t mode, uint32_t uid, uint32_t gid,
+                       const struct stat *st)
+{
+    memset(in, 0, sizeof(*in));
+    in->i_mode = mode;
+    in->i_uid = (uint16_t)uid;
+    in->osd2.linux2.l_i_uid_high = (uint16_t)(uid >> 16);
+    in->i_gid = (uint16_t)gid;
+    in->osd2.linux2.l_i_gid_high = (uint16_t)(gid >> 16);
+    in->i_links_count = 1;
+    in->i_extra_isize = sizeof(struct ext2_inode_large) - EXT2_GOOD_OLD_INODE_SIZE;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    set_time(&in->i_atime, &in->i_atime_extra, st ? st->st_atim : now);
+    set_time(&in->i_mtime, &in->i_mtime_extra, st ? st->st_mtim : now);
+    set_time(&in->i_ctime, &in->i_ctime_extra, st ? st->st_ctim : now);
+    set_time(&in->i_crtime, &in->i_crtime_extra, now);
+}
+
+/* An empty in-inode extent tree (what the kernel writes for a new file). */
+static void init_extents(struct ext2_inode_large *in)
+{
+    struct ext3_extent_header *eh = (struct ext3_extent_header *)in->i_block;
+    in->i_flags |= EXT4_EXTENTS_FL;
+    eh->eh_magic = EXT3_EXT_MAGIC;
+    eh->eh_entries = 0;
+    eh->eh_max = (sizeof(in->i_block) - sizeof(*eh)) / sizeof(struct ext3_extent);
+    eh->eh_depth = 0;
+    eh->eh_generation = 0;
+}
+
+static int add_dent(struct disk_tree *t, struct ddir *d, const char *name, ext2_ino_t ino,
+                    uint8_t ftype, struct ddir *sub, struct vmsnap_err *err)
+{
+    if (d->n == d->cap) {
+        size_t nc = d->cap ? d->cap * 2 : 8;
+        struct dent *ne = realloc(d->ents, nc * sizeof(*ne));
+        if (!ne)
+            return vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+        d->ents = ne;
+        d->cap = nc;
+    }
+    char *nm = strdup(name);
+    if (!nm)
+        return vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+    d->ents[d->n++] = (struct dent){nm, (uint8_t)strlen(name), ftype, ino, sub};
+    d->changed = true;
+    t->files++;
+    return 0;
+}
+
+static struct dent *lookup(struct ddir *d, const char *name)
+{
+    for (size_t i = 0; i < d->n; i++)
+        if (strcmp(d->ents[i].name, name) == 0)
+            return &d->ents[i];
+    return NULL;
+}
+
+static struct ddir *ddir_new(struct disk_tree *t, ext2_ino_t ino, ext2_ino_t parent)
+{
+    struct ddir *d = calloc(1, sizeof(*d));
+    if (!d)
+        return NULL;
+    d->ino = ino;
+    d->parent = parent;
+    d->next = t->all;
+    t->all = d;
+    return d;
+}
+
+static int check_name(struct disk_tree *t, const char *name, const char *where,
+                      struct vmsnap_err *err)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n > EXT2_NAME_LEN)
+        return vmsnap_err_set(err, ENAMETOOLONG, "%s: %s: name longer than %d bytes", t->image,
+                              where, EXT2_NAME_LEN);
+    return 0;
+}
+
+/* ---- hard links ------------------------------------------------------------------------- */
+
+static struct hlink *hl_find(struct disk_tree *t, dev_t dev, ino_t ino, bool insert)
+{
+    if (insert && (t->hl_n + 1) * 2 > t->hl_cap) {
+        size_t nc = t->hl_cap ? t->hl_cap * 2 : 256;
+        struct hlink *nt = calloc(nc, sizeof(*nt));
+        if (!nt)
+            return NULL;
+        for (size_t i = 0; i < t->hl_cap; i++) {
+            if (!t->hl[i].e2)
+                continue;
+            size_t j = (size_t)((t->hl[i].ino * 0x9E3779B97F4A7C15ull) ^ t->hl[i].dev) & (nc - 1);
+            while (nt[j].e2)
+                j = (j + 1) & (nc - 1);
+            nt[j] = t->hl[i];
+        }
+        free(t->hl);
+        t->hl = nt;
+        t->hl_cap = nc;
+    }
+    if (!t->hl_cap)
+        return NULL;
+    size_t i = (size_t)((ino * 0x9E3779B97F4A7C15ull) ^ dev) & (t->hl_cap - 1);
+    for (;; i = (i + 1) & (t->hl_cap - 1)) {
+        if (!t->hl[i].e2) {
+            if (!insert)
+                return NULL;
+            t->hl[i].dev = dev;
+            t->hl[i].ino = ino;
+            t->hl_n++;
+            return &t->hl[i];
+        }
+        if (t->hl[i].dev == dev && t->hl[i].ino == ino)
+            return &t->hl[i];
+    }
+}
+
+/* ---- regular files and symlinks ---------------------------------------------------------- */
+
+static bool zero_block(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            return false;
+    return true;
+}
+
+/* Copy the data extents of fd into the image file, skipping holes and all-zero blocks. */
+static int copy_data(struct disk_tree *t, int fd, ext2_file_t f, uint64_t size, const char *where,
+                     struct vmsnap_err *err)
+{
+    const size_t bs = t->fs->blocksize;
+    off_t pos = 0;
+    while ((uint64_t)pos < size) {
+        off_t data = lseek(fd, pos, SEEK_DATA);
+        if (data < 0) {
+            if (errno == ENXIO)
+                break;
+            if (errno != EINVAL && errno != EOPNOTSUPP)
+                return vmsnap_err_set(err, errno, "%s: read %s: %s", t->image, where,
+                                      strerror(errno));
+            data = pos; /* no SEEK_DATA: treat everything as data (zero blocks still skipped) */
+        }
+        off_t hole = lseek(fd, data, SEEK_HOLE);
+        if (hole < 0)
+            hole = (off_t)size;
+        if ((uint64_t)hole > size)
+            hole = (off_t)size;
+        data -= data % (off_t)bs; /* block-align; the bytes before data in that block are zero */
+        for (off_t at = data; at < hole;) {
+            size_t want = (size_t)VMSNAP_MIN((uint64_t)(hole - at), (uint64_t)COPY_BUF);
+            ssize_t n = pread(fd, t->buf, want, at);
+            if (n < 0) {
+                if (errno == EINTR)
+                    continue;
+                return vmsnap_err_set(err, errno, "%s: read %s: %s", t->image, where,
+                                      strerror(errno));
+            }
+            if (n == 0)
+                break; /* file shrank under us: stop at what we saw */
+            /* Write runs of non-zero blocks. */
+            size_t i = 0;
+            while (i < (size_t)n) {
+                size_t len = VMSNAP_MIN(bs, (size_t)n - i);
+                if (zero_block(t->buf + i, len)) {
+                    i += len;
+                    continue;
+                }
+                size_t j = i + len;
+                while (j < (size_t)n) {
+                    size_t l2 = VMSNAP_MIN(bs, (size_t)n - j);
+                    if (zero_block(t->buf + j, l2))
+                        break;
+                    j += l2;
+                }
+                errcode_t e2 = ext2fs_file_llseek(f, (uint64_t)at + i, EXT2_SEEK_SET, NULL);
+                unsigned got = 0;
+                if (!e2)
+                    e2 = ext2fs_file_write(f, t->buf + i, (unsigned)(j - i), &got);
+                if (!e2 && got != j - i)
+                    e2 = EXT2_ET_SHORT_WRITE;
+                if (e2)
+                    return e2err(t, e2, err, "writing", where);
+                i = j;
+            }
+            at += n;
+        }
+        pos = hole;
+    }
+    return 0;
+}
+
+static int add_regular(struct disk_tree *t, struct ddir *parent, const char *name, int fd,
+                       const struct stat *st, uint16_t mode, uint32_t uid, uint32_t gid,
+                       const char *where, ext2_ino_t *out, struct vmsnap_err *err)
+{
+    ext2_filsys fs = t->fs;
+    ext2_ino_t ino;
+    errcode_t e2 = ext2fs_new_inode(fs, parent->ino, LINUX_S_IFREG | mode, NULL, &ino);
+    if (e2)
+        return e2err(t, e2, err, "adding", where);
+    ext2fs_inode_alloc_stats2(fs, ino, +1, 0);
+    struct ext2_inode_large in;
+    init_inode(&in, (uint16_t)(LINUX_S_IFREG | mode), uid, gid, st);
+    init_extents(&in);
+    e2 = ext2fs_write_inode_full(fs, ino, (struct ext2_inode *)&in, sizeof(in));
+    if (e2)
+        return e2err(t, e2, err, "writing inode of", where);
+    if (st->st_size > 0) {
+        ext2_file_t f;
+        e2 = ext2fs_file_open(fs, ino, EXT2_FILE_WRITE, &f);
+        if (e2)
+            return e2err(t, e2, err, "opening", where);
+        int rc = copy_data(t, fd, f, (uint64_t)st->st_size, where, err);
+        if (rc == 0) {
+            e2 = ext2fs_file_set_size2(f, (uint64_t)st->st_size);
+            if (e2)
+                rc = e2err(t, e2, err, "sizing", where);
+        }
+        e2 = ext2fs_file_close(f);
+        if (rc == 0 && e2)
+            rc = e2err(t, e2, err, "writing", where);
+        if (rc < 0)
+            return rc;
+    }
+    *out = ino;
+    return add_dent(t, parent, name, ino, EXT2_FT_REG_FILE, NULL, err);
+}
+
+static int add_symlink(struct disk_tree *t, struct ddir *parent, const char *name,
+                       const char *target, const struct stat *st, uint32_t uid, uint32_t gid,
+                       const char *where, ext2_ino_t *out, struct vmsnap_err *err)
+{
+    ext2_filsys fs = t->fs;
+    if (strlen(target) >= fs->blocksize)
+        return vmsnap_err_set(err, ENAMETOOLONG, "%s: symlink %s: target longer than %u bytes",
+                              t->image, where, fs->blocksize - 1);
+    ext2_ino_t ino;
+    errcode_t e2 = ext2fs_new_inode(fs, parent->ino, LINUX_S_IFLNK | 0777, NULL, &ino);
+    if (!e2)
+        e2 = ext2fs_symlink(fs, parent->ino, ino, NULL, target);
+    if (e2)
+        return e2err(t, e2, err, "adding symlink", where);
+    struct ext2_inode_large in;
+    e2 = ext2fs_read_inode_full(fs, ino, (struct ext2_inode *)&in, sizeof(in));
+    if (e2)
+        return e2err(t, e2, err, "reading inode of", where);
+    struct ext2_inode_large meta;
+    init_inode(&meta, in.i_mode, uid, gid, st);
+    in.i_uid = meta.i_uid;
+    in.i_gid = meta.i_gid;
+    in.osd2.linux2.l_i_uid_high = meta.osd2.linux2.l_i_uid_high;
+    in.osd2.linux2.l_i_gid_high = meta.osd2.linux2.l_i_gid_high;
+    in.i_extra_isize = meta.i_extra_isize;
+    in.i_atime = meta.i_atime;
+    in.i_mtime = meta.i_mtime;
+    in.i_ctime = meta.i_ctime;
+    in.i_crtime = meta.i_crtime;
+    in.i_atime_extra = meta.i_atime_extra;
+    in.i_mtime_extra = meta.i_mtime_extra;
+    in.i_ctime_extra = meta.i_ctime_extra;
+    in.i_crtime_extra = meta.i_crtime_extra;
+    e2 = ext2fs_write_inode_full(fs, ino, (struct ext2_inode *)&in, sizeof(in));
+    if (e2)
+        return e2err(t, e2, err, "writing inode of", where);
+    *out = ino;
+    return add_dent(t, parent, name, ino, EXT2_FT_SYMLINK, NULL, err);
+}
+
+static int new_dir(struct disk_tree *t, struct ddir *parent, const char *name, uint16_t mode,
+                   uint32_t uid, uint32_t gid, const struct stat *st, const char *where,
+                   struct ddir **out, struct vmsnap_err *err)
+{
+    ext2_ino_t ino;
+    errcode_t e2 = ext2fs_new_inode(t->fs, parent->ino, LINUX_S_IFDIR | mode, NULL, &ino);
+    if (e2)
+        return e2err(t, e2, err, "adding directory", where);
+    ext2fs_inode_alloc_stats2(t->fs, ino, +1, 1);
+    struct ddir *d = ddir_new(t, ino, parent->ino);
+    if (!d)
+        return vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+    d->is_new = true;
+    d->changed = true;
+    d->has_meta = true;
+    init_inode(&d->meta, (uint16_t)(LINUX_S_IFDIR | mode), uid, gid, st);
+    int rc = add_dent(t, parent, name, ino, EXT2_FT_DIR, d, err);
+    if (rc < 0)
+        return rc;
+    parent->nsubdirs++;
+    *out = d;
+    return 0;
+}
+
+/* ---- copying host trees ------------------------------------------------------------------ */
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const char *name,
+                     const char *hostpath, const char *imgname, int32_t mode_ovr, int64_t uid_ovr,
+                     int64_t gid_ovr, struct vmsnap_err *err);
+
+/* Copy the entries of the open host directory dfd (path hostpath) into d. Takes dfd. */
+static int copy_dir_contents(struct disk_tree *t, struct ddir *d, int dfd, const char *hostpath,
+                             bool at_root, struct vmsnap_err *err)
+{
+    DIR *dir = fdopendir(dfd);
+    if (!dir) {
+        int e = errno;
+        close(dfd);
+        return vmsnap_err_set(err, e, "%s: open directory %s: %s", t->image, hostpath, strerror(e));
+    }
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    struct dirent *de;
+    errno = 0;
+    while ((de = readdir(dir)) != NULL) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        if (at_root && !strcmp(de->d_name, "lost+found"))
+            continue; /* the image has its own */
+        if (n == cap) {
+            cap = cap ? cap * 2 : 64;
+            char **nn = realloc(names, cap * sizeof(*nn));
+            if (!nn) {
+                rc = vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+                goto out;
+            }
+            names = nn;
+        }
+        if (!(names[n] = strdup(de->d_name))) {
+            rc = vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+            goto out;
+        }
+        n++;
+        errno = 0;
+    }
+    if (errno) {
+        rc = vmsnap_err_set(err, errno, "%s: read directory %s: %s", t->image, hostpath,
+                            strerror(errno));
+        goto out;
+    }
+    /* Sorted names: the same tree always gives the same image layout. */
+    qsort(names, n, sizeof(*names), cmp_str);
+    size_t hl = strlen(hostpath);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        size_t plen = hl + 1 + strlen(names[i]) + 1;
+        char *child = malloc(plen);
+        if (!child) {
+            rc = vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+            break;
+        }
+        snprintf(child, plen, "%s/%s", hostpath, names[i]);
+        rc = copy_node(t, d, dirfd(dir), names[i], child, names[i], -1, -1, -1, err);
+        free(child);
+    }
+out:
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    closedir(dir);
+    return rc;
+}
+
+/* Copy the host object `name` (relative to dirfd; hostpath for messages) into `parent` under
+ * the name imgname. */
+static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const char *name,
+                     const char *hostpath, const char *imgname, int32_t mode_ovr, int64_t uid_ovr,
+                     int64_t gid_ovr, struct vmsnap_err *err)
+{
+    int rc = check_name(t, imgname, hostpath, err);
+    if (rc < 0)
+        return rc;
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return vmsnap_err_set(err, errno, "%s: source %s: %s", t->image, hostpath, strerror(errno));
+    uint16_t mode = (uint16_t)(mode_ovr >= 0 ? (uint32_t)mode_ovr : (st.st_mode & 07777));
+    uint32_t uid = (uint32_t)(uid_ovr >= 0 ? (uint64_t)uid_ovr : st.st_uid);
+    uint32_t gid = (uint32_t)(gid_ovr >= 0 ? (uint64_t)gid_ovr : st.st_gid);
+
+    if (S_ISDIR(st.st_mode)) {
+        int dfd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (dfd < 0)
+            return vmsnap_err_set(err, errno, "%s: open directory %s: %s", t->image, hostpath,
+                                  strerror(errno));
+        struct ddir *d;
+        rc = new_dir(t, parent, imgname, mode, uid, gid, &st, hostpath, &d, err);
+        if (rc < 0) {
+            close(dfd);
+            return rc;
+        }
+        return copy_dir_contents(t, d, dfd, hostpath, false, err);
+    }
+    if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) {
+        const char *kind = S_ISFIFO(st.st_mode)   ? "a FIFO"
+                           : S_ISSOCK(st.st_mode) ? "a socket"
+                           : S_ISCHR(st.st_mode)  ? "a character device"
+                           : S_ISBLK(st.st_mode)  ? "a block device"
+                                                  : "an unknown file type";
+        return vmsnap_err_set(err, EINVAL,
+                              "%s: source %s is %s; only regular files, directories and "
+                              "symlinks can be copied into an image",
+                              t->image, hostpath, kind);
+    }
+    if (st.st_nlink > 1) {
+        struct hlink *h = hl_find(t, st.st_dev, st.st_ino, false);
+        if (h) {
+            h->links++;
+            return add_dent(t, parent, imgname, h->e2,
+                            S_ISLNK(st.st_mode) ? EXT2_FT_SYMLINK : EXT2_FT_REG_FILE, NULL, err);
+        }
+    }
+    ext2_ino_t ino = 0;
+    if (S_ISLNK(st.st_mode)) {
+        char target[PATH_MAX + 1];
+        ssize_t n = readlinkat(dirfd, name, target, sizeof(target) - 1);
+        if (n < 0)
+            return vmsnap_err_set(err, errno, "%s: read symlink %s: %s", t->image, hostpath,
+                                  strerror(errno));
+        target[n] = '\0';
+        rc = add_symlink(t, parent, imgname, target, &st, uid, gid, hostpath, &ino, err);
+    } else {
+        int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+            return vmsnap_err_set(err, errno, "%s: open %s: %s", t->image, hostpath,
+                                  strerror(errno));
+        rc = add_regular(t, parent, imgname, fd, &st, mode, uid, gid, hostpath, &ino, err);
+        close(fd);
+    }
+    if (rc == 0 && st.st_nlink > 1) {
+        struct hlink *h = hl_find(t, st.st_dev, st.st_ino, true);
+        if (!h)
+            return vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+        h->e2 = ino;
+        h->links = 1;
+    }
+    return rc;
+}
+
+/* ---- public (module) entry points --------------------------------------------------------- */
+
+int disk_tree_new(ext2_filsys fs, const char *image, struct disk_tree **out, struct vmsnap_err *err)
+{
+    struct disk_tree *t = calloc(1, sizeof(*t));
+    if (!t || !(t->buf = malloc(COPY_BUF))) {
+        free(t);
+        return vmsnap_err_set(err, ENOMEM, "%s: out of memory", image);
+    }
+    t->fs = fs;
+    t->image = image;
+    t->root = ddir_new(t, EXT2_ROOT_INO, EXT2_ROOT_INO);
+    ext2_ino_t lpf;
+    errcode_t e2 = ext2fs_lookup(fs, EXT2_ROOT_INO, "lost+found", 10, NULL, &lpf);
+    int rc = 0;
+    if (!t->root)
+        rc = vmsnap_err_set(err, ENOMEM, "%s: out of memory", image);
+    else if (e2)
+        rc = vmsnap_err_set(err, disk_ext2_errno(e2), "%s: look up /lost+found: %s", image,
+                            disk_ext2_strerror(e2));
+    else
+        rc = add_dent(t, t->root, "lost+found", lpf, EXT2_FT_DIR, NULL, err);
+    if (rc < 0) {
+        disk_tree_free(t);
+        return rc;
+    }
+    t->root->nsubdirs = 1;
+    t->root->changed = false;
+    t->files = 0;
+    *out = t;
+    return 0;
+}
+
+int disk_tree_from_dir(struct disk_tree *t, const char *dir, struct vmsnap_err *err)
+{
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    struct stat st;
+    if (dfd < 0 || fstat(dfd, &st) < 0) {
+        int e = errno;
+        if (dfd >= 0)
+            close(dfd);
+        return vmsnap_err_set(err, e, "%s: --from-dir %s: %s", t->image, dir, strerror(e));
+    }
+    /* Like mke2fs -d, the image root takes the source directory's mode, owner and times. */
+    init_inode(&t->root->meta, (uint16_t)(LINUX_S_IFDIR | (st.st_mode & 07777)), st.st_uid,
+               st.st_gid, &st);
+    t->root->has_meta = true;
+    t->root->changed = true;
+    return copy_dir_contents(t, t->root, dfd, dir, true, err);
+}
+
+int disk_tree_apply(struct disk_tree *t, const struct vmsnap_disk_entry *e, struct vmsnap_err *err)
+{
+    /* Walk dest's parents, creating missing ones (0755 root:root, like mkdir -p). */
+    char *path = strdup(e->dest);
+    if (!path)
+        return vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+    struct ddir *d = t->root;
+    int rc = 0;
+    char *save = NULL, *comp = strtok_r(path, "/", &save);
+    char *last = NULL;
+    while (comp) {
+        char *nextc = strtok_r(NULL, "/", &save);
+        if (!strcmp(comp, ".") || !strcmp(comp, "..")) {
+            rc = vmsnap_err_set(err, EINVAL, "%s: destination %s: '.' and '..' not allowed",
+                                t->image, e->dest);
+            goto out;
+        }
+        if ((rc = check_name(t, comp, e->dest, err)) < 0)
+            goto out;
+        if (!nextc) {
+            last = comp;
+            break;
+        }
+        struct dent *de = lookup(d, comp);
+        if (de && !de->sub) {
+            rc = vmsnap_err_set(err, de->ftype == EXT2_FT_DIR ? EPERM : ENOTDIR,
+                                "%s: destination %s: component '%s' is %s", t->image, e->dest, comp,
+                                de->ftype == EXT2_FT_DIR ? "a directory vmsnap cannot add into"
+                                                         : "not a directory");
+            goto out;
+        }
+        if (de) {
+            d = de->sub;
+        } else if ((rc = new_dir(t, d, comp, 0755, 0, 0, NULL, e->dest, &d, err)) < 0) {
+            goto out;
+        }
+        comp = nextc;
+    }
+    if (!last) {
+        /* "/" itself: only mkdir is meaningful; apply mode/owner to the root. */
+        if (e->op == VMSNAP_DISK_ADD) {
+            rc = vmsnap_err_set(err, EINVAL, "%s: destination %s: cannot replace the root",
+                                t->image, e->dest);
+            goto out;
+        }
+        goto out;
+    }
+    struct dent *de = lookup(d, last);
+    if (e->op == VMSNAP_DISK_MKDIR) {
+        if (de && de->sub) /* already there (e.g. made as a parent): set what was asked */
+        {
+            struct ddir *x = de->sub;
+            if (!x->has_meta)
+                goto out;
+            if (e->mode >= 0)
+                x->meta.i_mode = (uint16_t)(LINUX_S_IFDIR | (uint32_t)e->mode);
+            if (e->uid >= 0) {
+                x->meta.i_uid = (uint16_t)e->uid;
+                x->meta.osd2.linux2.l_i_uid_high = (uint16_t)((uint64_t)e->uid >> 16);
+            }
+            if (e->gid >= 0) {
+                x->meta.i_gid = (uint16_t)e->gid;
+                x->meta.osd2.linux2.l_i_gid_high = (uint16_t)((uint64_t)e->gid >> 16);
+            }
+            goto out;
+        }
+        if (de) {
+            rc = vmsnap_err_set(err, EEXIST, "%s: --mkdir %s: exists and is not a directory",
+                                t->image, e->dest);
+            goto out;
+        }
+        struct ddir *nd;
+        rc = new_dir(t, d, last, (uint16_t)(e->mode >= 0 ? e->mode : 0755),
+                     (uint32_t)(e->uid >= 0 ? e->uid : 0), (uint32_t)(e->gid >= 0 ? e->gid : 0),
+                     NULL, e->dest, &nd, err);
+        goto out;
+    }
+    if (de) {
+        rc = vmsnap_err_set(err, EEXIST, "%s: --add %s:%s: %s already exists in the image",
+                            t->image, e->src, e->dest, e->dest);
+        goto out;
+    }
+    rc = copy_node(t, d, AT_FDCWD, e->src, e->src, last, e->mode, e->uid, e->gid, err);
+out:
+    free(path);
+    return rc;
+}
+
+/* Lay out d's entries ("." and ".." first) in blocks and write them; then its inode. */
+static int write_dir(struct disk_tree *t, struct ddir *d, uint8_t *blk, struct vmsnap_err *err)
+{
+    ext2_filsys fs = t->fs;
+    const unsigned bs = fs->blocksize;
+    const unsigned usable = bs - (unsigned)sizeof(struct ext2_dir_entry_tail);
+    struct ext2_inode_large in;
+    errcode_t e2;
+    char where[64];
+    snprintf(where, sizeof(where), "directory inode %u", d->ino);
+    if (d->is_new) {
+        in = d->meta;
+        init_extents(&in);
+        e2 = ext2fs_write_inode_full(fs, d->ino, (struct ext2_inode *)&in, sizeof(in));
+        if (e2)
+            return e2err(t, e2, err, "writing", where);
+    }
+    e2 = ext2fs_read_inode_full(fs, d->ino, (struct ext2_inode *)&in, sizeof(in));
+    if (e2)
+        return e2err(t, e2, err, "reading", where);
+
+    blk64_t lblk = 0;
+    size_t i = 0; /* entry index; -2 and -1 are "." and ".." */
+    size_t total = d->n + 2;
+    while (i < total) {
+        memset(blk, 0, bs);
+        unsigned off = 0, last_off = 0;
+        while (i < total) {
+            const char *nm = i == 0 ? "." : i == 1 ? ".." : d->ents[i - 2].name;
+            unsigned nl = (unsigned)strlen(nm);
+            unsigned rec = EXT2_DIR_REC_LEN(nl);
+            if (off + rec > usable)
+                break;
+            struct ext2_dir_entry *de = (struct ext2_dir_entry *)(blk + off);
+            de->inode = i == 0 ? d->ino : i == 1 ? d->parent : d->ents[i - 2].ino;
+            de->rec_len = (uint16_t)rec;
+            ext2fs_dirent_set_name_len(de, (int)nl);
+            ext2fs_dirent_set_file_type(de, i < 2 ? EXT2_FT_DIR : d->ents[i - 2].ftype);
+            memcpy(de->name, nm, nl);
+            last_off = off;
+            off += rec;
+            i++;
+        }
+        /* The last entry spans the rest of the block, up to the checksum tail. */
+        ((struct ext2_dir_entry *)(blk + last_off))->rec_len = (uint16_t)(usable - last_off);
+        ext2fs_initialize_dirent_tail(fs, (struct ext2_dir_entry_tail *)(blk + usable));
+        blk64_t pblk = 0;
+        e2 =
+            ext2fs_bmap2(fs, d->ino, (struct ext2_inode *)&in, NULL, BMAP_ALLOC, lblk, NULL, &pblk);
+        if (!e2)
+            e2 = ext2fs_write_dir_block4(fs, pblk, blk, 0, d->ino);
+        if (e2)
+            return e2err(t, e2, err, "writing", where);
+        lblk++;
+    }
+    /* bmap wrote the 128-byte inode; re-read the full one and finish it. */
+    e2 = ext2fs_read_inode_full(fs, d->ino, (struct ext2_inode *)&in, sizeof(in));
+    if (e2)
+        return e2err(t, e2, err, "reading", where);
+    if (d->has_meta) {
+        in.i_mode = d->meta.i_mode;
+        in.i_uid = d->meta.i_uid;
+        in.i_gid = d->meta.i_gid;
+        in.osd2.linux2.l_i_uid_high = d->meta.osd2.linux2.l_i_uid_high;
+        in.osd2.linux2.l_i_gid_high = d->meta.osd2.linux2.l_i_gid_high;
+        in.i_atime = d->meta.i_atime;
+        in.i_mtime = d->meta.i_mtime;
+        in.i_ctime = d->meta.i_ctime;
+        in.i_atime_extra = d->meta.i_atime_extra;
+        in.i_mtime_extra = d->meta.i_mtime_extra;
+        in.i_ctime_extra = d->meta.i_ctime_extra;
+        if (d->is_new) {
+            in.i_crtime = d->meta.i_crtime;
+            in.i_crtime_extra = d->meta.i_crtime_extra;
+        }
+    }
+    uint32_t links = 2 + d->nsubdirs;
+    in.i_links_count = (uint16_t)(links >= EXT2_LINK_MAX ? 1 : links);
+    e2 = ext2fs_inode_size_set(fs, (struct ext2_inode *)&in, (ext2_off64_t)lblk * bs);
+    if (!e2)
+        e2 = ext2fs_write_inode_full(fs, d->ino, (struct ext2_inode *)&in, sizeof(in));
+    if (e2)
+        return e2err(t, e2, err, "writing", where);
+    return 0;
+}
+
+int disk_tree_finish(struct disk_tree *t, struct vmsnap_err *err)
+{
+    uint8_t *blk = malloc(t->fs->blocksize);
+    if (!blk)
+        return vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+    int rc = 0;
+    for (struct ddir *d = t->all; d && rc == 0; d = d->next)
+        if (d->changed || d->is_new)
+            rc = write_dir(t, d, blk, err);
+    free(blk);
+    for (size_t i = 0; i < t->hl_cap && rc == 0; i++) {
+        struct hlink *h = &t->hl[i];
+        if (!h->e2 || h->links < 2)
+            continue;
+        struct ext2_inode in;
+        errcode_t e2 = ext2fs_read_inode(t->fs, h->e2, &in);
+        if (!e2) {
+            in.i_links_count = (uint16_t)VMSNAP_MIN(h->links, (uint32_t)EXT2_LINK_MAX);
+            e2 = ext2fs_write_inode(t->fs, h->e2, &in);
+        }
+        if (e2)
+            rc = e2err(t, e2, err, "updating link count of", "a hard-linked file");
+    }
+    return rc;
+}
+
+void disk_tree_free(struct disk_tree *t)
+{
+    if (!t)
+        return;
+    for (struct ddir *d = t->all, *next; d; d = next) {
+        next = d->next;
+        for (size_t i = 0; i < d->n; i++)
+            free(d->ents[i].name);
+        free(d->ents);
+        free(d);
+    }
+    free(t->hl);
+    free(t->buf);
+    free(t);
+}
