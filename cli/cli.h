@@ -54,4 +54,18 @@ int cmd_unpack(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_cache(int argc, char **argv);
 
+/* Transfer verbs (cli/cmd_push.c holds their shared option parser and summary line). */
+struct vmsnap_xfer_opts;
+struct vmsnap_xfer_stats;
+int cmd_push(int argc, char **argv);
+int cmd_pull(int argc, char **argv);
+int cmd_ls(int argc, char **argv);
+int cmd_rm(int argc, char **argv);
+int cmd_gc(int argc, char **argv);
+/* Parse the transfer options; returns the index of the first operand, -1 after a usage error
+ * was printed, -2 for --help. `force` NULL: --force is not accepted. */
+int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_opts *o,
+                    bool *force);
+void cmd_xfer_summary(const char *verb, const struct vmsnap_xfer_stats *st, double wall);
+
 #endif

@@ -31,6 +31,24 @@ static const struct cli_verb verbs[] = {
      "are never modified; with --staged, single-link files outside --preserve paths are\n"
      "truncated and unlinked. Reports dropped, removed and still-dirty files; --wait retries\n"
      "dirty files up to SECONDS; --kick-writeback starts their writeback first."},
+    {"push", cmd_push, "push [-j N] [--part-size SIZE] [--max-memory SIZE] PATH URL",
+     "Encode and upload a file (one object at URL) or a snapshot-set directory (every regular\n"
+     "file to URL/<name>.zstd, files and parts in parallel, then URL/manifest.json last).\n"
+     "URL: a path or file:///abs (local store), s3://bucket/key (--endpoint or AWS_ENDPOINT_URL,\n"
+     "AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY[/AWS_SESSION_TOKEN], --path-style),\n"
+     "gs://bucket/key (Cloud Storage XML API with HMAC keys). -j: connections (default 8);\n"
+     "parts of 16M (--part-size); at most 256M buffered (--max-memory)."},
+    {"pull", cmd_pull, "pull [-j N] [--max-memory SIZE] URL PATH",
+     "Download and decode a snapshot set (manifest first; names, sizes and sha256 verified) or\n"
+     "one object, with ranged GETs of frame groups over N connections, decoded in parallel into\n"
+     "sparse files. Files appear (mode 0600) only when all are complete and verified."},
+    {"ls", cmd_ls, "ls URL", "List the snapshot sets under a prefix with their manifest summary."},
+    {"rm", cmd_rm, "rm [--force] URL",
+     "Delete a snapshot set, manifest first, or one object. --force also deletes the *.zstd\n"
+     "objects of an incomplete set (no manifest) and aborts its unfinished uploads."},
+    {"gc", cmd_gc, "gc URL",
+     "Abort unfinished multipart uploads under a prefix (left by a killed push; the next push\n"
+     "to the same key also aborts them)."},
     {"help", cmd_help, "help [VERB]", "Show the verbs, or one verb's help."},
     {"version", cmd_version, "version", "Show the version (also --version)."},
 };

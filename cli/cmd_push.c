@@ -1,0 +1,159 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* vmsnap push, and the option parser shared by the transfer verbs (push, pull, ls, rm, gc). */
+#include "cli.h"
+#include "vmsnap/xfer.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
+
+int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_opts *o,
+                    bool *force)
+{
+    static const struct option lopts[] = {
+        {"connections", required_argument, NULL, 'j'},
+        {"part-size", required_argument, NULL, 'p'},
+        {"max-memory", required_argument, NULL, 'm'},
+        {"threads", required_argument, NULL, 't'},
+        {"frame-size", required_argument, NULL, 'f'},
+        {"level", required_argument, NULL, 'l'},
+        {"max-size", required_argument, NULL, 's'},
+        {"no-fsync", no_argument, NULL, 'n'},
+        {"endpoint", required_argument, NULL, 'e'},
+        {"region", required_argument, NULL, 'r'},
+        {"path-style", no_argument, NULL, 'P'},
+        {"retries", required_argument, NULL, 'R'},
+        {"force", no_argument, NULL, 'F'},
+        {"help", no_argument, NULL, 'h'},
+        {0, 0, 0, 0},
+    };
+    unsigned long v;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "j:h", lopts, NULL)) != -1) {
+        switch (c) {
+        case 'j':
+            if (cli_parse_uint(optarg, 1, 256, &v) < 0)
+                return cli_usage(verb, "-j wants a connection count from 1 to 256, not '%s'",
+                                 optarg),
+                       -1;
+            o->connections = (unsigned)v;
+            break;
+        case 'p':
+        case 'm':
+        case 'f':
+        case 's': {
+            uint64_t sz;
+            if (cli_parse_size(optarg, &sz) < 0 || sz == 0)
+                return cli_usage(verb, "%s wants a size like 16M, not '%s'", argv[optind - 1],
+                                 optarg),
+                       -1;
+            if (c == 'p')
+                o->part_size = sz;
+            else if (c == 'm')
+                o->max_memory = sz;
+            else if (c == 'f')
+                o->frame_size = sz;
+            else
+                o->max_size = sz;
+            break;
+        }
+        case 't':
+            if (cli_parse_uint(optarg, 1, 256, &v) < 0)
+                return cli_usage(verb, "--threads wants 1 to 256, not '%s'", optarg), -1;
+            o->threads = (unsigned)v;
+            break;
+        case 'l':
+            if (cli_parse_uint(optarg, 1, 22, &v) < 0)
+                return cli_usage(verb, "--level wants a zstd level from 1 to 22, not '%s'", optarg),
+                       -1;
+            o->level = (int)v;
+            break;
+        case 'R':
+            if (cli_parse_uint(optarg, 0, 100, &v) < 0)
+                return cli_usage(verb, "--retries wants 0 to 100, not '%s'", optarg), -1;
+            o->store.max_attempts = (unsigned)v + 1;
+            break;
+        case 'n':
+            o->no_fsync = true;
+            break;
+        case 'e':
+            o->store.endpoint = optarg;
+            break;
+        case 'r':
+            o->store.region = optarg;
+            break;
+        case 'P':
+            o->store.path_style = true;
+            break;
+        case 'F':
+            if (!force)
+                return cli_usage(verb, "--force is an option of rm only"), -1;
+            *force = true;
+            break;
+        case 'h':
+            return -2;
+        default:
+            return cli_usage(verb, "bad option"), -1;
+        }
+    }
+    if (o->part_size && o->max_memory && o->max_memory < o->part_size)
+        return cli_usage(verb, "--max-memory must be at least --part-size"), -1;
+    return optind;
+}
+
+double cmd_xfer_cpu(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+void cmd_xfer_summary(const char *verb, const struct vmsnap_xfer_stats *st, double wall)
+{
+    if (cli_quiet)
+        return;
+    char a[32], b[32], c[32], r[32];
+    fprintf(stderr,
+            "%s: %llu file%s, logical %s, populated %s, object bytes %s, %.3f s (%s/s of object "
+            "bytes), %.2f CPU s\n",
+            verb, (unsigned long long)st->files, st->files == 1 ? "" : "s",
+            cli_bytes(a, sizeof(a), st->logical), cli_bytes(b, sizeof(b), st->populated),
+            cli_bytes(c, sizeof(c), st->object_bytes), wall,
+            cli_bytes(r, sizeof(r), wall > 0 ? (uint64_t)((double)st->object_bytes / wall) : 0),
+            cmd_xfer_cpu());
+}
+
+int cmd_push(int argc, char **argv)
+{
+    struct vmsnap_xfer_opts o = {0};
+    int i = cmd_xfer_getopt("push", argc, argv, &o, NULL);
+    if (i == -2) {
+        printf("usage: vmsnap push [-j N] [--part-size SIZE] [--max-memory SIZE] [--threads N]\n"
+               "       [--frame-size SIZE] [--level L] [--endpoint URL] [--region R]\n"
+               "       [--path-style] [--retries N] PATH URL\n");
+        return EXIT_OK;
+    }
+    if (i < 0)
+        return EXIT_USAGE;
+    if (argc - i != 2)
+        return cli_usage("push", "expected PATH and URL");
+    struct cli_progress p;
+    cli_progress_init(&p, "push");
+    o.progress = cli_progress_cb;
+    o.progress_arg = &p;
+    struct vmsnap_xfer_stats st;
+    struct vmsnap_err err = {0};
+    double t0 = cli_now();
+    int rc = vmsnap_xfer_push(argv[i], argv[i + 1], &o, &st, &err);
+    cli_progress_end(&p);
+    vmsnap_store_global_cleanup();
+    if (rc < 0) {
+        cli_error("push", "%s", err.msg);
+        return EXIT_FAIL;
+    }
+    cmd_xfer_summary("push", &st, cli_now() - t0);
+    return EXIT_OK;
+}

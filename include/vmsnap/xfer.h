@@ -1,0 +1,113 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Parallel transfer of snapshot files and snapshot sets between a node and an object store
+ * (include/vmsnap/store.h), overlapped with the image codec (include/vmsnap/image.h).
+ *
+ * Push: the codec encodes each file; its output is cut in order into parts of part_size bytes
+ * that upload over `connections` streams while later ranges still compress. Bytes buffered for
+ * upload are capped by max_memory (the encoder waits). An object that fits in one part is one
+ * PutObject. A directory (a snapshot set) goes to <url>/<name>.zstd for every regular file,
+ * files in parallel and parts in parallel, then <url>/manifest.json LAST (the commit marker; an
+ * existing manifest is deleted first so a half-replaced set is never visible as complete).
+ *
+ * Pull: the mirror. HeadObject, the seek table through ranged GETs, then groups of whole frames
+ * (about 16 MiB) fetched over the connections and decoded in parallel into a sparse file under
+ * a temporary name; objects without a seek table stream through the sequential decoder. A set's
+ * manifest is read first and validated (plain names, sizes, sha256 of every object); files are
+ * renamed into place only when all are complete and verified.
+ *
+ * The stored object is byte-identical for any connections, part size or store. Multipart uploads
+ * that fail are aborted; the leftovers of a killed push are aborted by the next push to the same
+ * key, or by vmsnap_xfer_gc().
+ *
+ * Thread safety: each call is independent and creates its own threads and connections.
+ */
+#ifndef VMSNAP_XFER_H
+#define VMSNAP_XFER_H
+
+#include "vmsnap/common.h"
+#include "vmsnap/image.h"
+#include "vmsnap/store.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define VMSNAP_XFER_DEFAULT_CONNECTIONS 8u
+#define VMSNAP_XFER_DEFAULT_PART_SIZE (16ull << 20)
+#define VMSNAP_XFER_DEFAULT_MAX_MEMORY (256ull << 20)
+#define VMSNAP_XFER_MANIFEST "manifest.json"
+#define VMSNAP_XFER_MANIFEST_MAX (4u << 20) /* a larger manifest is refused */
+#define VMSNAP_XFER_MAX_FILES 4096u
+
+/* Options; zeroed means defaults. */
+struct vmsnap_xfer_opts {
+    unsigned connections; /* parallel streams (-j); 0: 8 */
+    uint64_t part_size;   /* upload part size; 0: 16 MiB (>= 5 MiB for S3) */
+    uint64_t max_memory;  /* cap on buffered parts/frame groups; 0: 256 MiB */
+    unsigned threads;     /* codec threads; 0: CPUs */
+    uint64_t frame_size;  /* codec frame size on push; 0: codec default */
+    int level;            /* zstd level on push; 0: codec default */
+    uint64_t max_size;    /* pull: cap on a file's logical size; 0: 64 TiB */
+    bool no_fsync;        /* pull: skip fsync before renaming into place */
+    struct vmsnap_store_opts store;
+    vmsnap_progress_fn progress; /* object bytes done / total known so far */
+    void *progress_arg;
+};
+
+struct vmsnap_xfer_stats {
+    uint64_t files;
+    uint64_t logical;   /* sum of logical sizes */
+    uint64_t populated; /* sum of populated bytes */
+    uint64_t object_bytes;
+};
+
+/* Push the regular file or snapshot-set directory `path` to `url`. Errors name the file or
+ * object; on failure no new object is visible at the file's key (a set has no manifest) and no
+ * multipart upload is left. */
+VMSNAP_API int vmsnap_xfer_push(const char *path, const char *url,
+                                const struct vmsnap_xfer_opts *opts,
+                                struct vmsnap_xfer_stats *stats, struct vmsnap_err *err);
+
+/* Pull `url` (a snapshot set if <url>/manifest.json exists, else one object) to `path` (a
+ * directory for a set, created 0700 if missing; a file otherwise). A prefix holding objects but
+ * no manifest fails with "incomplete snapshot: no manifest at ...". On failure nothing new is
+ * left at `path`. */
+VMSNAP_API int vmsnap_xfer_pull(const char *url, const char *path,
+                                const struct vmsnap_xfer_opts *opts,
+                                struct vmsnap_xfer_stats *stats, struct vmsnap_err *err);
+
+/* One snapshot set found by vmsnap_xfer_list(). `files`, `logical` and `object_bytes` come from
+ * its manifest; `valid` is false (and the counts 0) if the manifest does not parse. */
+struct vmsnap_xfer_set {
+    const char *url;
+    uint64_t files;
+    uint64_t logical;
+    uint64_t object_bytes;
+    bool valid;
+};
+typedef int (*vmsnap_xfer_list_fn)(void *arg, const struct vmsnap_xfer_set *set);
+
+/* Call `fn` for every snapshot set (every manifest.json) under the prefix `url`. */
+VMSNAP_API int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts,
+                                vmsnap_xfer_list_fn fn, void *arg, struct vmsnap_err *err);
+
+/* Delete the snapshot set at `url`: the manifest first (so the set is never half-visible),
+ * then its objects. Without a manifest: -ENOENT, unless `force`, which deletes the *.zstd
+ * objects directly under the prefix and aborts its multipart uploads. A single object (no
+ * manifest, the key itself exists) is deleted. */
+VMSNAP_API int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opts *opts,
+                                  struct vmsnap_err *err);
+
+/* Abort every unfinished multipart upload under the prefix `url` (local store: remove the
+ * temporary files of interrupted uploads). *aborted (if not NULL) gets the count. */
+VMSNAP_API int vmsnap_xfer_gc(const char *url, const struct vmsnap_xfer_opts *opts,
+                              unsigned *aborted, struct vmsnap_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,218 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * manifest.json: built with json-c, parsed from untrusted bytes with every field checked (the
+ * names become file names on the puller's disk, the sizes become file sizes).
+ */
+#include "manifest_int.h"
+
+#include "vmsnap/xfer.h"
+
+#include <errno.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+bool manifest_name_ok(const char *name, size_t len)
+{
+    if (len == 0 || len > 255 || memchr(name, '\0', len) || memchr(name, '/', len))
+        return false;
+    if ((len == 1 && name[0] == '.') || (len == 2 && name[0] == '.' && name[1] == '.'))
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
+            return false;
+    if (len == strlen(VMSNAP_XFER_MANIFEST) && !memcmp(name, VMSNAP_XFER_MANIFEST, len))
+        return false;
+    return true;
+}
+
+void manifest_fini(struct manifest *m)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; i < m->n; i++)
+        free(m->files[i].name);
+    free(m->files);
+    m->files = NULL;
+    m->n = 0;
+}
+
+static bool get_u64(json_object *o, const char *k, uint64_t *v)
+{
+    json_object *x;
+    if (!json_object_object_get_ex(o, k, &x) || !json_object_is_type(x, json_type_int))
+        return false;
+    errno = 0;
+    int64_t i = json_object_get_int64(x);
+    if (i < 0 || errno)
+        return false;
+    *v = (uint64_t)i;
+    return true;
+}
+
+static bool hex64(const char *s)
+{
+    if (strlen(s) != 64)
+        return false;
+    for (const char *p = s; *p; p++)
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
+            return false;
+    return true;
+}
+
+int manifest_parse(const char *buf, size_t len, const char *where, uint64_t max_size,
+                   struct manifest *m, struct vmsnap_err *err)
+{
+    memset(m, 0, sizeof(*m));
+    if (len > VMSNAP_XFER_MANIFEST_MAX)
+        return vmsnap_err_set(err, EFBIG, "%s: manifest of %zu bytes is too large", where, len);
+    json_tokener *tok = json_tokener_new_ex(32);
+    if (!tok)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    json_object *root = json_tokener_parse_ex(tok, buf, (int)len);
+    enum json_tokener_error je = json_tokener_get_error(tok);
+    size_t used = (size_t)json_tokener_get_parse_end(tok);
+    json_tokener_free(tok);
+    int rc = 0;
+    if (!root || je != json_tokener_success) {
+        rc = vmsnap_err_set(err, EINVAL, "%s: not valid JSON (%s)", where,
+                            json_tokener_error_desc(
+                                je == json_tokener_success ? json_tokener_error_parse_eof : je));
+        goto out;
+    }
+    for (size_t i = used; i < len; i++)
+        if (buf[i] != ' ' && buf[i] != '\n' && buf[i] != '\r' && buf[i] != '\t') {
+            rc = vmsnap_err_set(err, EINVAL, "%s: trailing bytes after the JSON object", where);
+            goto out;
+        }
+    json_object *sf, *files = NULL, *fv;
+    if (!json_object_is_type(root, json_type_object) ||
+        !json_object_object_get_ex(root, "snapshotFiles", &sf) ||
+        !json_object_is_type(sf, json_type_array)) {
+        rc = vmsnap_err_set(err, EINVAL, "%s: no \"snapshotFiles\" array", where);
+        goto out;
+    }
+    if (json_object_object_get_ex(root, "formatVersion", &fv)) {
+        if (!json_object_is_type(fv, json_type_int) || json_object_get_int64(fv) != 2) {
+            rc = vmsnap_err_set(err, EINVAL, "%s: unsupported formatVersion (expected 2)", where);
+            goto out;
+        }
+        m->format_version = 2;
+    }
+    if (json_object_object_get_ex(root, "files", &files) &&
+        !json_object_is_type(files, json_type_object)) {
+        rc = vmsnap_err_set(err, EINVAL, "%s: \"files\" is not an object", where);
+        goto out;
+    }
+    size_t n = json_object_array_length(sf);
+    if (n > VMSNAP_XFER_MAX_FILES) {
+        rc = vmsnap_err_set(err, EINVAL, "%s: %zu files (at most %u)", where, n,
+                            VMSNAP_XFER_MAX_FILES);
+        goto out;
+    }
+    m->files = calloc(n ? n : 1, sizeof(*m->files));
+    if (!m->files) {
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_object *e = json_object_array_get_idx(sf, i);
+        if (!json_object_is_type(e, json_type_string)) {
+            rc = vmsnap_err_set(err, EINVAL, "%s: snapshotFiles[%zu] is not a string", where, i);
+            goto out;
+        }
+        const char *name = json_object_get_string(e);
+        size_t nl = (size_t)json_object_get_string_len(e);
+        if (!manifest_name_ok(name, nl)) {
+            rc = vmsnap_err_set(err, EINVAL,
+                                "%s: snapshotFiles[%zu] is not a plain file name (refusing '%.*s')",
+                                where, i, (int)(nl > 64 ? 64 : nl), name);
+            goto out;
+        }
+        for (size_t j = 0; j < m->n; j++)
+            if (!strcmp(m->files[j].name, name)) {
+                rc = vmsnap_err_set(err, EINVAL, "%s: file '%s' listed twice", where, name);
+                goto out;
+            }
+        struct mf_file *f = &m->files[m->n];
+        f->name = strdup(name);
+        if (!f->name) {
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+            goto out;
+        }
+        m->n++;
+        json_object *d;
+        if (!files)
+            continue;
+        if (!json_object_object_get_ex(files, name, &d) ||
+            !json_object_is_type(d, json_type_object)) {
+            rc = vmsnap_err_set(err, EINVAL, "%s: no \"files\" entry for '%s'", where, name);
+            goto out;
+        }
+        json_object *sh;
+        if (!get_u64(d, "size", &f->size) || !get_u64(d, "populated", &f->populated) ||
+            !get_u64(d, "objectSize", &f->object_size) ||
+            !json_object_object_get_ex(d, "sha256", &sh) ||
+            !json_object_is_type(sh, json_type_string) || !hex64(json_object_get_string(sh))) {
+            rc = vmsnap_err_set(err, EINVAL,
+                                "%s: entry for '%s' needs size, populated, objectSize and a "
+                                "lowercase hex sha256",
+                                where, name);
+            goto out;
+        }
+        if (f->size > max_size || f->populated > f->size || f->object_size == 0 ||
+            f->object_size > (f->size + (1ull << 30)) * 2) {
+            rc = vmsnap_err_set(err, EINVAL,
+                                "%s: entry for '%s' has impossible sizes (size %llu, populated "
+                                "%llu, object %llu; limit %llu)",
+                                where, name, (unsigned long long)f->size,
+                                (unsigned long long)f->populated,
+                                (unsigned long long)f->object_size, (unsigned long long)max_size);
+            goto out;
+        }
+        memcpy(f->sha256, json_object_get_string(sh), 65);
+        f->detail = true;
+    }
+out:
+    json_object_put(root);
+    if (rc < 0)
+        manifest_fini(m);
+    return rc;
+}
+
+char *manifest_build(const struct manifest *m)
+{
+    json_object *root = json_object_new_object();
+    json_object *sf = json_object_new_array();
+    json_object *files = json_object_new_object();
+    if (!root || !sf || !files) {
+        json_object_put(root);
+        json_object_put(sf);
+        json_object_put(files);
+        return NULL;
+    }
+    json_object_object_add(root, "snapshotFiles", sf);
+    json_object_object_add(root, "formatVersion", json_object_new_int(2));
+    json_object_object_add(root, "tool", json_object_new_string("vmsnap"));
+    json_object_object_add(root, "toolVersion", json_object_new_string(vmsnap_version()));
+    json_object_object_add(root, "files", files);
+    for (size_t i = 0; i < m->n; i++) {
+        const struct mf_file *f = &m->files[i];
+        json_object_array_add(sf, json_object_new_string(f->name));
+        json_object *d = json_object_new_object();
+        char obj[300];
+        snprintf(obj, sizeof(obj), "%s.zstd", f->name);
+        json_object_object_add(d, "object", json_object_new_string(obj));
+        json_object_object_add(d, "size", json_object_new_int64((int64_t)f->size));
+        json_object_object_add(d, "populated", json_object_new_int64((int64_t)f->populated));
+        json_object_object_add(d, "objectSize", json_object_new_int64((int64_t)f->object_size));
+        json_object_object_add(d, "sha256", json_object_new_string(f->sha256));
+        json_object_object_add(files, f->name, d);
+    }
+    const char *s = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY |
+                                                             JSON_C_TO_STRING_NOSLASHESCAPE);
+    char *out = s ? strdup(s) : NULL;
+    json_object_put(root);
+    return out;
+}

@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Private: the snapshot-set manifest (manifest.json), the commit marker of a pushed set.
+ *
+ *   {"snapshotFiles": ["base-id", ...],          (the reference system's field)
+ *    "formatVersion": 2, "tool": "vmsnap", "toolVersion": "0.1.0",
+ *    "files": {"<name>": {"object": "<name>.zstd", "size": logical, "populated": bytes,
+ *                         "objectSize": bytes, "sha256": "<hex of the object>"}, ...}}
+ *
+ * A reference manifest has only snapshotFiles; then `detail` is false for every file.
+ */
+#ifndef VMSNAP_MANIFEST_INT_H
+#define VMSNAP_MANIFEST_INT_H
+
+#include "vmsnap/common.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct mf_file {
+    char *name;
+    bool detail; /* the fields below are known */
+    uint64_t size;
+    uint64_t populated;
+    uint64_t object_size;
+    char sha256[65];
+};
+
+struct manifest {
+    struct mf_file *files;
+    size_t n;
+    int64_t format_version; /* 0 if absent */
+};
+
+/* A plain file name: not empty, not "." or "..", no '/', no NUL (len given), no control bytes,
+ * at most 255 bytes, not the manifest's own name. */
+bool manifest_name_ok(const char *name, size_t len);
+
+/* Parse and validate untrusted bytes. `where` names the manifest in errors; `max_size` caps
+ * every logical size. On success the caller owns *m (manifest_fini). */
+int manifest_parse(const char *buf, size_t len, const char *where, uint64_t max_size,
+                   struct manifest *m, struct vmsnap_err *err);
+
+/* Serialise (malloc'd, NUL-terminated) or NULL on ENOMEM. */
+char *manifest_build(const struct manifest *m);
+
+void manifest_fini(struct manifest *m);
+
+#endif

@@ -1,0 +1,1348 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Push and pull of snapshot files and sets (see include/vmsnap/xfer.h).
+ *
+ * Push: the codec runs in a producer thread and writes its object in order into a sink that
+ * hashes it (sha256 for the manifest) and cuts it into parts; a full part is handed whole to the
+ * worker pool, whose threads each own one store connection. A full buffer is flushed only when
+ * more bytes arrive, so an object of at most one part is a single PutObject. Parts are
+ * part_size bytes (doubled every 2,500 parts to stay under S3's 10,000) and every part buffer
+ * is taken from the pool's byte budget before it is allocated: when uploads fall behind the
+ * encoder blocks, memory does not grow. Sets run up to two producers (files in parallel), the
+ * largest files first, sharing one pool (connections are reused across files).
+ *
+ * Pull: HEAD, then the codec reads the seek table through ranged GETs; the object is cut into
+ * groups of whole frames of about 16 MiB (the first group starts at byte 0, the last ends at the
+ * object's end, so together they cover every byte), each fetched by one GET on a pool thread,
+ * decoded there (at most `threads` decodes at once, the codec's own buffers being per frame)
+ * and pwritten into the sparse temporary file. Groups are hashed in object order as they
+ * complete; a group's buffer is released once hashed, so the budget also bounds reordering.
+ */
+#include "manifest_int.h"
+#include "store_int.h"
+#include "xfer_int.h"
+
+#include "sys/sys.h"
+#include "vmsnap/xfer.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define GROUP_TARGET (16ull << 20)
+#define PART_DOUBLING 2500u
+#define MAX_PRODUCERS 2u
+
+struct xfer {
+    struct vmsnap_store *st;
+    struct xpool pool;
+    struct vmsnap_xfer_opts o;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_dec;
+    unsigned decoding, max_decoding;
+    uint64_t done, total;
+};
+
+static void fill_defaults(struct vmsnap_xfer_opts *o, const struct vmsnap_xfer_opts *in)
+{
+    static const struct vmsnap_xfer_opts zero;
+    *o = in ? *in : zero;
+    if (!o->connections)
+        o->connections = VMSNAP_XFER_DEFAULT_CONNECTIONS;
+    if (!o->part_size)
+        o->part_size = VMSNAP_XFER_DEFAULT_PART_SIZE;
+    if (!o->max_memory)
+        o->max_memory = VMSNAP_XFER_DEFAULT_MAX_MEMORY;
+    if (!o->max_size)
+        o->max_size = VMSNAP_IMAGE_DEFAULT_MAX_SIZE;
+}
+
+static void progress_add(struct xfer *x, uint64_t bytes, uint64_t total_add)
+{
+    if (!x->o.progress)
+        return;
+    pthread_mutex_lock(&x->mu);
+    x->done += bytes;
+    x->total += total_add;
+    x->o.progress(x->o.progress_arg, x->done, x->total > x->done ? x->total : x->done);
+    pthread_mutex_unlock(&x->mu);
+}
+
+static int xfer_init(struct xfer *x, const char *url, const struct vmsnap_xfer_opts *opts,
+                     char **key, struct vmsnap_err *err)
+{
+    memset(x, 0, sizeof(*x));
+    fill_defaults(&x->o, opts);
+    if (x->o.connections > 256)
+        return vmsnap_err_set(err, EINVAL, "at most 256 connections");
+    int rc = vmsnap_store_open(url, &x->o.store, &x->st, key, err);
+    if (rc < 0)
+        return rc;
+    if (x->st->kind == VMSNAP_STORE_S3 && x->o.part_size < VMSNAP_STORE_MIN_PART) {
+        vmsnap_store_free(x->st);
+        free(*key);
+        *key = NULL;
+        return vmsnap_err_set(err, EINVAL, "part size must be at least 5 MiB for S3");
+    }
+    pthread_mutex_init(&x->mu, NULL);
+    pthread_cond_init(&x->cv_dec, NULL);
+    x->max_decoding = x->o.threads ? x->o.threads : sys_cpus();
+    return 0;
+}
+
+static int xfer_start_pool(struct xfer *x, struct vmsnap_err *err)
+{
+    return xpool_init(&x->pool, x->st, x->o.connections, x->o.max_memory, err);
+}
+
+static void xfer_fini(struct xfer *x, bool pool_started)
+{
+    if (pool_started)
+        xpool_fini(&x->pool);
+    pthread_mutex_destroy(&x->mu);
+    pthread_cond_destroy(&x->cv_dec);
+    vmsnap_store_free(x->st);
+}
+
+static char *join_key(const char *prefix, const char *name)
+{
+    size_t n = strlen(prefix) + strlen(name) + 2;
+    char *k = malloc(n);
+    if (k)
+        snprintf(k, n, "%s%s%s", prefix, *prefix ? "/" : "", name);
+    return k;
+}
+
+static void hex32(const unsigned char *md, char out[65])
+{
+    static const char d[] = "0123456789abcdef";
+    for (int i = 0; i < 32; i++) {
+        out[2 * i] = d[md[i] >> 4];
+        out[2 * i + 1] = d[md[i] & 15];
+    }
+    out[64] = '\0';
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Push                                                                                      */
+
+struct up {
+    struct xfer *x;
+    struct vmsnap_store_conn *ctl;
+    const char *key;
+    char *upload_id;
+    struct vmsnap_store_part *parts;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    unsigned inflight;
+    int rc;
+    struct vmsnap_err err;
+    uint8_t *cur;
+    size_t cur_len, cur_cap;
+    uint64_t off;
+    uint32_t nparts;
+    EVP_MD_CTX *sha;
+    uint64_t total;
+};
+
+struct part_task {
+    struct xtask t;
+    struct up *u;
+    uint8_t *buf;
+    size_t len, cap;
+    uint32_t num;
+    uint64_t off;
+};
+
+static size_t part_cap(const struct up *u, uint32_t num)
+{
+    unsigned shift = (num - 1) / PART_DOUBLING;
+    return (size_t)(u->x->o.part_size << (shift > 3 ? 3 : shift));
+}
+
+static void up_fail(struct up *u, int rc, const struct vmsnap_err *e)
+{
+    pthread_mutex_lock(&u->mu);
+    if (u->rc == 0) {
+        u->rc = rc;
+        if (e)
+            u->err = *e;
+        else
+            vmsnap_err_set(&u->err, -rc, "upload failed");
+    }
+    pthread_mutex_unlock(&u->mu);
+}
+
+static void part_run(struct xtask *t, struct vmsnap_store_conn *c)
+{
+    struct part_task *pt = (struct part_task *)t;
+    struct up *u = pt->u;
+    struct vmsnap_err e = {0};
+    int rc = 0;
+    pthread_mutex_lock(&u->mu);
+    bool skip = u->rc != 0;
+    pthread_mutex_unlock(&u->mu);
+    if (!skip)
+        rc = vmsnap_store_mpu_part(c, u->key, u->upload_id, pt->num, pt->off, pt->buf, pt->len,
+                                   &u->parts[pt->num - 1], &e);
+    free(pt->buf);
+    xpool_mem_release(&u->x->pool, pt->cap);
+    if (rc < 0)
+        up_fail(u, rc, &e);
+    else if (!skip)
+        progress_add(u->x, pt->len, 0);
+    pthread_mutex_lock(&u->mu);
+    u->inflight--;
+    pthread_cond_broadcast(&u->cv);
+    pthread_mutex_unlock(&u->mu);
+    free(pt);
+}
+
+static int flush_part(struct up *u, struct vmsnap_err *err)
+{
+    if (!u->upload_id) {
+        u->parts = calloc(VMSNAP_STORE_MAX_PARTS, sizeof(*u->parts));
+        if (!u->parts)
+            return vmsnap_err_set(err, ENOMEM, "out of memory");
+        int rc = vmsnap_store_mpu_create(u->ctl, u->key, &u->upload_id, err);
+        if (rc < 0)
+            return rc;
+    }
+    if (u->nparts >= VMSNAP_STORE_MAX_PARTS)
+        return vmsnap_err_set(err, EFBIG, "%s: object needs more than %u parts", u->key,
+                              VMSNAP_STORE_MAX_PARTS);
+    struct part_task *pt = calloc(1, sizeof(*pt));
+    if (!pt)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    pt->t.run = part_run;
+    pt->u = u;
+    pt->buf = u->cur;
+    pt->len = u->cur_len;
+    pt->cap = u->cur_cap;
+    pt->num = ++u->nparts;
+    pt->off = u->off;
+    u->off += u->cur_len;
+    u->cur = NULL;
+    u->cur_len = u->cur_cap = 0;
+    pthread_mutex_lock(&u->mu);
+    u->inflight++;
+    pthread_mutex_unlock(&u->mu);
+    xpool_submit(&u->x->pool, &pt->t);
+    return 0;
+}
+
+static int sink_write(void *arg, const void *buf, size_t len, struct vmsnap_err *err)
+{
+    struct up *u = arg;
+    pthread_mutex_lock(&u->mu);
+    int urc = u->rc;
+    if (urc && err)
+        *err = u->err;
+    pthread_mutex_unlock(&u->mu);
+    if (urc)
+        return urc;
+    EVP_DigestUpdate(u->sha, buf, len);
+    u->total += len;
+    const uint8_t *p = buf;
+    while (len > 0) {
+        if (u->cur && u->cur_len == u->cur_cap) {
+            int rc = flush_part(u, err);
+            if (rc < 0)
+                return rc;
+        }
+        if (!u->cur) {
+            size_t cap = part_cap(u, u->nparts + 1);
+            xpool_mem_acquire(&u->x->pool, cap);
+            u->cur = malloc(cap);
+            if (!u->cur) {
+                xpool_mem_release(&u->x->pool, cap);
+                return vmsnap_err_set(err, ENOMEM, "out of memory (part buffer of %zu bytes)", cap);
+            }
+            u->cur_cap = cap;
+            u->cur_len = 0;
+        }
+        size_t k = VMSNAP_MIN(len, u->cur_cap - u->cur_len);
+        memcpy(u->cur + u->cur_len, p, k);
+        u->cur_len += k;
+        p += k;
+        len -= k;
+    }
+    return 0;
+}
+
+static void up_wait(struct up *u)
+{
+    pthread_mutex_lock(&u->mu);
+    while (u->inflight)
+        pthread_cond_wait(&u->cv, &u->mu);
+    pthread_mutex_unlock(&u->mu);
+}
+
+struct leftover_ctx {
+    const char *exact; /* abort uploads of this key only; NULL: every upload listed */
+    struct vmsnap_store_conn *c;
+    unsigned n;
+};
+
+static int abort_leftover(void *arg, const char *key, const char *id)
+{
+    struct leftover_ctx *l = arg;
+    if (l->exact && strcmp(l->exact, key))
+        return 0;
+    struct vmsnap_err e = {0};
+    if (vmsnap_store_mpu_abort(l->c, key, id, &e) == 0) {
+        l->n++;
+        vlog(VMSNAP_LOG_INFO, "aborted unfinished upload of %s", key);
+    } else {
+        vlog(VMSNAP_LOG_WARN, "cannot abort unfinished upload of %s: %s", key, e.msg);
+    }
+    return 0;
+}
+
+/* Push the open regular file `fd` to `key`. Fills the manifest entry (sizes, digest). */
+static int push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const char *path,
+                   const char *key, struct mf_file *mf, struct vmsnap_err *err)
+{
+    struct up u = {.x = x, .ctl = ctl, .key = key};
+    pthread_mutex_init(&u.mu, NULL);
+    pthread_cond_init(&u.cv, NULL);
+    u.sha = EVP_MD_CTX_new();
+    if (!u.sha || !EVP_DigestInit_ex(u.sha, EVP_sha256(), NULL)) {
+        EVP_MD_CTX_free(u.sha);
+        return vmsnap_err_set(err, ENOMEM, "sha256 context");
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) == 0)
+        progress_add(x, 0, (uint64_t)sb.st_blocks * 512 / 2);
+    struct vmsnap_sink sink = {sink_write, &u};
+    struct vmsnap_pack_opts po = {
+        .threads = x->o.threads, .frame_size = x->o.frame_size, .level = x->o.level};
+    struct vmsnap_image_stats stats = {0};
+    struct vmsnap_err perr = {0};
+    int rc = vmsnap_image_pack_fd(fd, path, &sink, &po, &stats, &perr);
+    struct vmsnap_err ferr = {0};
+    if (rc == 0) {
+        /* the last bytes: a single PUT if no part was flushed, else the last part + complete */
+        if (!u.upload_id) {
+            rc = vmsnap_store_put(ctl, key, u.cur ? (const void *)u.cur : "", u.cur_len, &ferr);
+            if (rc == 0)
+                progress_add(x, u.cur_len, 0);
+        } else if (u.cur_len > 0) {
+            rc = flush_part(&u, &ferr);
+        }
+    }
+    up_wait(&u);
+    if (rc == 0 && u.rc == 0 && u.upload_id)
+        rc = vmsnap_store_mpu_complete(ctl, key, u.upload_id, u.parts, u.nparts, &ferr);
+    if (u.rc < 0) { /* a part failed: that is the cause, whatever the encoder said */
+        rc = u.rc;
+        if (err)
+            *err = u.err;
+    } else if (rc < 0) {
+        if (err)
+            *err = ferr.code ? ferr : perr;
+    }
+    if (rc < 0 && u.upload_id) {
+        struct vmsnap_err ae = {0};
+        if (vmsnap_store_mpu_abort(ctl, key, u.upload_id, &ae) < 0)
+            vlog(VMSNAP_LOG_WARN, "cannot abort the upload of %s (run 'vmsnap gc'): %s", key,
+                 ae.msg);
+    }
+    if (u.cur) {
+        free(u.cur);
+        xpool_mem_release(&x->pool, u.cur_cap);
+    }
+    unsigned char md[32];
+    unsigned mdl = 0;
+    EVP_DigestFinal_ex(u.sha, md, &mdl);
+    EVP_MD_CTX_free(u.sha);
+    if (rc == 0 && u.total != stats.object_size && stats.object_size)
+        rc = vmsnap_err_set(err, EIO, "%s: encoder reported %llu bytes but wrote %llu", path,
+                            (unsigned long long)stats.object_size, (unsigned long long)u.total);
+    if (rc == 0 && mf) {
+        mf->detail = true;
+        mf->size = stats.total_size;
+        mf->populated = stats.populated;
+        mf->object_size = u.total;
+        hex32(md, mf->sha256);
+    }
+    free(u.upload_id);
+    free(u.parts);
+    pthread_mutex_destroy(&u.mu);
+    pthread_cond_destroy(&u.cv);
+    return rc;
+}
+
+struct set_push {
+    struct xfer *x;
+    const char *dir;
+    const char *prefix;
+    struct mf_file *files; /* sorted by name (manifest order) */
+    size_t *order;         /* largest first */
+    size_t n, next;
+    bool *pushed;
+    pthread_mutex_t mu;
+    int rc;
+    struct vmsnap_err err;
+};
+
+static void *producer(void *arg)
+{
+    struct set_push *s = arg;
+    struct vmsnap_store_conn *ctl = NULL;
+    struct vmsnap_err e = {0};
+    int rc = vmsnap_store_conn_new(s->x->st, &ctl, &e);
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        if (rc < 0 && s->rc == 0) {
+            s->rc = rc;
+            s->err = e;
+        }
+        if (s->rc || s->next >= s->n) {
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        size_t i = s->order[s->next++];
+        pthread_mutex_unlock(&s->mu);
+        struct mf_file *f = &s->files[i];
+        char path[4352], obj[300];
+        snprintf(path, sizeof(path), "%s/%s", s->dir, f->name);
+        snprintf(obj, sizeof(obj), "%s.zstd", f->name);
+        char *key = join_key(s->prefix, obj);
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (!key)
+            rc = vmsnap_err_set(&e, ENOMEM, "out of memory");
+        else if (fd < 0)
+            rc = vmsnap_err_set(&e, errno, "open %s: %s", path, strerror(errno));
+        else
+            rc = push_fd(s->x, ctl, fd, path, key, f, &e);
+        if (rc == 0)
+            s->pushed[i] = true;
+        else
+            vmsnap_err_wrap(&e, "push %s: ", f->name);
+        if (fd >= 0)
+            close(fd);
+        free(key);
+    }
+    vmsnap_store_conn_free(ctl);
+    return NULL;
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(((const struct mf_file *)a)->name, ((const struct mf_file *)b)->name);
+}
+
+static const struct mf_file *sort_base;
+static int cmp_size_desc(const void *a, const void *b)
+{
+    uint64_t x = sort_base[*(const size_t *)a].size, y = sort_base[*(const size_t *)b].size;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The regular files of a snapshot-set directory, sorted by name; sizes hold st_size. */
+static int scan_set(const char *dir, struct mf_file **out, size_t *n, struct vmsnap_err *err)
+{
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d)
+        return vmsnap_err_set(err, errno, "open directory %s: %s", dir, strerror(errno));
+    size_t cap = 0;
+    struct mf_file *v = NULL;
+    int rc = 0;
+    struct dirent *de;
+    while (rc == 0 && (de = readdir(d))) {
+        const char *name = de->d_name;
+        if (name[0] == '.')
+            continue;
+        struct stat sb;
+        if (fstatat(dirfd(d), name, &sb, AT_SYMLINK_NOFOLLOW) < 0) {
+            rc = vmsnap_err_set(err, errno, "stat %s/%s: %s", dir, name, strerror(errno));
+            break;
+        }
+        if (!S_ISREG(sb.st_mode)) {
+            vlog(VMSNAP_LOG_WARN, "skipping %s/%s: not a regular file", dir, name);
+            continue;
+        }
+        if (!manifest_name_ok(name, strlen(name))) {
+            rc = vmsnap_err_set(err, EINVAL, "%s/%s: this name cannot be part of a snapshot set",
+                                dir, name);
+            break;
+        }
+        if (*n >= VMSNAP_XFER_MAX_FILES) {
+            rc = vmsnap_err_set(err, EINVAL, "%s: more than %u files", dir, VMSNAP_XFER_MAX_FILES);
+            break;
+        }
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 16;
+            struct mf_file *nv = realloc(v, cap * sizeof(*v));
+            if (!nv) {
+                rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+                break;
+            }
+            v = nv;
+        }
+        memset(&v[*n], 0, sizeof(v[*n]));
+        v[*n].name = strdup(name);
+        v[*n].size = (uint64_t)sb.st_size;
+        if (!v[*n].name) {
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+            break;
+        }
+        (*n)++;
+    }
+    closedir(d);
+    if (rc == 0 && *n == 0)
+        rc = vmsnap_err_set(err, ENOENT, "%s: no regular files to push", dir);
+    if (rc < 0) {
+        struct manifest m = {v, *n, 0};
+        manifest_fini(&m);
+        *n = 0;
+        return rc;
+    }
+    qsort(v, *n, sizeof(*v), cmp_name);
+    *out = v;
+    return 0;
+}
+
+static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir,
+                    const char *prefix, const char *url, struct vmsnap_xfer_stats *stats,
+                    struct vmsnap_err *err)
+{
+    struct set_push s = {.x = x, .dir = dir, .prefix = prefix};
+    int rc = scan_set(dir, &s.files, &s.n, err);
+    if (rc < 0)
+        return rc;
+    char *mkey = join_key(prefix, VMSNAP_XFER_MANIFEST);
+    s.order = calloc(s.n, sizeof(*s.order));
+    s.pushed = calloc(s.n, sizeof(*s.pushed));
+    char *json = NULL;
+    if (!mkey || !s.order || !s.pushed) {
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < s.n; i++)
+        s.order[i] = i;
+    sort_base = s.files;
+    qsort(s.order, s.n, sizeof(*s.order), cmp_size_desc);
+
+    /* un-commit an existing set first, then clear the leftovers of killed pushes */
+    if ((rc = vmsnap_store_delete(ctl, mkey, err)) < 0)
+        goto out;
+    char *lp = join_key(prefix, "");
+    if (!lp) {
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        goto out;
+    }
+    struct leftover_ctx l = {.c = ctl};
+    rc = vmsnap_store_list_uploads(ctl, lp, abort_leftover, &l, err);
+    free(lp);
+    if (rc < 0)
+        goto out;
+
+    pthread_mutex_init(&s.mu, NULL);
+    unsigned np = (unsigned)VMSNAP_MIN(s.n, (size_t)MAX_PRODUCERS);
+    pthread_t tids[MAX_PRODUCERS];
+    unsigned started = 0;
+    for (; started < np; started++)
+        if (pthread_create(&tids[started], NULL, producer, &s) != 0)
+            break;
+    if (started == 0)
+        producer(&s);
+    for (unsigned i = 0; i < started; i++)
+        pthread_join(tids[i], NULL);
+    pthread_mutex_destroy(&s.mu);
+    if (s.rc < 0) {
+        rc = s.rc;
+        if (err)
+            *err = s.err;
+        /* no manifest: the set is incomplete; remove what this push stored (best effort) */
+        for (size_t i = 0; i < s.n; i++) {
+            if (!s.pushed[i])
+                continue;
+            char obj[300];
+            snprintf(obj, sizeof(obj), "%s.zstd", s.files[i].name);
+            char *k = join_key(prefix, obj);
+            if (k)
+                vmsnap_store_delete(ctl, k, NULL);
+            free(k);
+        }
+        goto out;
+    }
+    struct manifest m = {s.files, s.n, 2};
+    json = manifest_build(&m);
+    if (!json) {
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = vmsnap_store_put(ctl, mkey, json, strlen(json), err)) < 0) {
+        vmsnap_err_wrap(err, "commit %s/%s: ", url, VMSNAP_XFER_MANIFEST);
+        goto out;
+    }
+    if (stats) {
+        stats->files = s.n;
+        for (size_t i = 0; i < s.n; i++) {
+            stats->logical += s.files[i].size;
+            stats->populated += s.files[i].populated;
+            stats->object_bytes += s.files[i].object_size;
+        }
+        stats->object_bytes += strlen(json);
+    }
+out:
+    free(json);
+    free(mkey);
+    free(s.order);
+    free(s.pushed);
+    struct manifest m2 = {s.files, s.n, 0};
+    manifest_fini(&m2);
+    return rc;
+}
+
+int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer_opts *opts,
+                     struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
+{
+    if (stats)
+        memset(stats, 0, sizeof(*stats));
+    struct stat sb;
+    if (stat(path, &sb) < 0)
+        return vmsnap_err_set(err, errno, "%s: %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode))
+        return vmsnap_err_set(err, EINVAL, "%s: not a regular file or a directory", path);
+    struct xfer x;
+    char *key = NULL;
+    int rc = xfer_init(&x, url, opts, &key, err);
+    if (rc < 0)
+        return rc;
+    struct vmsnap_store_conn *ctl = NULL;
+    bool pool = false;
+    if (!*key) {
+        rc = vmsnap_err_set(err, EINVAL, "%s: a key (a path inside the bucket) is needed", url);
+        goto out;
+    }
+    if ((rc = vmsnap_store_conn_new(x.st, &ctl, err)) < 0 || (rc = xfer_start_pool(&x, err)) < 0)
+        goto out;
+    pool = true;
+    if (S_ISDIR(sb.st_mode)) {
+        rc = push_set(&x, ctl, path, key, url, stats, err);
+    } else {
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            rc = vmsnap_err_set(err, errno, "open %s: %s", path, strerror(errno));
+            goto out;
+        }
+        struct leftover_ctx l = {.exact = key, .c = ctl};
+        rc = vmsnap_store_list_uploads(ctl, key, abort_leftover, &l, err);
+        struct mf_file mf = {0};
+        if (rc == 0)
+            rc = push_fd(&x, ctl, fd, path, key, &mf, err);
+        close(fd);
+        if (rc == 0 && stats) {
+            stats->files = 1;
+            stats->logical = mf.size;
+            stats->populated = mf.populated;
+            stats->object_bytes = mf.object_size;
+        }
+    }
+    if (rc < 0 && err && !strstr(err->msg, url))
+        vmsnap_err_wrap(err, "push %s to %s: ", path, url);
+out:
+    vmsnap_store_conn_free(ctl);
+    xfer_fini(&x, pool);
+    free(key);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Pull                                                                                      */
+
+struct grp {
+    uint64_t off, len;
+    uint32_t f0, f1; /* frames [f0, f1] */
+    uint8_t *buf;
+    bool done;
+};
+
+struct down {
+    struct xfer *x;
+    char *key;
+    char url[1200];
+    const struct mf_file *mf; /* expected (NULL for a single object) */
+    struct sys_atomic_file af;
+    bool af_open;
+    uint64_t osize;
+    struct vmsnap_image *img;
+    struct grp *g;
+    uint32_t ng, next_hash;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    unsigned pending;
+    int rc;
+    struct vmsnap_err err;
+    EVP_MD_CTX *sha;
+    uint64_t hashed;
+    struct vmsnap_image_stats stats;
+    struct vmsnap_seqdec *seq;
+};
+
+struct grp_task {
+    struct xtask t;
+    struct down *d;
+    uint32_t gi;
+};
+
+static void down_fail(struct down *d, int rc, const struct vmsnap_err *e)
+{
+    if (d->rc == 0) {
+        d->rc = rc;
+        d->err = *e;
+    }
+}
+
+static void dec_enter(struct xfer *x)
+{
+    pthread_mutex_lock(&x->mu);
+    while (x->decoding >= x->max_decoding)
+        pthread_cond_wait(&x->cv_dec, &x->mu);
+    x->decoding++;
+    pthread_mutex_unlock(&x->mu);
+}
+
+static void dec_leave(struct xfer *x)
+{
+    pthread_mutex_lock(&x->mu);
+    x->decoding--;
+    pthread_cond_signal(&x->cv_dec);
+    pthread_mutex_unlock(&x->mu);
+}
+
+static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
+{
+    struct grp_task *gt = (struct grp_task *)t;
+    struct down *d = gt->d;
+    struct grp *g = &d->g[gt->gi];
+    struct vmsnap_err e = {0};
+    int rc = 0;
+    pthread_mutex_lock(&d->mu);
+    bool skip = d->rc != 0;
+    pthread_mutex_unlock(&d->mu);
+    uint8_t *buf = skip ? NULL : malloc(g->len ? g->len : 1);
+    if (!skip && !buf)
+        rc = vmsnap_err_set(&e, ENOMEM, "out of memory (%llu-byte group)",
+                            (unsigned long long)g->len);
+    if (buf && rc == 0)
+        rc = vmsnap_store_get(c, d->key, g->off, g->len, buf, &e);
+    if (buf && rc == 0) {
+        struct vmsnap_membuf mb = {buf, g->len};
+        struct vmsnap_source src;
+        vmsnap_source_mem(&src, &mb, d->url);
+        dec_enter(d->x);
+        for (uint32_t i = g->f0; i <= g->f1 && rc == 0; i++)
+            rc = vmsnap_image_decode_frame(d->img, i, &src, g->off, d->af.fd, NULL, &e);
+        dec_leave(d->x);
+    }
+    pthread_mutex_lock(&d->mu);
+    if (rc < 0)
+        down_fail(d, rc, &e);
+    g->buf = buf;
+    g->done = true;
+    /* hash every group that is now next in object order, then let its memory go */
+    while (d->next_hash < d->ng && d->g[d->next_hash].done) {
+        struct grp *h = &d->g[d->next_hash];
+        if (d->rc == 0 && h->buf) {
+            EVP_DigestUpdate(d->sha, h->buf, h->len);
+            d->hashed += h->len;
+        }
+        free(h->buf);
+        h->buf = NULL;
+        xpool_mem_release(&d->x->pool, h->len);
+        d->next_hash++;
+    }
+    d->pending--;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    if (rc == 0 && !skip)
+        progress_add(d->x, g->len, 0);
+    free(gt);
+}
+
+static int seq_feed(void *arg, const void *buf, size_t len, struct vmsnap_err *err)
+{
+    struct down *d = arg;
+    EVP_DigestUpdate(d->sha, buf, len);
+    d->hashed += len;
+    progress_add(d->x, len, 0);
+    return vmsnap_seqdec_feed(d->seq, buf, len, err);
+}
+
+static void seq_run(struct xtask *t, struct vmsnap_store_conn *c)
+{
+    struct grp_task *gt = (struct grp_task *)t;
+    struct down *d = gt->d;
+    struct vmsnap_err e = {0};
+    int rc = vmsnap_seqdec_new(d->af.fd, d->x->o.max_size, d->url, &d->seq, &e);
+    if (rc == 0)
+        rc = vmsnap_store_get_stream(c, d->key, seq_feed, d, &e);
+    if (rc == 0)
+        rc = vmsnap_seqdec_finish(d->seq, &d->stats, &e);
+    vmsnap_seqdec_free(d->seq);
+    d->seq = NULL;
+    pthread_mutex_lock(&d->mu);
+    if (rc < 0)
+        down_fail(d, rc, &e);
+    d->pending--;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    free(gt);
+}
+
+struct ranged_src {
+    struct vmsnap_store_conn *c;
+    const char *key;
+};
+
+static int ranged_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err)
+{
+    struct ranged_src *r = arg;
+    return vmsnap_store_get(r->c, r->key, off, len, buf, err);
+}
+
+/* Cut the object into groups of whole frames covering [0, osize). */
+static int make_groups(struct down *d, struct vmsnap_err *err)
+{
+    uint32_t n = vmsnap_image_frame_count(d->img);
+    if (n == 0)
+        return vmsnap_err_set(err, EINVAL, "%s: image without frames", d->url);
+    d->g = calloc(n, sizeof(*d->g));
+    if (!d->g)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    uint64_t start = 0, prev_end = 0;
+    uint32_t f0 = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        struct vmsnap_frame_info fi;
+        vmsnap_image_frame(d->img, i, &fi);
+        if ((i > 0 && fi.offset != prev_end) || fi.offset + fi.csize > d->osize)
+            return vmsnap_err_set(err, EINVAL, "%s: frame %u at byte %llu is not contiguous",
+                                  d->url, i, (unsigned long long)fi.offset);
+        prev_end = fi.offset + fi.csize;
+        if (prev_end - start >= GROUP_TARGET || i == n - 1) {
+            struct grp *g = &d->g[d->ng++];
+            g->off = start;
+            g->len = (i == n - 1 ? d->osize : prev_end) - start;
+            g->f0 = f0;
+            g->f1 = i;
+            start = prev_end;
+            f0 = i + 1;
+        }
+    }
+    return 0;
+}
+
+/* Start pulling `key` into a temporary file beside `dst`: HEAD, seek table, dispatch groups. */
+static int down_start(struct down *d, struct vmsnap_store_conn *ctl, const char *dst,
+                      struct vmsnap_err *err)
+{
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->cv, NULL);
+    d->sha = EVP_MD_CTX_new();
+    if (!d->sha || !EVP_DigestInit_ex(d->sha, EVP_sha256(), NULL))
+        return vmsnap_err_set(err, ENOMEM, "sha256 context");
+    vmsnap_store_url(d->x->st, d->key, d->url, sizeof(d->url));
+    int rc = vmsnap_store_head(ctl, d->key, &d->osize, err);
+    if (rc == -ENOENT && d->mf)
+        return vmsnap_err_set(err, ENOENT, "the manifest lists '%s' but %s is missing", d->mf->name,
+                              d->url);
+    if (rc < 0)
+        return rc;
+    if (d->mf && d->mf->detail && d->mf->object_size != d->osize)
+        return vmsnap_err_set(err, EINVAL, "%s: %llu bytes, the manifest says %llu", d->url,
+                              (unsigned long long)d->osize, (unsigned long long)d->mf->object_size);
+    if ((rc = sys_atomic_open(&d->af, dst, 0600, err)) < 0)
+        return rc;
+    d->af_open = true;
+    progress_add(d->x, 0, d->osize);
+    struct ranged_src rs = {ctl, d->key};
+    struct vmsnap_source src = {ranged_pread, &rs, d->osize, d->url};
+    rc = vmsnap_image_open(&src, d->x->o.max_size, &d->img, err);
+    if (rc < 0)
+        return rc;
+    if (rc == 0) { /* no seek table: one streaming GET through the sequential decoder */
+        struct grp_task *t = calloc(1, sizeof(*t));
+        if (!t)
+            return vmsnap_err_set(err, ENOMEM, "out of memory");
+        t->t.run = seq_run;
+        t->d = d;
+        d->pending = 1;
+        xpool_submit(&d->x->pool, &t->t);
+        return 0;
+    }
+    vmsnap_image_get_stats(d->img, &d->stats);
+    if (d->mf && d->mf->detail &&
+        (d->stats.total_size != d->mf->size || d->stats.populated != d->mf->populated))
+        return vmsnap_err_set(
+            err, EINVAL,
+            "%s: image holds %llu bytes (%llu populated), the manifest says "
+            "%llu (%llu)",
+            d->url, (unsigned long long)d->stats.total_size, (unsigned long long)d->stats.populated,
+            (unsigned long long)d->mf->size, (unsigned long long)d->mf->populated);
+    if (ftruncate(d->af.fd, (off_t)d->stats.total_size) < 0)
+        return vmsnap_err_set(err, errno, "set size of %s to %llu: %s", dst,
+                              (unsigned long long)d->stats.total_size, strerror(errno));
+    if ((rc = make_groups(d, err)) < 0)
+        return rc;
+    for (uint32_t i = 0; i < d->ng; i++) {
+        pthread_mutex_lock(&d->mu);
+        bool failed = d->rc != 0;
+        pthread_mutex_unlock(&d->mu);
+        if (failed)
+            break;
+        struct grp_task *t = calloc(1, sizeof(*t));
+        if (!t)
+            return vmsnap_err_set(err, ENOMEM, "out of memory");
+        t->t.run = grp_run;
+        t->d = d;
+        t->gi = i;
+        xpool_mem_acquire(&d->x->pool, d->g[i].len);
+        pthread_mutex_lock(&d->mu);
+        d->pending++;
+        pthread_mutex_unlock(&d->mu);
+        xpool_submit(&d->x->pool, &t->t);
+    }
+    return 0;
+}
+
+/* Wait for a download's tasks; verify size and digest. */
+static int down_finish(struct down *d, int rc, struct vmsnap_err *err)
+{
+    pthread_mutex_lock(&d->mu);
+    while (d->pending)
+        pthread_cond_wait(&d->cv, &d->mu);
+    pthread_mutex_unlock(&d->mu);
+    /* groups never dispatched (an error stopped the loop) still hold no memory */
+    if (rc == 0 && d->rc < 0) {
+        rc = d->rc;
+        if (err)
+            *err = d->err;
+    }
+    if (rc == 0 && d->hashed != d->osize)
+        rc = vmsnap_err_set(err, EIO, "%s: received %llu of %llu bytes", d->url,
+                            (unsigned long long)d->hashed, (unsigned long long)d->osize);
+    if (rc == 0 && d->mf && d->mf->detail) {
+        unsigned char md[32];
+        unsigned mdl = 0;
+        char hx[65];
+        EVP_DigestFinal_ex(d->sha, md, &mdl);
+        hex32(md, hx);
+        if (strcmp(hx, d->mf->sha256))
+            rc = vmsnap_err_set(err, EINVAL,
+                                "%s: sha256 %s does not match the manifest (%s): refusing it",
+                                d->url, hx, d->mf->sha256);
+    }
+    return rc;
+}
+
+static void down_free(struct down *d, bool keep)
+{
+    if (d->af_open && !keep)
+        sys_atomic_abort(&d->af);
+    vmsnap_image_free(d->img);
+    free(d->g);
+    EVP_MD_CTX_free(d->sha);
+    free(d->key);
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->cv);
+}
+
+struct any_ctx {
+    unsigned n;
+};
+
+static int count_any(void *arg, const char *key, uint64_t size)
+{
+    (void)key;
+    (void)size;
+    ((struct any_ctx *)arg)->n++;
+    return -ECANCELED; /* one is enough */
+}
+
+static int read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                         uint64_t max_size, struct manifest *m, struct vmsnap_err *err)
+{
+    uint64_t size;
+    int rc = vmsnap_store_head(c, mkey, &size, err);
+    if (rc < 0)
+        return rc;
+    if (size > VMSNAP_XFER_MANIFEST_MAX)
+        return vmsnap_err_set(err, EFBIG, "%s: manifest of %llu bytes is too large", murl,
+                              (unsigned long long)size);
+    char *buf = malloc(size + 1);
+    if (!buf)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    rc = vmsnap_store_get(c, mkey, 0, size, buf, err);
+    if (rc == 0)
+        rc = manifest_parse(buf, size, murl, max_size, m, err);
+    free(buf);
+    return rc;
+}
+
+static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *prefix,
+                    const struct manifest *m, const char *dir, struct vmsnap_xfer_stats *stats,
+                    struct vmsnap_err *err)
+{
+    bool created = false;
+    struct stat sb;
+    if (stat(dir, &sb) == 0) {
+        if (!S_ISDIR(sb.st_mode))
+            return vmsnap_err_set(err, ENOTDIR, "%s exists and is not a directory", dir);
+    } else if (errno == ENOENT) {
+        if (mkdir(dir, 0700) < 0)
+            return vmsnap_err_set(err, errno, "mkdir %s: %s", dir, strerror(errno));
+        created = true;
+    } else {
+        return vmsnap_err_set(err, errno, "%s: %s", dir, strerror(errno));
+    }
+    struct down *ds = calloc(m->n ? m->n : 1, sizeof(*ds));
+    if (!ds) {
+        if (created)
+            rmdir(dir);
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    }
+    int rc = 0;
+    size_t started = 0;
+    for (size_t i = 0; i < m->n && rc == 0; i++) {
+        struct down *d = &ds[i];
+        d->x = x;
+        d->mf = &m->files[i];
+        char obj[300], path[4352];
+        snprintf(obj, sizeof(obj), "%s.zstd", m->files[i].name);
+        snprintf(path, sizeof(path), "%s/%s", dir, m->files[i].name);
+        d->key = join_key(prefix, obj);
+        started++;
+        rc = d->key ? down_start(d, ctl, path, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < started; i++) {
+        struct vmsnap_err e = {0};
+        int r = down_finish(&ds[i], 0, &e);
+        if (r < 0 && rc == 0) {
+            rc = r;
+            if (err)
+                *err = e;
+        }
+    }
+    /* all verified: publish every file */
+    for (size_t i = 0; i < started && rc == 0; i++) {
+        rc = sys_atomic_commit(&ds[i].af, !x->o.no_fsync, err);
+        ds[i].af_open = false;
+        if (rc == 0 && stats) {
+            stats->files++;
+            stats->logical += ds[i].stats.total_size;
+            stats->populated += ds[i].stats.populated;
+            stats->object_bytes += ds[i].osize;
+        }
+    }
+    for (size_t i = 0; i < started; i++)
+        down_free(&ds[i], false);
+    free(ds);
+    if (rc < 0 && created)
+        rmdir(dir);
+    return rc;
+}
+
+int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer_opts *opts,
+                     struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
+{
+    if (stats)
+        memset(stats, 0, sizeof(*stats));
+    struct xfer x;
+    char *key = NULL;
+    int rc = xfer_init(&x, url, opts, &key, err);
+    if (rc < 0)
+        return rc;
+    struct vmsnap_store_conn *ctl = NULL;
+    bool pool = false;
+    char *mkey = join_key(key, VMSNAP_XFER_MANIFEST);
+    char murl[1200];
+    struct manifest m = {0};
+    if (!mkey) {
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        goto out;
+    }
+    vmsnap_store_url(x.st, mkey, murl, sizeof(murl));
+    if ((rc = vmsnap_store_conn_new(x.st, &ctl, err)) < 0)
+        goto out;
+    rc = read_manifest(ctl, mkey, murl, x.o.max_size, &m, err);
+    if (rc == 0) {
+        if ((rc = xfer_start_pool(&x, err)) < 0)
+            goto out;
+        pool = true;
+        rc = pull_set(&x, ctl, key, &m, path, stats, err);
+        goto out;
+    }
+    if (rc != -ENOENT || !*key)
+        goto out;
+    /* no manifest: a single object, or an incomplete set */
+    uint64_t size;
+    struct vmsnap_err herr = {0};
+    rc = vmsnap_store_head(ctl, key, &size, &herr);
+    if (rc == -ENOENT) {
+        struct any_ctx any = {0};
+        char *lp = join_key(key, "");
+        int lrc = lp ? vmsnap_store_list(ctl, lp, count_any, &any, err) : -ENOMEM;
+        free(lp);
+        if (lrc < 0 && lrc != -ECANCELED) {
+            rc = lrc;
+            goto out;
+        }
+        if (any.n)
+            rc = vmsnap_err_set(err, ENOENT, "incomplete snapshot: no manifest at %s", murl);
+        else
+            rc = vmsnap_err_set(err, ENOENT, "%s: no such object or snapshot set", url);
+        goto out;
+    }
+    if (rc < 0) {
+        if (err)
+            *err = herr;
+        goto out;
+    }
+    if ((rc = xfer_start_pool(&x, err)) < 0)
+        goto out;
+    pool = true;
+    struct down d = {.x = &x, .key = strdup(key)};
+    if (!d.key) {
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        goto out;
+    }
+    rc = down_start(&d, ctl, path, err);
+    rc = down_finish(&d, rc, err);
+    if (rc == 0)
+        rc = sys_atomic_commit(&d.af, !x.o.no_fsync, err);
+    if (rc == 0) {
+        d.af_open = false;
+        if (stats) {
+            stats->files = 1;
+            stats->logical = d.stats.total_size;
+            stats->populated = d.stats.populated;
+            stats->object_bytes = d.osize;
+        }
+    }
+    d.af_open = d.af_open && rc < 0;
+    down_free(&d, false);
+out:
+    if (rc < 0 && err && !strstr(err->msg, "incomplete snapshot"))
+        vmsnap_err_wrap(err, "pull %s: ", url);
+    manifest_fini(&m);
+    free(mkey);
+    vmsnap_store_conn_free(ctl);
+    xfer_fini(&x, pool);
+    free(key);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* ls, rm, gc                                                                                */
+
+struct keys {
+    char **v;
+    size_t n, cap;
+    const char *suffix; /* keep keys ending with this ("" = all) */
+    const char *direct; /* keep only keys directly under this prefix (NULL = any depth) */
+};
+
+static int collect(void *arg, const char *key, uint64_t size)
+{
+    (void)size;
+    struct keys *k = arg;
+    size_t kl = strlen(key), sl = strlen(k->suffix);
+    if (kl < sl || strcmp(key + kl - sl, k->suffix))
+        return 0;
+    if (sl && kl > sl && key[kl - sl - 1] != '/')
+        return 0; /* "xmanifest.json" is not a manifest */
+    if (k->direct && strchr(key + strlen(k->direct), '/'))
+        return 0;
+    if (k->n >= 1000000)
+        return -E2BIG;
+    if (k->n == k->cap) {
+        size_t cap = k->cap ? k->cap * 2 : 16;
+        char **nv = realloc(k->v, cap * sizeof(*nv));
+        if (!nv)
+            return -ENOMEM;
+        k->v = nv;
+        k->cap = cap;
+    }
+    k->v[k->n] = strdup(key);
+    if (!k->v[k->n])
+        return -ENOMEM;
+    k->n++;
+    return 0;
+}
+
+static void keys_free(struct keys *k)
+{
+    for (size_t i = 0; i < k->n; i++)
+        free(k->v[i]);
+    free(k->v);
+}
+
+int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsnap_xfer_list_fn fn,
+                     void *arg, struct vmsnap_err *err)
+{
+    struct xfer x;
+    char *key = NULL;
+    int rc = xfer_init(&x, url, opts, &key, err);
+    if (rc < 0)
+        return rc;
+    struct vmsnap_store_conn *c = NULL;
+    struct keys k = {.suffix = VMSNAP_XFER_MANIFEST};
+    char *lp = join_key(key, "");
+    if (!lp)
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    if (rc == 0)
+        rc = vmsnap_store_conn_new(x.st, &c, err);
+    if (rc == 0) {
+        rc = vmsnap_store_list(c, lp, collect, &k, err);
+        if (rc < 0 && (!err || !err->code))
+            rc = vmsnap_err_set(err, -rc, "list %s: %s", url, strerror(-rc));
+    }
+    for (size_t i = 0; i < k.n && rc == 0; i++) {
+        char murl[1200], surl[1200];
+        vmsnap_store_url(x.st, k.v[i], murl, sizeof(murl));
+        snprintf(surl, sizeof(surl), "%.*s", (int)(strlen(murl) - strlen(VMSNAP_XFER_MANIFEST) - 1),
+                 murl);
+        if (x.st->kind == VMSNAP_STORE_LOCAL && !strncmp(surl, "//", 2))
+            memmove(surl, surl + 1, strlen(surl));
+        struct manifest m = {0};
+        struct vmsnap_err me = {0};
+        struct vmsnap_xfer_set set = {.url = surl};
+        if (read_manifest(c, k.v[i], murl, x.o.max_size, &m, &me) == 0) {
+            set.valid = true;
+            set.files = m.n;
+            for (size_t j = 0; j < m.n; j++) {
+                set.logical += m.files[j].size;
+                set.object_bytes += m.files[j].object_size;
+            }
+        } else {
+            vlog(VMSNAP_LOG_WARN, "%s", me.msg);
+        }
+        manifest_fini(&m);
+        rc = fn(arg, &set);
+    }
+    keys_free(&k);
+    free(lp);
+    vmsnap_store_conn_free(c);
+    xfer_fini(&x, false);
+    free(key);
+    return rc;
+}
+
+int vmsnap_xfer_gc(const char *url, const struct vmsnap_xfer_opts *opts, unsigned *aborted,
+                   struct vmsnap_err *err)
+{
+    struct xfer x;
+    char *key = NULL;
+    int rc = xfer_init(&x, url, opts, &key, err);
+    if (rc < 0)
+        return rc;
+    struct vmsnap_store_conn *c = NULL;
+    struct leftover_ctx l = {0};
+    rc = vmsnap_store_conn_new(x.st, &c, err);
+    l.c = c;
+    if (rc == 0)
+        rc = vmsnap_store_list_uploads(c, key, abort_leftover, &l, err);
+    if (aborted)
+        *aborted = l.n;
+    vmsnap_store_conn_free(c);
+    xfer_fini(&x, false);
+    free(key);
+    return rc;
+}
+
+int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opts *opts,
+                       struct vmsnap_err *err)
+{
+    struct xfer x;
+    char *key = NULL;
+    int rc = xfer_init(&x, url, opts, &key, err);
+    if (rc < 0)
+        return rc;
+    struct vmsnap_store_conn *c = NULL;
+    char *mkey = join_key(key, VMSNAP_XFER_MANIFEST);
+    char *lp = join_key(key, "");
+    struct manifest m = {0};
+    struct keys k = {.suffix = ".zstd"};
+    char murl[1200];
+    if (!*key) {
+        rc = vmsnap_err_set(err, EINVAL, "%s: refusing to remove a whole bucket or root", url);
+        goto out;
+    }
+    if (!mkey || !lp) {
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        goto out;
+    }
+    vmsnap_store_url(x.st, mkey, murl, sizeof(murl));
+    if ((rc = vmsnap_store_conn_new(x.st, &c, err)) < 0)
+        goto out;
+    struct vmsnap_err me = {0};
+    int mrc = read_manifest(c, mkey, murl, x.o.max_size, &m, &me);
+    if (mrc == -ENOENT) {
+        uint64_t size;
+        rc = vmsnap_store_head(c, key, &size, err);
+        if (rc == 0) { /* a single object */
+            rc = vmsnap_store_delete(c, key, err);
+            goto out;
+        }
+        if (rc != -ENOENT)
+            goto out;
+        if (!force) {
+            rc = vmsnap_err_set(err, ENOENT,
+                                "%s: no snapshot set here (no %s); --force deletes the *.zstd "
+                                "objects under it",
+                                url, VMSNAP_XFER_MANIFEST);
+            goto out;
+        }
+        rc = 0;
+    } else if (mrc < 0 && !force) {
+        rc = mrc;
+        if (err)
+            *err = me;
+        vmsnap_err_wrap(err, "cannot read the manifest (--force deletes anyway): ");
+        goto out;
+    } else {
+        /* the manifest first: from here on the set is no longer visible */
+        if ((rc = vmsnap_store_delete(c, mkey, err)) < 0)
+            goto out;
+    }
+    for (size_t i = 0; i < m.n && rc == 0; i++) {
+        char obj[300];
+        snprintf(obj, sizeof(obj), "%s.zstd", m.files[i].name);
+        char *ok = join_key(key, obj);
+        rc = ok ? vmsnap_store_delete(c, ok, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
+        free(ok);
+    }
+    if (rc == 0 && force) {
+        k.direct = lp;
+        rc = vmsnap_store_list(c, lp, collect, &k, err);
+        for (size_t i = 0; i < k.n && rc == 0; i++)
+            rc = vmsnap_store_delete(c, k.v[i], err);
+    }
+    if (rc == 0) {
+        struct leftover_ctx l = {.c = c};
+        rc = vmsnap_store_list_uploads(c, lp, abort_leftover, &l, err);
+    }
+out:
+    if (rc < 0 && err && !strstr(err->msg, url))
+        vmsnap_err_wrap(err, "rm %s: ", url);
+    keys_free(&k);
+    manifest_fini(&m);
+    free(mkey);
+    free(lp);
+    vmsnap_store_conn_free(c);
+    xfer_fini(&x, false);
+    free(key);
+    return rc;
+}

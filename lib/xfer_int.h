@@ -1,0 +1,43 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Private: the transfer worker pool. N threads, each owning one store connection (one TCP
+ * connection for S3) for its whole life, run tasks from a FIFO queue. A byte budget (max_memory)
+ * bounds buffered parts and frame groups: producers acquire before allocating and block while
+ * the budget is spent; a task releases when its buffer is freed.
+ */
+#ifndef VMSNAP_XFER_INT_H
+#define VMSNAP_XFER_INT_H
+
+#include "vmsnap/store.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct xtask {
+    void (*run)(struct xtask *t, struct vmsnap_store_conn *c);
+    struct xtask *next;
+};
+
+struct xpool {
+    pthread_mutex_t mu;
+    pthread_cond_t cv_task, cv_mem;
+    struct xtask *head, *tail;
+    bool stop;
+    uint64_t mem_used, mem_cap, mem_peak;
+    unsigned n, nconns;
+    pthread_t *tids;
+    struct vmsnap_store_conn **conns;
+};
+
+int xpool_init(struct xpool *p, struct vmsnap_store *st, unsigned n, uint64_t mem_cap,
+               struct vmsnap_err *err);
+/* Stop after the queued tasks ran, join, free the connections. */
+void xpool_fini(struct xpool *p);
+void xpool_submit(struct xpool *p, struct xtask *t);
+/* Block until `bytes` fit in the budget (a request larger than the whole budget waits until
+ * nothing else is held, so it always makes progress). */
+void xpool_mem_acquire(struct xpool *p, uint64_t bytes);
+void xpool_mem_release(struct xpool *p, uint64_t bytes);
+
+#endif
