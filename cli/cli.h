@@ -53,6 +53,8 @@ int cmd_pack(int argc, char **argv);
 int cmd_unpack(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_cache(int argc, char **argv);
+int cmd_disk(int argc, char **argv);
+
 
 /* Transfer verbs (cli/cmd_push.c holds their shared option parser and summary line). */
 struct vmsnap_xfer_opts;
@@ -67,5 +69,4 @@ int cmd_gc(int argc, char **argv);
 int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_opts *o,
                     bool *force);
 void cmd_xfer_summary(const char *verb, const struct vmsnap_xfer_stats *st, double wall);
-
 #endif

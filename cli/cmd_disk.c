@@ -20,9 +20,14 @@ static const char *const sub_usage =
 
 static int fail(const char *sub, const struct vmsnap_err *e)
 {
-    char verb[32];
-    snprintf(verb, sizeof(verb), "disk %s", sub);
-    cli_error(verb, "%s", e->msg);
+    /* Library messages already start with "disk <sub> <image>:". */
+    if (strncmp(e->msg, "disk ", 5) == 0) {
+        fprintf(stderr, "vmsnap %s\n", e->msg);
+    } else {
+        char verb[32];
+        snprintf(verb, sizeof(verb), "disk %s", sub);
+        cli_error(verb, "%s", e->msg);
+    }
     return EXIT_FAIL;
 }
 

@@ -31,6 +31,14 @@ static const struct cli_verb verbs[] = {
      "are never modified; with --staged, single-link files outside --preserve paths are\n"
      "truncated and unlinked. Reports dropped, removed and still-dirty files; --wait retries\n"
      "dirty files up to SECONDS; --kick-writeback starts their writeback first."},
+    {"disk", cmd_disk, "disk create|clone|info ... IMAGE",
+     "Writable upper disks: sparse journal-less ext4 images made through libext2fs.\n"
+     "  disk create [--size 4G] [--inodes N] [--label L] [--uuid U] [--force] [--fsync]\n"
+     "              [--add SRC:DEST[:MODE[:UID:GID]]]... [--mkdir DEST[:MODE[:UID:GID]]]...\n"
+     "              [--from-dir DIR] IMAGE\n"
+     "  disk clone [--link] [--new-uuid] [--force] SRC DST  (FICLONE, else a hole-keeping copy)\n"
+     "  disk info [--json] IMAGE\n"
+     "IMAGE/DST appear only when complete; an existing one is refused unless --force."},
     {"push", cmd_push, "push [-j N] [--part-size SIZE] [--max-memory SIZE] PATH URL",
      "Encode and upload a file (one object at URL) or a snapshot-set directory (every regular\n"
      "file to URL/<name>.zstd, files and parts in parallel, then URL/manifest.json last).\n"

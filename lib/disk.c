@@ -52,11 +52,11 @@ int disk_ext2_errno(errcode_t code)
     case EXT2_ET_RO_UNSUPP_FEATURE:
     case EXT2_ET_CORRUPT_SUPERBLOCK:
     case EXT2_ET_SB_CSUM_INVALID:
+    case EXT2_ET_UNKNOWN_CSUM:
     case EXT2_ET_BAD_DESC_SIZE:
     case EXT2_ET_GDESC_BAD_BLOCK_MAP:
     case EXT2_ET_GDESC_BAD_INODE_MAP:
     case EXT2_ET_GDESC_BAD_INODE_TABLE:
-    case EXT2_ET_UNSUPP_REV:
     case EXT2_ET_INVALID_ARGUMENT:
         return EINVAL;
     default:
@@ -93,6 +93,8 @@ const char *disk_ext2_strerror(errcode_t code)
         return "corrupt superblock";
     case EXT2_ET_SB_CSUM_INVALID:
         return "superblock checksum does not match";
+    case EXT2_ET_UNKNOWN_CSUM:
+        return "unknown checksum algorithm";
     case EXT2_ET_SHORT_READ:
         return "short read (image truncated?)";
     case EXT2_ET_SHORT_WRITE:
@@ -193,7 +195,7 @@ static int check_sources(const char *path, const struct vmsnap_disk_create_opts 
 
 static void set_features(struct ext2_super_block *s)
 {
-    ext2fs_set_feature_ext_attr(s);
+    ext2fs_set_feature_xattr(s);
     ext2fs_set_feature_dir_index(s);
     ext2fs_set_feature_filetype(s);
     ext2fs_set_feature_extents(s);
@@ -307,6 +309,7 @@ int vmsnap_disk_create(const char *path, const struct vmsnap_disk_create_opts *o
         rc = vmsnap_err_set(err, -rc, "disk create %s: random UUID: %s", path, strerror(-rc));
         goto out;
     }
+    sb->s_checksum_type = EXT2_CRC32C_CHKSUM;
     sb->s_checksum_seed = ext2fs_crc32c_le(~0U, sb->s_uuid, sizeof(sb->s_uuid));
     ext2fs_init_csum_seed(fs);
     if ((rc = disk_random_uuid((uint8_t *)sb->s_hash_seed)) < 0) {
@@ -443,7 +446,7 @@ int vmsnap_disk_info(const char *path, struct vmsnap_disk_info *info, struct vms
     int rc = open_ro(path, &fs, err, "info");
     if (rc < 0)
         return rc;
-    const struct ext2_super_block *s = fs->super;
+    struct ext2_super_block *s = fs->super;
     info->virtual_size = (uint64_t)st.st_size;
     info->allocated = (uint64_t)st.st_blocks * 512;
     info->block_size = fs->blocksize;

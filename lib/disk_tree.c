@@ -73,20 +73,20 @@ static int e2err(struct disk_tree *t, errcode_t e2, struct vmsnap_err *err, cons
 {
     ext2_filsys fs = t->fs;
     if (e2 == EXT2_ET_INODE_ALLOC_FAIL)
-        return vmsnap_err_set(err, ENOSPC,
-                              "%s: out of inodes %s %s: all %u inodes of the image are in use "
-                              "(%llu entries copied); use a larger --inodes",
-                              t->image, what, where, fs->super->s_inodes_count,
-                              (unsigned long long)t->files);
+        return vmsnap_err_set(
+            err, ENOSPC,
+            "disk create %s: out of inodes %s %s: all %u inodes of the image are in use "
+            "(%llu entries copied); use a larger --inodes",
+            t->image, what, where, fs->super->s_inodes_count, (unsigned long long)t->files);
     if (e2 == EXT2_ET_BLOCK_ALLOC_FAIL || e2 == EXT2_ET_DIR_NO_SPACE)
-        return vmsnap_err_set(err, ENOSPC,
-                              "%s: out of space %s %s: %llu of %llu blocks of %u bytes free; use "
-                              "a larger --size",
-                              t->image, what, where,
-                              (unsigned long long)ext2fs_free_blocks_count(fs->super),
-                              (unsigned long long)ext2fs_blocks_count(fs->super), fs->blocksize);
-    return vmsnap_err_set(err, disk_ext2_errno(e2), "%s: %s %s: %s", t->image, what, where,
-                          disk_ext2_strerror(e2));
+        return vmsnap_err_set(
+            err, ENOSPC,
+            "disk create %s: out of space %s %s: %llu of %llu blocks of %u bytes free; use "
+            "a larger --size",
+            t->image, what, where, (unsigned long long)ext2fs_free_blocks_count(fs->super),
+            (unsigned long long)ext2fs_blocks_count(fs->super), fs->blocksize);
+    return vmsnap_err_set(err, disk_ext2_errno(e2), "disk create %s: %s %s: %s", t->image, what,
+                          where, disk_ext2_strerror(e2));
 }
 
 static void set_time(uint32_t *lo, uint32_t *extra, struct timespec ts)
@@ -137,13 +137,13 @@ static int add_dent(struct disk_tree *t, struct ddir *d, const char *name, ext2_
         size_t nc = d->cap ? d->cap * 2 : 8;
         struct dent *ne = realloc(d->ents, nc * sizeof(*ne));
         if (!ne)
-            return vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+            return vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);
         d->ents = ne;
         d->cap = nc;
     }
     char *nm = strdup(name);
     if (!nm)
-        return vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+        return vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);
     d->ents[d->n++] = (struct dent){nm, (uint8_t)strlen(name), ftype, ino, sub};
     d->changed = true;
     t->files++;
@@ -175,8 +175,8 @@ static int check_name(struct disk_tree *t, const char *name, const char *where,
 {
     size_t n = strlen(name);
     if (n == 0 || n > EXT2_NAME_LEN)
-        return vmsnap_err_set(err, ENAMETOOLONG, "%s: %s: name longer than %d bytes", t->image,
-                              where, EXT2_NAME_LEN);
+        return vmsnap_err_set(err, ENAMETOOLONG, "disk create %s: %s: name longer than %d bytes",
+                              t->image, where, EXT2_NAME_LEN);
     return 0;
 }
 
@@ -240,7 +240,7 @@ static int copy_data(struct disk_tree *t, int fd, ext2_file_t f, uint64_t size, 
             if (errno == ENXIO)
                 break;
             if (errno != EINVAL && errno != EOPNOTSUPP)
-                return vmsnap_err_set(err, errno, "%s: read %s: %s", t->image, where,
+                return vmsnap_err_set(err, errno, "disk create %s: read %s: %s", t->image, where,
                                       strerror(errno));
             data = pos; /* no SEEK_DATA: treat everything as data (zero blocks still skipped) */
         }
@@ -256,7 +256,7 @@ static int copy_data(struct disk_tree *t, int fd, ext2_file_t f, uint64_t size, 
             if (n < 0) {
                 if (errno == EINTR)
                     continue;
-                return vmsnap_err_set(err, errno, "%s: read %s: %s", t->image, where,
+                return vmsnap_err_set(err, errno, "disk create %s: read %s: %s", t->image, where,
                                       strerror(errno));
             }
             if (n == 0)
@@ -336,8 +336,9 @@ static int add_symlink(struct disk_tree *t, struct ddir *parent, const char *nam
 {
     ext2_filsys fs = t->fs;
     if (strlen(target) >= fs->blocksize)
-        return vmsnap_err_set(err, ENAMETOOLONG, "%s: symlink %s: target longer than %u bytes",
-                              t->image, where, fs->blocksize - 1);
+        return vmsnap_err_set(err, ENAMETOOLONG,
+                              "disk create %s: symlink %s: target longer than %u bytes", t->image,
+                              where, fs->blocksize - 1);
     ext2_ino_t ino;
     errcode_t e2 = ext2fs_new_inode(fs, parent->ino, LINUX_S_IFLNK | 0777, NULL, &ino);
     if (!e2)
@@ -381,7 +382,7 @@ static int new_dir(struct disk_tree *t, struct ddir *parent, const char *name, u
     ext2fs_inode_alloc_stats2(t->fs, ino, +1, 1);
     struct ddir *d = ddir_new(t, ino, parent->ino);
     if (!d)
-        return vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+        return vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);
     d->is_new = true;
     d->changed = true;
     d->has_meta = true;
@@ -413,7 +414,8 @@ static int copy_dir_contents(struct disk_tree *t, struct ddir *d, int dfd, const
     if (!dir) {
         int e = errno;
         close(dfd);
-        return vmsnap_err_set(err, e, "%s: open directory %s: %s", t->image, hostpath, strerror(e));
+        return vmsnap_err_set(err, e, "disk create %s: open directory %s: %s", t->image, hostpath,
+                              strerror(e));
     }
     char **names = NULL;
     size_t n = 0, cap = 0;
@@ -429,20 +431,20 @@ static int copy_dir_contents(struct disk_tree *t, struct ddir *d, int dfd, const
             cap = cap ? cap * 2 : 64;
             char **nn = realloc(names, cap * sizeof(*nn));
             if (!nn) {
-                rc = vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+                rc = vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);
                 goto out;
             }
             names = nn;
         }
         if (!(names[n] = strdup(de->d_name))) {
-            rc = vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+            rc = vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);
             goto out;
         }
         n++;
         errno = 0;
     }
     if (errno) {
-        rc = vmsnap_err_set(err, errno, "%s: read directory %s: %s", t->image, hostpath,
+        rc = vmsnap_err_set(err, errno, "disk create %s: read directory %s: %s", t->image, hostpath,
                             strerror(errno));
         goto out;
     }
@@ -453,7 +455,7 @@ static int copy_dir_contents(struct disk_tree *t, struct ddir *d, int dfd, const
         size_t plen = hl + 1 + strlen(names[i]) + 1;
         char *child = malloc(plen);
         if (!child) {
-            rc = vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+            rc = vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);
             break;
         }
         snprintf(child, plen, "%s/%s", hostpath, names[i]);
@@ -479,7 +481,8 @@ static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const 
         return rc;
     struct stat st;
     if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-        return vmsnap_err_set(err, errno, "%s: source %s: %s", t->image, hostpath, strerror(errno));
+        return vmsnap_err_set(err, errno, "disk create %s: source %s: %s", t->image, hostpath,
+                              strerror(errno));
     uint16_t mode = (uint16_t)(mode_ovr >= 0 ? (uint32_t)mode_ovr : (st.st_mode & 07777));
     uint32_t uid = (uint32_t)(uid_ovr >= 0 ? (uint64_t)uid_ovr : st.st_uid);
     uint32_t gid = (uint32_t)(gid_ovr >= 0 ? (uint64_t)gid_ovr : st.st_gid);
@@ -487,8 +490,8 @@ static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const 
     if (S_ISDIR(st.st_mode)) {
         int dfd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (dfd < 0)
-            return vmsnap_err_set(err, errno, "%s: open directory %s: %s", t->image, hostpath,
-                                  strerror(errno));
+            return vmsnap_err_set(err, errno, "disk create %s: open directory %s: %s", t->image,
+                                  hostpath, strerror(errno));
         struct ddir *d;
         rc = new_dir(t, parent, imgname, mode, uid, gid, &st, hostpath, &d, err);
         if (rc < 0) {
@@ -503,10 +506,11 @@ static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const 
                            : S_ISCHR(st.st_mode)  ? "a character device"
                            : S_ISBLK(st.st_mode)  ? "a block device"
                                                   : "an unknown file type";
-        return vmsnap_err_set(err, EINVAL,
-                              "%s: source %s is %s; only regular files, directories and "
-                              "symlinks can be copied into an image",
-                              t->image, hostpath, kind);
+        return vmsnap_err_set(
+            err, EINVAL,
+            "disk create %s: source %s is %s; only regular files, directories and "
+            "symlinks can be copied into an image",
+            t->image, hostpath, kind);
     }
     if (st.st_nlink > 1) {
         struct hlink *h = hl_find(t, st.st_dev, st.st_ino, false);
@@ -521,14 +525,14 @@ static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const 
         char target[PATH_MAX + 1];
         ssize_t n = readlinkat(dirfd, name, target, sizeof(target) - 1);
         if (n < 0)
-            return vmsnap_err_set(err, errno, "%s: read symlink %s: %s", t->image, hostpath,
-                                  strerror(errno));
+            return vmsnap_err_set(err, errno, "disk create %s: read symlink %s: %s", t->image,
+                                  hostpath, strerror(errno));
         target[n] = '\0';
         rc = add_symlink(t, parent, imgname, target, &st, uid, gid, hostpath, &ino, err);
     } else {
         int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0)
-            return vmsnap_err_set(err, errno, "%s: open %s: %s", t->image, hostpath,
+            return vmsnap_err_set(err, errno, "disk create %s: open %s: %s", t->image, hostpath,
                                   strerror(errno));
         rc = add_regular(t, parent, imgname, fd, &st, mode, uid, gid, hostpath, &ino, err);
         close(fd);
@@ -536,7 +540,7 @@ static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const 
     if (rc == 0 && st.st_nlink > 1) {
         struct hlink *h = hl_find(t, st.st_dev, st.st_ino, true);
         if (!h)
-            return vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+            return vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);
         h->e2 = ino;
         h->links = 1;
     }
@@ -550,7 +554,7 @@ int disk_tree_new(ext2_filsys fs, const char *image, struct disk_tree **out, str
     struct disk_tree *t = calloc(1, sizeof(*t));
     if (!t || !(t->buf = malloc(COPY_BUF))) {
         free(t);
-        return vmsnap_err_set(err, ENOMEM, "%s: out of memory", image);
+        return vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", image);
     }
     t->fs = fs;
     t->image = image;
@@ -559,10 +563,10 @@ int disk_tree_new(ext2_filsys fs, const char *image, struct disk_tree **out, str
     errcode_t e2 = ext2fs_lookup(fs, EXT2_ROOT_INO, "lost+found", 10, NULL, &lpf);
     int rc = 0;
     if (!t->root)
-        rc = vmsnap_err_set(err, ENOMEM, "%s: out of memory", image);
+        rc = vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", image);
     else if (e2)
-        rc = vmsnap_err_set(err, disk_ext2_errno(e2), "%s: look up /lost+found: %s", image,
-                            disk_ext2_strerror(e2));
+        rc = vmsnap_err_set(err, disk_ext2_errno(e2), "disk create %s: look up /lost+found: %s",
+                            image, disk_ext2_strerror(e2));
     else
         rc = add_dent(t, t->root, "lost+found", lpf, EXT2_FT_DIR, NULL, err);
     if (rc < 0) {
@@ -584,7 +588,8 @@ int disk_tree_from_dir(struct disk_tree *t, const char *dir, struct vmsnap_err *
         int e = errno;
         if (dfd >= 0)
             close(dfd);
-        return vmsnap_err_set(err, e, "%s: --from-dir %s: %s", t->image, dir, strerror(e));
+        return vmsnap_err_set(err, e, "disk create %s: --from-dir %s: %s", t->image, dir,
+                              strerror(e));
     }
     /* Like mke2fs -d, the image root takes the source directory's mode, owner and times. */
     init_inode(&t->root->meta, (uint16_t)(LINUX_S_IFDIR | (st.st_mode & 07777)), st.st_uid,
@@ -599,7 +604,7 @@ int disk_tree_apply(struct disk_tree *t, const struct vmsnap_disk_entry *e, stru
     /* Walk dest's parents, creating missing ones (0755 root:root, like mkdir -p). */
     char *path = strdup(e->dest);
     if (!path)
-        return vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+        return vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);
     struct ddir *d = t->root;
     int rc = 0;
     char *save = NULL, *comp = strtok_r(path, "/", &save);
@@ -607,7 +612,8 @@ int disk_tree_apply(struct disk_tree *t, const struct vmsnap_disk_entry *e, stru
     while (comp) {
         char *nextc = strtok_r(NULL, "/", &save);
         if (!strcmp(comp, ".") || !strcmp(comp, "..")) {
-            rc = vmsnap_err_set(err, EINVAL, "%s: destination %s: '.' and '..' not allowed",
+            rc = vmsnap_err_set(err, EINVAL,
+                                "disk create %s: destination %s: '.' and '..' not allowed",
                                 t->image, e->dest);
             goto out;
         }
@@ -620,7 +626,8 @@ int disk_tree_apply(struct disk_tree *t, const struct vmsnap_disk_entry *e, stru
         struct dent *de = lookup(d, comp);
         if (de && !de->sub) {
             rc = vmsnap_err_set(err, de->ftype == EXT2_FT_DIR ? EPERM : ENOTDIR,
-                                "%s: destination %s: component '%s' is %s", t->image, e->dest, comp,
+                                "disk create %s: destination %s: component '%s' is %s", t->image,
+                                e->dest, comp,
                                 de->ftype == EXT2_FT_DIR ? "a directory vmsnap cannot add into"
                                                          : "not a directory");
             goto out;
@@ -635,8 +642,9 @@ int disk_tree_apply(struct disk_tree *t, const struct vmsnap_disk_entry *e, stru
     if (!last) {
         /* "/" itself: only mkdir is meaningful; apply mode/owner to the root. */
         if (e->op == VMSNAP_DISK_ADD) {
-            rc = vmsnap_err_set(err, EINVAL, "%s: destination %s: cannot replace the root",
-                                t->image, e->dest);
+            rc = vmsnap_err_set(err, EINVAL,
+                                "disk create %s: destination %s: cannot replace the root", t->image,
+                                e->dest);
             goto out;
         }
         goto out;
@@ -661,7 +669,8 @@ int disk_tree_apply(struct disk_tree *t, const struct vmsnap_disk_entry *e, stru
             goto out;
         }
         if (de) {
-            rc = vmsnap_err_set(err, EEXIST, "%s: --mkdir %s: exists and is not a directory",
+            rc = vmsnap_err_set(err, EEXIST,
+                                "disk create %s: --mkdir %s: exists and is not a directory",
                                 t->image, e->dest);
             goto out;
         }
@@ -672,8 +681,9 @@ int disk_tree_apply(struct disk_tree *t, const struct vmsnap_disk_entry *e, stru
         goto out;
     }
     if (de) {
-        rc = vmsnap_err_set(err, EEXIST, "%s: --add %s:%s: %s already exists in the image",
-                            t->image, e->src, e->dest, e->dest);
+        rc = vmsnap_err_set(err, EEXIST,
+                            "disk create %s: --add %s:%s: %s already exists in the image", t->image,
+                            e->src, e->dest, e->dest);
         goto out;
     }
     rc = copy_node(t, d, AT_FDCWD, e->src, e->src, last, e->mode, e->uid, e->gid, err);
@@ -772,7 +782,7 @@ int disk_tree_finish(struct disk_tree *t, struct vmsnap_err *err)
 {
     uint8_t *blk = malloc(t->fs->blocksize);
     if (!blk)
-        return vmsnap_err_set(err, ENOMEM, "%s: out of memory", t->image);
+        return vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);
     int rc = 0;
     for (struct ddir *d = t->all; d && rc == 0; d = d->next)
         if (d->changed || d->is_new)

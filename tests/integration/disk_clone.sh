@@ -1,0 +1,99 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# disk clone: on ext4 (no reflinks) the extent walk gives the same bytes and the same
+# allocation (holes kept) and writing the clone leaves the source unchanged; on loop-mounted
+# XFS (reflink=1) and btrfs the clone uses FICLONE and takes no extra space; --new-uuid
+# changes the UUID and e2fsck stays clean (and is refused without metadata_csum_seed unless
+# --force); --link makes a hard link.
+. "$VMSNAP_SRC/tests/lib.sh"
+command -v e2fsck >/dev/null || skip "e2fsprogs not installed"
+[ "$(id -u)" = 0 ] || skip "needs root for loop mounts"
+command -v mkfs.xfs >/dev/null || skip "xfsprogs not installed"
+command -v mkfs.btrfs >/dev/null || skip "btrfs-progs not installed"
+losetup -f >/dev/null 2>&1 || skip "no free loop device"
+
+MNT=$T/mnt
+mkdir -p "$MNT"
+trap 'for m in "$MNT" "$T/xfs" "$T/btrfs"; do mountpoint -q "$m" && umount "$m"; done; t_cleanup' EXIT
+
+uuid_of() { "$VMSNAP" disk info --json "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["uuid"])'; }
+alloc() { echo $(($(stat -c %b "$1") * 512)); }
+
+# A seeded image with 20 MiB of data in a 1 GiB virtual size, where this filesystem (ext4 on
+# the test machine) has no reflinks.
+mkdir -p "$T/seed"
+head -c $((20 << 20)) /dev/urandom >"$T/seed/data"
+echo hi >"$T/seed/small"
+"$VMSNAP" disk create --size 1G --from-dir "$T/seed" "$T/src.img"
+src_sum=$(md5sum <"$T/src.img")
+fstype=$(stat -f -c %T "$T")
+
+"$VMSNAP" -v disk clone "$T/src.img" "$T/c1.img" 2>"$T/how" || fail "clone"
+cmp -s "$T/src.img" "$T/c1.img" || fail "clone bytes differ"
+[ "$(stat -c %s "$T/c1.img")" = "$(stat -c %s "$T/src.img")" ] || fail "clone size differs"
+a=$(alloc "$T/src.img") b=$(alloc "$T/c1.img")
+if grep -q ficlone "$T/how"; then
+    echo "note: $fstype supports FICLONE here"
+else
+    # same allocation, give or take the file's own extent-tree blocks
+    [ "$b" -le $((a + 65536)) ] && [ "$b" -ge $((a - 65536)) ] ||
+        fail "clone allocates $b bytes, source $a (holes not kept?)"
+fi
+# writing the clone (through the kernel) leaves the source unchanged
+mount -o loop "$T/c1.img" "$MNT"
+echo changed >"$MNT/small"
+head -c 1000000 /dev/urandom >"$MNT/new"
+umount "$MNT"
+[ "$(md5sum <"$T/src.img")" = "$src_sum" ] || fail "writing the clone changed the source"
+e2fsck -fn "$T/c1.img" >"$T/fsck" 2>&1 || fail "written clone: e2fsck: $(tail "$T/fsck")"
+
+# --new-uuid: a new UUID, e2fsck clean, only superblocks differ from the source
+"$VMSNAP" disk clone --new-uuid "$T/src.img" "$T/c2.img" || fail "clone --new-uuid"
+u1=$(uuid_of "$T/src.img") u2=$(uuid_of "$T/c2.img")
+[ -n "$u2" ] && [ "$u1" != "$u2" ] || fail "--new-uuid kept the UUID ($u1 / $u2)"
+e2fsck -fn "$T/c2.img" >"$T/fsck" 2>&1 || fail "--new-uuid: e2fsck: $(tail "$T/fsck")"
+ndiff=$( (cmp -l "$T/src.img" "$T/c2.img" || true) | awk '{ print int(($1 - 1) / 4096) }' | sort -u | wc -l)
+nsb=$(dumpe2fs "$T/src.img" 2>/dev/null | grep -c "superblock at")
+[ "$ndiff" = "$nsb" ] || fail "--new-uuid changed $ndiff blocks, want only the $nsb superblocks"
+mount -o loop,ro "$T/c2.img" "$MNT" && cmp -s "$MNT/data" "$T/seed/data" || fail "--new-uuid clone unreadable"
+umount "$MNT" 2>/dev/null || true
+
+# without metadata_csum_seed (mke2fs 1.47's default ext4): refused unless --force
+mke2fs -q -t ext4 -O ^metadata_csum_seed,^has_journal "$T/plain.img" 64M
+expect_fail "--new-uuid without csum seed" "$VMSNAP" disk clone --new-uuid "$T/plain.img" "$T/c3.img"
+grep -q "metadata_csum_seed" "$T/err" || fail "refusal does not name the feature: $(cat "$T/err")"
+[ ! -e "$T/c3.img" ] || fail "refused clone left a file"
+"$VMSNAP" disk clone --new-uuid --force "$T/plain.img" "$T/c3.img" || fail "--new-uuid --force"
+e2fsck -fn "$T/c3.img" >"$T/fsck" 2>&1 || fail "--force uuid: e2fsck: $(tail "$T/fsck")"
+[ "$(uuid_of "$T/plain.img")" != "$(uuid_of "$T/c3.img")" ] || fail "--force: UUID unchanged"
+
+# --link: a hard link; existing destination refused without --force
+"$VMSNAP" -v disk clone --link "$T/src.img" "$T/l.img" 2>"$T/how" || fail "clone --link"
+[ "$(stat -c %i "$T/l.img")" = "$(stat -c %i "$T/src.img")" ] || fail "--link did not link"
+grep -q link "$T/how" || fail "--link: method not reported"
+expect_fail "existing destination" "$VMSNAP" disk clone "$T/src.img" "$T/c1.img"
+grep -q -- "--force" "$T/err" || fail "existing destination: unclear error"
+"$VMSNAP" disk clone --force "$T/src.img" "$T/c1.img" || fail "clone --force"
+cmp -s "$T/src.img" "$T/c1.img" || fail "clone --force: bytes"
+expect_fail "missing source" "$VMSNAP" disk clone "$T/none.img" "$T/c4.img"
+grep -q "none.img" "$T/err" || fail "missing source not named"
+
+# FICLONE on reflink filesystems: the clone takes no extra space
+for fs in xfs btrfs; do
+    truncate -s 600M "$T/$fs.fs"
+    if [ $fs = xfs ]; then mkfs.xfs -q -m reflink=1 "$T/$fs.fs"; else mkfs.btrfs -q "$T/$fs.fs" >/dev/null; fi
+    mkdir -p "$T/$fs"
+    mount -o loop "$T/$fs.fs" "$T/$fs"
+    cp --sparse=always "$T/src.img" "$T/$fs/src.img"
+    sync -f "$T/$fs/src.img"
+    before=$(df -B1 --output=used "$T/$fs" | tail -1)
+    "$VMSNAP" -v disk clone --new-uuid "$T/$fs/src.img" "$T/$fs/clone.img" 2>"$T/how" || fail "$fs: clone"
+    sync -f "$T/$fs/clone.img"
+    after=$(df -B1 --output=used "$T/$fs" | tail -1)
+    grep -q ficlone "$T/how" || fail "$fs: FICLONE not used ($(cat "$T/how"))"
+    [ $((after - before)) -lt $((2 << 20)) ] || fail "$fs: clone used $((after - before)) bytes (data is 20 MiB)"
+    e2fsck -fn "$T/$fs/clone.img" >"$T/fsck" 2>&1 || fail "$fs: clone e2fsck: $(tail "$T/fsck")"
+    [ "$(md5sum <"$T/$fs/src.img")" = "$src_sum" ] || fail "$fs: source changed by the UUID patch"
+    umount "$T/$fs"
+done
+done_tests
