@@ -55,7 +55,6 @@ int cmd_inspect(int argc, char **argv);
 int cmd_cache(int argc, char **argv);
 int cmd_disk(int argc, char **argv);
 
-
 /* Transfer verbs (cli/cmd_push.c holds their shared option parser and summary line). */
 struct vmsnap_xfer_opts;
 struct vmsnap_xfer_stats;
