@@ -28,7 +28,7 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 format-check: deps
-	@bad=$$(for f in $$(git ls-files -co --exclude-standard '*.c' '*.h'); do \
+	@bad=$$(for f in $$(git ls-files -co --exclude-standard -- 'include/*.h' 'lib/*.[ch]' 'cli/*.[ch]' 'tests/*.[ch]' 'bench/*.[ch]' 'guest/*.[ch]'); do \
 	    clang-format --dry-run -Werror "$$f" >/dev/null 2>&1 || echo "$$f"; done); \
 	if [ -n "$$bad" ]; then echo "not clang-formatted (run 'make format'):"; echo "$$bad"; exit 1; fi; \
 	echo "format-check: ok"
