@@ -1152,6 +1152,7 @@ struct keys {
     size_t n, cap;
     const char *suffix; /* keep keys ending with this ("" = all) */
     const char *direct; /* keep only keys directly under this prefix (NULL = any depth) */
+    bool whole_name;    /* the suffix is a whole last component */
 };
 
 static int collect(void *arg, const char *key, uint64_t size)
@@ -1161,7 +1162,7 @@ static int collect(void *arg, const char *key, uint64_t size)
     size_t kl = strlen(key), sl = strlen(k->suffix);
     if (kl < sl || strcmp(key + kl - sl, k->suffix))
         return 0;
-    if (sl && kl > sl && key[kl - sl - 1] != '/')
+    if (k->whole_name && kl > sl && key[kl - sl - 1] != '/')
         return 0; /* "xmanifest.json" is not a manifest */
     if (k->direct && strchr(key + strlen(k->direct), '/'))
         return 0;
@@ -1198,7 +1199,7 @@ int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsna
     if (rc < 0)
         return rc;
     struct vmsnap_store_conn *c = NULL;
-    struct keys k = {.suffix = VMSNAP_XFER_MANIFEST};
+    struct keys k = {.suffix = VMSNAP_XFER_MANIFEST, .whole_name = true};
     char *lp = join_key(key, "");
     if (!lp)
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");

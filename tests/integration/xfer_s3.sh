@@ -1,0 +1,94 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# push/pull/ls/rm against a real Ceph RGW: part-size edges, byte-identical objects for -j1/-j8 and
+# equal to the local store's, a 1 GiB sparse image, sets, wrong credentials, a killed push.
+. "$VMSNAP_SRC/tests/lib.sh"
+. "$VMSNAP_SRC/tests/integration/xfer_s3_lib.sh"
+mk() { head -c "$2" /dev/urandom >"$1"; }
+M=$((1024 * 1024))
+
+mk "$T/r" $((6 * M + 333))
+"$VMSNAP" -q pack "$T/r" "$T/r.pk"
+OS=$(stat -c %s "$T/r.pk")
+# exactly one part (one PutObject), one part + 1 byte (two parts, the last of 1 byte), many parts
+for ps in "$OS" $((OS - 1)) $((5 * M)); do
+    for j in 1 8; do
+        k=r-$ps-$j
+        "$VMSNAP" -v -v push -j $j --part-size "$ps" "$T/r" "s3://$BUCKET/$k" 2>"$T/trace" ||
+            fail "push part-size $ps -j $j: $(tail -3 "$T/trace")"
+        if [ "$ps" = "$OS" ]; then
+            grep -q 'uploads=' "$T/trace" && grep -q 'POST' "$T/trace" && fail "one-part object used a multipart upload"
+        else
+            grep -q 'POST .*uploads=' "$T/trace" || fail "part-size $ps: no multipart upload in trace"
+        fi
+        grep -q -- "$AWS_SECRET_ACCESS_KEY" "$T/trace" && fail "the secret appears in the -v trace"
+        raw_get "$k" "$T/raw"
+        cmp -s "$T/r.pk" "$T/raw" || fail "S3 object for part-size $ps -j $j differs from pack output"
+        rm -f "$T/out"
+        "$VMSNAP" -q pull -j $j "s3://$BUCKET/$k" "$T/out" || fail "pull part-size $ps -j $j"
+        cmp -s "$T/r" "$T/out" || fail "round trip part-size $ps -j $j differs"
+    done
+done
+# the same bytes as the local store
+"$VMSNAP" -q push "$T/r" "$T/local-r" && cmp -s "$T/local-r" "$T/r.pk" || fail "local store object differs"
+
+# sizes 0, 1 and a sparse 1 GiB image
+: >"$T/z0"
+printf x >"$T/z1"
+truncate -s 1G "$T/sp"
+dd if=/dev/urandom of="$T/sp" bs=1M count=2 seek=300 conv=notrunc status=none
+for f in z0 z1 sp; do
+    "$VMSNAP" -q push "$T/$f" "s3://$BUCKET/obj/$f" || fail "push $f"
+    "$VMSNAP" -q pull "s3://$BUCKET/obj/$f" "$T/$f.out" || fail "pull $f"
+    cmp -s "$T/$f" "$T/$f.out" || fail "round trip of $f differs"
+done
+
+# a snapshot set
+mkdir "$T/set"
+mk "$T/set/memory-ranges" $((12 * M))
+echo '{"vcpus":2}' >"$T/set/state.json"
+echo '{}' >"$T/set/config.json"
+echo lineage-1 >"$T/set/base-id"
+"$VMSNAP" -q push -j 8 --part-size 5M "$T/set" "s3://$BUCKET/sets/one" || fail "push set"
+"$VMSNAP" -q pull -j 8 "s3://$BUCKET/sets/one" "$T/setout" || fail "pull set"
+diff -r "$T/set" "$T/setout" >/dev/null || fail "set round trip differs"
+"$VMSNAP" ls "s3://$BUCKET/sets" >"$T/ls" || fail "ls"
+grep -q "s3://$BUCKET/sets/one" "$T/ls" && grep -q "4 files" "$T/ls" || fail "ls: $(cat "$T/ls")"
+"$VMSNAP" rm "s3://$BUCKET/sets/one" || fail "rm"
+[ "$(head_code sets/one/manifest.json)" = 404 ] || fail "rm left the manifest"
+[ "$(head_code sets/one/memory-ranges.zstd)" = 404 ] || fail "rm left an object"
+
+# wrong secret: access denied naming the bucket, exit 1, nothing written locally
+rc=0
+AWS_SECRET_ACCESS_KEY=not-the-secret "$VMSNAP" pull "s3://$BUCKET/obj/z1" "$T/denied" 2>"$T/err" || rc=$?
+[ "$rc" = 1 ] || fail "wrong secret: exit $rc"
+grep -q "access denied" "$T/err" && grep -q "$BUCKET" "$T/err" || fail "wrong secret: message: $(cat "$T/err")"
+grep -q "not-the-secret" "$T/err" && fail "the secret appears in the error"
+[ -e "$T/denied" ] && fail "wrong secret: a file was written"
+ls -A "$T" | grep -q '^\.denied' && fail "wrong secret: a temporary file was left"
+AWS_SECRET_ACCESS_KEY=not-the-secret expect_fail "push with a wrong secret" "$VMSNAP" push "$T/z1" "s3://$BUCKET/denied"
+grep -q "access denied" "$T/err" || fail "push wrong secret: $(cat "$T/err")"
+
+# a push killed mid-upload: no manifest, pull refuses, retried push + gc leave no upload behind
+mkdir "$T/kset"
+mk "$T/kset/memory-ranges" $((48 * M))
+echo s >"$T/kset/state.json"
+"$VMSNAP" -v -v push -j 1 --part-size 5M --max-memory 5M "$T/kset" "s3://$BUCKET/sets/k" 2>"$T/ktrace" &
+pid=$!
+for _ in $(seq 1 200); do
+    grep -q 'partNumber=2' "$T/ktrace" && break
+    sleep 0.05
+done
+kill -9 $pid 2>/dev/null
+wait $pid 2>/dev/null || true
+grep -q 'partNumber=2' "$T/ktrace" || fail "the push was not caught mid-upload"
+[ "$(uploads_left)" -ge 1 ] || fail "expected the killed push's upload to be pending"
+expect_fail "pull of a killed push" "$VMSNAP" pull "s3://$BUCKET/sets/k" "$T/kout"
+"$VMSNAP" -q push "$T/kset" "s3://$BUCKET/sets/k" || fail "retried push"
+[ "$(uploads_left)" = 0 ] || fail "unfinished uploads remain after the retried push"
+"$VMSNAP" -q pull "s3://$BUCKET/sets/k" "$T/kout" || fail "pull after retried push"
+diff -r "$T/kset" "$T/kout" >/dev/null || fail "retried push differs"
+
+# clean the bucket
+"$VMSNAP" -q rm "s3://$BUCKET/sets/k" || fail "rm k"
+done_tests

@@ -1,0 +1,23 @@
+# SPDX-License-Identifier: Apache-2.0
+# Shared by the S3 tests: the RGW started by the xfer_rgw fixture, a fresh bucket, and raw
+# object access through curl's own SigV4 signer (independent of vmsnap's).
+[ -n "${VMSNAP_RGW_STATE:-}" ] && [ -f "$VMSNAP_RGW_STATE/env" ] ||
+    skip "no RGW running (the xfer_rgw_up fixture did not start one; needs scripts/deps.sh s3)"
+# shellcheck disable=SC1091
+. "$VMSNAP_RGW_STATE/env"
+BUCKET=vmsnap-t$$-$RANDOM
+EMPTY_SHA=e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855
+s3curl() { # METHOD PATH [curl args...]: prints the HTTP status
+    local m=$1 p=$2
+    shift 2
+    curl -sS -o "${OUT:-/dev/null}" -w '%{http_code}' --aws-sigv4 "aws:amz:us-east-1:s3" \
+        --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" -H "x-amz-content-sha256: $EMPTY_SHA" \
+        -X "$m" "$@" "$AWS_ENDPOINT_URL/$p"
+}
+raw_get() { OUT=$2 s3curl GET "$BUCKET/$1" >/dev/null; }
+head_code() { s3curl HEAD "$BUCKET/$1" -I; }
+uploads_left() { # count of unfinished multipart uploads in the bucket
+    OUT=$T/uploads.xml s3curl GET "$BUCKET/?uploads=" >/dev/null
+    grep -o '<UploadId>' "$T/uploads.xml" | wc -l
+}
+[ "$(s3curl PUT "$BUCKET")" = 200 ] || fail "cannot create bucket $BUCKET"

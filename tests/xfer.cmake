@@ -1,0 +1,23 @@
+# SPDX-License-Identifier: Apache-2.0
+# Transfer tests: unit tests of the signer/XML/URL/manifest code, the local store end to end, and
+# the S3 backend against a real Ceph RGW that the xfer_rgw fixture starts once per ctest run
+# (state and free ports under this build directory, so the normal and ASan builds each start
+# their own) and stops by pid file.
+vmsnap_c_test(xfer_unit SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_sigv4.c TIMEOUT 60)
+vmsnap_sh_test(xfer_local tests/integration/xfer_local.sh TIMEOUT 300)
+
+set(VMSNAP_RGW_STATE ${CMAKE_BINARY_DIR}/rgw-state)
+add_test(NAME xfer_rgw_up COMMAND bash ${CMAKE_SOURCE_DIR}/tests/rgw-up.sh ${VMSNAP_RGW_STATE})
+set_tests_properties(xfer_rgw_up PROPERTIES FIXTURES_SETUP xfer_rgw TIMEOUT 180
+                     SKIP_RETURN_CODE 77)
+add_test(NAME xfer_rgw_down COMMAND bash ${CMAKE_SOURCE_DIR}/tests/rgw-down.sh ${VMSNAP_RGW_STATE})
+set_tests_properties(xfer_rgw_down PROPERTIES FIXTURES_CLEANUP xfer_rgw TIMEOUT 60)
+
+add_executable(vmsnap_faultproxy ${CMAKE_SOURCE_DIR}/tests/faultproxy.c)
+
+foreach(t IN ITEMS xfer_s3)
+  vmsnap_sh_test(${t} tests/integration/${t}.sh TIMEOUT 600)
+  set_tests_properties(${t} PROPERTIES FIXTURES_REQUIRED xfer_rgw RESOURCE_LOCK xfer_rgw_server)
+  set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT
+               "VMSNAP_RGW_STATE=${VMSNAP_RGW_STATE};VMSNAP_FAULTPROXY=$<TARGET_FILE:vmsnap_faultproxy>")
+endforeach()
