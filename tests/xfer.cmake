@@ -15,7 +15,7 @@ set_tests_properties(xfer_rgw_down PROPERTIES FIXTURES_CLEANUP xfer_rgw TIMEOUT 
 
 add_executable(vmsnap_faultproxy ${CMAKE_SOURCE_DIR}/tests/faultproxy.c)
 
-foreach(t IN ITEMS xfer_s3)
+foreach(t IN ITEMS xfer_s3 xfer_s3_faults)
   vmsnap_sh_test(${t} tests/integration/${t}.sh TIMEOUT 600)
   set_tests_properties(${t} PROPERTIES FIXTURES_REQUIRED xfer_rgw RESOURCE_LOCK xfer_rgw_server)
   set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT
