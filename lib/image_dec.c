@@ -257,23 +257,49 @@ void vmsnap_image_frame(const struct vmsnap_image *img, uint32_t i, struct vmsna
     *info = img->f[i];
 }
 
-int vmsnap_image_decode_frame(const struct vmsnap_image *img, uint32_t i,
-                              const struct vmsnap_source *src, uint64_t base, int dst_fd,
-                              uint64_t *extents, struct vmsnap_err *err)
+/* Buffers and a decompression context reused across the frames one thread decodes, so a
+ * worker does not fault in fresh pages for every frame. */
+struct scratch {
+    uint8_t *c, *d;
+    size_t ccap, dcap;
+    ZSTD_DCtx *dctx;
+};
+
+static void scratch_free(struct scratch *s)
+{
+    free(s->c);
+    free(s->d);
+    ZSTD_freeDCtx(s->dctx);
+    memset(s, 0, sizeof(*s));
+}
+
+static int grow(uint8_t **buf, size_t *cap, uint64_t need)
+{
+    if (need <= *cap)
+        return 0;
+    free(*buf);
+    *buf = malloc(need ? need : 1);
+    *cap = *buf ? need : 0;
+    return *buf ? 0 : -ENOMEM;
+}
+
+static int decode_frame(const struct vmsnap_image *img, uint32_t i, const struct vmsnap_source *src,
+                        uint64_t base, int dst_fd, uint64_t *extents, struct scratch *sc,
+                        struct vmsnap_err *err)
 {
     if (i >= img->n)
         return vmsnap_err_set(err, EINVAL, "%s: no frame %u (image has %u)", img->name, i, img->n);
     const struct vmsnap_frame_info *fi = &img->f[i];
     if (fi->offset < base)
         return vmsnap_err_set(err, EINVAL, "%s: frame %u lies before the buffer", img->name, i);
-    uint8_t *c = malloc(fi->csize);
-    uint8_t *d = malloc(fi->dsize);
-    ZSTD_DCtx *dctx = ZSTD_createDCtx();
+    if (!sc->dctx)
+        sc->dctx = ZSTD_createDCtx();
+    if (!sc->dctx || grow(&sc->c, &sc->ccap, fi->csize) < 0 ||
+        grow(&sc->d, &sc->dcap, fi->dsize) < 0)
+        return vmsnap_err_set(err, ENOMEM, "out of memory decoding frame %u", i);
+    uint8_t *c = sc->c, *d = sc->d;
+    ZSTD_DCtx *dctx = sc->dctx;
     int rc = 0;
-    if (!c || !d || !dctx) {
-        rc = vmsnap_err_set(err, ENOMEM, "out of memory decoding frame %u", i);
-        goto out;
-    }
     if ((rc = src_read(src, c, fi->csize, fi->offset - base, err)) < 0)
         goto out;
     if (XXH64(c, fi->csize, 0) != fi->ccheck) {
@@ -326,10 +352,17 @@ int vmsnap_image_decode_frame(const struct vmsnap_image *img, uint32_t i,
         *extents += rp.extents;
     }
 out:
-    ZSTD_freeDCtx(dctx);
-    free(d);
-    free(c);
     return rc < 0 ? rc : 0;
+}
+
+int vmsnap_image_decode_frame(const struct vmsnap_image *img, uint32_t i,
+                              const struct vmsnap_source *src, uint64_t base, int dst_fd,
+                              uint64_t *extents, struct vmsnap_err *err)
+{
+    struct scratch sc = {0};
+    int rc = decode_frame(img, i, src, base, dst_fd, extents, &sc, err);
+    scratch_free(&sc);
+    return rc;
 }
 
 struct pdec {
@@ -350,6 +383,7 @@ static void *pdec_main(void *arg)
 {
     struct pdec *p = arg;
     struct vmsnap_err err = {0};
+    struct scratch sc = {0};
     for (;;) {
         pthread_mutex_lock(&p->mu);
         if (p->failed || p->next >= p->img->n) {
@@ -359,7 +393,7 @@ static void *pdec_main(void *arg)
         uint32_t i = p->next++;
         pthread_mutex_unlock(&p->mu);
         uint64_t ext = 0;
-        int rc = vmsnap_image_decode_frame(p->img, i, p->src, 0, p->fd, &ext, &err);
+        int rc = decode_frame(p->img, i, p->src, 0, p->fd, &ext, &sc, &err);
         pthread_mutex_lock(&p->mu);
         if (rc < 0 && !p->failed) {
             p->failed = true;
@@ -372,6 +406,7 @@ static void *pdec_main(void *arg)
             p->opts->progress(p->opts->progress_arg, p->done_bytes, p->img->object_size);
         pthread_mutex_unlock(&p->mu);
     }
+    scratch_free(&sc);
     return NULL;
 }
 

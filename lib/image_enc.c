@@ -33,8 +33,10 @@ struct slot {
     enum slot_state state;
     int rc;
     struct vmsnap_err err;
-    uint8_t *cbuf; /* compressed frame, NULL for an empty range */
+    uint8_t *cbuf; /* compressed frame buffer, kept across uses of the slot */
+    size_t ccap;
     size_t clen;
+    bool has_frame; /* false for a range without data */
     struct vmsnap_frame_info fi;
     uint64_t zero_elided;
     uint64_t extents;
@@ -105,22 +107,24 @@ static int set_cparams(ZSTD_CCtx *cctx, int level)
 }
 
 /* Compress `len` bytes into a new exactly-sized buffer. */
+/* Compress `len` bytes into *out, grown to the compress bound when too small. The buffer is
+ * reused across calls, so its pages are faulted in once per slot rather than once per frame. */
 static int compress_frame(ZSTD_CCtx *cctx, int level, const uint8_t *src, size_t len, uint8_t **out,
-                          size_t *out_len, struct vmsnap_err *err)
+                          size_t *cap, size_t *out_len, struct vmsnap_err *err)
 {
     if (set_cparams(cctx, level) < 0)
         return vmsnap_err_set(err, EINVAL, "zstd: cannot set level %d", level);
-    size_t cap = ZSTD_compressBound(len);
-    uint8_t *c = malloc(cap);
-    if (!c)
-        return vmsnap_err_set(err, ENOMEM, "out of memory (%zu bytes for a frame)", cap);
-    size_t n = ZSTD_compress2(cctx, c, cap, src, len);
-    if (ZSTD_isError(n)) {
-        free(c);
-        return vmsnap_err_set(err, EIO, "zstd compress: %s", ZSTD_getErrorName(n));
+    size_t need = ZSTD_compressBound(len);
+    if (need > *cap) {
+        free(*out);
+        *out = malloc(need);
+        *cap = *out ? need : 0;
+        if (!*out)
+            return vmsnap_err_set(err, ENOMEM, "out of memory (%zu bytes for a frame)", need);
     }
-    uint8_t *shrunk = realloc(c, n);
-    *out = shrunk ? shrunk : c;
+    size_t n = ZSTD_compress2(cctx, *out, *cap, src, len);
+    if (ZSTD_isError(n))
+        return vmsnap_err_set(err, EIO, "zstd compress: %s", ZSTD_getErrorName(n));
     *out_len = n;
     return 0;
 }
@@ -270,9 +274,10 @@ static int encode_range(struct worker *w, uint64_t idx, struct slot *s)
     s->extents = extents;
     if (o == 0)
         return 0; /* all zero: no frame */
-    rc = compress_frame(w->cctx, e->level, w->buf, o, &s->cbuf, &s->clen, &s->err);
+    rc = compress_frame(w->cctx, e->level, w->buf, o, &s->cbuf, &s->ccap, &s->clen, &s->err);
     if (rc < 0)
         return rc;
+    s->has_frame = true;
     s->fi.csize = s->clen;
     s->fi.dsize = o;
     s->fi.src_start = start;
@@ -295,7 +300,7 @@ static void *worker_main(void *arg)
             break;
         uint64_t idx = e->next++;
         struct slot *s = &e->slots[idx % e->window];
-        *s = (struct slot){.state = SLOT_BUSY};
+        *s = (struct slot){.state = SLOT_BUSY, .cbuf = s->cbuf, .ccap = s->ccap};
         pthread_mutex_unlock(&e->mu);
 
         s->rc = encode_range(w, idx, s);
@@ -349,8 +354,8 @@ static int emit_word_frame(struct out *o, ZSTD_CCtx *cctx, int level, uint64_t w
     uint8_t w[8];
     put_le64(w, word);
     uint8_t *c = NULL;
-    size_t clen = 0;
-    int rc = compress_frame(cctx, level, w, sizeof(w), &c, &clen, err);
+    size_t cap = 0, clen = 0;
+    int rc = compress_frame(cctx, level, w, sizeof(w), &c, &cap, &clen, err);
     if (rc < 0)
         return rc;
     struct vmsnap_frame_info fi = {.offset = o->pos,
@@ -524,7 +529,7 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
             if (err)
                 *err = sl->err;
             rc = sl->rc;
-        } else if (sl->cbuf) {
+        } else if (sl->has_frame) {
             sl->fi.offset = o.pos;
             rc = emit(&o, sl->cbuf, sl->clen, err);
             if (rc == 0)
@@ -534,8 +539,6 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
         }
         s.zero_elided += sl->zero_elided;
         s.extents += sl->extents;
-        free(sl->cbuf);
-        sl->cbuf = NULL;
         pthread_mutex_lock(&e.mu);
         sl->state = SLOT_FREE;
         e.written++;
