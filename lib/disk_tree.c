@@ -449,7 +449,8 @@ static int copy_dir_contents(struct disk_tree *t, struct ddir *d, int dfd, const
         goto out;
     }
     /* Sorted names: the same tree always gives the same image layout. */
-    qsort(names, n, sizeof(*names), cmp_str);
+    if (n > 1)
+        qsort(names, n, sizeof(*names), cmp_str);
     size_t hl = strlen(hostpath);
     for (size_t i = 0; i < n && rc == 0; i++) {
         size_t plen = hl + 1 + strlen(names[i]) + 1;

@@ -1,0 +1,129 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# Upper-disk benchmark, vmsnap side by side with the peer tools in one run (issue 5):
+#  1. seeded image (resolv.conf, hosts, hostname) at 4, 16, 64 GiB: vmsnap disk create vs
+#     mke2fs -t ext4 -O ^has_journal -d DIR (wall, CPU, allocated bytes);
+#  2. 20,000 small files from a directory: vmsnap --from-dir vs mke2fs -d;
+#  3. clone of a seeded 4 GiB image holding 100 MiB: vmsnap clone vs cp --sparse=always vs a
+#     plain whole-file copy_file_range vs cp --reflink=never, and FICLONE on a loop XFS;
+#  4. golden clone + new UUID vs a fresh create.
+# Short operations are timed as a loop of N runs under one GNU time (per-run figures printed);
+# every command includes its process start, as a user runs it. Prints a Markdown table.
+#   bench/disk.sh [path/to/vmsnap]    (root needed for the XFS part; skipped otherwise)
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+VMSNAP=$(realpath "${1:-$here/build/vmsnap}")
+for t in mke2fs bc python3; do command -v $t >/dev/null || { echo "need $t"; exit 1; }; done
+W=$(mktemp -d "${BENCH_DIR:-/var/tmp}/vmsnap-disk-bench.XXXXXX")
+XFS=$W/xfs
+trap 'mountpoint -q "$XFS" && umount "$XFS"; rm -rf "$W"' EXIT
+cd "$W"
+export E2FSPROGS_FAKE_TIME=  # (unset behaviour; mke2fs reads /etc/mke2fs.conf as usual)
+
+# loop_time N CMD: run CMD N times under one GNU time; sets MS (wall per run, ms) and CPUMS
+loop_time() {
+    local n=$1 cmd=$2
+    /usr/bin/time -f '%e %U %S' -o t.out bash -c "for i in \$(seq 1 $n); do $cmd; done" >/dev/null 2>t.err ||
+        { echo "failed: $cmd: $(tail -3 t.err)" >&2; exit 1; }
+    read -r e u s <t.out
+    MS=$(echo "scale=2; $e * 1000 / $n" | bc)
+    CPUMS=$(echo "scale=2; ($u + $s) * 1000 / $n" | bc)
+}
+alloc() { echo $(($(stat -c %b "$1") * 512)); }
+kib() { echo "scale=0; $1 / 1024" | bc; }
+ratio() { echo "scale=1; $1 / $2" | bc; }
+rows=()
+row() { rows+=("| $1 | $2 | $3 | $4 | $5 |"); }
+
+mkdir seed
+echo "nameserver 10.0.0.1" >seed/resolv.conf
+printf '127.0.0.1 localhost\n10.0.0.2 vm\n' >seed/hosts
+echo vm >seed/hostname
+mkdir -p seedtree/etc && cp seed/* seedtree/etc/
+ADDS="--add seed/resolv.conf:/etc/resolv.conf --add seed/hosts:/etc/hosts --add seed/hostname:/etc/hostname"
+
+# 1. seeded images
+N=${N_CREATE:-20}
+for size in 4G 16G 64G; do
+    loop_time $N "rm -f v.img; '$VMSNAP' disk create --size $size $ADDS v.img"
+    v_ms=$MS
+    row "create seeded $size: vmsnap" "$MS" "$CPUMS" "$(kib "$(alloc v.img)")" "1.0"
+    e2fsck -fn v.img >/dev/null 2>&1 || { echo "vmsnap image not clean" >&2; exit 1; }
+    loop_time $N "rm -f v.img; '$VMSNAP' disk create --fsync --size $size $ADDS v.img"
+    row "create seeded $size: vmsnap --fsync" "$MS" "$CPUMS" "$(kib "$(alloc v.img)")" "$(ratio "$MS" "$v_ms")"
+    loop_time $N "rm -f m.img; mke2fs -q -F -t ext4 -O ^has_journal -d seedtree m.img $size"
+    row "create seeded $size: mke2fs -O ^has_journal -d" "$MS" "$CPUMS" "$(kib "$(alloc m.img)")" "$(ratio "$MS" "$v_ms")"
+done
+
+# 2. 20,000 small files (0-4 KiB), flat and spread over 100 directories
+python3 - <<'PYEOF'
+import os, random
+r = random.Random(5)
+for layout in ("flat", "spread"):
+    os.mkdir(layout)
+    for i in range(20000):
+        d = layout if layout == "flat" else os.path.join(layout, "d%02d" % (i % 100))
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "f%05d" % i), "wb") as f:
+            f.write(os.urandom(r.randint(0, 4096)))
+PYEOF
+for layout in flat spread; do
+    loop_time 3 "rm -f v.img; '$VMSNAP' disk create --size 4G --from-dir $layout v.img"
+    v_ms=$MS
+    row "20,000 files ($layout): vmsnap --from-dir" "$MS" "$CPUMS" "$(kib "$(alloc v.img)")" "1.0"
+    e2fsck -fn v.img >/dev/null 2>&1 || { echo "vmsnap from-dir image not clean" >&2; exit 1; }
+    loop_time 3 "rm -f m.img; mke2fs -q -F -t ext4 -O ^has_journal -d $layout m.img 4G"
+    row "20,000 files ($layout): mke2fs -d" "$MS" "$CPUMS" "$(kib "$(alloc m.img)")" "$(ratio "$MS" "$v_ms")"
+done
+
+# 3. clone a 4 GiB image holding 100 MiB
+mkdir data && head -c $((100 << 20)) /dev/urandom >data/blob
+"$VMSNAP" disk create --size 4G --from-dir data golden.img
+G_ALLOC=$(alloc golden.img)
+sync
+loop_time 3 "rm -f c.img; '$VMSNAP' disk clone golden.img c.img"
+v_ms=$MS
+row "clone 4G/100M: vmsnap clone (ext4: extent walk)" "$MS" "$CPUMS" "$(kib "$(alloc c.img)")" "1.0"
+cmp -s golden.img c.img || { echo "clone differs" >&2; exit 1; }
+loop_time 3 "rm -f c.img; cp --sparse=always golden.img c.img"
+row "clone 4G/100M: cp --sparse=always" "$MS" "$CPUMS" "$(kib "$(alloc c.img)")" "$(ratio "$MS" "$v_ms")"
+loop_time 3 "rm -f c.img; cp --reflink=never golden.img c.img"
+row "clone 4G/100M: cp --reflink=never" "$MS" "$CPUMS" "$(kib "$(alloc c.img)")" "$(ratio "$MS" "$v_ms")"
+cat >cfr.py <<'PYEOF'
+import os, sys
+s = os.open(sys.argv[1], os.O_RDONLY); d = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+n = os.fstat(s).st_size; off = 0
+while off < n:
+    off += os.copy_file_range(s, d, n - off, off, off)
+PYEOF
+loop_time 1 "rm -f c.img; python3 cfr.py golden.img c.img"
+row "clone 4G/100M: plain copy_file_range (whole file)" "$MS" "$CPUMS" "$(kib "$(alloc c.img)")" "$(ratio "$MS" "$v_ms")"
+rm -f c.img
+if [ "$(id -u)" = 0 ] && command -v mkfs.xfs >/dev/null; then
+    truncate -s 2G xfs.fs && mkfs.xfs -q -m reflink=1 xfs.fs && mkdir -p "$XFS" && mount -o loop xfs.fs "$XFS"
+    cp --sparse=always golden.img "$XFS/golden.img" && sync
+    loop_time 10 "rm -f $XFS/c.img; '$VMSNAP' disk clone $XFS/golden.img $XFS/c.img"
+    x_ms=$MS
+    row "clone 4G/100M on XFS: vmsnap clone (FICLONE)" "$MS" "$CPUMS" "shared" "$(ratio "$MS" "$v_ms")"
+    loop_time 10 "rm -f $XFS/c.img; cp --reflink=always $XFS/golden.img $XFS/c.img"
+    row "clone 4G/100M on XFS: cp --reflink=always" "$MS" "$CPUMS" "shared" "$(ratio "$MS" "$v_ms")"
+    umount "$XFS"
+fi
+
+# 4. golden clone + UUID patch vs a fresh create (4 GiB, seeded)
+"$VMSNAP" disk create --size 4G $ADDS gold.img
+loop_time $N "rm -f g.img; '$VMSNAP' disk clone --new-uuid gold.img g.img"
+g_ms=$MS
+row "golden clone --new-uuid (4G seeded)" "$MS" "$CPUMS" "$(kib "$(alloc g.img)")" "1.0"
+e2fsck -fn g.img >/dev/null 2>&1 || { echo "uuid clone not clean" >&2; exit 1; }
+loop_time $N "rm -f v.img; '$VMSNAP' disk create --size 4G $ADDS v.img"
+row "fresh vmsnap disk create (4G seeded)" "$MS" "$CPUMS" "$(kib "$(alloc v.img)")" "$(ratio "$MS" "$g_ms")"
+loop_time $N "rm -f m.img; mke2fs -q -F -t ext4 -O ^has_journal -d seedtree m.img 4G"
+row "fresh mke2fs -d (4G seeded)" "$MS" "$CPUMS" "$(kib "$(alloc m.img)")" "$(ratio "$MS" "$g_ms")"
+
+echo "vmsnap disk benchmark, $(date -u +%Y-%m-%d), $(nproc) CPUs, kernel $(uname -r), on $(stat -f -c %T "$W") ($W)"
+echo "golden image for the clone rows: 4 GiB virtual, $(kib "$G_ALLOC") KiB allocated"
+echo
+echo "| case | wall ms/run | CPU ms/run | allocated KiB | wall vs first row of group |"
+echo "|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
