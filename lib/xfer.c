@@ -747,6 +747,8 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
             rc = vmsnap_image_decode_frame(d->img, i, &src, g->off, d->af.fd, NULL, &e);
         dec_leave(d->x);
     }
+    if (rc == 0 && !skip)
+        progress_add(d->x, g->len, 0);
     pthread_mutex_lock(&d->mu);
     if (rc < 0)
         down_fail(d, rc, &e);
@@ -766,9 +768,7 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
     }
     d->pending--;
     pthread_cond_broadcast(&d->cv);
-    pthread_mutex_unlock(&d->mu);
-    if (rc == 0 && !skip)
-        progress_add(d->x, g->len, 0);
+    pthread_mutex_unlock(&d->mu); /* `d` may be gone from here on */
     free(gt);
 }
 

@@ -189,6 +189,8 @@ static void test_urls(void)
     vmsnap_store_global_cleanup();
 }
 
+#define Z64 "0000000000000000000000000000000000000000000000000000000000000000"
+
 static void test_manifest(void)
 {
     CHECK(manifest_name_ok("memory-ranges", 13));
@@ -218,14 +220,12 @@ static void test_manifest(void)
         "{\"snapshotFiles\":\"x\"}",
         "{\"snapshotFiles\":[1]}",
         "{\"snapshotFiles\":[\"a\"],\"files\":{}}",
-        "{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":-1,\"populated\":0,\"objectSize\":1,"
-        "\"sha256\":\""
-        "0000000000000000000000000000000000000000000000000000000000000000\"}}}",
-        "{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":2,\"objectSize\":1,"
-        "\"sha256\":\""
-        "0000000000000000000000000000000000000000000000000000000000000000\"}}}",
-        "{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":1,\"objectSize\":1,"
-        "\"sha256\":\"XYZ\"}}}",
+        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":-1,\"populated\":0,"
+         "\"objectSize\":1,\"sha256\":\"" Z64 "\"}}}"),
+        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":2,"
+         "\"objectSize\":1,\"sha256\":\"" Z64 "\"}}}"),
+        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":1,"
+         "\"objectSize\":1,\"sha256\":\"XYZ\"}}}"),
         "{\"snapshotFiles\":[\"a\"],\"formatVersion\":3}",
         "{\"snapshotFiles\":[\"a\"]} trailing",
     };
