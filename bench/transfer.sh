@@ -1,0 +1,75 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# Transfer benchmark: the codec bench's 2 GiB guest-memory-like image (25% allocated) pushed and
+# pulled through a loopback Ceph RGW (started here with tests/rgw-up.sh) and the local store, side
+# by side in one run with rclone copyto of the raw file, zstd -1 -T0 | rclone rcat, and aws s3 cp
+# when installed. Prints a Markdown table: wall s, client CPU s (user+sys), CPU s per populated
+# GiB, peak RSS, bytes sent. On 2 cores RGW itself takes most of the CPU.
+#   bench/transfer.sh [path/to/vmsnap]     BENCH_REPS=1  SIZE_MIB=2048  J=8
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+. "$here/bench/lib.sh"
+BENCH_REPS=${BENCH_REPS:-1}
+VMSNAP=$(realpath "${1:-$here/build/vmsnap}")
+J=${J:-8}
+for t in rclone zstd bc curl; do command -v $t >/dev/null || { echo "need $t (scripts/deps.sh bench s3)"; exit 1; }; done
+W=$(mktemp -d /dev/shm/vmsnap-xbench.XXXXXX)
+STATE=$(mktemp -d /tmp/vmsnap-xbench-rgw.XXXXXX)
+trap 'bash "$here/tests/rgw-down.sh" "$STATE" >/dev/null 2>&1; rm -rf "$W"' EXIT
+bash "$here/tests/rgw-up.sh" "$STATE" >/dev/null 2>&1
+. "$STATE/env"
+SIZE_MIB=${SIZE_MIB:-2048}
+python3 "$here/scripts/gen-guest-image.py" "$W/memory-ranges" "$SIZE_MIB" 0.25 1
+pop=$(du -B1 "$W/memory-ranges" | cut -f1)
+B=bench
+curl -sS -o /dev/null --aws-sigv4 "aws:amz:us-east-1:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
+    -H "x-amz-content-sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855" -X PUT "$AWS_ENDPOINT_URL/$B"
+export RCLONE_CONFIG_RGW_TYPE=s3 RCLONE_CONFIG_RGW_PROVIDER=Ceph RCLONE_CONFIG_RGW_ENDPOINT=$AWS_ENDPOINT_URL
+export RCLONE_CONFIG_RGW_ACCESS_KEY_ID=$AWS_ACCESS_KEY_ID RCLONE_CONFIG_RGW_SECRET_ACCESS_KEY=$AWS_SECRET_ACCESS_KEY
+RC="rclone --s3-upload-concurrency $J --multi-thread-streams $J --s3-chunk-size 16M"
+cd "$W"
+rows=()
+row() { # label wall cpu rss bytes
+    local per
+    per=$(echo "scale=2; $3 / ($pop / 1073741824)" | bc)
+    rows+=("| $1 | $2 | $3 | $per | $4 | $5 |")
+}
+BENCH_BEFORE='rm -rf out*'
+bench_run "vmsnap pack" "'$VMSNAP' -q pack memory-ranges p.vs"; PACK_CPU=$CPU
+row "vmsnap pack (no transfer)" "$WALL" "$CPU" "$RSS_MIB" "-"
+OBJ=$(stat -c %s p.vs)
+bench_run "vmsnap push s3" "'$VMSNAP' -q push -j $J memory-ranges s3://$B/v/mr"; VP=$WALL; VPC=$CPU
+row "vmsnap push -j$J (RGW)" "$WALL" "$CPU" "$RSS_MIB" "$OBJ"
+bench_run "vmsnap pull s3" "'$VMSNAP' -q pull -j $J s3://$B/v/mr out.v"; VG=$WALL
+row "vmsnap pull -j$J (RGW)" "$WALL" "$CPU" "$RSS_MIB" "$OBJ"
+cmp -s memory-ranges out.v || { echo "vmsnap pull differs" >&2; exit 1; }
+bench_run "vmsnap push local" "'$VMSNAP' -q push -j $J memory-ranges $W/store/mr"
+row "vmsnap push -j$J (local store, tmpfs)" "$WALL" "$CPU" "$RSS_MIB" "$OBJ"
+bench_run "vmsnap pull local" "'$VMSNAP' -q pull -j $J $W/store/mr out.l"
+row "vmsnap pull -j$J (local store, tmpfs)" "$WALL" "$CPU" "$RSS_MIB" "$OBJ"
+bench_run "rclone copyto up" "$RC copyto memory-ranges rgw:$B/r/mr"; RP=$WALL
+row "rclone copyto raw (up)" "$WALL" "$CPU" "$RSS_MIB" "$((SIZE_MIB * 1048576))"
+bench_run "rclone copyto down" "$RC copyto rgw:$B/r/mr out.r"; RG=$WALL
+row "rclone copyto raw (down)" "$WALL" "$CPU" "$RSS_MIB" "$((SIZE_MIB * 1048576))"
+bench_run "zstd|rclone rcat" "zstd -q -1 -T0 -c memory-ranges | $RC rcat rgw:$B/z/mr.zst"; ZP=$WALL
+ZS=$(rclone size --json rgw:$B/z/mr.zst | sed 's/.*"bytes":\([0-9]*\).*/\1/')
+row "zstd -1 -T0 \\| rclone rcat (up)" "$WALL" "$CPU" "$RSS_MIB" "$ZS"
+bench_run "rclone cat|zstd -d" "$RC cat rgw:$B/z/mr.zst | zstd -q -d -o out.z"; ZG=$WALL
+row "rclone cat \\| zstd -d (down)" "$WALL" "$CPU" "$RSS_MIB" "$ZS"
+if command -v aws >/dev/null && aws --version >/dev/null 2>&1; then
+    export AWS_MAX_CONCURRENT_REQUESTS=$J
+    bench_run "aws s3 cp up" "aws --endpoint-url $AWS_ENDPOINT_URL s3 cp --only-show-errors memory-ranges s3://$B/a/mr"
+    row "aws s3 cp raw (up)" "$WALL" "$CPU" "$RSS_MIB" "$((SIZE_MIB * 1048576))"
+    bench_run "aws s3 cp down" "aws --endpoint-url $AWS_ENDPOINT_URL s3 cp --only-show-errors s3://$B/a/mr out.a"
+    row "aws s3 cp raw (down)" "$WALL" "$CPU" "$RSS_MIB" "$((SIZE_MIB * 1048576))"
+fi
+echo "### Transfer, $(date -u +%Y-%m-%d), $(machine_line)"
+echo
+echo "Image: ${SIZE_MIB} MiB logical, $((pop / 1048576)) MiB populated; loopback RGW 16.2 (bluestore on a sparse file), -j $J, reps $BENCH_REPS."
+echo
+echo "| tool | wall s | client CPU s | CPU s / populated GiB | peak RSS MiB | bytes sent |"
+echo "|---|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
+echo
+printf 'push vs rclone copyto: %.2fx, vs zstd|rclone rcat: %.2fx; pull vs rclone copyto: %.2fx, vs rclone cat|zstd: %.2fx; push CPU / pack CPU: %.2f\n' \
+    "$(echo "$RP / $VP" | bc -l)" "$(echo "$ZP / $VP" | bc -l)" "$(echo "$RG / $VG" | bc -l)" "$(echo "$ZG / $VG" | bc -l)" "$(echo "$VPC / $PACK_CPU" | bc -l)"
