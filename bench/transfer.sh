@@ -26,7 +26,7 @@ curl -sS -o /dev/null --aws-sigv4 "aws:amz:us-east-1:s3" --user "$AWS_ACCESS_KEY
     -H "x-amz-content-sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855" -X PUT "$AWS_ENDPOINT_URL/$B"
 export RCLONE_CONFIG_RGW_TYPE=s3 RCLONE_CONFIG_RGW_PROVIDER=Ceph RCLONE_CONFIG_RGW_ENDPOINT=$AWS_ENDPOINT_URL
 export RCLONE_CONFIG_RGW_ACCESS_KEY_ID=$AWS_ACCESS_KEY_ID RCLONE_CONFIG_RGW_SECRET_ACCESS_KEY=$AWS_SECRET_ACCESS_KEY
-RC="rclone --s3-upload-concurrency $J --multi-thread-streams $J --s3-chunk-size 16M"
+RC="env -u AWS_CA_BUNDLE rclone --s3-upload-concurrency $J --multi-thread-streams $J --s3-chunk-size 16M"
 cd "$W"
 rows=()
 row() { # label wall cpu rss bytes
@@ -52,7 +52,7 @@ row "rclone copyto raw (up)" "$WALL" "$CPU" "$RSS_MIB" "$((SIZE_MIB * 1048576))"
 bench_run "rclone copyto down" "$RC copyto rgw:$B/r/mr out.r"; RG=$WALL
 row "rclone copyto raw (down)" "$WALL" "$CPU" "$RSS_MIB" "$((SIZE_MIB * 1048576))"
 bench_run "zstd|rclone rcat" "zstd -q -1 -T0 -c memory-ranges | $RC rcat rgw:$B/z/mr.zst"; ZP=$WALL
-ZS=$(rclone size --json rgw:$B/z/mr.zst | sed 's/.*"bytes":\([0-9]*\).*/\1/')
+ZS=$(env -u AWS_CA_BUNDLE rclone size --json rgw:$B/z/mr.zst | sed 's/.*"bytes":\([0-9]*\).*/\1/')
 row "zstd -1 -T0 \\| rclone rcat (up)" "$WALL" "$CPU" "$RSS_MIB" "$ZS"
 bench_run "rclone cat|zstd -d" "$RC cat rgw:$B/z/mr.zst | zstd -q -d -o out.z"; ZG=$WALL
 row "rclone cat \\| zstd -d (down)" "$WALL" "$CPU" "$RSS_MIB" "$ZS"
