@@ -47,9 +47,9 @@ bench_run "vmsnap push local" "'$VMSNAP' -q push -j $J memory-ranges $W/store/mr
 row "vmsnap push -j$J (local store, tmpfs)" "$WALL" "$CPU" "$RSS_MIB" "$OBJ"
 bench_run "vmsnap pull local" "'$VMSNAP' -q pull -j $J $W/store/mr out.l"
 row "vmsnap pull -j$J (local store, tmpfs)" "$WALL" "$CPU" "$RSS_MIB" "$OBJ"
-bench_run "rclone copyto up" "$RC copyto memory-ranges rgw:$B/r/mr"; RP=$WALL
+bench_run "rclone copyto up" "$RC copyto --ignore-times memory-ranges rgw:$B/r/mr"; RP=$WALL
 row "rclone copyto raw (up)" "$WALL" "$CPU" "$RSS_MIB" "$((SIZE_MIB * 1048576))"
-bench_run "rclone copyto down" "$RC copyto rgw:$B/r/mr out.r"; RG=$WALL
+bench_run "rclone copyto down" "$RC copyto --ignore-times rgw:$B/r/mr out.r"; RG=$WALL
 row "rclone copyto raw (down)" "$WALL" "$CPU" "$RSS_MIB" "$((SIZE_MIB * 1048576))"
 bench_run "zstd|rclone rcat" "zstd -q -1 -T0 -c memory-ranges | $RC rcat rgw:$B/z/mr.zst"; ZP=$WALL
 ZS=$(env -u AWS_CA_BUNDLE rclone size --json rgw:$B/z/mr.zst | sed 's/.*"bytes":\([0-9]*\).*/\1/')
