@@ -421,18 +421,36 @@ static void feature_string(const struct ext2_super_block *s, char *buf, size_t l
     }
 }
 
-static int open_ro(const char *path, ext2_filsys *fs, struct vmsnap_err *err, const char *verb)
+/* Open an image read-only through the write-back io manager on our own descriptor (libext2fs's
+ * unix io manager fsyncs the file on open, which costs milliseconds we don't need). *fd is
+ * closed by the caller after ext2fs_free. */
+static int open_ro(const char *path, ext2_filsys *fs, int *fd, struct vmsnap_err *err,
+                   const char *verb)
 {
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
-    if (stat(path, &st) < 0)
-        return vmsnap_err_set(err, errno, "disk %s %s: %s", verb, path, strerror(errno));
-    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
+    if (*fd < 0 || fstat(*fd, &st) < 0) {
+        int e = errno;
+        if (*fd >= 0)
+            close(*fd);
+        *fd = -1;
+        return vmsnap_err_set(err, e, "disk %s %s: %s", verb, path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+        close(*fd);
+        *fd = -1;
         return vmsnap_err_set(err, EINVAL, "disk %s %s: not a regular file", verb, path);
-    errcode_t e2 = ext2fs_open2(path, NULL, EXT2_FLAG_64BITS | EXT2_FLAG_SUPER_ONLY, 0, 0,
-                                unix_io_manager, fs);
-    if (e2)
+    }
+    char name[32];
+    snprintf(name, sizeof(name), "%d", *fd);
+    errcode_t e2 = ext2fs_open2(name, NULL, EXT2_FLAG_64BITS | EXT2_FLAG_SUPER_ONLY, 0, 0,
+                                disk_io_manager, fs);
+    if (e2) {
+        close(*fd);
+        *fd = -1;
         return vmsnap_err_set(err, disk_ext2_errno(e2), "disk %s %s: %s", verb, path,
                               disk_ext2_strerror(e2));
+    }
     return 0;
 }
 
@@ -443,7 +461,8 @@ int vmsnap_disk_info(const char *path, struct vmsnap_disk_info *info, struct vms
     if (stat(path, &st) < 0)
         return vmsnap_err_set(err, errno, "disk info %s: %s", path, strerror(errno));
     ext2_filsys fs;
-    int rc = open_ro(path, &fs, err, "info");
+    int rofd;
+    int rc = open_ro(path, &fs, &rofd, err, "info");
     if (rc < 0)
         return rc;
     struct ext2_super_block *s = fs->super;
@@ -466,13 +485,15 @@ int vmsnap_disk_info(const char *path, struct vmsnap_disk_info *info, struct vms
     info->mkfs_time = s->s_mkfs_time;
     info->write_time = s->s_wtime;
     ext2fs_free(fs);
+    close(rofd);
     return 0;
 }
 
 int vmsnap_disk_set_uuid(const char *path, const uint8_t *uuid, bool force, struct vmsnap_err *err)
 {
     ext2_filsys fs;
-    int rc = open_ro(path, &fs, err, "set-uuid");
+    int rofd;
+    int rc = open_ro(path, &fs, &rofd, err, "set-uuid");
     if (rc < 0)
         return rc;
     /* The primary superblock exactly as on disk: only the UUID (and, when forced, the seed
@@ -536,5 +557,6 @@ out:
     if (fd >= 0 && close(fd) < 0 && rc == 0)
         rc = vmsnap_err_set(err, errno, "disk set-uuid %s: close: %s", path, strerror(errno));
     ext2fs_free(fs);
+    close(rofd);
     return rc;
 }
