@@ -63,6 +63,7 @@ int cmd_pull(int argc, char **argv);
 int cmd_ls(int argc, char **argv);
 int cmd_rm(int argc, char **argv);
 int cmd_gc(int argc, char **argv);
+int cmd_vm(int argc, char **argv);
 /* Parse the transfer options; returns the index of the first operand, -1 after a usage error
  * was printed, -2 for --help. `force` NULL: --force is not accepted. */
 int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_opts *o,

@@ -57,6 +57,15 @@ static const struct cli_verb verbs[] = {
     {"gc", cmd_gc, "gc URL",
      "Abort unfinished multipart uploads under a prefix (left by a killed push; the next push\n"
      "to the same key also aborts them)."},
+    {"vm", cmd_vm, "vm run|pause|suspend|resume|ls|stop|console ...",
+     "Micro-VMs under QEMU (docs/vm.md), recorded under --state-dir (default /var/lib/vmsnap,\n"
+     "or VMSNAP_STATE_DIR), guest RAM on tmpfs (--ram-dir, default /dev/shm):\n"
+     "  vm run NAME --kernel K [--initrd I] [--mem 512M] [--cpus 1] [--disk-size 4G] [--append A]\n"
+     "  vm pause NAME              local checkpoint, VM stopped, memory freed\n"
+     "  vm suspend NAME URL        checkpoint and push to a store (local kept if the push fails)\n"
+     "  vm resume NAME [URL] [--on-demand]   from the local checkpoint or a store\n"
+     "  vm ls [--json] | vm stop NAME [--rm] | vm console NAME [--send LINE] [--lines N]\n"
+     "Common: --accel auto|kvm|tcg, --qemu BIN, --no-evict, --json, -j N. -v: step timings."},
     {"help", cmd_help, "help [VERB]", "Show the verbs, or one verb's help."},
     {"version", cmd_version, "version", "Show the version (also --version)."},
 };

@@ -1,0 +1,339 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* vmsnap vm run|pause|suspend|resume|ls|stop|console: micro-VM lifecycle (include/vmsnap/vmm.h). */
+#include "cli.h"
+#include "vmsnap/vmm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *const sub_usage =
+    "vm run NAME --kernel K [--initrd I] [--mem 512M] [--cpus 1] [--disk-size 4G] [--append A]\n"
+    "       vm pause NAME\n"
+    "       vm suspend NAME URL\n"
+    "       vm resume NAME [URL] [--on-demand]\n"
+    "       vm ls [--json]\n"
+    "       vm stop NAME [--rm]\n"
+    "       vm console NAME [--send LINE] [--lines N]\n"
+    "  common: [--state-dir DIR] [--ram-dir DIR] [--accel auto|kvm|tcg] [--qemu BIN]\n"
+    "          [--no-evict] [--json] [-j N]";
+
+enum {
+    OPT_KERNEL = 256,
+    OPT_INITRD,
+    OPT_MEM,
+    OPT_CPUS,
+    OPT_DISK_SIZE,
+    OPT_APPEND,
+    OPT_STATE_DIR,
+    OPT_RAM_DIR,
+    OPT_ACCEL,
+    OPT_QEMU,
+    OPT_ON_DEMAND,
+    OPT_NO_EVICT,
+    OPT_JSON,
+    OPT_RM,
+    OPT_SEND,
+    OPT_LINES,
+};
+
+static const struct option lopts[] = {
+    {"kernel", required_argument, NULL, OPT_KERNEL},
+    {"initrd", required_argument, NULL, OPT_INITRD},
+    {"mem", required_argument, NULL, OPT_MEM},
+    {"cpus", required_argument, NULL, OPT_CPUS},
+    {"disk-size", required_argument, NULL, OPT_DISK_SIZE},
+    {"append", required_argument, NULL, OPT_APPEND},
+    {"state-dir", required_argument, NULL, OPT_STATE_DIR},
+    {"ram-dir", required_argument, NULL, OPT_RAM_DIR},
+    {"accel", required_argument, NULL, OPT_ACCEL},
+    {"qemu", required_argument, NULL, OPT_QEMU},
+    {"on-demand", no_argument, NULL, OPT_ON_DEMAND},
+    {"no-evict", no_argument, NULL, OPT_NO_EVICT},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"rm", no_argument, NULL, OPT_RM},
+    {"send", required_argument, NULL, OPT_SEND},
+    {"lines", required_argument, NULL, OPT_LINES},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+struct args {
+    struct vmsnap_vm_opts o;
+    struct vmsnap_xfer_opts x;
+    struct vmsnap_vm_run_args run;
+    bool json, rm;
+    const char *send;
+    unsigned long lines;
+    char *pos[3];
+    int npos;
+};
+
+static int parse(const char *verb, int argc, char **argv, struct args *a)
+{
+    memset(a, 0, sizeof(*a));
+    a->o.xfer = &a->x;
+    int c;
+    unsigned long v;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "hj:", lopts, NULL)) != -1) {
+        switch (c) {
+        case OPT_KERNEL:
+            a->run.kernel = optarg;
+            break;
+        case OPT_INITRD:
+            a->run.initrd = optarg;
+            break;
+        case OPT_APPEND:
+            a->run.append = optarg;
+            break;
+        case OPT_MEM:
+            if (cli_parse_size(optarg, &a->run.mem) < 0 || a->run.mem < (16u << 20) ||
+                a->run.mem % (1u << 20))
+                return cli_usage(verb, "--mem: '%s' is not a size of at least 16M in whole MiB",
+                                 optarg);
+            break;
+        case OPT_CPUS:
+            if (cli_parse_uint(optarg, 1, 64, &v) < 0)
+                return cli_usage(verb, "--cpus: '%s' is not in 1..64", optarg);
+            a->run.cpus = (unsigned)v;
+            break;
+        case OPT_DISK_SIZE:
+            if (cli_parse_size(optarg, &a->run.disk_size) < 0 || a->run.disk_size < (8u << 20))
+                return cli_usage(verb, "--disk-size: '%s' is not a size of at least 8M", optarg);
+            break;
+        case OPT_STATE_DIR:
+            a->o.state_dir = optarg;
+            break;
+        case OPT_RAM_DIR:
+            a->o.ram_dir = optarg;
+            break;
+        case OPT_ACCEL:
+            if (strcmp(optarg, "auto") && strcmp(optarg, "kvm") && strcmp(optarg, "tcg"))
+                return cli_usage(verb, "--accel: '%s' is not auto, kvm or tcg", optarg);
+            a->o.accel = optarg;
+            break;
+        case OPT_QEMU:
+            a->o.qemu = optarg;
+            break;
+        case OPT_ON_DEMAND:
+            a->o.on_demand = true;
+            break;
+        case OPT_NO_EVICT:
+            a->o.no_evict = true;
+            break;
+        case OPT_JSON:
+            a->json = true;
+            break;
+        case OPT_RM:
+            a->rm = true;
+            break;
+        case OPT_SEND:
+            a->send = optarg;
+            break;
+        case OPT_LINES:
+            if (cli_parse_uint(optarg, 1, 1000000, &a->lines) < 0)
+                return cli_usage(verb, "--lines: '%s' is not in 1..1000000", optarg);
+            break;
+        case 'j':
+            if (cli_parse_uint(optarg, 1, 256, &v) < 0)
+                return cli_usage(verb, "-j: '%s' is not in 1..256", optarg);
+            a->x.connections = (unsigned)v;
+            break;
+        case 'h':
+            printf("usage: vmsnap %s\n", sub_usage);
+            return -1;
+        default:
+            return cli_usage(verb, "unknown option");
+        }
+    }
+    for (int i = optind; i < argc; i++) {
+        if (a->npos >= 3)
+            return cli_usage(verb, "too many arguments");
+        a->pos[a->npos++] = argv[i];
+    }
+    return 0;
+}
+
+static int fail(const char *verb, const struct vmsnap_err *e)
+{
+    cli_error(verb, "%s", e->msg);
+    return EXIT_FAIL;
+}
+
+static void report(const char *op, const char *name, const struct vmsnap_vm_timing *t, bool json)
+{
+    if (json) {
+        json_object *o = json_object_new_object(), *steps = json_object_new_object();
+        json_object_object_add(o, "vm", json_object_new_string(name));
+        json_object_object_add(o, "op", json_object_new_string(op));
+        for (unsigned i = 0; i < t->n; i++)
+            json_object_object_add(steps, t->step[i].name,
+                                   json_object_new_double(t->step[i].seconds));
+        json_object_object_add(o, "steps", steps);
+        json_object_object_add(o, "total", json_object_new_double(t->total));
+        printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+        json_object_put(o);
+        return;
+    }
+    if (cli_quiet)
+        return;
+    if (cli_verbose) {
+        for (unsigned i = 0; i < t->n; i++)
+            fprintf(stderr, "  %-14s %8.3f s\n", t->step[i].name, t->step[i].seconds);
+    }
+    fprintf(stderr, "vm %s %s: %.3f s\n", op, name, t->total);
+}
+
+struct ls_ctx {
+    bool json;
+    json_object *arr;
+};
+
+static int ls_cb(void *arg, const struct vmsnap_vm_info *in)
+{
+    struct ls_ctx *l = arg;
+    if (l->json) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "name", json_object_new_string(in->name));
+        json_object_object_add(o, "status", json_object_new_string(in->status));
+        json_object_object_add(o, "pid", json_object_new_int64(in->pid));
+        json_object_object_add(o, "accel", in->accel ? json_object_new_string(in->accel) : NULL);
+        json_object_object_add(o, "memory", json_object_new_int64((int64_t)in->mem));
+        json_object_object_add(o, "checkpoint", json_object_new_boolean(in->checkpoint));
+        json_object_object_add(o, "url", in->url ? json_object_new_string(in->url) : NULL);
+        json_object_object_add(o, "dir", json_object_new_string(in->dir));
+        json_object_array_add(l->arr, o);
+        return 0;
+    }
+    char mem[32];
+    printf("%-20s %-10s %-7d %-4s %-10s %-10s %s\n", in->name, in->status, (int)in->pid,
+           in->accel ? in->accel : "-", cli_bytes(mem, sizeof(mem), in->mem),
+           in->checkpoint ? "checkpoint" : "-", in->url ? in->url : "-");
+    return 0;
+}
+
+static int console(const struct args *a, const char *name)
+{
+    struct vmsnap_err e = {0};
+    if (a->send) {
+        if (vmsnap_vm_console_send(&a->o, name, a->send, &e) < 0)
+            return fail("vm console", &e);
+        return EXIT_OK;
+    }
+    char path[4200];
+    if (vmsnap_vm_console_path(&a->o, name, path, sizeof(path), &e) < 0)
+        return fail("vm console", &e);
+    FILE *f = fopen(path, "re");
+    if (!f) {
+        cli_error("vm console", "%s: %s", path, strerror(errno));
+        return EXIT_FAIL;
+    }
+    /* Print the log with the serial CRs removed; with --lines only the last N lines, kept in
+     * a bounded ring. */
+    unsigned long keep = a->lines;
+    char **ring = keep ? calloc(keep, sizeof(char *)) : NULL;
+    if (keep && !ring) {
+        fclose(f);
+        cli_error("vm console", "out of memory");
+        return EXIT_FAIL;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    unsigned long n = 0;
+    ssize_t len;
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+            line[--len] = 0;
+        if (!keep) {
+            printf("%s\n", line);
+            continue;
+        }
+        free(ring[n % keep]);
+        ring[n % keep] = strdup(line);
+        n++;
+    }
+    for (unsigned long i = n > keep ? n - keep : 0; keep && i < n; i++)
+        printf("%s\n", ring[i % keep] ? ring[i % keep] : "");
+    for (unsigned long i = 0; i < keep; i++)
+        free(ring[i]);
+    free(ring);
+    free(line);
+    fclose(f);
+    return EXIT_OK;
+}
+
+int cmd_vm(int argc, char **argv)
+{
+    if (argc < 2)
+        return cli_usage("vm", "missing subcommand (run, pause, suspend, resume, ls, stop, "
+                               "console)");
+    const char *sub = argv[1];
+    char verb[32];
+    snprintf(verb, sizeof(verb), "vm %s", sub);
+    struct args a;
+    int rc = parse(verb, argc - 1, argv + 1, &a);
+    if (rc < 0)
+        return EXIT_OK;
+    if (rc > 0)
+        return rc;
+    struct vmsnap_err e = {0};
+    struct vmsnap_vm_timing t = {0};
+    if (!strcmp(sub, "ls")) {
+        if (a.npos)
+            return cli_usage(verb, "no arguments expected");
+        struct ls_ctx l = {.json = a.json, .arr = a.json ? json_object_new_array() : NULL};
+        if (!a.json)
+            printf("%-20s %-10s %-7s %-4s %-10s %-10s %s\n", "NAME", "STATUS", "PID", "ACC",
+                   "MEMORY", "LOCAL", "URL");
+        rc = vmsnap_vm_list(&a.o, ls_cb, &l, &e);
+        if (a.json) {
+            printf("%s\n", json_object_to_json_string_ext(l.arr, JSON_C_TO_STRING_PLAIN));
+            json_object_put(l.arr);
+        }
+        return rc < 0 ? fail(verb, &e) : EXIT_OK;
+    }
+    if (a.npos < 1)
+        return cli_usage(verb, "missing VM name");
+    const char *name = a.pos[0];
+    if (!strcmp(sub, "run")) {
+        if (a.npos != 1)
+            return cli_usage(verb, "expected NAME only");
+        if (!a.run.kernel)
+            return cli_usage(verb, "--kernel is required");
+        rc = vmsnap_vm_run(&a.o, name, &a.run, &t, &e);
+    } else if (!strcmp(sub, "pause")) {
+        if (a.npos != 1)
+            return cli_usage(verb, "expected NAME only");
+        rc = vmsnap_vm_pause(&a.o, name, &t, &e);
+    } else if (!strcmp(sub, "suspend")) {
+        if (a.npos != 2)
+            return cli_usage(verb, "expected NAME URL");
+        rc = vmsnap_vm_suspend(&a.o, name, a.pos[1], &t, &e);
+    } else if (!strcmp(sub, "resume")) {
+        if (a.npos > 2)
+            return cli_usage(verb, "expected NAME [URL]");
+        rc = vmsnap_vm_resume(&a.o, name, a.npos == 2 ? a.pos[1] : NULL, &t, &e);
+    } else if (!strcmp(sub, "stop")) {
+        if (a.npos != 1)
+            return cli_usage(verb, "expected NAME only");
+        rc = vmsnap_vm_stop(&a.o, name, a.rm, &e);
+        return rc < 0 ? fail(verb, &e) : EXIT_OK;
+    } else if (!strcmp(sub, "console")) {
+        if (a.npos != 1)
+            return cli_usage(verb, "expected NAME only");
+        return console(&a, name);
+    } else {
+        return cli_usage("vm", "unknown subcommand '%s'", sub);
+    }
+    if (rc < 0)
+        return fail(verb, &e);
+    report(sub, name, &t, a.json);
+    return EXIT_OK;
+}

@@ -1,0 +1,204 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * vmsnap vmm: micro-VMs driven by a VMM process, and their lifecycle on a node.
+ *
+ * Two layers:
+ * - The driver layer (struct vmsnap_vmm): one VM process behind a small table of operations
+ *   (boot, restore, pause, snapshot, resume, stop, state). The "qemu" driver runs
+ *   qemu-system-x86_64 (microvm machine, guest RAM in a memory-backend-file on tmpfs) in the
+ *   background with stderr in a log file, and speaks QMP over its unix socket. A snapshot is the
+ *   device state written by a migration with x-ignore-shared to `<dir>/state`: the guest RAM
+ *   stays in the RAM file, which is itself the memory image. A handle holds no connection, so a
+ *   process may create one for a VM another process booted.
+ * - The lifecycle layer (vmsnap_vm_*): named VMs under a state directory (default
+ *   /var/lib/vmsnap, or $VMSNAP_STATE_DIR): run, pause to a local checkpoint, suspend to an
+ *   object store (include/vmsnap/xfer.h), resume from either, list, stop, console. A checkpoint
+ *   directory holds memory-ranges (guest RAM image, sparse), state (device state), config.json
+ *   (everything needed to start the VM elsewhere), base-id (lineage) and rootfs-disk-<cid>.ext4
+ *   (the upper disk). docs/vm.md describes the layout and how the RAM image moves.
+ *
+ * Errors: negative errno with `err` naming the VM, file or QMP command. Failure guarantees: a VM
+ * is left either running or with its latest complete checkpoint intact; a failed suspend upload
+ * keeps the local checkpoint; a failed resume keeps the snapshot it came from.
+ *
+ * Thread safety: calls on different VMs are independent; calls on the same VM must not overlap
+ * (the lifecycle layer takes an flock on the VM's directory and fails with EBUSY otherwise).
+ */
+#ifndef VMSNAP_VMM_H
+#define VMSNAP_VMM_H
+
+#include "vmsnap/common.h"
+#include "vmsnap/xfer.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- driver layer ---- */
+
+enum vmsnap_vmm_state {
+    VMSNAP_VMM_DEAD = 0,     /* no process */
+    VMSNAP_VMM_RUNNING = 1,  /* vCPUs running */
+    VMSNAP_VMM_PAUSED = 2,   /* vCPUs stopped (paused, or after a snapshot) */
+    VMSNAP_VMM_INCOMING = 3, /* waiting for or loading a snapshot */
+    VMSNAP_VMM_OTHER = 4,    /* alive, in some other state (shutdown, internal error) */
+};
+
+/* Name of a state: "dead", "running", "paused", "incoming", "other". */
+VMSNAP_API const char *vmsnap_vmm_state_name(enum vmsnap_vmm_state st);
+
+/* What a driver needs to start a VM. Strings are copied by vmsnap_vmm_new(). */
+struct vmsnap_vmm_config {
+    const char *kernel;   /* uncompressed kernel with a PVH note (vmlinux) */
+    const char *initrd;   /* initramfs, or NULL */
+    const char *cmdline;  /* kernel command line, or NULL */
+    uint64_t mem;         /* guest RAM in bytes, a multiple of 1 MiB */
+    unsigned cpus;        /* vCPUs (1..64) */
+    const char *disk;     /* raw upper disk image attached as virtio-blk (/dev/vda), or NULL */
+    const char *ram_path; /* guest RAM file; must be on tmpfs/hugetlbfs unless ram_shared is off */
+    bool ram_shared;      /* share=on: guest writes go to ram_path, snapshots leave RAM out.
+                           * Off: ram_path is mapped privately (restore on demand); snapshots
+                           * then carry the RAM in the state file. */
+    const char *accel;    /* "kvm" or "tcg" (see vmsnap_vmm_pick_accel) */
+    const char *run_dir;  /* directory for qmp.sock, console.sock, console.log, qemu.log, pid */
+    const char *qemu;     /* VMM binary; NULL: $VMSNAP_QEMU or qemu-system-x86_64 */
+};
+
+struct vmsnap_vmm;
+
+/* Resolve an accelerator request: "auto" (or NULL) gives "kvm" only when /proc/cpuinfo shows
+ * vmx or svm and /dev/kvm exists, else "tcg"; "kvm" and "tcg" are returned as given (kvm
+ * without /dev/kvm fails with ENODEV). *out points to a static string. */
+VMSNAP_API int vmsnap_vmm_pick_accel(const char *want, const char **out, struct vmsnap_err *err);
+
+/* A handle for the VM described by `cfg` with the driver `driver` ("qemu"; NULL: "qemu").
+ * Nothing is started. Free with vmsnap_vmm_free(). Errors: EINVAL (bad config, unknown driver,
+ * a socket path longer than a unix socket allows), ENOMEM. */
+VMSNAP_API int vmsnap_vmm_new(const char *driver, const struct vmsnap_vmm_config *cfg,
+                              struct vmsnap_vmm **out, struct vmsnap_err *err);
+/* Free the handle (the VM process, if any, keeps running). Accepts NULL. */
+VMSNAP_API void vmsnap_vmm_free(struct vmsnap_vmm *vmm);
+
+/* Cold-boot: start the VMM in the background (its own session, stderr to run_dir/qemu.log) and
+ * wait until its control socket answers. The guest runs. Fails with the log's last lines in
+ * `err` if the VMM exits early. */
+VMSNAP_API int vmsnap_vmm_boot(struct vmsnap_vmm *vmm, struct vmsnap_err *err);
+/* Start the VMM waiting for a snapshot, load `dir`/state into it (the RAM comes from
+ * cfg->ram_path) and leave the VM paused; vmsnap_vmm_resume() runs it. On failure the process is
+ * stopped and `dir` is untouched. */
+VMSNAP_API int vmsnap_vmm_restore(struct vmsnap_vmm *vmm, const char *dir, struct vmsnap_err *err);
+/* Stop the vCPUs (no-op when already paused). */
+VMSNAP_API int vmsnap_vmm_pause(struct vmsnap_vmm *vmm, struct vmsnap_err *err);
+/* Write the device state of the paused VM to `dir`/state (created 0600; replaced). With
+ * cfg->ram_shared the RAM stays in cfg->ram_path and is not in the state. */
+VMSNAP_API int vmsnap_vmm_snapshot(struct vmsnap_vmm *vmm, const char *dir, struct vmsnap_err *err);
+/* Run the vCPUs. */
+VMSNAP_API int vmsnap_vmm_resume(struct vmsnap_vmm *vmm, struct vmsnap_err *err);
+/* Stop the VMM process: ask it to quit, then SIGTERM, then SIGKILL, and wait until it is gone
+ * (at most about 10 s). Succeeds when there is no process. The RAM file is left in place. */
+VMSNAP_API int vmsnap_vmm_stop(struct vmsnap_vmm *vmm, struct vmsnap_err *err);
+/* The VM's state; *pid (may be NULL) gets the process id or 0. */
+VMSNAP_API int vmsnap_vmm_state(struct vmsnap_vmm *vmm, enum vmsnap_vmm_state *st, pid_t *pid,
+                                struct vmsnap_err *err);
+
+/* ---- lifecycle layer ---- */
+
+#define VMSNAP_VM_DEFAULT_STATE_DIR "/var/lib/vmsnap"
+#define VMSNAP_VM_DEFAULT_RAM_DIR "/dev/shm"
+#define VMSNAP_VM_NAME_MAX 64
+#define VMSNAP_VM_MAX_STEPS 16
+
+/* Options shared by the lifecycle calls. Zeroed means defaults. */
+struct vmsnap_vm_opts {
+    const char *state_dir; /* NULL: $VMSNAP_STATE_DIR, else /var/lib/vmsnap */
+    const char *ram_dir;   /* guest RAM files; NULL: $VMSNAP_RAM_DIR, else /dev/shm. Must be
+                            * tmpfs or hugetlbfs (checked). */
+    const char *accel;     /* "auto" (NULL), "kvm", "tcg" */
+    const char *qemu;      /* VMM binary (NULL: $VMSNAP_QEMU or qemu-system-x86_64) */
+    bool on_demand;        /* resume: map the memory image privately instead of loading it */
+    bool no_evict;         /* resume/pause: skip page-cache hygiene (for benchmarks) */
+    const struct vmsnap_xfer_opts *xfer; /* suspend/resume with a URL; NULL: defaults */
+};
+
+/* Step timings of one lifecycle call, in call order. */
+struct vmsnap_vm_timing {
+    unsigned n;
+    struct {
+        const char *name; /* static: "pause", "snapshot", "teardown", "checkpoint", "upload",
+                           * "download", "stage", "restore", "evict", "resume", "boot", ... */
+        double seconds;
+    } step[VMSNAP_VM_MAX_STEPS];
+    double total;
+};
+
+/* How to cold-boot a new VM. */
+struct vmsnap_vm_run_args {
+    const char *kernel; /* required */
+    const char *initrd; /* may be NULL */
+    const char *append; /* kernel command line, may be NULL */
+    uint64_t mem;       /* 0: 512 MiB */
+    unsigned cpus;      /* 0: 1 */
+    uint64_t disk_size; /* upper disk; 0: 4 GiB */
+};
+
+/* Create the VM `name` (letters, digits, '.', '_', '-'; at most VMSNAP_VM_NAME_MAX) under the
+ * state directory: a fresh upper disk (vmsnap_disk_create), a RAM file on the RAM directory, a
+ * new base-id, and boot it. EEXIST if the name is taken. On failure nothing is left. */
+VMSNAP_API int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
+                             const struct vmsnap_vm_run_args *a, struct vmsnap_vm_timing *t,
+                             struct vmsnap_err *err);
+/* Checkpoint the running VM to its local checkpoint directory (replacing the previous one only
+ * once the new one is complete), stop it and free its RAM file. On failure the VM is resumed. */
+VMSNAP_API int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name,
+                               struct vmsnap_vm_timing *t, struct vmsnap_err *err);
+/* Checkpoint the running VM, stop it and push the checkpoint to `url` (manifest last). Only
+ * after the push succeeded is the VM's local checkpoint, disk and RAM removed (its record stays,
+ * status "suspended"). If the push fails the checkpoint is kept locally (as after a pause; the
+ * error says so) and a later suspend or resume can use it. */
+VMSNAP_API int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const char *url,
+                                 struct vmsnap_vm_timing *t, struct vmsnap_err *err);
+/* Resume `name` from its local checkpoint (`url` NULL) or from the snapshot set at `url`
+ * (creating the VM's record when this node has none): clone the disk out, rewrite config
+ * paths, restore (eager: the image becomes the tmpfs RAM file; o->on_demand: the image is
+ * mapped privately), release the restore files' page cache (pulled files truncated, the local
+ * checkpoint only evicted) and run. The source snapshot is never modified. EBUSY if the VM is
+ * running. */
+VMSNAP_API int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const char *url,
+                                struct vmsnap_vm_timing *t, struct vmsnap_err *err);
+/* Stop the VM's process and free its RAM file. With `remove`, delete the VM's whole record
+ * (disk and checkpoint included). */
+VMSNAP_API int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove,
+                              struct vmsnap_err *err);
+
+/* One VM as vmsnap_vm_list() sees it. Strings are valid during the callback. */
+struct vmsnap_vm_info {
+    const char *name;
+    const char *status; /* "running", "paused" (checkpointed), "suspended", "stopped", "dead"
+                         * (the process vanished without a checkpoint being taken since), or the
+                         * VMM's own state when it is alive but not running */
+    pid_t pid;          /* 0 when no process */
+    const char *accel;
+    uint64_t mem;
+    bool checkpoint; /* a local checkpoint exists */
+    const char *url; /* where it was suspended to, or NULL */
+    const char *dir; /* the VM's directory */
+};
+typedef int (*vmsnap_vm_list_fn)(void *arg, const struct vmsnap_vm_info *info);
+/* Call `fn` for every VM under the state directory, sorted by name. */
+VMSNAP_API int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *arg,
+                              struct vmsnap_err *err);
+/* Path of the VM's serial console log into `buf`. */
+VMSNAP_API int vmsnap_vm_console_path(const struct vmsnap_vm_opts *o, const char *name, char *buf,
+                                      size_t len, struct vmsnap_err *err);
+/* Send `line` (a newline is added) to the VM's serial console. */
+VMSNAP_API int vmsnap_vm_console_send(const struct vmsnap_vm_opts *o, const char *name,
+                                      const char *line, struct vmsnap_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

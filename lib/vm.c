@@ -1,0 +1,1206 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The VM lifecycle on a node: named VMs under <state>/vms/<name>/ with
+ *   vm.json          the live config (the same schema as a checkpoint's config.json) + status
+ *   disk-vda.ext4    the upper disk the VM writes (absent while paused: it lives on, hard-linked,
+ *                    as the checkpoint's rootfs-disk-vda.ext4)
+ *   checkpoint/      the local checkpoint: memory-ranges, state, config.json, base-id,
+ *                    rootfs-disk-vda.ext4
+ *   ondemand/        a pulled memory image mapped privately by an on-demand VM
+ *   qmp.sock console.sock console.log qemu.log pid
+ * and the guest RAM file on tmpfs: <ram_dir>/vmsnap-<hash of the VM dir>-<name>.ram.
+ *
+ * How the RAM image moves (docs/vm.md): the RAM file is the memory image (share=on,
+ * x-ignore-shared). Pause copies it sparsely to checkpoint/memory-ranges on disk (the one copy
+ * that frees the tmpfs memory). Suspend renames it into a staging directory on the same tmpfs
+ * and the codec packs straight from there; nothing goes through the disk's page cache. Eager
+ * resume from a store pulls into a tmpfs staging directory, so the decoder writes straight into
+ * the file that is renamed into place as guest RAM; from a local checkpoint it is one sparse
+ * copy to tmpfs. On-demand resume maps the image (checkpoint or pulled to disk) privately.
+ *
+ * Every step that can fail leaves either the running VM or the latest complete checkpoint: a new
+ * checkpoint is built under checkpoint.new and swapped in by renames only once complete.
+ */
+#include "vmm_int.h"
+
+#include "sys/sys.h"
+#include "util/util.h"
+#include "vmsnap/disk.h"
+#include "vmsnap/pcache.h"
+#include "vmsnap/xfer.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TMPFS_MAGIC_ 0x01021994
+#define HUGETLBFS_MAGIC_ 0x958458f6
+#define CID "vda"
+#define DISK_CKPT "rootfs-disk-" CID ".ext4"
+#define DISK_LIVE "disk-" CID ".ext4"
+#define PATH_LEN 4096
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void step(struct vmsnap_vm_timing *t, const char *name, double *t0)
+{
+    double t1 = now();
+    if (t && t->n < VMSNAP_VM_MAX_STEPS) {
+        t->step[t->n].name = name;
+        t->step[t->n].seconds = t1 - *t0;
+        t->n++;
+    }
+    *t0 = t1;
+}
+
+/* ---- paths and context ---- */
+
+struct vmctx {
+    const struct vmsnap_vm_opts *o;
+    const char *name;
+    char state[PATH_LEN], vmdir[PATH_LEN], cfgpath[PATH_LEN], ckpt[PATH_LEN], disk[PATH_LEN];
+    char ram_dir[PATH_LEN], ram[PATH_LEN], stage[PATH_LEN], ondemand[PATH_LEN];
+    int lockfd;
+};
+
+static int pjoin(char *out, const char *a, const char *b, struct vmsnap_err *err)
+{
+    int w = snprintf(out, PATH_LEN, "%s/%s", a, b);
+    if (w < 0 || w >= PATH_LEN)
+        return vmsnap_err_set(err, ENAMETOOLONG, "path %s/%s too long", a, b);
+    return 0;
+}
+
+/* out = a + b (a plain concatenation), checked. */
+static int pcat(char *out, const char *a, const char *b)
+{
+    int w = snprintf(out, PATH_LEN, "%s%s", a, b);
+    return w < 0 || w >= PATH_LEN ? -ENAMETOOLONG : 0;
+}
+
+static bool valid_name(const char *n)
+{
+    size_t len = strlen(n);
+    if (len == 0 || len > VMSNAP_VM_NAME_MAX || n[0] == '.' || n[0] == '-')
+        return false;
+    for (const char *p = n; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              *p == '.' || *p == '_' || *p == '-'))
+            return false;
+    return true;
+}
+
+static int mkdir_p(const char *path, struct vmsnap_err *err)
+{
+    char tmp[PATH_LEN];
+    snprintf(tmp, sizeof(tmp), "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(tmp, 0700) < 0 && errno != EEXIST)
+            return vmsnap_err_set(err, errno, "mkdir %s: %s", tmp, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(tmp, 0700) < 0 && errno != EEXIST)
+        return vmsnap_err_set(err, errno, "mkdir %s: %s", tmp, strerror(errno));
+    return 0;
+}
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *f)
+{
+    (void)sb;
+    (void)f;
+    return (flag == FTW_DP ? rmdir(p) : unlink(p)) < 0 && errno != ENOENT ? -1 : 0;
+}
+
+static int rm_rf(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) < 0)
+        return errno == ENOENT ? 0 : -errno;
+    if (!S_ISDIR(st.st_mode))
+        return unlink(path) < 0 ? -errno : 0;
+    return nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS) < 0 ? -errno : 0;
+}
+
+static bool exists(const char *p)
+{
+    struct stat st;
+    return lstat(p, &st) == 0;
+}
+
+static uint32_t fnv1a(const char *s)
+{
+    uint32_t h = 2166136261u;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 16777619u;
+    return h;
+}
+
+static int ctx_init(struct vmctx *c, const struct vmsnap_vm_opts *o, const char *name,
+                    struct vmsnap_err *err)
+{
+    memset(c, 0, sizeof(*c));
+    c->o = o;
+    c->name = name;
+    c->lockfd = -1;
+    if (!valid_name(name))
+        return vmsnap_err_set(err, EINVAL,
+                              "invalid VM name '%s' (letters, digits, '.', '_', '-'; at most %d)",
+                              name, VMSNAP_VM_NAME_MAX);
+    const char *sd = o && o->state_dir ? o->state_dir : getenv("VMSNAP_STATE_DIR");
+    if (!sd || !*sd)
+        sd = VMSNAP_VM_DEFAULT_STATE_DIR;
+    const char *rd = o && o->ram_dir ? o->ram_dir : getenv("VMSNAP_RAM_DIR");
+    if (!rd || !*rd)
+        rd = VMSNAP_VM_DEFAULT_RAM_DIR;
+    snprintf(c->state, sizeof(c->state), "%s", sd);
+    snprintf(c->ram_dir, sizeof(c->ram_dir), "%s", rd);
+    char vms[PATH_LEN];
+    int rc = pjoin(vms, c->state, "vms", err);
+    if (rc == 0)
+        rc = pjoin(c->vmdir, vms, name, err);
+    if (rc == 0)
+        rc = pjoin(c->cfgpath, c->vmdir, "vm.json", err);
+    if (rc == 0)
+        rc = pjoin(c->ckpt, c->vmdir, "checkpoint", err);
+    if (rc == 0)
+        rc = pjoin(c->disk, c->vmdir, DISK_LIVE, err);
+    if (rc == 0)
+        rc = pjoin(c->ondemand, c->vmdir, "ondemand", err);
+    if (rc < 0)
+        return rc;
+    /* RAM and staging names are unique per VM directory, so several state directories can
+     * share one tmpfs. The hash uses the absolute state path when it can be resolved. */
+    char abs[PATH_LEN];
+    const char *key = realpath(c->state, abs) ? abs : c->state;
+    char base[PATH_LEN], leaf[128];
+    snprintf(leaf, sizeof(leaf), "/vmsnap-%08x-%s", fnv1a(key), name);
+    if (pcat(base, c->ram_dir, leaf) < 0 || pcat(c->ram, base, ".ram") < 0 ||
+        pcat(c->stage, base, ".stage") < 0)
+        return vmsnap_err_set(err, ENAMETOOLONG, "RAM directory %s too long", c->ram_dir);
+    return 0;
+}
+
+static void ctx_fini(struct vmctx *c)
+{
+    if (c->lockfd >= 0)
+        close(c->lockfd);
+    c->lockfd = -1;
+}
+
+/* Lock the VM's directory against concurrent vmsnap commands on the same VM. */
+static int ctx_lock(struct vmctx *c, struct vmsnap_err *err)
+{
+    c->lockfd = open(c->vmdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (c->lockfd < 0) {
+        if (errno == ENOENT)
+            return vmsnap_err_set(err, ENOENT, "no VM named '%s' under %s", c->name, c->state);
+        return vmsnap_err_set(err, errno, "open %s: %s", c->vmdir, strerror(errno));
+    }
+    if (flock(c->lockfd, LOCK_EX | LOCK_NB) < 0)
+        return vmsnap_err_set(err, EBUSY, "VM '%s' is busy: another vmsnap command holds %s",
+                              c->name, c->vmdir);
+    return 0;
+}
+
+static int check_ram_dir(struct vmctx *c, struct vmsnap_err *err)
+{
+    struct statfs sf;
+    if (statfs(c->ram_dir, &sf) < 0)
+        return vmsnap_err_set(err, errno, "RAM directory %s: %s", c->ram_dir, strerror(errno));
+    if ((unsigned long)sf.f_type != TMPFS_MAGIC_ && (unsigned long)sf.f_type != HUGETLBFS_MAGIC_)
+        return vmsnap_err_set(err, EINVAL,
+                              "RAM directory %s is not tmpfs or hugetlbfs: guest RAM there would "
+                              "be written back to disk (use --ram-dir or VMSNAP_RAM_DIR)",
+                              c->ram_dir);
+    return 0;
+}
+
+/* ---- config ---- */
+
+static int cfg_load(const char *path, json_object **out, struct vmsnap_err *err)
+{
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return vmsnap_err_set(err, errno, "%s: %s", path, strerror(errno));
+    char *buf = malloc(1 << 20);
+    if (!buf) {
+        close(fd);
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    }
+    ssize_t n = sys_pread_full(fd, buf, (1 << 20) - 1, 0);
+    close(fd);
+    if (n < 0) {
+        free(buf);
+        return vmsnap_err_set(err, (int)-n, "read %s: %s", path, strerror((int)-n));
+    }
+    buf[n] = 0;
+    json_tokener *tok = json_tokener_new();
+    json_object *o = tok ? json_tokener_parse_ex(tok, buf, (int)n) : NULL;
+    bool ok = tok && json_tokener_get_error(tok) == json_tokener_success && o &&
+              json_object_is_type(o, json_type_object);
+    json_tokener_free(tok);
+    free(buf);
+    if (!ok) {
+        json_object_put(o);
+        return vmsnap_err_set(err, EINVAL, "%s: not a JSON object", path);
+    }
+    *out = o;
+    return 0;
+}
+
+static int cfg_save(const char *path, json_object *o, struct vmsnap_err *err)
+{
+    struct sys_atomic_file af;
+    int rc = sys_atomic_open(&af, path, 0600, err);
+    if (rc < 0)
+        return rc;
+    const char *s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY);
+    rc = sys_write_full(af.fd, s, strlen(s));
+    if (rc == 0)
+        rc = sys_write_full(af.fd, "\n", 1);
+    if (rc < 0) {
+        sys_atomic_abort(&af);
+        return vmsnap_err_set(err, -rc, "write %s: %s", path, strerror(-rc));
+    }
+    return sys_atomic_commit(&af, false, err);
+}
+
+static const char *cfg_str(json_object *o, const char *key)
+{
+    json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) || !json_object_is_type(v, json_type_string))
+        return NULL;
+    return json_object_get_string(v);
+}
+
+static int64_t cfg_int(json_object *o, const char *key)
+{
+    json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) || !json_object_is_type(v, json_type_int))
+        return -1;
+    return json_object_get_int64(v);
+}
+
+static bool cfg_bool(json_object *o, const char *key)
+{
+    json_object *v;
+    return json_object_object_get_ex(o, key, &v) && json_object_get_boolean(v);
+}
+
+static void cfg_set_str(json_object *o, const char *key, const char *val)
+{
+    json_object_object_add(o, key, val ? json_object_new_string(val) : NULL);
+}
+
+int vm_config_rewrite(json_object *cfg, const char *disk_path, const char *ram_path,
+                      const char *run_dir, struct vmsnap_err *err)
+{
+    if (disk_path) {
+        json_object *disks, *d0;
+        if (!json_object_object_get_ex(cfg, "disks", &disks) ||
+            !json_object_is_type(disks, json_type_array) || json_object_array_length(disks) < 1 ||
+            !json_object_is_type(d0 = json_object_array_get_idx(disks, 0), json_type_object))
+            return vmsnap_err_set(err, EINVAL, "config: no disks[0] object to rewrite");
+        cfg_set_str(d0, "path", disk_path);
+    }
+    if (ram_path)
+        cfg_set_str(cfg, "ram_path", ram_path);
+    if (run_dir)
+        cfg_set_str(cfg, "run_dir", run_dir);
+    return 0;
+}
+
+static const char *cfg_disk(json_object *cfg)
+{
+    json_object *disks, *d0;
+    if (!json_object_object_get_ex(cfg, "disks", &disks) ||
+        !json_object_is_type(disks, json_type_array) || json_object_array_length(disks) < 1)
+        return NULL;
+    d0 = json_object_array_get_idx(disks, 0);
+    return d0 ? cfg_str(d0, "path") : NULL;
+}
+
+/* A driver handle from a config object. */
+static int vmm_from_cfg(struct vmctx *c, json_object *cfg, struct vmsnap_vmm **out,
+                        struct vmsnap_err *err)
+{
+    int64_t mem = cfg_int(cfg, "memory"), cpus = cfg_int(cfg, "cpus");
+    struct vmsnap_vmm_config vc = {
+        .kernel = cfg_str(cfg, "kernel"),
+        .initrd = cfg_str(cfg, "initrd"),
+        .cmdline = cfg_str(cfg, "cmdline"),
+        .mem = mem > 0 ? (uint64_t)mem : 0,
+        .cpus = cpus > 0 && cpus < 1000 ? (unsigned)cpus : 0,
+        .disk = cfg_disk(cfg),
+        .ram_path = cfg_str(cfg, "ram_path"),
+        .ram_shared = cfg_bool(cfg, "ram_shared"),
+        .accel = cfg_str(cfg, "accel"),
+        .run_dir = c->vmdir,
+        .qemu = c->o ? c->o->qemu : NULL,
+    };
+    int rc = vmsnap_vmm_new(cfg_str(cfg, "driver"), &vc, out, err);
+    if (rc < 0)
+        return vmsnap_err_wrap(err, "VM '%s': ", c->name);
+    return 0;
+}
+
+/* ---- files ---- */
+
+static int write_small(const char *path, const char *s, struct vmsnap_err *err)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return vmsnap_err_set(err, errno, "create %s: %s", path, strerror(errno));
+    int rc = sys_write_full(fd, s, strlen(s));
+    close(fd);
+    if (rc < 0)
+        return vmsnap_err_set(err, -rc, "write %s: %s", path, strerror(-rc));
+    return 0;
+}
+
+/* Sparse copy (FICLONE when possible, else data extents only); dst appears when complete. */
+static int sparse_copy(const char *src, const char *dst, struct vmsnap_err *err)
+{
+    struct vmsnap_disk_clone_opts co = {.force = true};
+    return vmsnap_disk_clone(src, dst, &co, NULL, err);
+}
+
+static int copy_small(const char *sdir, const char *ddir, const char *name, struct vmsnap_err *err)
+{
+    char s[PATH_LEN], d[PATH_LEN];
+    int rc = pjoin(s, sdir, name, err);
+    if (rc == 0)
+        rc = pjoin(d, ddir, name, err);
+    if (rc == 0)
+        rc = sparse_copy(s, d, err);
+    return rc;
+}
+
+static bool same_fs(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev;
+}
+
+/* Replace the local checkpoint with the complete directory `newdir`. */
+static int swap_checkpoint(struct vmctx *c, const char *newdir, struct vmsnap_err *err)
+{
+    char old[PATH_LEN];
+    if (pcat(old, c->ckpt, ".old") < 0)
+        return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c->ckpt);
+    rm_rf(old);
+    if (exists(c->ckpt) && rename(c->ckpt, old) < 0)
+        return vmsnap_err_set(err, errno, "rename %s: %s", c->ckpt, strerror(errno));
+    if (rename(newdir, c->ckpt) < 0) {
+        int e = errno;
+        if (rename(old, c->ckpt) < 0)
+            vlog(VMSNAP_LOG_ERROR, "restore %s from %s: %s", c->ckpt, old, strerror(errno));
+        return vmsnap_err_set(err, e, "rename %s to %s: %s", newdir, c->ckpt, strerror(e));
+    }
+    sys_fsync_parent(c->ckpt, NULL);
+    rm_rf(old);
+    return 0;
+}
+
+/* Fill `dir` with config.json, base-id and the disk (hard link from the live disk when
+ * `link_disk`, else a sparse copy). memory-ranges and state are the caller's. */
+static int ckpt_meta(struct vmctx *c, json_object *cfg, const char *dir, bool link_disk,
+                     struct vmsnap_err *err)
+{
+    char p[PATH_LEN];
+    int rc = pjoin(p, dir, "config.json", err);
+    if (rc == 0)
+        rc = cfg_save(p, cfg, err);
+    if (rc == 0)
+        rc = pjoin(p, dir, "base-id", err);
+    if (rc == 0) {
+        char line[80];
+        const char *b = cfg_str(cfg, "base_id");
+        snprintf(line, sizeof(line), "%s\n", b ? b : "");
+        rc = write_small(p, line, err);
+    }
+    if (rc == 0)
+        rc = pjoin(p, dir, DISK_CKPT, err);
+    if (rc < 0)
+        return rc;
+    if (link_disk) {
+        if (link(c->disk, p) < 0)
+            return vmsnap_err_set(err, errno, "link %s to %s: %s", c->disk, p, strerror(errno));
+        return 0;
+    }
+    return sparse_copy(c->disk, p, err);
+}
+
+/* Put the RAM image at `dst`: a rename when on the same filesystem (zero copy), else a sparse
+ * copy and unlink. A VM mapping its image privately has its RAM in `state`; its memory-ranges
+ * is then an empty sparse file of the RAM size (restores load the RAM from the state). */
+static int ckpt_ram(struct vmctx *c, json_object *cfg, const char *dst, bool *ram_in_state,
+                    struct vmsnap_err *err)
+{
+    *ram_in_state = !cfg_bool(cfg, "ram_shared");
+    if (*ram_in_state) {
+        int fd = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0)
+            return vmsnap_err_set(err, errno, "create %s: %s", dst, strerror(errno));
+        int rc = ftruncate(fd, (off_t)cfg_int(cfg, "memory")) < 0 ? -errno : 0;
+        close(fd);
+        if (rc < 0)
+            return vmsnap_err_set(err, -rc, "truncate %s: %s", dst, strerror(-rc));
+        return 0;
+    }
+    const char *ram = cfg_str(cfg, "ram_path");
+    if (!ram)
+        return vmsnap_err_set(err, EINVAL, "VM '%s': config has no ram_path", c->name);
+    char dir[PATH_LEN];
+    snprintf(dir, sizeof(dir), "%s", dst);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = 0;
+    if (same_fs(ram, dir)) {
+        if (rename(ram, dst) < 0)
+            return vmsnap_err_set(err, errno, "rename %s to %s: %s", ram, dst, strerror(errno));
+        return 0;
+    }
+    int rc = sparse_copy(ram, dst, err);
+    if (rc < 0)
+        return vmsnap_err_wrap(err, "copy guest RAM: ");
+    unlink(ram);
+    return 0;
+}
+
+static int vm_state(struct vmctx *c, json_object *cfg, enum vmsnap_vmm_state *st, pid_t *pid,
+                    struct vmsnap_err *err)
+{
+    struct vmsnap_vmm *v = NULL;
+    int rc = vmm_from_cfg(c, cfg, &v, err);
+    if (rc == 0)
+        rc = vmsnap_vmm_state(v, st, pid, err);
+    vmsnap_vmm_free(v);
+    return rc;
+}
+
+/* ---- run ---- */
+
+int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
+                  const struct vmsnap_vm_run_args *a, struct vmsnap_vm_timing *t,
+                  struct vmsnap_err *err)
+{
+    double t0 = now(), tstart = t0;
+    struct vmctx c;
+    json_object *cfg = NULL;
+    struct vmsnap_vmm *v = NULL;
+    bool created = false;
+    int rc = ctx_init(&c, o, name, err);
+    if (rc < 0)
+        return rc;
+    if (!a || !a->kernel) {
+        rc = vmsnap_err_set(err, EINVAL, "vm run %s: a kernel is required", name);
+        goto out;
+    }
+    const char *accel;
+    rc = vmsnap_vmm_pick_accel(o ? o->accel : NULL, &accel, err);
+    if (rc == 0)
+        rc = check_ram_dir(&c, err);
+    if (rc < 0)
+        goto out;
+    char vms[PATH_LEN];
+    if (pcat(vms, c.state, "/vms") < 0)
+        return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c.state);
+    rc = mkdir_p(vms, err);
+    if (rc < 0)
+        goto out;
+    if (mkdir(c.vmdir, 0700) < 0) {
+        rc = errno == EEXIST ? vmsnap_err_set(err, EEXIST, "a VM named '%s' already exists in %s",
+                                              name, c.state)
+                             : vmsnap_err_set(err, errno, "mkdir %s: %s", c.vmdir, strerror(errno));
+        goto out;
+    }
+    created = true;
+    rc = ctx_lock(&c, err);
+    if (rc < 0)
+        goto out;
+    uint8_t id[16];
+    char base_id[33];
+    if (getrandom(id, sizeof(id), 0) != (ssize_t)sizeof(id)) {
+        rc = vmsnap_err_set(err, EIO, "getrandom: %s", strerror(errno));
+        goto out;
+    }
+    for (int i = 0; i < 16; i++)
+        snprintf(base_id + 2 * i, 3, "%02x", id[i]);
+
+    struct vmsnap_disk_create_opts dco = {.size = a->disk_size, .label = "vmsnap-upper"};
+    rc = vmsnap_disk_create(c.disk, &dco, err);
+    if (rc < 0)
+        goto out;
+    step(t, "disk", &t0);
+
+    uint64_t mem = a->mem ? a->mem : (512ull << 20);
+    cfg = json_object_new_object();
+    cfg_set_str(cfg, "name", name);
+    cfg_set_str(cfg, "driver", "qemu");
+    cfg_set_str(cfg, "kernel", a->kernel);
+    if (a->initrd)
+        cfg_set_str(cfg, "initrd", a->initrd);
+    if (a->append)
+        cfg_set_str(cfg, "cmdline", a->append);
+    json_object_object_add(cfg, "memory", json_object_new_int64((int64_t)mem));
+    json_object_object_add(cfg, "cpus", json_object_new_int64(a->cpus ? a->cpus : 1));
+    cfg_set_str(cfg, "accel", accel);
+    cfg_set_str(cfg, "base_id", base_id);
+    json_object *disks = json_object_new_array(), *d0 = json_object_new_object();
+    cfg_set_str(d0, "cid", CID);
+    cfg_set_str(d0, "path", c.disk);
+    json_object_array_add(disks, d0);
+    json_object_object_add(cfg, "disks", disks);
+    cfg_set_str(cfg, "ram_path", c.ram);
+    json_object_object_add(cfg, "ram_shared", json_object_new_boolean(1));
+    cfg_set_str(cfg, "run_dir", c.vmdir);
+
+    unlink(c.ram);
+    int fd = open(c.ram, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 || ftruncate(fd, (off_t)mem) < 0) {
+        rc = vmsnap_err_set(err, errno, "create guest RAM file %s: %s", c.ram, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        goto out;
+    }
+    close(fd);
+    rc = vmm_from_cfg(&c, cfg, &v, err);
+    if (rc == 0)
+        rc = vmsnap_vmm_boot(v, err);
+    if (rc < 0)
+        goto out;
+    step(t, "boot", &t0);
+    cfg_set_str(cfg, "status", "running");
+    rc = cfg_save(c.cfgpath, cfg, err);
+    if (rc < 0)
+        vmsnap_vmm_stop(v, NULL);
+out:
+    if (rc < 0 && created) {
+        unlink(c.ram);
+        rm_rf(c.vmdir);
+    }
+    if (rc < 0)
+        vmsnap_err_wrap(err, "vm run %s: ", name);
+    if (t)
+        t->total = now() - tstart;
+    vmsnap_vmm_free(v);
+    json_object_put(cfg);
+    ctx_fini(&c);
+    return rc;
+}
+
+/* ---- pause / suspend ---- */
+
+/* Stop the running VM after writing its device state into `sdir` (created). On failure the VM
+ * runs again and `sdir` is removed. */
+static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, const char *sdir,
+                      struct vmsnap_vm_timing *t, double *t0, struct vmsnap_err *err)
+{
+    enum vmsnap_vmm_state st;
+    int rc = vmsnap_vmm_state(v, &st, NULL, err);
+    if (rc < 0)
+        return rc;
+    if (st == VMSNAP_VMM_DEAD)
+        return vmsnap_err_set(err, ESRCH,
+                              "VM '%s' has no running QEMU (status %s): resume it from its last "
+                              "checkpoint",
+                              c->name, cfg_str(cfg, "status") ? cfg_str(cfg, "status") : "?");
+    if (st != VMSNAP_VMM_RUNNING && st != VMSNAP_VMM_PAUSED)
+        return vmsnap_err_set(err, EINVAL, "VM '%s' is %s, not running", c->name,
+                              vmsnap_vmm_state_name(st));
+    rm_rf(sdir);
+    if (mkdir(sdir, 0700) < 0)
+        return vmsnap_err_set(err, errno, "mkdir %s: %s", sdir, strerror(errno));
+    rc = vmsnap_vmm_pause(v, err);
+    if (rc < 0)
+        goto fail;
+    step(t, "pause", t0);
+    rc = vmsnap_vmm_snapshot(v, sdir, err);
+    if (rc < 0)
+        goto fail;
+    step(t, "snapshot", t0);
+    rc = vmsnap_vmm_stop(v, err);
+    if (rc < 0)
+        goto fail;
+    step(t, "teardown", t0);
+    return 0;
+fail:
+    rm_rf(sdir);
+    if (st == VMSNAP_VMM_RUNNING) {
+        struct vmsnap_err e2;
+        if (vmsnap_vmm_resume(v, &e2) < 0)
+            vlog(VMSNAP_LOG_ERROR, "VM '%s': resume after a failed checkpoint: %s", c->name,
+                 e2.msg);
+    }
+    return rc;
+}
+
+/* Turn a stopped VM's state directory `sdir` (on any filesystem) into the local checkpoint. */
+static int finish_local(struct vmctx *c, json_object *cfg, const char *sdir, bool evict,
+                        struct vmsnap_vm_timing *t, double *t0, struct vmsnap_err *err)
+{
+    char newdir[PATH_LEN], p[PATH_LEN];
+    if (pcat(newdir, c->ckpt, ".new") < 0)
+        return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c->ckpt);
+    bool in_place = !strcmp(sdir, newdir);
+    int rc = 0;
+    if (!in_place) {
+        rm_rf(newdir);
+        if (mkdir(newdir, 0700) < 0)
+            return vmsnap_err_set(err, errno, "mkdir %s: %s", newdir, strerror(errno));
+        rc = copy_small(sdir, newdir, "state", err);
+        if (rc == 0)
+            rc = pjoin(p, sdir, "memory-ranges", err);
+        char dst[PATH_LEN];
+        if (rc == 0)
+            rc = pjoin(dst, newdir, "memory-ranges", err);
+        if (rc == 0)
+            rc = sparse_copy(p, dst, err);
+    } else {
+        bool ram_in_state;
+        rc = pjoin(p, newdir, "memory-ranges", err);
+        if (rc == 0)
+            rc = ckpt_ram(c, cfg, p, &ram_in_state, err);
+        json_object_object_add(cfg, "ram_in_state", json_object_new_boolean(ram_in_state));
+    }
+    if (rc == 0) {
+        json_object *ck = NULL;
+        json_object_deep_copy(cfg, &ck, NULL);
+        json_object_object_del(ck, "status");
+        json_object_object_del(ck, "url");
+        rc = ck ? ckpt_meta(c, ck, newdir, true, err) : vmsnap_err_set(err, ENOMEM, "oom");
+        json_object_put(ck);
+    }
+    if (rc == 0)
+        rc = swap_checkpoint(c, newdir, err);
+    if (rc < 0) {
+        rm_rf(newdir);
+        return rc;
+    }
+    /* The live disk lives on as the checkpoint's hard link; resume clones it out again. */
+    unlink(c->disk);
+    const char *ram = cfg_str(cfg, "ram_path");
+    if (ram && cfg_bool(cfg, "ram_shared"))
+        unlink(ram);
+    rm_rf(c->ondemand);
+    step(t, "checkpoint", t0);
+    if (evict) {
+        /* The checkpoint was just written: start its writeback and drop what is clean, so it
+         * does not stay charged to this cgroup next to the next guest's RAM. */
+        struct vmsnap_pcache_evict_opts eo = {.kick_writeback = true};
+        struct vmsnap_pcache_report rep = {0};
+        struct vmsnap_err e2;
+        if (vmsnap_pcache_evict(c->ckpt, &eo, &rep, &e2) < 0)
+            vlog(VMSNAP_LOG_WARN, "evict %s: %s", c->ckpt, e2.msg);
+        step(t, "evict", t0);
+    }
+    return 0;
+}
+
+static int load_vm(struct vmctx *c, json_object **cfg, struct vmsnap_err *err)
+{
+    int rc = ctx_lock(c, err);
+    if (rc == 0)
+        rc = cfg_load(c->cfgpath, cfg, err);
+    return rc;
+}
+
+int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name, struct vmsnap_vm_timing *t,
+                    struct vmsnap_err *err)
+{
+    double t0 = now(), tstart = t0;
+    struct vmctx c;
+    json_object *cfg = NULL;
+    struct vmsnap_vmm *v = NULL;
+    int rc = ctx_init(&c, o, name, err);
+    if (rc == 0)
+        rc = load_vm(&c, &cfg, err);
+    if (rc == 0)
+        rc = vmm_from_cfg(&c, cfg, &v, err);
+    char newdir[PATH_LEN];
+    if (pcat(newdir, c.ckpt, ".new") < 0)
+        newdir[0] = 0;
+    if (rc == 0)
+        rc = take_state(&c, cfg, v, newdir, t, &t0, err);
+    if (rc == 0) {
+        rc = finish_local(&c, cfg, newdir, !(o && o->no_evict), t, &t0, err);
+        if (rc < 0)
+            vmsnap_err_wrap(err, "VM stopped but its checkpoint could not be completed (the "
+                                 "previous checkpoint, if any, is intact): ");
+    }
+    if (rc == 0) {
+        cfg_set_str(cfg, "status", "paused");
+        json_object_object_del(cfg, "ram_in_state");
+        rc = cfg_save(c.cfgpath, cfg, err);
+    }
+    if (rc < 0)
+        vmsnap_err_wrap(err, "vm pause %s: ", name);
+    if (t)
+        t->total = now() - tstart;
+    vmsnap_vmm_free(v);
+    json_object_put(cfg);
+    ctx_fini(&c);
+    return rc;
+}
+
+int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const char *url,
+                      struct vmsnap_vm_timing *t, struct vmsnap_err *err)
+{
+    double t0 = now(), tstart = t0;
+    struct vmctx c;
+    json_object *cfg = NULL;
+    struct vmsnap_vmm *v = NULL;
+    int rc = ctx_init(&c, o, name, err);
+    if (rc == 0)
+        rc = load_vm(&c, &cfg, err);
+    if (rc == 0)
+        rc = check_ram_dir(&c, err);
+    if (rc == 0)
+        rc = vmm_from_cfg(&c, cfg, &v, err);
+    /* Stage on the RAM tmpfs: the RAM file is renamed in (no copy) and packed from there. */
+    if (rc == 0)
+        rc = take_state(&c, cfg, v, c.stage, t, &t0, err);
+    if (rc < 0)
+        goto out;
+    char p[PATH_LEN];
+    bool ram_in_state = false;
+    rc = pjoin(p, c.stage, "memory-ranges", err);
+    if (rc == 0)
+        rc = ckpt_ram(&c, cfg, p, &ram_in_state, err);
+    json_object_object_add(cfg, "ram_in_state", json_object_new_boolean(ram_in_state));
+    if (rc == 0) {
+        json_object *ck = NULL;
+        json_object_deep_copy(cfg, &ck, NULL);
+        json_object_object_del(ck, "status");
+        json_object_object_del(ck, "url");
+        rc = ckpt_meta(&c, ck, c.stage, false, err);
+        json_object_put(ck);
+    }
+    if (rc < 0) {
+        /* Nothing was uploaded; keep what exists as a local checkpoint if the RAM made it. */
+        struct vmsnap_err e2;
+        if (exists(p) && finish_local(&c, cfg, c.stage, false, NULL, &t0, &e2) == 0)
+            vmsnap_err_wrap(err, "the VM is stopped with a local checkpoint in %s: ", c.ckpt);
+        goto out_stage;
+    }
+    step(t, "stage", &t0);
+    struct vmsnap_xfer_stats xs = {0};
+    rc = vmsnap_xfer_push(c.stage, url, o ? o->xfer : NULL, &xs, err);
+    step(t, "upload", &t0);
+    if (rc < 0) {
+        struct vmsnap_err e2;
+        int lrc = finish_local(&c, cfg, c.stage, !(o && o->no_evict), t, &t0, &e2);
+        if (lrc == 0) {
+            cfg_set_str(cfg, "status", "paused");
+            json_object_object_del(cfg, "ram_in_state");
+            cfg_save(c.cfgpath, cfg, NULL);
+            vmsnap_err_wrap(err,
+                            "upload failed; the VM is stopped and its checkpoint kept locally in "
+                            "%s (run 'vmsnap vm suspend %s URL' again, or 'vmsnap vm resume "
+                            "%s'): ",
+                            c.ckpt, name, name);
+        } else {
+            vmsnap_err_wrap(err,
+                            "upload failed and the local checkpoint failed too (%s); the "
+                            "snapshot is left in %s: ",
+                            e2.msg, c.stage);
+            goto out; /* keep the stage: it is the only copy */
+        }
+        goto out_stage;
+    }
+    /* The manifest is written: only now remove the VM's local state. */
+    unlink(c.disk);
+    rm_rf(c.ckpt);
+    rm_rf(c.ondemand);
+    cfg_set_str(cfg, "status", "suspended");
+    cfg_set_str(cfg, "url", url);
+    json_object_object_del(cfg, "ram_in_state");
+    rc = cfg_save(c.cfgpath, cfg, err);
+    step(t, "teardown-local", &t0);
+out_stage:
+    rm_rf(c.stage);
+out:
+    if (rc < 0)
+        vmsnap_err_wrap(err, "vm suspend %s: ", name);
+    if (t)
+        t->total = now() - tstart;
+    vmsnap_vmm_free(v);
+    json_object_put(cfg);
+    ctx_fini(&c);
+    return rc;
+}
+
+/* ---- resume ---- */
+
+int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const char *url,
+                     struct vmsnap_vm_timing *t, struct vmsnap_err *err)
+{
+    double t0 = now(), tstart = t0;
+    struct vmctx c;
+    json_object *cfg = NULL, *old = NULL;
+    struct vmsnap_vmm *v = NULL;
+    bool created = false, ram_made = false, disk_made = false, restored = false;
+    bool on_demand = o && o->on_demand;
+    char src[PATH_LEN] = "", p[PATH_LEN];
+    char *url_copy = NULL;
+    int rc = ctx_init(&c, o, name, err);
+    if (rc < 0)
+        return rc;
+    rc = check_ram_dir(&c, err);
+    if (rc < 0)
+        goto out;
+    if (!exists(c.vmdir)) {
+        if (!url) {
+            rc = vmsnap_err_set(err, ENOENT,
+                                "no VM named '%s' under %s (give the URL it was "
+                                "suspended to)",
+                                name, c.state);
+            goto out;
+        }
+        char vms[PATH_LEN];
+        if (pcat(vms, c.state, "/vms") < 0)
+            return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c.state);
+        rc = mkdir_p(vms, err);
+        if (rc == 0 && mkdir(c.vmdir, 0700) < 0)
+            rc = vmsnap_err_set(err, errno, "mkdir %s: %s", c.vmdir, strerror(errno));
+        if (rc < 0)
+            goto out;
+        created = true;
+    }
+    rc = ctx_lock(&c, err);
+    if (rc < 0)
+        goto out;
+    if (!created && cfg_load(c.cfgpath, &old, NULL) == 0) {
+        enum vmsnap_vmm_state st;
+        if (vm_state(&c, old, &st, NULL, err) == 0 && st != VMSNAP_VMM_DEAD) {
+            rc = vmsnap_err_set(err, EBUSY, "VM '%s' is %s: pause, suspend or stop it first", name,
+                                vmsnap_vmm_state_name(st));
+            goto out;
+        }
+        /* No local checkpoint but a known store URL (suspended, or resumed from a store): the
+         * last checkpoint is there. */
+        if (!url && !exists(c.ckpt) && cfg_str(old, "url")) {
+            url_copy = strdup(cfg_str(old, "url"));
+            url = url_copy;
+        }
+    }
+    if (!url) {
+        snprintf(src, sizeof(src), "%s", c.ckpt);
+        if (!exists(c.ckpt)) {
+            rc = vmsnap_err_set(err, ENOENT, "VM '%s' has no local checkpoint in %s", name, c.ckpt);
+            goto out;
+        }
+    } else {
+        /* Eager: decode straight into tmpfs, where memory-ranges becomes guest RAM by a rename.
+         * On demand: the image stays mapped for the VM's life, so it goes to disk. */
+        snprintf(src, sizeof(src), "%s", on_demand ? c.ondemand : c.stage);
+        /* An old on-demand image there belongs to a dead process: replacing it is safe. */
+        rm_rf(src);
+        rc = vmsnap_xfer_pull(url, src, o ? o->xfer : NULL, NULL, err);
+        if (rc < 0) {
+            rm_rf(src);
+            vmsnap_err_wrap(err, "pull %s (the snapshot there is untouched): ", url);
+            goto out;
+        }
+        step(t, "download", &t0);
+    }
+    rc = pjoin(p, src, "config.json", err);
+    if (rc == 0)
+        rc = cfg_load(p, &cfg, err);
+    if (rc < 0)
+        goto out_src;
+    if (cfg_int(cfg, "memory") <= 0 || !cfg_str(cfg, "kernel")) {
+        rc = vmsnap_err_set(err, EINVAL, "%s: no memory size or kernel", p);
+        goto out_src;
+    }
+
+    /* Stage: clone the disk out, place the RAM, rewrite the node-local paths. */
+    rc = pjoin(p, src, DISK_CKPT, err);
+    if (rc == 0)
+        rc = sparse_copy(p, c.disk, err);
+    if (rc < 0)
+        goto out_src;
+    disk_made = true;
+    char ram[PATH_LEN], img[PATH_LEN];
+    rc = pjoin(img, src, "memory-ranges", err);
+    if (rc < 0)
+        goto out_src;
+    unlink(c.ram);
+    if (on_demand) {
+        snprintf(ram, sizeof(ram), "%s", img);
+    } else {
+        snprintf(ram, sizeof(ram), "%s", c.ram);
+        if (url && same_fs(img, c.ram_dir)) {
+            if (rename(img, c.ram) < 0) {
+                rc = vmsnap_err_set(err, errno, "rename %s to %s: %s", img, c.ram, strerror(errno));
+                goto out_src;
+            }
+        } else {
+            rc = sparse_copy(img, c.ram, err);
+            if (rc < 0)
+                goto out_src;
+        }
+        ram_made = true;
+    }
+    rc = vm_config_rewrite(cfg, c.disk, ram, c.vmdir, err);
+    if (rc < 0)
+        goto out_src;
+    json_object_object_add(cfg, "ram_shared", json_object_new_boolean(!on_demand));
+    cfg_set_str(cfg, "name", name);
+    if (!cfg_str(cfg, "accel") || (o && o->accel)) {
+        const char *accel;
+        rc = vmsnap_vmm_pick_accel(o ? o->accel : NULL, &accel, err);
+        if (rc < 0)
+            goto out_src;
+        cfg_set_str(cfg, "accel", accel);
+    }
+    step(t, "stage", &t0);
+
+    rc = vmm_from_cfg(&c, cfg, &v, err);
+    if (rc == 0)
+        rc = vmsnap_vmm_restore(v, src, err);
+    if (rc < 0)
+        goto out_src;
+    restored = true;
+    step(t, "restore", &t0);
+
+    /* Release the restore files: pulled ones are truncated (the privately mapped image of an
+     * on-demand VM excepted), the local checkpoint is only evicted (it stays the latest). */
+    if (url) {
+        const char *keep[] = {"memory-ranges", NULL};
+        struct vmsnap_err e2;
+        if (!on_demand || !(o && o->no_evict)) {
+            if (vmsnap_pcache_release_dir(src, on_demand ? keep : NULL, NULL, NULL, &e2) < 0)
+                vlog(VMSNAP_LOG_WARN, "release %s: %s", src, e2.msg);
+        }
+        if (!on_demand)
+            rm_rf(src);
+        rm_rf(c.ckpt); /* superseded by the store's snapshot */
+    } else if (!(o && o->no_evict)) {
+        struct vmsnap_err e2;
+        if (vmsnap_pcache_evict(c.ckpt, NULL, NULL, &e2) < 0)
+            vlog(VMSNAP_LOG_WARN, "evict %s: %s", c.ckpt, e2.msg);
+    }
+    if (!on_demand || !url)
+        rm_rf(c.ondemand);
+    step(t, "evict", &t0);
+
+    rc = vmsnap_vmm_resume(v, err);
+    if (rc < 0)
+        goto out_src;
+    step(t, "resume", &t0);
+    json_object_object_del(cfg, "ram_in_state");
+    cfg_set_str(cfg, "status", "running");
+    cfg_set_str(cfg, "url", url ? url : (old ? cfg_str(old, "url") : NULL));
+    rc = cfg_save(c.cfgpath, cfg, err);
+    goto out;
+out_src:
+    if (restored && v)
+        vmsnap_vmm_stop(v, NULL);
+    if (ram_made)
+        unlink(c.ram);
+    /* A disk clone made here is kept: it is a copy of the source snapshot's disk, which the
+     * next resume replaces anyway. */
+    (void)disk_made;
+    if (url)
+        rm_rf(src);
+out:
+    if (rc < 0 && created)
+        rm_rf(c.vmdir);
+    if (rc < 0)
+        vmsnap_err_wrap(err, "vm resume %s: ", name);
+    if (t)
+        t->total = now() - tstart;
+    free(url_copy);
+    vmsnap_vmm_free(v);
+    json_object_put(cfg);
+    json_object_put(old);
+    ctx_fini(&c);
+    return rc;
+}
+
+/* ---- stop, list, console ---- */
+
+int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove,
+                   struct vmsnap_err *err)
+{
+    struct vmctx c;
+    json_object *cfg = NULL;
+    struct vmsnap_vmm *v = NULL;
+    int rc = ctx_init(&c, o, name, err);
+    if (rc == 0)
+        rc = load_vm(&c, &cfg, err);
+    if (rc == 0)
+        rc = vmm_from_cfg(&c, cfg, &v, err);
+    if (rc == 0)
+        rc = vmsnap_vmm_stop(v, err);
+    if (rc == 0) {
+        if (cfg_bool(cfg, "ram_shared") && cfg_str(cfg, "ram_path"))
+            unlink(cfg_str(cfg, "ram_path"));
+        unlink(c.ram);
+        rm_rf(c.stage);
+        const char *s = cfg_str(cfg, "status");
+        if (s && !strcmp(s, "running")) {
+            cfg_set_str(cfg, "status", "stopped");
+            rc = cfg_save(c.cfgpath, cfg, err);
+        }
+        if (remove)
+            rc = rm_rf(c.vmdir) < 0
+                     ? vmsnap_err_set(err, errno, "remove %s: %s", c.vmdir, strerror(errno))
+                     : 0;
+    }
+    if (rc < 0)
+        vmsnap_err_wrap(err, "vm stop %s: ", name);
+    vmsnap_vmm_free(v);
+    json_object_put(cfg);
+    ctx_fini(&c);
+    return rc;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *arg,
+                   struct vmsnap_err *err)
+{
+    struct vmctx c;
+    int rc = ctx_init(&c, o, "x", err);
+    if (rc < 0)
+        return rc;
+    char vms[PATH_LEN];
+    if (pcat(vms, c.state, "/vms") < 0)
+        return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c.state);
+    DIR *d = opendir(vms);
+    if (!d)
+        return errno == ENOENT ? 0 : vmsnap_err_set(err, errno, "%s: %s", vms, strerror(errno));
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!valid_name(de->d_name))
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **nn = realloc(names, cap * sizeof(*names));
+            if (!nn) {
+                rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+                break;
+            }
+            names = nn;
+        }
+        if (!(names[n] = strdup(de->d_name))) {
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+            break;
+        }
+        n++;
+    }
+    closedir(d);
+    if (rc == 0)
+        qsort(names, n, sizeof(*names), cmp_str);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        struct vmctx vc;
+        json_object *cfg = NULL;
+        if (ctx_init(&vc, o, names[i], NULL) < 0 || cfg_load(vc.cfgpath, &cfg, NULL) < 0)
+            continue;
+        enum vmsnap_vmm_state st = VMSNAP_VMM_DEAD;
+        pid_t pid = 0;
+        struct vmsnap_err e2;
+        const char *status = cfg_str(cfg, "status");
+        if (!status)
+            status = "?";
+        if (vm_state(&vc, cfg, &st, &pid, &e2) < 0)
+            st = VMSNAP_VMM_OTHER;
+        if (st == VMSNAP_VMM_DEAD && !strcmp(status, "running"))
+            status = "dead";
+        else if (st != VMSNAP_VMM_DEAD)
+            status = vmsnap_vmm_state_name(st);
+        int64_t mem = cfg_int(cfg, "memory");
+        struct vmsnap_vm_info info = {
+            .name = names[i],
+            .status = status,
+            .pid = pid,
+            .accel = cfg_str(cfg, "accel"),
+            .mem = mem > 0 ? (uint64_t)mem : 0,
+            .checkpoint = exists(vc.ckpt),
+            .url = cfg_str(cfg, "url"),
+            .dir = vc.vmdir,
+        };
+        rc = fn(arg, &info);
+        json_object_put(cfg);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    return rc;
+}
+
+int vmsnap_vm_console_path(const struct vmsnap_vm_opts *o, const char *name, char *buf, size_t len,
+                           struct vmsnap_err *err)
+{
+    struct vmctx c;
+    int rc = ctx_init(&c, o, name, err);
+    if (rc < 0)
+        return rc;
+    if (!exists(c.vmdir))
+        return vmsnap_err_set(err, ENOENT, "no VM named '%s' under %s", name, c.state);
+    int w = snprintf(buf, len, "%s/console.log", c.vmdir);
+    if (w < 0 || (size_t)w >= len)
+        return vmsnap_err_set(err, ENAMETOOLONG, "console path too long");
+    return 0;
+}
+
+int vmsnap_vm_console_send(const struct vmsnap_vm_opts *o, const char *name, const char *line,
+                           struct vmsnap_err *err)
+{
+    struct vmctx c;
+    int rc = ctx_init(&c, o, name, err);
+    if (rc < 0)
+        return rc;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int w = snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/console.sock", c.vmdir);
+    if (w < 0 || (size_t)w >= sizeof(sa.sun_path))
+        return vmsnap_err_set(err, ENAMETOOLONG, "console socket path too long");
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return vmsnap_err_set(err, errno, "socket: %s", strerror(errno));
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        rc = vmsnap_err_set(err, errno, "VM '%s' console %s: %s (is it running?)", name,
+                            sa.sun_path, strerror(errno));
+        close(fd);
+        return rc;
+    }
+    rc = sys_write_full(fd, line, strlen(line));
+    if (rc == 0)
+        rc = sys_write_full(fd, "\n", 1);
+    if (rc < 0)
+        rc = vmsnap_err_set(err, -rc, "VM '%s' console: %s", name, strerror(-rc));
+    /* Give the chardev a moment to pass the bytes on before the peer disappears. */
+    struct timespec ts = {0, 100 * 1000000L};
+    nanosleep(&ts, NULL);
+    close(fd);
+    return rc;
+}

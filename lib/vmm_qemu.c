@@ -1,0 +1,741 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The QEMU driver. QEMU runs in the background in its own session (double fork, so no caller
+ * has to reap it), stderr appended to run_dir/qemu.log (not -daemonize, which loses the error
+ * messages of a failed start). Guest RAM is a memory-backend-file on the microvm machine; the
+ * serial console is a unix socket chardev that also appends to console.log.
+ *
+ * Control is QMP over run_dir/qmp.sock, one short connection per operation (greeting,
+ * qmp_capabilities, commands, replies one JSON object per line; events are skipped). Snapshot
+ * and restore are migrations with the x-ignore-shared capability to and from an exec: pipe, so a
+ * share=on RAM file is left out of the state and is itself the memory image.
+ *
+ * A process is identified by the pid file and confirmed through /proc/<pid>/cmdline naming our
+ * QMP socket, so a recycled pid is never signalled.
+ */
+#include "vmm_int.h"
+
+#include "util/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define QMP_LINE_MAX (1u << 20)
+#define QMP_TIMEOUT 60.0
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int qemu_opt_escape(const char *s, char *out, size_t len)
+{
+    size_t o = 0;
+    for (; *s; s++) {
+        if (o + 2 >= len)
+            return -ENAMETOOLONG;
+        out[o++] = *s;
+        if (*s == ',')
+            out[o++] = ',';
+    }
+    if (o >= len)
+        return -ENAMETOOLONG;
+    out[o] = 0;
+    return 0;
+}
+
+enum vmsnap_vmm_state qmp_status_state(const char *status)
+{
+    if (!strcmp(status, "running"))
+        return VMSNAP_VMM_RUNNING;
+    if (!strcmp(status, "paused") || !strcmp(status, "postmigrate") ||
+        !strcmp(status, "finish-migrate") || !strcmp(status, "prelaunch") ||
+        !strcmp(status, "save-vm") || !strcmp(status, "suspended"))
+        return VMSNAP_VMM_PAUSED;
+    if (!strcmp(status, "inmigrate") || !strcmp(status, "restore-vm"))
+        return VMSNAP_VMM_INCOMING;
+    return VMSNAP_VMM_OTHER;
+}
+
+int qmp_parse_reply(const char *line, const char *what, json_object **ret, struct vmsnap_err *err)
+{
+    if (ret)
+        *ret = NULL;
+    json_tokener *tok = json_tokener_new_ex(32);
+    if (!tok)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    json_object *o = json_tokener_parse_ex(tok, line, (int)strlen(line));
+    enum json_tokener_error jerr = json_tokener_get_error(tok);
+    json_tokener_free(tok);
+    if (!o || jerr != json_tokener_success || !json_object_is_type(o, json_type_object)) {
+        json_object_put(o);
+        return vmsnap_err_set(err, EPROTO, "QMP %s: malformed reply '%.80s'", what, line);
+    }
+    json_object *v;
+    int rc = 0;
+    if (json_object_object_get_ex(o, "return", &v)) {
+        if (ret)
+            *ret = json_object_get(v);
+        rc = 1;
+    } else if (json_object_object_get_ex(o, "error", &v)) {
+        json_object *cls = NULL, *desc = NULL;
+        json_object_object_get_ex(v, "class", &cls);
+        json_object_object_get_ex(v, "desc", &desc);
+        rc = vmsnap_err_set(err, EIO, "QMP %s: %s: %s", what,
+                            cls ? json_object_get_string(cls) : "error",
+                            desc ? json_object_get_string(desc) : "(no description)");
+    } else if (json_object_object_get_ex(o, "event", &v) ||
+               json_object_object_get_ex(o, "QMP", &v)) {
+        rc = 0;
+    } else {
+        rc = vmsnap_err_set(err, EPROTO, "QMP %s: unexpected message '%.80s'", what, line);
+    }
+    json_object_put(o);
+    return rc;
+}
+
+/* ---- QMP connection ---- */
+
+struct qmp {
+    int fd;
+    size_t len;
+    char *buf;  /* QMP_LINE_MAX + 1 */
+    char *line; /* the last line read */
+    const char *sock;
+};
+
+static void qmp_close(struct qmp *q)
+{
+    if (q->fd >= 0)
+        close(q->fd);
+    free(q->buf);
+    free(q->line);
+    q->fd = -1;
+    q->buf = NULL;
+    q->line = NULL;
+}
+
+/* Read one line (without CRLF) into *line (pointing into q->buf, valid until the next read). */
+static int qmp_readline(struct qmp *q, double deadline, char **line, struct vmsnap_err *err)
+{
+    for (;;) {
+        char *nl = memchr(q->buf, '\n', q->len);
+        if (nl) {
+            size_t n = (size_t)(nl - q->buf);
+            free(q->line);
+            char *out = q->line = malloc(n + 1);
+            if (!out)
+                return vmsnap_err_set(err, ENOMEM, "out of memory");
+            memcpy(out, q->buf, n);
+            out[n] = 0;
+            if (n && out[n - 1] == '\r')
+                out[n - 1] = 0;
+            memmove(q->buf, nl + 1, q->len - n - 1);
+            q->len -= n + 1;
+            *line = out;
+            return 0;
+        }
+        if (q->len >= QMP_LINE_MAX)
+            return vmsnap_err_set(err, EPROTO, "QMP %s: message longer than %u bytes", q->sock,
+                                  QMP_LINE_MAX);
+        double left = deadline - now();
+        if (left <= 0)
+            return vmsnap_err_set(err, ETIMEDOUT, "QMP %s: no reply in %.0f s", q->sock,
+                                  QMP_TIMEOUT);
+        struct pollfd p = {q->fd, POLLIN, 0};
+        int r = poll(&p, 1, (int)(left * 1000) + 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return vmsnap_err_set(err, errno, "QMP %s: poll: %s", q->sock, strerror(errno));
+        if (r == 0)
+            continue;
+        ssize_t got = read(q->fd, q->buf + q->len, QMP_LINE_MAX - q->len);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0)
+            return vmsnap_err_set(err, errno, "QMP %s: read: %s", q->sock, strerror(errno));
+        if (got == 0)
+            return vmsnap_err_set(err, ECONNRESET, "QMP %s: connection closed by QEMU", q->sock);
+        q->len += (size_t)got;
+    }
+}
+
+static int qmp_exec(struct qmp *q, const char *cmd, json_object *args, json_object **ret,
+                    struct vmsnap_err *err)
+{
+    json_object *req = json_object_new_object();
+    if (!req)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    json_object_object_add(req, "execute", json_object_new_string(cmd));
+    if (args)
+        json_object_object_add(req, "arguments", json_object_get(args));
+    const char *s = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
+    size_t n = strlen(s);
+    int rc = 0;
+    for (size_t off = 0; off < n;) {
+        ssize_t w = send(q->fd, s + off, n - off, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0) {
+            rc = vmsnap_err_set(err, errno, "QMP %s: send %s: %s", q->sock, cmd, strerror(errno));
+            break;
+        }
+        off += (size_t)w;
+    }
+    json_object_put(req);
+    if (rc < 0)
+        return rc;
+    if (send(q->fd, "\n", 1, MSG_NOSIGNAL) != 1)
+        return vmsnap_err_set(err, errno, "QMP %s: send %s: %s", q->sock, cmd, strerror(errno));
+    double deadline = now() + QMP_TIMEOUT;
+    for (;;) {
+        char *line;
+        rc = qmp_readline(q, deadline, &line, err);
+        if (rc < 0)
+            return rc;
+        rc = qmp_parse_reply(line, cmd, ret, err);
+        if (rc != 0)
+            return rc < 0 ? rc : 0;
+    }
+}
+
+static int qmp_open(struct vmsnap_vmm *v, struct qmp *q, double timeout, struct vmsnap_err *err)
+{
+    q->fd = -1;
+    q->len = 0;
+    q->line = NULL;
+    q->sock = v->qmp_sock;
+    q->buf = malloc(QMP_LINE_MAX + 1);
+    if (!q->buf)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, v->qmp_sock, strlen(v->qmp_sock) + 1);
+    double deadline = now() + timeout;
+    int rc;
+    for (;;) {
+        q->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (q->fd < 0) {
+            rc = vmsnap_err_set(err, errno, "socket: %s", strerror(errno));
+            goto fail;
+        }
+        if (connect(q->fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+            break;
+        int e = errno;
+        close(q->fd);
+        q->fd = -1;
+        if (now() >= deadline || (e != ENOENT && e != ECONNREFUSED)) {
+            rc = vmsnap_err_set(err, e, "QMP connect %s: %s", v->qmp_sock, strerror(e));
+            goto fail;
+        }
+        sleep_ms(20);
+    }
+    char *line;
+    rc = qmp_readline(q, now() + QMP_TIMEOUT, &line, err); /* greeting */
+    if (rc < 0)
+        goto fail;
+    if (!strstr(line, "\"QMP\"")) {
+        rc = vmsnap_err_set(err, EPROTO, "QMP %s: unexpected greeting '%.80s'", v->qmp_sock, line);
+        goto fail;
+    }
+    rc = qmp_exec(q, "qmp_capabilities", NULL, NULL, err);
+    if (rc < 0)
+        goto fail;
+    return 0;
+fail:
+    qmp_close(q);
+    return rc;
+}
+
+/* One command on a fresh connection. */
+static int qmp_once(struct vmsnap_vmm *v, const char *cmd, json_object *args, json_object **ret,
+                    struct vmsnap_err *err)
+{
+    struct qmp q;
+    int rc = qmp_open(v, &q, 2.0, err);
+    if (rc < 0)
+        return rc;
+    rc = qmp_exec(&q, cmd, args, ret, err);
+    qmp_close(&q);
+    return rc;
+}
+
+/* ---- process ---- */
+
+static pid_t read_pid(struct vmsnap_vmm *v)
+{
+    FILE *f = fopen(v->pidfile, "re");
+    if (!f)
+        return 0;
+    long pid = 0;
+    if (fscanf(f, "%ld", &pid) != 1)
+        pid = 0;
+    fclose(f);
+    return pid > 1 ? (pid_t)pid : 0;
+}
+
+/* Alive (not a zombie) and really our QEMU: its command line names our QMP socket. */
+static bool pid_is_ours(struct vmsnap_vmm *v, pid_t pid)
+{
+    if (pid <= 1)
+        return false;
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return false;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *rp = strrchr(buf, ')');
+    if (!rp || rp[1] != ' ' || rp[2] == 'Z' || rp[2] == 'X')
+        return false;
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    size_t cap = 1 << 16;
+    char *cl = malloc(cap);
+    bool ours = false;
+    if (cl) {
+        ssize_t r = read(fd, cl, cap - 1);
+        if (r > 0) {
+            for (ssize_t i = 0; i < r; i++)
+                if (!cl[i])
+                    cl[i] = ' ';
+            cl[r] = 0;
+            ours = strstr(cl, v->qmp_sock) != NULL;
+        }
+        free(cl);
+    }
+    close(fd);
+    return ours;
+}
+
+/* The last lines of qemu.log, for error messages. */
+static void log_tail(struct vmsnap_vmm *v, char *out, size_t len)
+{
+    out[0] = 0;
+    int fd = open(v->qemu_log, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    struct stat st;
+    if (fstat(fd, &st) == 0) {
+        off_t off = st.st_size > (off_t)len - 1 ? st.st_size - (off_t)len + 1 : 0;
+        ssize_t r = pread(fd, out, len - 1, off);
+        if (r > 0) {
+            out[r] = 0;
+            while (r > 0 && (out[r - 1] == '\n' || out[r - 1] == '\r'))
+                out[--r] = 0;
+            for (ssize_t i = 0; i < r; i++)
+                if (out[i] == '\n')
+                    out[i] = ' ';
+        }
+    }
+    close(fd);
+}
+
+#define ARGV_MAX 64
+
+static int build_argv(struct vmsnap_vmm *v, bool incoming, char **argv, char *pool, size_t pool_len,
+                      struct vmsnap_err *err)
+{
+    size_t used = 0;
+    int n = 0;
+    char ram[4200], disk[4200], log[4200], con[300], qmp[300];
+    if (qemu_opt_escape(v->ram_path, ram, sizeof(ram)) < 0 ||
+        (v->disk && qemu_opt_escape(v->disk, disk, sizeof(disk)) < 0) ||
+        qemu_opt_escape(v->console_log, log, sizeof(log)) < 0 ||
+        qemu_opt_escape(v->con_sock, con, sizeof(con)) < 0 ||
+        qemu_opt_escape(v->qmp_sock, qmp, sizeof(qmp)) < 0)
+        return vmsnap_err_set(err, ENAMETOOLONG, "VM paths too long");
+#define ARG(...)                                                                                   \
+    do {                                                                                           \
+        int w_ = snprintf(pool + used, pool_len - used, __VA_ARGS__);                              \
+        if (w_ < 0 || (size_t)w_ >= pool_len - used || n >= ARGV_MAX - 1)                          \
+            return vmsnap_err_set(err, E2BIG, "QEMU command line too long");                       \
+        argv[n++] = pool + used;                                                                   \
+        used += (size_t)w_ + 1;                                                                    \
+    } while (0)
+    unsigned long long mib = (unsigned long long)(v->mem >> 20);
+    ARG("%s", v->qemu);
+    ARG("-accel");
+    ARG("%s", v->accel);
+    ARG("-cpu");
+    ARG("%s", strcmp(v->accel, "kvm") ? "max" : "host");
+    ARG("-smp");
+    ARG("%u", v->cpus);
+    ARG("-m");
+    ARG("%lluM", mib);
+    ARG("-M");
+    ARG("microvm,memory-backend=mem");
+    ARG("-object");
+    ARG("memory-backend-file,id=mem,size=%lluM,mem-path=%s,share=%s", mib, ram,
+        v->ram_shared ? "on" : "off");
+    ARG("-kernel");
+    ARG("%s", v->kernel);
+    if (v->initrd) {
+        ARG("-initrd");
+        ARG("%s", v->initrd);
+    }
+    if (v->cmdline) {
+        ARG("-append");
+        ARG("%s", v->cmdline);
+    }
+    ARG("-nodefaults");
+    ARG("-no-user-config");
+    ARG("-display");
+    ARG("none");
+    ARG("-chardev");
+    ARG("socket,id=con,path=%s,server=on,wait=off,logfile=%s,logappend=on", con, log);
+    ARG("-serial");
+    ARG("chardev:con");
+    if (v->disk) {
+        ARG("-drive");
+        ARG("file=%s,format=raw,if=none,id=vda,cache=writeback,discard=unmap", disk);
+        ARG("-device");
+        ARG("virtio-blk-device,drive=vda");
+    }
+    ARG("-qmp");
+    ARG("unix:%s,server=on,wait=off", qmp);
+    ARG("-pidfile");
+    ARG("%s", v->pidfile);
+    if (incoming) {
+        ARG("-incoming");
+        ARG("defer");
+    }
+#undef ARG
+    argv[n] = NULL;
+    return 0;
+}
+
+static int qemu_stop(struct vmsnap_vmm *v, struct vmsnap_err *err);
+
+static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err)
+{
+    pid_t old = read_pid(v);
+    if (pid_is_ours(v, old))
+        return vmsnap_err_set(err, EBUSY, "VM in %s already has a QEMU process (pid %d)",
+                              v->run_dir, (int)old);
+    char *argv[ARGV_MAX];
+    size_t pool_len = 64 << 10;
+    char *pool = malloc(pool_len);
+    if (!pool)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    int rc = build_argv(v, incoming, argv, pool, pool_len, err);
+    if (rc < 0) {
+        free(pool);
+        return rc;
+    }
+    unlink(v->pidfile);
+    unlink(v->qmp_sock);
+    unlink(v->con_sock);
+    int logfd = open(v->qemu_log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (logfd < 0) {
+        rc = vmsnap_err_set(err, errno, "open %s: %s", v->qemu_log, strerror(errno));
+        free(pool);
+        return rc;
+    }
+    int pfd[2];
+    if (pipe2(pfd, O_CLOEXEC) < 0) {
+        rc = vmsnap_err_set(err, errno, "pipe: %s", strerror(errno));
+        close(logfd);
+        free(pool);
+        return rc;
+    }
+    /* Double fork: the intermediate child exits at once, so QEMU is reparented and nobody
+     * has to reap it; the pipe carries the exec error (if any) back. */
+    pid_t mid = fork();
+    if (mid < 0) {
+        rc = vmsnap_err_set(err, errno, "fork: %s", strerror(errno));
+        close(pfd[0]);
+        close(pfd[1]);
+        close(logfd);
+        free(pool);
+        return rc;
+    }
+    if (mid == 0) {
+        if (setsid() < 0)
+            _exit(127);
+        pid_t q = fork();
+        if (q != 0)
+            _exit(q < 0 ? 127 : 0);
+        int nul = open("/dev/null", O_RDWR);
+        if (nul < 0 || dup2(nul, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
+            _exit(127);
+        execvp(argv[0], argv);
+        int e = errno;
+        if (write(pfd[1], &e, sizeof(e)) < 0)
+            _exit(127);
+        _exit(127);
+    }
+    close(pfd[1]);
+    close(logfd);
+    int st;
+    while (waitpid(mid, &st, 0) < 0 && errno == EINTR)
+        ;
+    int e = 0;
+    ssize_t r;
+    while ((r = read(pfd[0], &e, sizeof(e))) < 0 && errno == EINTR)
+        ;
+    close(pfd[0]);
+    if (r == (ssize_t)sizeof(e)) {
+        rc = vmsnap_err_set(err, e, "exec %s: %s", argv[0], strerror(e));
+        free(pool);
+        return rc;
+    }
+    free(pool);
+    /* Wait for the QMP socket; QEMU exiting first means a bad command line or asset. */
+    double deadline = now() + 30.0;
+    struct qmp q;
+    for (;;) {
+        struct vmsnap_err e2;
+        rc = qmp_open(v, &q, 0.2, &e2);
+        if (rc == 0) {
+            qmp_close(&q);
+            break;
+        }
+        pid_t pid = read_pid(v);
+        if ((pid && !pid_is_ours(v, pid)) || now() > deadline) {
+            char tail[400];
+            log_tail(v, tail, sizeof(tail));
+            if (now() > deadline)
+                qemu_stop(v, NULL);
+            return vmsnap_err_set(err, EIO, "QEMU for %s did not start: %s", v->run_dir,
+                                  tail[0] ? tail : e2.msg);
+        }
+        if (!pid) {
+            /* No pid file yet: QEMU may still be parsing options or have died early. */
+            char tail[400];
+            log_tail(v, tail, sizeof(tail));
+            if (strstr(tail, "qemu-system") || strstr(tail, "error")) {
+                sleep_ms(100);
+                if (!read_pid(v))
+                    return vmsnap_err_set(err, EIO, "QEMU for %s did not start: %s", v->run_dir,
+                                          tail);
+            }
+        }
+        sleep_ms(30);
+    }
+    vlog(VMSNAP_LOG_DEBUG, "QEMU started for %s (pid %d, accel %s)", v->run_dir, (int)read_pid(v),
+         v->accel);
+    return 0;
+}
+
+static int set_ignore_shared(struct qmp *q, struct vmsnap_err *err)
+{
+    json_object *args = json_object_new_object();
+    json_object *caps = json_object_new_array();
+    json_object *cap = json_object_new_object();
+    json_object_object_add(cap, "capability", json_object_new_string("x-ignore-shared"));
+    json_object_object_add(cap, "state", json_object_new_boolean(1));
+    json_object_array_add(caps, cap);
+    json_object_object_add(args, "capabilities", caps);
+    int rc = qmp_exec(q, "migrate-set-capabilities", args, NULL, err);
+    json_object_put(args);
+    return rc;
+}
+
+/* Poll query-migrate until completed (or failed). */
+static int wait_migration(struct qmp *q, const char *what, struct vmsnap_err *err)
+{
+    double deadline = now() + 300.0;
+    unsigned ms = 2;
+    for (;;) {
+        json_object *ret = NULL, *status = NULL;
+        int rc = qmp_exec(q, "query-migrate", NULL, &ret, err);
+        if (rc < 0)
+            return rc;
+        const char *s = "";
+        if (ret && json_object_object_get_ex(ret, "status", &status))
+            s = json_object_get_string(status);
+        if (!strcmp(s, "completed")) {
+            json_object_put(ret);
+            return 0;
+        }
+        if (!strcmp(s, "failed") || !strcmp(s, "cancelled")) {
+            json_object *desc = NULL;
+            json_object_object_get_ex(ret, "error-desc", &desc);
+            rc = vmsnap_err_set(err, EIO, "%s: migration %s: %s", what, s,
+                                desc ? json_object_get_string(desc) : "(see qemu.log)");
+            json_object_put(ret);
+            return rc;
+        }
+        json_object_put(ret);
+        if (now() > deadline)
+            return vmsnap_err_set(err, ETIMEDOUT, "%s: migration not done after 300 s", what);
+        sleep_ms(ms);
+        ms = ms < 50 ? ms * 2 : 50;
+    }
+}
+
+/* The exec: URI runs through /bin/sh: the path is single-quoted, so it must not hold one. */
+static int exec_uri(char *out, size_t len, bool write, const char *dir, struct vmsnap_err *err)
+{
+    if (strchr(dir, '\''))
+        return vmsnap_err_set(err, EINVAL, "snapshot directory %s contains a single quote", dir);
+    int w = write ? snprintf(out, len, "exec:umask 077 && cat > '%s/state'", dir)
+                  : snprintf(out, len, "exec:cat '%s/state'", dir);
+    if (w < 0 || (size_t)w >= len)
+        return vmsnap_err_set(err, ENAMETOOLONG, "snapshot directory %s too long", dir);
+    return 0;
+}
+
+static int qemu_restore(struct vmsnap_vmm *v, const char *dir, struct vmsnap_err *err)
+{
+    char uri[4200], path[4200];
+    int rc = exec_uri(uri, sizeof(uri), false, dir, err);
+    if (rc < 0)
+        return rc;
+    snprintf(path, sizeof(path), "%s/state", dir);
+    if (access(path, R_OK) < 0)
+        return vmsnap_err_set(err, errno, "restore: %s: %s", path, strerror(errno));
+    rc = qemu_boot(v, true, err);
+    if (rc < 0)
+        return rc;
+    struct qmp q;
+    rc = qmp_open(v, &q, 5.0, err);
+    if (rc < 0)
+        goto fail;
+    rc = set_ignore_shared(&q, err);
+    if (rc == 0) {
+        json_object *args = json_object_new_object();
+        json_object_object_add(args, "uri", json_object_new_string(uri));
+        rc = qmp_exec(&q, "migrate-incoming", args, NULL, err);
+        json_object_put(args);
+    }
+    if (rc == 0)
+        rc = wait_migration(&q, path, err);
+    qmp_close(&q);
+    if (rc == 0)
+        return 0;
+fail:;
+    char tail[300];
+    log_tail(v, tail, sizeof(tail));
+    if (tail[0])
+        vmsnap_err_wrap(err, "(qemu.log: %s) ", tail);
+    qemu_stop(v, NULL);
+    return rc;
+}
+
+static int qemu_pause(struct vmsnap_vmm *v, struct vmsnap_err *err)
+{
+    return qmp_once(v, "stop", NULL, NULL, err);
+}
+
+static int qemu_resume(struct vmsnap_vmm *v, struct vmsnap_err *err)
+{
+    return qmp_once(v, "cont", NULL, NULL, err);
+}
+
+static int qemu_snapshot(struct vmsnap_vmm *v, const char *dir, struct vmsnap_err *err)
+{
+    char uri[4200];
+    int rc = exec_uri(uri, sizeof(uri), true, dir, err);
+    if (rc < 0)
+        return rc;
+    struct qmp q;
+    rc = qmp_open(v, &q, 2.0, err);
+    if (rc < 0)
+        return rc;
+    rc = set_ignore_shared(&q, err);
+    if (rc == 0) {
+        json_object *args = json_object_new_object();
+        json_object_object_add(args, "uri", json_object_new_string(uri));
+        rc = qmp_exec(&q, "migrate", args, NULL, err);
+        json_object_put(args);
+    }
+    if (rc == 0)
+        rc = wait_migration(&q, dir, err);
+    qmp_close(&q);
+    return rc;
+}
+
+static bool wait_gone(struct vmsnap_vmm *v, pid_t pid, double secs)
+{
+    double deadline = now() + secs;
+    while (pid_is_ours(v, pid)) {
+        if (now() > deadline)
+            return false;
+        sleep_ms(10);
+    }
+    return true;
+}
+
+static int qemu_stop(struct vmsnap_vmm *v, struct vmsnap_err *err)
+{
+    pid_t pid = read_pid(v);
+    if (!pid_is_ours(v, pid)) {
+        unlink(v->pidfile);
+        return 0;
+    }
+    struct vmsnap_err e2;
+    if (qmp_once(v, "quit", NULL, NULL, &e2) < 0)
+        vlog(VMSNAP_LOG_DEBUG, "quit %s: %s", v->run_dir, e2.msg);
+    if (!wait_gone(v, pid, 5.0)) {
+        kill(pid, SIGTERM);
+        if (!wait_gone(v, pid, 3.0)) {
+            kill(pid, SIGKILL);
+            if (!wait_gone(v, pid, 3.0))
+                return vmsnap_err_set(err, ETIMEDOUT, "QEMU pid %d of %s does not exit", (int)pid,
+                                      v->run_dir);
+        }
+    }
+    unlink(v->pidfile);
+    unlink(v->qmp_sock);
+    unlink(v->con_sock);
+    return 0;
+}
+
+static int qemu_state(struct vmsnap_vmm *v, enum vmsnap_vmm_state *st, pid_t *pidp,
+                      struct vmsnap_err *err)
+{
+    pid_t pid = read_pid(v);
+    if (pidp)
+        *pidp = 0;
+    if (!pid_is_ours(v, pid)) {
+        *st = VMSNAP_VMM_DEAD;
+        return 0;
+    }
+    if (pidp)
+        *pidp = pid;
+    json_object *ret = NULL, *status = NULL;
+    int rc = qmp_once(v, "query-status", NULL, &ret, err);
+    if (rc < 0)
+        return rc;
+    *st = VMSNAP_VMM_OTHER;
+    if (ret && json_object_object_get_ex(ret, "status", &status))
+        *st = qmp_status_state(json_object_get_string(status));
+    json_object_put(ret);
+    return 0;
+}
+
+const struct vmm_driver vmm_qemu_driver = {
+    .name = "qemu",
+    .boot = qemu_boot,
+    .restore = qemu_restore,
+    .pause = qemu_pause,
+    .snapshot = qemu_snapshot,
+    .resume = qemu_resume,
+    .stop = qemu_stop,
+    .state = qemu_state,
+};
