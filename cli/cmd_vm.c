@@ -22,7 +22,7 @@ static const char *const sub_usage =
     "       vm stop NAME [--rm]\n"
     "       vm console NAME [--send LINE] [--lines N]\n"
     "  common: [--state-dir DIR] [--ram-dir DIR] [--accel auto|kvm|tcg] [--qemu BIN]\n"
-    "          [--no-evict] [--json] [-j N]";
+    "          [--no-evict] [--json] [-j N] [-v]";
 
 enum {
     OPT_KERNEL = 256,
@@ -82,7 +82,7 @@ static int parse(const char *verb, int argc, char **argv, struct args *a)
     int c;
     unsigned long v;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "hj:", lopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "hvj:", lopts, NULL)) != -1) {
         switch (c) {
         case OPT_KERNEL:
             a->run.kernel = optarg;
@@ -145,6 +145,9 @@ static int parse(const char *verb, int argc, char **argv, struct args *a)
             if (cli_parse_uint(optarg, 1, 256, &v) < 0)
                 return cli_usage(verb, "-j: '%s' is not in 1..256", optarg);
             a->x.connections = (unsigned)v;
+            break;
+        case 'v':
+            cli_verbose++;
             break;
         case 'h':
             printf("usage: vmsnap %s\n", sub_usage);

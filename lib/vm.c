@@ -275,7 +275,8 @@ static int cfg_save(const char *path, json_object *o, struct vmsnap_err *err)
     int rc = sys_atomic_open(&af, path, 0600, err);
     if (rc < 0)
         return rc;
-    const char *s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY);
+    const char *s = json_object_to_json_string_ext(
+        o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED | JSON_C_TO_STRING_NOSLASHESCAPE);
     rc = sys_write_full(af.fd, s, strlen(s));
     if (rc == 0)
         rc = sys_write_full(af.fd, "\n", 1);
@@ -355,6 +356,7 @@ static int vmm_from_cfg(struct vmctx *c, json_object *cfg, struct vmsnap_vmm **o
         .disk = cfg_disk(cfg),
         .ram_path = cfg_str(cfg, "ram_path"),
         .ram_shared = cfg_bool(cfg, "ram_shared"),
+        .state_has_ram = cfg_bool(cfg, "ram_in_state"),
         .accel = cfg_str(cfg, "accel"),
         .run_dir = c->vmdir,
         .qemu = c->o ? c->o->qemu : NULL,

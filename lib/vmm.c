@@ -144,6 +144,7 @@ int vmsnap_vmm_new(const char *driver, const struct vmsnap_vmm_config *cfg, stru
     v->mem = cfg->mem;
     v->cpus = cfg->cpus;
     v->ram_shared = cfg->ram_shared;
+    v->state_has_ram = cfg->state_has_ram;
     if (oom) {
         vmsnap_vmm_free(v);
         return vmsnap_err_set(err, ENOMEM, "out of memory");

@@ -28,6 +28,7 @@ struct vmsnap_vmm {
     uint64_t mem;
     unsigned cpus;
     bool ram_shared;
+    bool state_has_ram;
     char qmp_sock[108], con_sock[108];
     char console_log[4096], qemu_log[4096], pidfile[4096];
 };

@@ -541,13 +541,15 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
     return 0;
 }
 
-static int set_ignore_shared(struct qmp *q, struct vmsnap_err *err)
+/* Set x-ignore-shared explicitly either way: a restored process keeps what its incoming side
+ * set. */
+static int set_ignore_shared(struct qmp *q, bool on, struct vmsnap_err *err)
 {
     json_object *args = json_object_new_object();
     json_object *caps = json_object_new_array();
     json_object *cap = json_object_new_object();
     json_object_object_add(cap, "capability", json_object_new_string("x-ignore-shared"));
-    json_object_object_add(cap, "state", json_object_new_boolean(1));
+    json_object_object_add(cap, "state", json_object_new_boolean(on));
     json_object_array_add(caps, cap);
     json_object_object_add(args, "capabilities", caps);
     int rc = qmp_exec(q, "migrate-set-capabilities", args, NULL, err);
@@ -616,7 +618,9 @@ static int qemu_restore(struct vmsnap_vmm *v, const char *dir, struct vmsnap_err
     rc = qmp_open(v, &q, 5.0, err);
     if (rc < 0)
         goto fail;
-    rc = set_ignore_shared(&q, err);
+    /* Both sides must agree on x-ignore-shared: it is set only when the RAM stayed out of the
+     * state (taken from a shared RAM file). */
+    rc = set_ignore_shared(&q, !v->state_has_ram, err);
     if (rc == 0) {
         json_object *args = json_object_new_object();
         json_object_object_add(args, "uri", json_object_new_string(uri));
@@ -657,7 +661,7 @@ static int qemu_snapshot(struct vmsnap_vmm *v, const char *dir, struct vmsnap_er
     rc = qmp_open(v, &q, 2.0, err);
     if (rc < 0)
         return rc;
-    rc = set_ignore_shared(&q, err);
+    rc = set_ignore_shared(&q, v->ram_shared, err);
     if (rc == 0) {
         json_object *args = json_object_new_object();
         json_object_object_add(args, "uri", json_object_new_string(uri));

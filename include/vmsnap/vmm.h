@@ -63,6 +63,8 @@ struct vmsnap_vmm_config {
     bool ram_shared;      /* share=on: guest writes go to ram_path, snapshots leave RAM out.
                            * Off: ram_path is mapped privately (restore on demand); snapshots
                            * then carry the RAM in the state file. */
+    bool state_has_ram;   /* restore: the state carries the RAM (it was taken from a VM whose
+                           * RAM was not shared); ram_path then only gives the starting content */
     const char *accel;    /* "kvm" or "tcg" (see vmsnap_vmm_pick_accel) */
     const char *run_dir;  /* directory for qmp.sock, console.sock, console.log, qemu.log, pid */
     const char *qemu;     /* VMM binary; NULL: $VMSNAP_QEMU or qemu-system-x86_64 */

@@ -1,0 +1,53 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# Fixture for the VM tests: boot the counter guest once (real QEMU, TCG here), check it runs and
+# writes its upper disk, pause it to a local checkpoint and keep that state directory as the
+# golden the other VM tests resume from. Asserts the checkpoint layout along the way.
+. "$VMSNAP_SRC/tests/integration/vm_lib.sh"
+G=$(guest_dir)
+rm -rf "$GOLDEN"
+S=$T/state
+VM_DIRS+=("$S")
+append="$(cat "$G/cmdline") vmsnap.dirty=16"
+vmc "$S" run golden --kernel "$G/vmlinux" --initrd "$G/initrd.cpio.gz" --mem "$VM_MEM" \
+    --disk-size 256M --append "$append" || { fail "vm run"; done_tests; }
+ram=$(sed -n 's/"ram_path": "\(.*\)",*/\1/p' "$S/vms/golden/vm.json" | tr -d ' ')
+[ -f "$ram" ] || fail "guest RAM file $ram missing"
+[ "$(stat -f -c %T "$(dirname "$ram")")" = tmpfs ] || fail "guest RAM $ram is not on tmpfs"
+vmc "$S" ls | grep -Eq '^golden +running' || fail "vm ls does not show golden running: $(vmc "$S" ls)"
+expect_fail "second run with the same name" vmc "$S" run golden --kernel "$G/vmlinux"
+grep -q "already exists" "$T/err" || fail "duplicate name error: $(cat "$T/err")"
+
+wait_console "$S" golden 0 'vmsnap-counter ram=3 ' 120 || done_tests
+boot_md5=$(tr -d '\r' <"$(con_log "$S" golden)" | sed -n 's/.*vmsnap-ready .*blob=\([0-9a-f]*\).*/\1/p')
+[ ${#boot_md5} = 32 ] || fail "no blob md5 in the ready line"
+[ "$boot_md5" != d41d8cd98f00b204e9800998ecf8427e ] || fail "the guest's blob is empty"
+live_ino=$(stat -c %i "$S/vms/golden/disk-vda.ext4")
+
+vmc "$S" pause golden -v 2>"$T/pause.err" || fail "pause: $(cat "$T/pause.err")"
+grep -q 'snapshot' "$T/pause.err" || fail "pause -v shows no step timings: $(cat "$T/pause.err")"
+read -r last_ram last_data <<<"$(last_counter "$S" golden)"
+C=$S/vms/golden/checkpoint
+for f in memory-ranges state config.json base-id rootfs-disk-vda.ext4; do
+    [ -f "$C/$f" ] || fail "checkpoint lacks $f"
+done
+[ "$(stat -c %s "$C/memory-ranges")" = $((256 << 20)) ] || fail "memory-ranges is not the RAM size"
+alloc=$(($(stat -c %b "$C/memory-ranges") * 512))
+[ "$alloc" -lt $((256 << 20)) ] || fail "memory-ranges is not sparse ($alloc bytes allocated)"
+[ "$alloc" -gt $((16 << 20)) ] || fail "memory-ranges holds less than the 16 MiB blob ($alloc)"
+[ "$(stat -c %i "$C/rootfs-disk-vda.ext4")" = "$live_ino" ] ||
+    fail "the checkpoint's disk is not the VM's disk hard-linked"
+[ ! -e "$ram" ] || fail "RAM file $ram not freed after pause"
+grep -q '"ram_in_state": false' "$C/config.json" || fail "config.json: ram_in_state"
+vmc "$S" ls | grep -Eq '^golden +paused .*checkpoint' || fail "vm ls after pause: $(vmc "$S" ls)"
+pgrep -f "$S/vms/golden/qmp.sock" >/dev/null && fail "QEMU still running after pause"
+expect_fail "pause of a paused VM" vmc "$S" pause golden
+
+if [ "$fails" = 0 ]; then
+    mkdir -p "$GOLDEN.tmp"
+    cp -a --sparse=always "$S" "$GOLDEN.tmp/state"
+    printf 'boot_md5=%s\ngolden_ram=%s\ngolden_data=%s\nGUEST=%s\n' "$boot_md5" "$last_ram" \
+        "$last_data" "$G" >"$GOLDEN.tmp/golden.env"
+    mv "$GOLDEN.tmp" "$GOLDEN"
+fi
+done_tests

@@ -1,0 +1,101 @@
+# SPDX-License-Identifier: Apache-2.0
+# Shared by the VM tests: the counter guest (guest/build.sh), the golden checkpoint made once per
+# ctest run by vm_golden.sh, and helpers that read the guest's serial console.
+# Every VM a test starts lives under a state directory listed in VM_DIRS; the EXIT trap stops
+# them all (and removes their RAM files), whatever happened.
+. "$VMSNAP_SRC/tests/lib.sh"
+command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 not installed (scripts/deps.sh vm)"
+command -v e2fsck >/dev/null || skip "e2fsck not installed"
+GOLDEN=${VMSNAP_BUILD:?}/vm-golden
+VM_DIRS=()
+export VMSNAP_RAM_DIR=${VMSNAP_RAM_DIR:-/dev/shm}
+# QEMU and the guest run under TCG here: keep the guest small.
+VM_MEM=${VM_MEM:-256M}
+
+t_cleanup() {
+    local d n
+    for d in "${VM_DIRS[@]}"; do
+        [ -d "$d/vms" ] || continue
+        for n in $(ls "$d/vms"); do
+            "$VMSNAP" vm stop --rm --state-dir "$d" "$n" >/dev/null 2>&1 || true
+        done
+    done
+    [ -n "${VMSNAP_KEEP_TMP:-}" ] || rm -rf "$T"
+}
+
+guest_dir() { # build (or reuse) the guest; skip when it cannot be built here
+    local g
+    g=$(bash "$SRC/guest/build.sh" 2>"$T/guest.err") ||
+        skip "cannot build the test guest: $(tail -n 3 "$T/guest.err")"
+    echo "$g"
+}
+
+# vmc STATE ARGS...: the CLI against one state directory
+vmc() {
+    local s=$1
+    shift
+    "$VMSNAP" vm "$@" --state-dir "$s"
+}
+
+con_log() { echo "$1/vms/$2/console.log"; }
+con_lines() { [ -f "$(con_log "$1" "$2")" ] && wc -l <"$(con_log "$1" "$2")" || echo 0; }
+
+# counter_after STATE NAME LINE: "RAM DATA" of the first counter line after line LINE, or nothing
+counter_after() {
+    tail -n +"$(($3 + 1))" "$(con_log "$1" "$2")" 2>/dev/null | tr -d '\r' |
+        sed -n 's/.*vmsnap-counter ram=\([0-9]*\) *data=\([0-9-]*\) .*/\1 \2/p' | head -n1
+}
+# last_counter STATE NAME: "RAM DATA" of the last complete counter line
+last_counter() {
+    tr -d '\r' <"$(con_log "$1" "$2")" |
+        sed -n 's/.*vmsnap-counter ram=\([0-9]*\) *data=\([0-9-]*\) blob=[0-9a-f]\{32\}$/\1 \2/p' |
+        tail -n1
+}
+# wait_console STATE NAME LINE REGEX [SECONDS]: wait for a line matching REGEX after line LINE
+wait_console() {
+    local s=$1 n=$2 from=$3 re=$4 secs=${5:-60} i
+    for ((i = 0; i < secs * 5; i++)); do
+        tail -n +"$((from + 1))" "$(con_log "$s" "$n")" 2>/dev/null | tr -d '\r' | grep -Eq "$re" &&
+            return 0
+        sleep 0.2
+    done
+    fail "$n: no console line matching '$re' within ${secs}s (last: $(tail -n 2 "$(con_log "$s" "$n")" | tr -d '\r'))"
+    return 1
+}
+# blob_md5 STATE NAME: ask the guest to re-hash its RAM blob, print the result
+blob_md5() {
+    local from
+    from=$(con_lines "$1" "$2")
+    vmc "$1" console "$2" --send md5 || return 1
+    wait_console "$1" "$2" "$from" 'vmsnap-blob md5=' 60 || return 1
+    tail -n +"$((from + 1))" "$(con_log "$1" "$2")" | tr -d '\r' |
+        sed -n 's/.*vmsnap-blob md5=\([0-9a-f]*\).*/\1/p' | head -n1
+}
+
+# resume_check STATE NAME BEFORE_RAM BEFORE_DATA ARGS...: resume and check both counters went on
+# from where they were (the next RAM tick is BEFORE_RAM+1; the file counter is past BEFORE_DATA)
+resume_check() {
+    local s=$1 n=$2 ram0=$3 data0=$4 from got ram data
+    shift 4
+    from=$(con_lines "$s" "$n")
+    vmc "$s" resume "$n" "$@" >"$T/resume.out" 2>&1 || {
+        fail "resume $n $*: $(cat "$T/resume.out")"
+        return 1
+    }
+    wait_console "$s" "$n" "$from" 'vmsnap-counter ram=' 60 || return 1
+    got=$(counter_after "$s" "$n" "$from")
+    ram=${got% *}
+    data=${got#* }
+    [ "$ram" = "$((ram0 + 1))" ] || fail "resume $n $*: RAM counter $ram after $ram0 (expected $((ram0 + 1)))"
+    [ "$data" -gt "$data0" ] 2>/dev/null || fail "resume $n $*: file counter $data after $data0"
+}
+
+# from_golden STATE: a copy of the golden state directory (the VM 'golden', paused)
+from_golden() {
+    [ -f "$GOLDEN/golden.env" ] || skip "no golden checkpoint (vm_golden did not run or failed)"
+    mkdir -p "$1"
+    cp -a --sparse=always "$GOLDEN/state/." "$1/"
+    VM_DIRS+=("$1")
+    # shellcheck disable=SC1091
+    . "$GOLDEN/golden.env"
+}

@@ -1,0 +1,46 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# pause -> resume on the same node: both counters continue and the RAM blob's md5 is intact
+# (eager and on-demand), twice in a row; the upper disk is e2fsck-clean once the guest
+# unmounted it, and holds the guest's last file counter.
+. "$VMSNAP_SRC/tests/integration/vm_lib.sh"
+S=$T/state
+from_golden "$S"
+resume_check "$S" golden "$golden_ram" "$golden_data" || done_tests
+[ "$(blob_md5 "$S" golden)" = "$boot_md5" ] || fail "RAM blob md5 changed across pause/resume"
+C=$S/vms/golden/checkpoint
+[ -d "$C" ] || fail "the local checkpoint is gone after resume (it must be preserved)"
+[ -e "$VMSNAP_RAM_DIR/$(basename "$(sed -n 's/.*"ram_path": "\(.*\)".*/\1/p' "$S/vms/golden/vm.json")")" ] ||
+    fail "eager resume: no RAM file on the RAM directory"
+
+# second cycle, on demand: the image is mapped privately from the checkpoint
+sleep 2
+vmc "$S" pause golden || fail "second pause"
+read -r r d <<<"$(last_counter "$S" golden)"
+cp "$C/memory-ranges" "$T/img.before" --sparse=always
+resume_check "$S" golden "$r" "$d" --on-demand || done_tests
+grep -q "\"ram_path\": \"$C/memory-ranges\"" "$S/vms/golden/vm.json" ||
+    fail "on-demand resume does not map the checkpoint image"
+sleep 2
+cmp -s "$C/memory-ranges" "$T/img.before" || fail "on-demand resume modified the checkpoint image"
+[ "$(blob_md5 "$S" golden)" = "$boot_md5" ] || fail "RAM blob md5 changed across on-demand resume"
+# an on-demand VM's next checkpoint carries its RAM in the state; resume it eagerly
+vmc "$S" pause golden || fail "pause of an on-demand VM"
+grep -q '"ram_in_state": true' "$C/config.json" || fail "on-demand checkpoint: ram_in_state"
+read -r r d <<<"$(last_counter "$S" golden)"
+resume_check "$S" golden "$r" "$d" || done_tests
+[ "$(blob_md5 "$S" golden)" = "$boot_md5" ] || fail "RAM blob md5 changed after RAM-in-state restore"
+
+# the guest unmounts /data; the checkpointed disk is then clean and holds the last counter
+from=$(con_lines "$S" golden)
+vmc "$S" console golden --send umount || fail "console --send"
+wait_console "$S" golden "$from" 'vmsnap-umounted rc=0' 60 || done_tests
+vmc "$S" pause golden || fail "pause after umount"
+d=$(tr -d '\r' <"$(con_log "$S" golden)" |
+    sed -n 's/.*vmsnap-counter ram=[0-9]* *data=\([0-9][0-9]*\) .*/\1/p' | tail -n1)
+e2fsck -fn "$C/rootfs-disk-vda.ext4" >"$T/fsck" 2>&1 || fail "e2fsck -fn: $(tail -n 5 "$T/fsck")"
+got=$(debugfs -R 'cat /counter' "$C/rootfs-disk-vda.ext4" 2>/dev/null | tr -d '\n')
+[ "$got" = "$d" ] || fail "file counter on the disk is '$got', the guest printed $d last"
+vmc "$S" stop golden || fail "stop"
+vmc "$S" ls | grep -Eq '^golden +paused' || fail "vm ls after stop of a paused VM: $(vmc "$S" ls)"
+done_tests

@@ -1,0 +1,58 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# suspend to the local store -> resume under another state directory (another "node"), four
+# cycles in a row with the guest writing in between, eager and on demand: both counters go on,
+# the RAM blob stays intact, and each suspend leaves no local state but the VM's record.
+. "$VMSNAP_SRC/tests/integration/vm_lib.sh"
+A=$T/node-a
+B=$T/node-b
+from_golden "$A"
+VM_DIRS+=("$B")
+STORE=$T/store
+resume_check "$A" golden "$golden_ram" "$golden_data" || done_tests
+ramfile=$(sed -n 's/.*"ram_path": "\(.*\)".*/\1/p' "$A/vms/golden/vm.json")
+
+here=$A there=$B
+i=0
+for mode in eager on-demand on-demand eager; do
+    i=$((i + 1))
+    sleep 2 # the guest writes its disk and RAM between cycles
+    url=$STORE/golden-$i
+    vmc "$here" suspend golden "$url" --json >"$T/suspend.json" 2>"$T/suspend.err" ||
+        { fail "cycle $i: suspend: $(cat "$T/suspend.err")"; break; }
+    grep -q '"op":"suspend"' "$T/suspend.json" && grep -q '"upload":' "$T/suspend.json" ||
+        fail "cycle $i: suspend --json: $(cat "$T/suspend.json")"
+    [ -f "$url/manifest.json" ] || fail "cycle $i: no manifest at $url"
+    for f in memory-ranges state config.json base-id rootfs-disk-vda.ext4; do
+        [ -f "$url/$f.zstd" ] || fail "cycle $i: $f.zstd not in the store"
+    done
+    [ ! -e "$here/vms/golden/checkpoint" ] && [ ! -e "$here/vms/golden/disk-vda.ext4" ] ||
+        fail "cycle $i: local checkpoint or disk left after a successful suspend"
+    [ ! -e "$ramfile" ] || fail "cycle $i: RAM file left after suspend"
+    ls "$VMSNAP_RAM_DIR" | grep -q 'golden\.stage' && fail "cycle $i: staging left on tmpfs"
+    vmc "$here" ls | grep -Eq "^golden +suspended .*$url" || fail "cycle $i: ls: $(vmc "$here" ls)"
+    read -r r d <<<"$(last_counter "$here" golden)"
+    # the other node has its own record (or none yet); the store's snapshot replaces it
+    vmc "$there" stop --rm golden >/dev/null 2>&1 || true
+    opt=()
+    [ "$mode" = on-demand ] && opt=(--on-demand)
+    resume_check "$there" golden "$r" "$d" "$url" "${opt[@]}" || break
+    if [ "$mode" = on-demand ]; then
+        [ -f "$there/vms/golden/ondemand/memory-ranges" ] ||
+            fail "cycle $i: on-demand image not kept for the VM's life"
+        [ ! -e "$there/vms/golden/ondemand/state" ] || fail "cycle $i: pulled state not released"
+    else
+        [ ! -e "$there/vms/golden/ondemand" ] || fail "cycle $i: eager resume left ondemand/"
+    fi
+    ls "$VMSNAP_RAM_DIR" | grep -q 'golden\.stage' && fail "cycle $i: pulled staging left on tmpfs"
+    ramfile=$(sed -n 's/.*"ram_path": "\(.*\)".*/\1/p' "$there/vms/golden/vm.json")
+    t=$here
+    here=$there
+    there=$t
+done
+[ "$(blob_md5 "$here" golden)" = "$boot_md5" ] || fail "RAM blob md5 changed over the cycles"
+# the base-id (lineage) survived every hop
+[ "$(sed -n 's/.*"base_id": "\(.*\)".*/\1/p' "$here/vms/golden/vm.json")" = \
+    "$(sed -n 's/.*"base_id": "\(.*\)".*/\1/p' "$GOLDEN/state/vms/golden/vm.json")" ] ||
+    fail "base_id changed"
+done_tests

@@ -1,0 +1,134 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Unit test of the vmm module's pure helpers: QMP reply classification, status mapping, QEMU
+ * option escaping, the accelerator's cpuinfo check, config path rewriting (unknown keys and
+ * numbers survive), and handle validation. The QEMU paths themselves are covered by the vm_*
+ * integration tests with a real guest. */
+#include "t.h"
+#include "vmm_int.h"
+
+#include <errno.h>
+#include <string.h>
+
+static void test_qmp_parse(void)
+{
+    struct vmsnap_err e = {0};
+    json_object *ret = NULL;
+    CHECK(qmp_parse_reply("{\"return\": {\"status\": \"running\"}}", "query-status", &ret, &e) ==
+          1);
+    json_object *st = NULL;
+    CHECK(ret && json_object_object_get_ex(ret, "status", &st) &&
+          !strcmp(json_object_get_string(st), "running"));
+    json_object_put(ret);
+    CHECK(qmp_parse_reply("{\"return\": {}}", "stop", NULL, &e) == 1);
+    CHECK(qmp_parse_reply("{\"QMP\": {\"version\": {}}}", "greeting", &ret, &e) == 0);
+    CHECK(ret == NULL);
+    CHECK(qmp_parse_reply("{\"event\": \"STOP\", \"timestamp\": {}}", "stop", &ret, &e) == 0);
+    int rc =
+        qmp_parse_reply("{\"error\": {\"class\": \"GenericError\", \"desc\": \"no such file\"}}",
+                        "migrate", &ret, &e);
+    CHECK(rc == -EIO && e.code == EIO);
+    CHECKF(strstr(e.msg, "migrate") && strstr(e.msg, "GenericError") &&
+               strstr(e.msg, "no such file"),
+           "%s", e.msg);
+    CHECK(qmp_parse_reply("{\"return\": ", "cont", &ret, &e) == -EPROTO);
+    CHECKF(strstr(e.msg, "cont") != NULL, "%s", e.msg);
+    CHECK(qmp_parse_reply("[1, 2]", "cont", &ret, &e) == -EPROTO);
+    CHECK(qmp_parse_reply("{\"id\": 1}", "cont", &ret, &e) == -EPROTO);
+    CHECK(qmp_parse_reply("", "cont", &ret, &e) == -EPROTO);
+}
+
+static void test_status(void)
+{
+    CHECK(qmp_status_state("running") == VMSNAP_VMM_RUNNING);
+    CHECK(qmp_status_state("paused") == VMSNAP_VMM_PAUSED);
+    CHECK(qmp_status_state("postmigrate") == VMSNAP_VMM_PAUSED);
+    CHECK(qmp_status_state("inmigrate") == VMSNAP_VMM_INCOMING);
+    CHECK(qmp_status_state("internal-error") == VMSNAP_VMM_OTHER);
+    CHECK(!strcmp(vmsnap_vmm_state_name(VMSNAP_VMM_DEAD), "dead"));
+}
+
+static void test_escape(void)
+{
+    char out[16];
+    CHECK(qemu_opt_escape("/a,b,,c", out, sizeof(out)) == 0 && !strcmp(out, "/a,,b,,,,c"));
+    CHECK(qemu_opt_escape("", out, sizeof(out)) == 0 && !strcmp(out, ""));
+    CHECK(qemu_opt_escape("0123456789abcde", out, sizeof(out)) == -ENAMETOOLONG);
+    CHECK(qemu_opt_escape(",,,,,,,,", out, sizeof(out)) == -ENAMETOOLONG);
+}
+
+static void test_cpuinfo(void)
+{
+    CHECK(vmm_cpuinfo_has_virt("processor\t: 0\nflags\t\t: fpu vme vmx sse\n"));
+    CHECK(vmm_cpuinfo_has_virt("flags\t\t: fpu svm\n"));
+    CHECK(!vmm_cpuinfo_has_virt("flags\t\t: fpu vmxx svm_lock hypervisor\n"));
+    CHECK(!vmm_cpuinfo_has_virt("model name\t: vmx svm\nflags\t\t: fpu\n"));
+    CHECK(!vmm_cpuinfo_has_virt(""));
+    const char *a = NULL;
+    struct vmsnap_err e = {0};
+    CHECK(vmsnap_vmm_pick_accel("tcg", &a, &e) == 0 && !strcmp(a, "tcg"));
+    CHECK(vmsnap_vmm_pick_accel("bogus", &a, &e) == -EINVAL);
+    CHECKF(strstr(e.msg, "bogus") != NULL, "%s", e.msg);
+    CHECK(vmsnap_vmm_pick_accel(NULL, &a, &e) == 0 && (!strcmp(a, "tcg") || !strcmp(a, "kvm")));
+}
+
+static void test_rewrite(void)
+{
+    struct vmsnap_err e = {0};
+    json_object *cfg = json_tokener_parse(
+        "{\"kernel\": \"/k\", \"memory\": 9007199254740993, \"ram_path\": \"/old/ram\","
+        "\"disks\": [{\"cid\": \"vda\", \"path\": \"/old/disk\", \"x-extra\": [1, 2.5]}],"
+        "\"run_dir\": \"/old\", \"unknown\": {\"nested\": true}}");
+    REQUIRE(cfg);
+    CHECK(vm_config_rewrite(cfg, "/new/disk", "/new/ram", "/new", &e) == 0);
+    const char *s = json_object_to_json_string_ext(cfg, JSON_C_TO_STRING_PLAIN);
+    CHECKF(strstr(s, "\"path\":\"\\/new\\/disk\"") && strstr(s, "\"ram_path\":\"\\/new\\/ram\"") &&
+               strstr(s, "\"run_dir\":\"\\/new\"") && strstr(s, "\"kernel\":\"\\/k\"") &&
+               strstr(s, "9007199254740993") && strstr(s, "\"x-extra\":[1,2.5]") &&
+               strstr(s, "\"unknown\":{\"nested\":true}") && !strstr(s, "/old"),
+           "%s", s);
+    json_object_put(cfg);
+    cfg = json_tokener_parse("{\"disks\": []}");
+    CHECK(vm_config_rewrite(cfg, "/d", NULL, NULL, &e) == -EINVAL);
+    CHECK(vm_config_rewrite(cfg, NULL, "/r", NULL, &e) == 0);
+    json_object_put(cfg);
+}
+
+static void test_new(void)
+{
+    struct vmsnap_err e = {0};
+    struct vmsnap_vmm *v = NULL;
+    struct vmsnap_vmm_config c = {.kernel = "/k",
+                                  .mem = 256ull << 20,
+                                  .cpus = 1,
+                                  .ram_path = "/dev/shm/r",
+                                  .accel = "tcg",
+                                  .run_dir = "/tmp/x"};
+    CHECK(vmsnap_vmm_new(NULL, &c, &v, &e) == 0 && v);
+    vmsnap_vmm_free(v);
+    CHECK(vmsnap_vmm_new("firecracker", &c, &v, &e) == -EINVAL && !v);
+    c.mem = (256ull << 20) + 4096;
+    CHECK(vmsnap_vmm_new(NULL, &c, &v, &e) == -EINVAL);
+    c.mem = 256ull << 20;
+    c.cpus = 0;
+    CHECK(vmsnap_vmm_new(NULL, &c, &v, &e) == -EINVAL);
+    c.cpus = 1;
+    char longdir[200];
+    memset(longdir, 'd', sizeof(longdir) - 1);
+    longdir[0] = '/';
+    longdir[sizeof(longdir) - 1] = 0;
+    c.run_dir = longdir;
+    CHECK(vmsnap_vmm_new(NULL, &c, &v, &e) == -ENAMETOOLONG && !v);
+    CHECKF(strstr(e.msg, "--state-dir") != NULL, "%s", e.msg);
+    vmsnap_vmm_free(NULL);
+}
+
+int main(void)
+{
+    test_qmp_parse();
+    test_status();
+    test_escape();
+    test_cpuinfo();
+    test_rewrite();
+    test_new();
+    return t_done();
+}

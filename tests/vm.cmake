@@ -1,0 +1,13 @@
+# SPDX-License-Identifier: Apache-2.0
+# VM tests (lib/vmm*.c, lib/vm.c, cli/cmd_vm.c): a unit test of the QMP/config helpers, and real
+# QEMU + the real counter guest (guest/build.sh; TCG here). vm_golden boots the guest once per
+# ctest run and pauses it to a golden checkpoint in the build directory; the other cases resume
+# copies of it. All hold the "vm" lock: one guest at a time, memory capped by VM_MEM (256M).
+vmsnap_c_test(vm_unit SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_vmm.c TIMEOUT 60 LABELS vm)
+
+vmsnap_sh_test(vm_golden tests/integration/vm_golden.sh TIMEOUT 300 LABELS vm RESOURCE_LOCK vm)
+set_tests_properties(vm_golden PROPERTIES FIXTURES_SETUP vm_golden)
+foreach(t IN ITEMS vm_local vm_store vm_faults)
+  vmsnap_sh_test(${t} tests/integration/${t}.sh TIMEOUT 400 LABELS vm RESOURCE_LOCK vm)
+  set_tests_properties(${t} PROPERTIES FIXTURES_REQUIRED vm_golden)
+endforeach()
