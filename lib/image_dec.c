@@ -257,78 +257,71 @@ void vmsnap_image_frame(const struct vmsnap_image *img, uint32_t i, struct vmsna
     *info = img->f[i];
 }
 
-/* Buffers and a decompression context reused across the frames one thread decodes, so a
- * worker does not fault in fresh pages for every frame. */
-struct scratch {
-    uint8_t *c, *d;
-    size_t ccap, dcap;
+/* What one decoding thread reuses across frames: the decompression context, a buffer for
+ * compressed bytes read from a source, and a small output buffer. Frames are decompressed as a
+ * stream into the output buffer, so memory per thread stays at the zstd window plus OUT_CAP
+ * whatever the frame size. */
+#define DEC_OUT_CAP (2u << 20)
+
+struct vmsnap_frame_decoder {
     ZSTD_DCtx *dctx;
+    XXH64_state_t *xxh;
+    uint8_t *out;
+    uint8_t *c;
+    size_t ccap;
 };
 
-static void scratch_free(struct scratch *s)
+int vmsnap_frame_decoder_new(struct vmsnap_frame_decoder **out, struct vmsnap_err *err)
 {
-    free(s->c);
-    free(s->d);
-    ZSTD_freeDCtx(s->dctx);
-    memset(s, 0, sizeof(*s));
+    struct vmsnap_frame_decoder *d = calloc(1, sizeof(*d));
+    if (d) {
+        d->dctx = ZSTD_createDCtx();
+        d->xxh = XXH64_createState();
+        d->out = malloc(DEC_OUT_CAP);
+    }
+    if (!d || !d->dctx || !d->xxh || !d->out) {
+        vmsnap_frame_decoder_free(d);
+        return vmsnap_err_set(err, ENOMEM, "out of memory (frame decoder)");
+    }
+    *out = d;
+    return 0;
 }
 
-static int grow(uint8_t **buf, size_t *cap, uint64_t need)
+void vmsnap_frame_decoder_free(struct vmsnap_frame_decoder *d)
 {
-    if (need <= *cap)
-        return 0;
-    free(*buf);
-    *buf = malloc(need ? need : 1);
-    *cap = *buf ? need : 0;
-    return *buf ? 0 : -ENOMEM;
+    if (!d)
+        return;
+    ZSTD_freeDCtx(d->dctx);
+    XXH64_freeState(d->xxh);
+    free(d->out);
+    free(d->c);
+    free(d);
 }
 
-static int decode_frame(const struct vmsnap_image *img, uint32_t i, const struct vmsnap_source *src,
-                        uint64_t base, int dst_fd, uint64_t *extents, struct scratch *sc,
-                        struct vmsnap_err *err)
+int vmsnap_image_decode_frame_mem(const struct vmsnap_image *img, uint32_t i, const void *frame,
+                                  size_t len, int dst_fd, struct vmsnap_frame_decoder *dec,
+                                  uint64_t *extents, struct vmsnap_err *err)
 {
     if (i >= img->n)
         return vmsnap_err_set(err, EINVAL, "%s: no frame %u (image has %u)", img->name, i, img->n);
     const struct vmsnap_frame_info *fi = &img->f[i];
-    if (fi->offset < base)
-        return vmsnap_err_set(err, EINVAL, "%s: frame %u lies before the buffer", img->name, i);
-    if (!sc->dctx)
-        sc->dctx = ZSTD_createDCtx();
-    if (!sc->dctx || grow(&sc->c, &sc->ccap, fi->csize) < 0 ||
-        grow(&sc->d, &sc->dcap, fi->dsize) < 0)
-        return vmsnap_err_set(err, ENOMEM, "out of memory decoding frame %u", i);
-    uint8_t *c = sc->c, *d = sc->d;
-    ZSTD_DCtx *dctx = sc->dctx;
-    int rc = 0;
-    if ((rc = src_read(src, c, fi->csize, fi->offset - base, err)) < 0)
-        goto out;
-    if (XXH64(c, fi->csize, 0) != fi->ccheck) {
-        rc = corrupt(err, img->name, "frame %u at byte %llu: compressed bytes checksum mismatch", i,
-                     ULL(fi->offset));
-        goto out;
-    }
+    const uint8_t *c = frame;
+    if (len != fi->csize)
+        return vmsnap_err_set(err, EINVAL, "%s: frame %u is %llu bytes, %zu given", img->name, i,
+                              ULL(fi->csize), len);
+    if (XXH64(c, fi->csize, 0) != fi->ccheck)
+        return corrupt(err, img->name, "frame %u at byte %llu: compressed bytes checksum mismatch",
+                       i, ULL(fi->offset));
     unsigned long long fcs = ZSTD_getFrameContentSize(c, fi->csize);
     size_t fsz = ZSTD_findFrameCompressedSize(c, fi->csize);
-    if (fcs != fi->dsize || ZSTD_isError(fsz) || fsz != fi->csize) {
-        rc = corrupt(err, img->name,
-                     "frame %u at byte %llu: zstd frame header disagrees with the seek table "
-                     "(content size %llu vs %llu)",
-                     i, ULL(fi->offset), fcs, ULL(fi->dsize));
-        goto out;
-    }
-    size_t r = ZSTD_decompressDCtx(dctx, d, fi->dsize, c, fi->csize);
-    if (ZSTD_isError(r) || r != fi->dsize) {
-        rc = corrupt(err, img->name, "frame %u at byte %llu: zstd: %s", i, ULL(fi->offset),
-                     ZSTD_isError(r) ? ZSTD_getErrorName(r) : "short frame");
-        goto out;
-    }
-    if (XXH64(d, fi->dsize, 0) != fi->checksum) {
-        rc =
-            corrupt(err, img->name, "frame %u at byte %llu: checksum mismatch", i, ULL(fi->offset));
-        goto out;
-    }
+    if (fcs != fi->dsize || ZSTD_isError(fsz) || fsz != fi->csize)
+        return corrupt(err, img->name,
+                       "frame %u at byte %llu: zstd frame header disagrees with the seek table "
+                       "(content size %llu vs %llu)",
+                       i, ULL(fi->offset), fcs, ULL(fi->dsize));
+
     struct rec_parser rp;
-    bool header = i == 0, trailer = i == img->n - 1;
+    const bool header = i == 0, trailer = i == img->n - 1;
     rec_init(&rp, header ? REC_TOTAL : REC_OFF, dst_fd, img->name, img->total_size);
     snprintf(rp.where, sizeof(rp.where), "frame %u at byte %llu", i, ULL(fi->offset));
     rp.total = img->total_size;
@@ -336,32 +329,83 @@ static int decode_frame(const struct vmsnap_image *img, uint32_t i, const struct
     rp.allow_sentinel = trailer;
     rp.lo = fi->src_start;
     rp.hi = fi->src_end;
-    if ((rc = rec_feed(&rp, d, fi->dsize, err)) < 0)
-        goto out;
-    if (header && rp.total != img->total_size) {
-        rc = corrupt(err, img->name,
-                     "totalSize %llu in frame 0 disagrees with the seek table (%llu)",
-                     ULL(rp.total), ULL(img->total_size));
-    } else if (!rec_at_boundary(&rp) || (trailer && rp.state != REC_DONE) ||
-               (!header && !trailer && rp.populated != fi->populated)) {
-        rc = corrupt(err, img->name,
-                     "frame %u at byte %llu ends inside a record or holds %llu "
-                     "data bytes (table: %llu)",
-                     i, ULL(fi->offset), ULL(rp.populated), ULL(fi->populated));
-    } else if (extents) {
+
+    ZSTD_DCtx_reset(dec->dctx, ZSTD_reset_session_only);
+    XXH64_reset(dec->xxh, 0);
+    ZSTD_inBuffer in = {c, fi->csize, 0};
+    uint64_t produced = 0;
+    size_t ret;
+    do {
+        ZSTD_outBuffer out = {dec->out, DEC_OUT_CAP, 0};
+        ret = ZSTD_decompressStream(dec->dctx, &out, &in);
+        if (ZSTD_isError(ret))
+            return corrupt(err, img->name, "frame %u at byte %llu: zstd: %s", i, ULL(fi->offset),
+                           ZSTD_getErrorName(ret));
+        produced += out.pos;
+        if (produced > fi->dsize)
+            return corrupt(err, img->name, "frame %u at byte %llu decodes to more than %llu bytes",
+                           i, ULL(fi->offset), ULL(fi->dsize));
+        XXH64_update(dec->xxh, dec->out, out.pos);
+        int rc = rec_feed(&rp, dec->out, out.pos, err);
+        if (rc < 0)
+            return rc;
+        if (ret != 0 && in.pos == in.size && out.pos < out.size)
+            return corrupt(err, img->name, "frame %u at byte %llu: truncated zstd frame", i,
+                           ULL(fi->offset));
+    } while (ret != 0);
+    if (produced != fi->dsize || in.pos != in.size)
+        return corrupt(err, img->name, "frame %u at byte %llu: decoded %llu bytes (table: %llu)", i,
+                       ULL(fi->offset), ULL(produced), ULL(fi->dsize));
+    if (XXH64_digest(dec->xxh) != fi->checksum)
+        return corrupt(err, img->name, "frame %u at byte %llu: checksum mismatch", i,
+                       ULL(fi->offset));
+    if (header && rp.total != img->total_size)
+        return corrupt(err, img->name,
+                       "totalSize %llu in frame 0 disagrees with the seek table (%llu)",
+                       ULL(rp.total), ULL(img->total_size));
+    if (!rec_at_boundary(&rp) || (trailer && rp.state != REC_DONE) ||
+        (!header && !trailer && rp.populated != fi->populated))
+        return corrupt(err, img->name,
+                       "frame %u at byte %llu ends inside a record or holds %llu data bytes "
+                       "(table: %llu)",
+                       i, ULL(fi->offset), ULL(rp.populated), ULL(fi->populated));
+    if (extents)
         *extents += rp.extents;
+    return 0;
+}
+
+/* Read frame i from `src` into the decoder's buffer, then decode it. */
+static int decode_frame(const struct vmsnap_image *img, uint32_t i, const struct vmsnap_source *src,
+                        uint64_t base, int dst_fd, struct vmsnap_frame_decoder *dec,
+                        uint64_t *extents, struct vmsnap_err *err)
+{
+    if (i >= img->n)
+        return vmsnap_err_set(err, EINVAL, "%s: no frame %u (image has %u)", img->name, i, img->n);
+    const struct vmsnap_frame_info *fi = &img->f[i];
+    if (fi->offset < base)
+        return vmsnap_err_set(err, EINVAL, "%s: frame %u lies before the buffer", img->name, i);
+    if (fi->csize > dec->ccap) {
+        free(dec->c);
+        dec->c = malloc(fi->csize);
+        dec->ccap = dec->c ? fi->csize : 0;
+        if (!dec->c)
+            return vmsnap_err_set(err, ENOMEM, "out of memory reading frame %u", i);
     }
-out:
-    return rc < 0 ? rc : 0;
+    int rc = src_read(src, dec->c, fi->csize, fi->offset - base, err);
+    if (rc < 0)
+        return rc;
+    return vmsnap_image_decode_frame_mem(img, i, dec->c, fi->csize, dst_fd, dec, extents, err);
 }
 
 int vmsnap_image_decode_frame(const struct vmsnap_image *img, uint32_t i,
                               const struct vmsnap_source *src, uint64_t base, int dst_fd,
                               uint64_t *extents, struct vmsnap_err *err)
 {
-    struct scratch sc = {0};
-    int rc = decode_frame(img, i, src, base, dst_fd, extents, &sc, err);
-    scratch_free(&sc);
+    struct vmsnap_frame_decoder *dec = NULL;
+    int rc = vmsnap_frame_decoder_new(&dec, err);
+    if (rc == 0)
+        rc = decode_frame(img, i, src, base, dst_fd, dec, extents, err);
+    vmsnap_frame_decoder_free(dec);
     return rc;
 }
 
@@ -383,7 +427,17 @@ static void *pdec_main(void *arg)
 {
     struct pdec *p = arg;
     struct vmsnap_err err = {0};
-    struct scratch sc = {0};
+    struct vmsnap_frame_decoder *dec = NULL;
+    if (vmsnap_frame_decoder_new(&dec, &err) < 0) {
+        pthread_mutex_lock(&p->mu);
+        if (!p->failed) {
+            p->failed = true;
+            p->rc = -ENOMEM;
+            p->err = err;
+        }
+        pthread_mutex_unlock(&p->mu);
+        return NULL;
+    }
     for (;;) {
         pthread_mutex_lock(&p->mu);
         if (p->failed || p->next >= p->img->n) {
@@ -393,7 +447,7 @@ static void *pdec_main(void *arg)
         uint32_t i = p->next++;
         pthread_mutex_unlock(&p->mu);
         uint64_t ext = 0;
-        int rc = decode_frame(p->img, i, p->src, 0, p->fd, &ext, &sc, &err);
+        int rc = decode_frame(p->img, i, p->src, 0, p->fd, dec, &ext, &err);
         pthread_mutex_lock(&p->mu);
         if (rc < 0 && !p->failed) {
             p->failed = true;
@@ -406,7 +460,7 @@ static void *pdec_main(void *arg)
             p->opts->progress(p->opts->progress_arg, p->done_bytes, p->img->object_size);
         pthread_mutex_unlock(&p->mu);
     }
-    scratch_free(&sc);
+    vmsnap_frame_decoder_free(dec);
     return NULL;
 }
 

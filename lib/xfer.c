@@ -739,12 +739,17 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
     if (buf && rc == 0)
         rc = vmsnap_store_get(c, d->key, g->off, g->len, buf, &e);
     if (buf && rc == 0) {
-        struct vmsnap_membuf mb = {buf, g->len};
-        struct vmsnap_source src;
-        vmsnap_source_mem(&src, &mb, d->url);
+        /* decode straight from the fetched group: no copy, small per-call buffers */
+        struct vmsnap_frame_decoder *fd = NULL;
         dec_enter(d->x);
-        for (uint32_t i = g->f0; i <= g->f1 && rc == 0; i++)
-            rc = vmsnap_image_decode_frame(d->img, i, &src, g->off, d->af.fd, NULL, &e);
+        rc = vmsnap_frame_decoder_new(&fd, &e);
+        for (uint32_t i = g->f0; i <= g->f1 && rc == 0; i++) {
+            struct vmsnap_frame_info fi;
+            vmsnap_image_frame(d->img, i, &fi);
+            rc = vmsnap_image_decode_frame_mem(d->img, i, buf + (fi.offset - g->off), fi.csize,
+                                               d->af.fd, fd, NULL, &e);
+        }
+        vmsnap_frame_decoder_free(fd);
         dec_leave(d->x);
     }
     if (rc == 0 && !skip)

@@ -140,6 +140,20 @@ VMSNAP_API int vmsnap_image_decode_frame(const struct vmsnap_image *img, uint32_
                                          const struct vmsnap_source *src, uint64_t base, int dst_fd,
                                          uint64_t *extents, struct vmsnap_err *err);
 
+/* A reusable per-thread frame decoder (a zstd context and small buffers: about 3 MiB plus the
+ * zstd window). Not thread-safe: one per decoding thread. */
+struct vmsnap_frame_decoder;
+VMSNAP_API int vmsnap_frame_decoder_new(struct vmsnap_frame_decoder **out, struct vmsnap_err *err);
+VMSNAP_API void vmsnap_frame_decoder_free(struct vmsnap_frame_decoder *dec);
+
+/* Decode frame `i` from the `len` bytes at `frame` (exactly the frame, as the caller fetched it:
+ * no copy is made), with the same checks as vmsnap_image_decode_frame(). The frame is streamed
+ * through `dec`'s small output buffer, so memory does not grow with the frame size. */
+VMSNAP_API int vmsnap_image_decode_frame_mem(const struct vmsnap_image *img, uint32_t i,
+                                             const void *frame, size_t len, int dst_fd,
+                                             struct vmsnap_frame_decoder *dec, uint64_t *extents,
+                                             struct vmsnap_err *err);
+
 /* Decode a whole image with a seek table into `dst_fd` using `threads` workers (0: CPUs). The
  * caller has sized nothing: this sets the file size (ftruncate) and writes only extents. */
 VMSNAP_API int vmsnap_image_decode_parallel(const struct vmsnap_image *img,
