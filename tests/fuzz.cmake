@@ -19,3 +19,5 @@ endfunction()
 
 vmsnap_fuzz(image fuzz_image_decode.c)
 vmsnap_fuzz(seek_table fuzz_seek_table.c)
+vmsnap_fuzz(s3_xml fuzz_s3_xml.c)
+vmsnap_fuzz(manifest fuzz_manifest.c)
