@@ -681,7 +681,7 @@ static int finish_local(struct vmctx *c, json_object *cfg, const char *sdir, boo
         if (rc == 0)
             rc = sparse_copy(p, dst, err);
     } else {
-        bool ram_in_state;
+        bool ram_in_state = false;
         rc = pjoin(p, newdir, "memory-ranges", err);
         if (rc == 0)
             rc = ckpt_ram(c, cfg, p, &ram_in_state, err);

@@ -11,3 +11,9 @@ foreach(t IN ITEMS vm_local vm_store vm_faults)
   vmsnap_sh_test(${t} tests/integration/${t}.sh TIMEOUT 400 LABELS vm RESOURCE_LOCK vm)
   set_tests_properties(${t} PROPERTIES FIXTURES_REQUIRED vm_golden)
 endforeach()
+
+# Suspend to a real RGW and S3 down during suspend, against the RGW of the transfer tests'
+# xfer_rgw fixture (tests/xfer.cmake, included after this file: same state path).
+vmsnap_sh_test(vm_s3 tests/integration/vm_s3.sh TIMEOUT 400 LABELS vm RESOURCE_LOCK vm)
+set_tests_properties(vm_s3 PROPERTIES FIXTURES_REQUIRED "vm_golden;xfer_rgw")
+set_property(TEST vm_s3 APPEND PROPERTY ENVIRONMENT "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state")

@@ -1,0 +1,35 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# suspend to a real Ceph RGW (the xfer_rgw fixture) -> resume under another state directory:
+# both counters continue. S3 down during suspend (the endpoint refuses connections): the local
+# checkpoint survives, the error says so, and a later suspend to the real RGW succeeds.
+. "$VMSNAP_SRC/tests/integration/vm_lib.sh"
+. "$VMSNAP_SRC/tests/integration/xfer_s3_lib.sh"
+A=$T/node-a
+B=$T/node-b
+from_golden "$A"
+VM_DIRS+=("$B")
+resume_check "$A" golden "$golden_ram" "$golden_data" || done_tests
+sleep 1
+
+# S3 down: a port nothing listens on (picked free, then left closed), two attempts per request
+down=$((20000 + RANDOM % 20000))
+while (exec 3<>"/dev/tcp/127.0.0.1/$down") 2>/dev/null; do down=$((down + 1)); done
+AWS_ENDPOINT_URL=http://127.0.0.1:$down VMSNAP_S3_ATTEMPTS=2 \
+    expect_fail "suspend with S3 down" vmc "$A" suspend golden "s3://$BUCKET/down"
+grep -q 'kept locally' "$T/err" || fail "S3-down suspend does not say the checkpoint is kept: $(cat "$T/err")"
+grep -q "$AWS_SECRET_ACCESS_KEY" "$T/err" && fail "the secret key appears in an error"
+[ -f "$A/vms/golden/checkpoint/memory-ranges" ] || fail "S3-down suspend lost the local checkpoint"
+vmc "$A" ls | grep -Eq '^golden +paused .*checkpoint' || fail "ls after S3-down suspend: $(vmc "$A" ls)"
+read -r r d <<<"$(last_counter "$A" golden)"
+
+# resume it locally, then suspend to the real RGW and resume on the other node
+resume_check "$A" golden "$r" "$d" || done_tests
+sleep 1
+vmc "$A" suspend golden "s3://$BUCKET/vm1" || fail "suspend to RGW"
+[ "$(head_code vm1/manifest.json)" = 200 ] || fail "no manifest in the bucket"
+[ ! -e "$A/vms/golden/checkpoint" ] || fail "local checkpoint left after a successful suspend"
+read -r r d <<<"$(last_counter "$A" golden)"
+resume_check "$B" golden "$r" "$d" "s3://$BUCKET/vm1" || done_tests
+[ "$(blob_md5 "$B" golden)" = "$boot_md5" ] || fail "RAM blob md5 after the RGW round trip"
+done_tests
