@@ -9,13 +9,13 @@
  * Secrets: the Authorization header is built here and handed to curl only; the -v trace logs
  * method, bucket/key, query, status and time, never headers. curl's own verbose mode is never on.
  */
+#include "s3_curl.h"
 #include "s3_int.h"
 #include "sigv4_int.h"
 #include "store_int.h"
 
 #include "util/util.h"
 
-#include <curl/curl.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -36,8 +36,8 @@ static bool curl_inited;
 int s3_global_init(struct vmsnap_err *err)
 {
     pthread_mutex_lock(&init_lock);
-    int rc = 0;
-    if (!curl_inited) {
+    int rc = s3_curl_load(err);
+    if (rc == 0 && !curl_inited) {
         if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
             rc = vmsnap_err_set(err, EIO, "libcurl initialisation failed");
         else
