@@ -293,11 +293,9 @@ static pid_t read_pid(struct vmsnap_vmm *v)
     return pid > 1 ? (pid_t)pid : 0;
 }
 
-/* Alive (not a zombie) and really our QEMU: its command line names our QMP socket. */
-static bool pid_is_ours(struct vmsnap_vmm *v, pid_t pid)
+/* The process exists and is not a zombie. */
+static bool proc_alive(pid_t pid)
 {
-    if (pid <= 1)
-        return false;
     char path[64], buf[256];
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
     FILE *f = fopen(path, "re");
@@ -307,8 +305,15 @@ static bool pid_is_ours(struct vmsnap_vmm *v, pid_t pid)
     fclose(f);
     buf[n] = 0;
     char *rp = strrchr(buf, ')');
-    if (!rp || rp[1] != ' ' || rp[2] == 'Z' || rp[2] == 'X')
+    return rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
+}
+
+/* Alive (not a zombie) and really our QEMU: its command line names our QMP socket. */
+static bool pid_is_ours(struct vmsnap_vmm *v, pid_t pid)
+{
+    if (pid <= 1 || !proc_alive(pid))
         return false;
+    char path[64];
     snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -477,8 +482,10 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
         if (setsid() < 0)
             _exit(127);
         pid_t q = fork();
-        if (q != 0)
-            _exit(q < 0 ? 127 : 0);
+        if (q != 0) {
+            int qp = (int)q;
+            _exit(q < 0 || write(pfd[1], &qp, sizeof(qp)) != (ssize_t)sizeof(qp) ? 127 : 0);
+        }
         int nul = open("/dev/null", O_RDWR);
         if (nul < 0 || dup2(nul, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
             _exit(127);
@@ -493,8 +500,16 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
     int st;
     while (waitpid(mid, &st, 0) < 0 && errno == EINTR)
         ;
-    int e = 0;
+    /* First the QEMU pid from the intermediate child, then an exec errno or end of file. */
+    int qpid = 0, e = 0;
     ssize_t r;
+    while ((r = read(pfd[0], &qpid, sizeof(qpid))) < 0 && errno == EINTR)
+        ;
+    if (r != (ssize_t)sizeof(qpid)) {
+        close(pfd[0]);
+        free(pool);
+        return vmsnap_err_set(err, ECHILD, "start %s: fork failed", argv[0]);
+    }
     while ((r = read(pfd[0], &e, sizeof(e))) < 0 && errno == EINTR)
         ;
     close(pfd[0]);
@@ -509,32 +524,22 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
     struct qmp q;
     for (;;) {
         struct vmsnap_err e2;
-        rc = qmp_open(v, &q, 0.2, &e2);
+        rc = qmp_open(v, &q, 0.1, &e2);
         if (rc == 0) {
             qmp_close(&q);
             break;
         }
-        pid_t pid = read_pid(v);
-        if ((pid && !pid_is_ours(v, pid)) || now() > deadline) {
+        if (!proc_alive((pid_t)qpid) || now() > deadline) {
+            bool timeout = proc_alive((pid_t)qpid);
+            if (timeout)
+                qemu_stop(v, NULL);
             char tail[400];
             log_tail(v, tail, sizeof(tail));
-            if (now() > deadline)
-                qemu_stop(v, NULL);
-            return vmsnap_err_set(err, EIO, "QEMU for %s did not start: %s", v->run_dir,
+            return vmsnap_err_set(err, EIO, "QEMU for %s %s: %s", v->run_dir,
+                                  timeout ? "did not open its QMP socket in 30 s" : "exited",
                                   tail[0] ? tail : e2.msg);
         }
-        if (!pid) {
-            /* No pid file yet: QEMU may still be parsing options or have died early. */
-            char tail[400];
-            log_tail(v, tail, sizeof(tail));
-            if (strstr(tail, "qemu-system") || strstr(tail, "error")) {
-                sleep_ms(100);
-                if (!read_pid(v))
-                    return vmsnap_err_set(err, EIO, "QEMU for %s did not start: %s", v->run_dir,
-                                          tail);
-            }
-        }
-        sleep_ms(30);
+        sleep_ms(20);
     }
     vlog(VMSNAP_LOG_DEBUG, "QEMU started for %s (pid %d, accel %s)", v->run_dir, (int)read_pid(v),
          v->accel);

@@ -18,6 +18,15 @@ vmc "$S" ls | grep -Eq '^golden +running' || fail "vm ls does not show golden ru
 expect_fail "second run with the same name" vmc "$S" run golden --kernel "$G/vmlinux"
 grep -q "already exists" "$T/err" || fail "duplicate name error: $(cat "$T/err")"
 
+# a bad asset: QEMU exits at once; the error carries its message and nothing is left behind
+expect_fail "run with a missing kernel" vmc "$S" run bad --kernel "$T/no-such-vmlinux" --mem 64M \
+    --disk-size 16M
+grep -q "could not open kernel" "$T/err" || fail "missing kernel error: $(cat "$T/err")"
+[ ! -e "$S/vms/bad" ] || fail "failed run left $S/vms/bad"
+ls "$VMSNAP_RAM_DIR" | grep -q -- '-bad\.ram$' && fail "failed run left its RAM file"
+expect_fail "RAM dir on a disk filesystem" vmc "$S" run bad2 --kernel "$G/vmlinux" --ram-dir "$T"
+grep -q "not tmpfs" "$T/err" || fail "disk RAM dir error: $(cat "$T/err")"
+
 wait_console "$S" golden 0 'vmsnap-counter ram=3 ' 120 || done_tests
 boot_md5=$(tr -d '\r' <"$(con_log "$S" golden)" | sed -n 's/.*vmsnap-ready .*blob=\([0-9a-f]*\).*/\1/p')
 [ ${#boot_md5} = 32 ] || fail "no blob md5 in the ready line"
