@@ -236,12 +236,12 @@ done
 
 # CPU cost of evicting a 2 GiB clean, fully cached file: vmsnap vs vmtouch -e, with the pages
 # cached two ways (read back, which makes large folios; written then synced, 4 KiB folios).
-# cpu_of CMD...: the command's user+system CPU seconds (from the children's rusage, in us).
+# cpu_of CMD...: the command's user+system CPU in ms (bash's `time`, from the children's rusage
+# at microsecond resolution; process start-up included, about 2-3 ms for vmsnap).
 cpu_of() {
-    python3 -c 'import resource, subprocess, sys
-subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)
-r = resource.getrusage(resource.RUSAGE_CHILDREN)
-print("%.1f" % ((r.ru_utime + r.ru_stime) * 1000))' "$@"
+    local TIMEFORMAT='%3U %3S'
+    { time "$@" >/dev/null 2>&1; } 2>"$BASE/cpu"
+    awk '{printf "%.1f", ($1 + $2) * 1000}' "$BASE/cpu"
 }
 echo
 F=$BASE/big.img
