@@ -17,3 +17,9 @@ endforeach()
 vmsnap_sh_test(vm_s3 tests/integration/vm_s3.sh TIMEOUT 400 LABELS vm RESOURCE_LOCK vm)
 set_tests_properties(vm_s3 PROPERTIES FIXTURES_REQUIRED "vm_golden;xfer_rgw")
 set_property(TEST vm_s3 APPEND PROPERTY ENVIRONMENT "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state")
+
+# The QMP reply parser on untrusted bytes (vmsnap_fuzz comes from tests/fuzz.cmake, included
+# before this file).
+if(COMMAND vmsnap_fuzz)
+  vmsnap_fuzz(qmp fuzz_qmp.c)
+endif()
