@@ -4,12 +4,10 @@
  * -> signature. Headers are sorted here by name; values are used as given (callers pass trimmed
  * values). The secret only ever enters HMAC; it is never copied into an output buffer.
  */
+#include "sys/crypto_dl.h"
 #include "sigv4_int.h"
 
 #include <errno.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -18,6 +18,7 @@
  * and pwritten into the sparse temporary file. Groups are hashed in object order as they
  * complete; a group's buffer is released once hashed, so the budget also bounds reordering.
  */
+#include "sys/crypto_dl.h"
 #include "manifest_int.h"
 #include "store_int.h"
 #include "xfer_int.h"
@@ -28,7 +29,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

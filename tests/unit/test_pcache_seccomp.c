@@ -67,7 +67,8 @@ static int child(int errnum, const char *dir, const uint8_t *buf)
 {
     vmsnap_set_log(count_log, NULL, VMSNAP_LOG_WARN);
     load_filter(errnum);
-    char stage[512], keep[512], dirty[512];
+    char stage[600], keep[600], dirty[600];
+    REQUIRE(strlen(dir) < 512);
     snprintf(stage, sizeof(stage), "%s/stage", dir);
     snprintf(keep, sizeof(keep), "%s/stage/keep.img", dir);
     snprintf(dirty, sizeof(dirty), "%s/stage/dirty.img", dir);
@@ -75,7 +76,7 @@ static int child(int errnum, const char *dir, const uint8_t *buf)
     write_file(keep, buf, LEN, true);
     REQUIRE(t_sh("cat '%s' > /dev/null", keep) == 0);
     write_file(dirty, buf, LEN, false);
-    char a[600], b[600];
+    char a[700], b[700];
     snprintf(a, sizeof(a), "%s/mem.img", stage);
     snprintf(b, sizeof(b), "%s/sub/disk.img", stage);
     write_file(a, buf, LEN, false);
