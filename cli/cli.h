@@ -45,6 +45,12 @@ void cli_progress_init(struct cli_progress *p, const char *label);
 void cli_progress_cb(void *arg, uint64_t done, uint64_t total);
 void cli_progress_end(struct cli_progress *p);
 
+/* --drop-cache: after `path` (a file, or a directory of files) is complete and in place, drop
+ * its clean page cache, start writeback of the dirty pages and retry for up to a few seconds
+ * (measured: a fresh 512 MiB file is clean and dropped within about 1 s). Prints what it did
+ * unless quiet. Returns EXIT_OK or EXIT_FAIL. */
+int cli_drop_cache(const char *verb, const char *path);
+
 double cli_now(void);
 const char *cli_bytes(char *buf, size_t len, uint64_t bytes);
 
@@ -67,6 +73,6 @@ int cmd_vm(int argc, char **argv);
 /* Parse the transfer options; returns the index of the first operand, -1 after a usage error
  * was printed, -2 for --help. `force` NULL: --force is not accepted. */
 int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_opts *o,
-                    bool *force);
+                    bool *force, bool *drop_cache);
 void cmd_xfer_summary(const char *verb, const struct vmsnap_xfer_stats *st, double wall);
 #endif

@@ -8,7 +8,7 @@
 int cmd_gc(int argc, char **argv)
 {
     struct vmsnap_xfer_opts o = {0};
-    int i = cmd_xfer_getopt("gc", argc, argv, &o, NULL);
+    int i = cmd_xfer_getopt("gc", argc, argv, &o, NULL, NULL);
     if (i == -2) {
         printf("usage: vmsnap gc [--endpoint URL] [--region R] [--path-style] URL\n");
         return EXIT_OK;

@@ -103,13 +103,12 @@ int cmd_pack(int argc, char **argv)
 int cmd_unpack(int argc, char **argv)
 {
     static const struct option lopts[] = {
-        {"threads", required_argument, NULL, 'j'},
-        {"max-size", required_argument, NULL, 'm'},
-        {"fsync", no_argument, NULL, 's'},
-        {"help", no_argument, NULL, 'h'},
-        {0, 0, 0, 0},
+        {"threads", required_argument, NULL, 'j'}, {"max-size", required_argument, NULL, 'm'},
+        {"fsync", no_argument, NULL, 's'},         {"drop-cache", no_argument, NULL, 'D'},
+        {"help", no_argument, NULL, 'h'},          {0, 0, 0, 0},
     };
     struct vmsnap_unpack_opts o = {0};
+    bool drop_cache = false;
     unsigned long v;
     int c;
     optind = 1;
@@ -128,8 +127,12 @@ int cmd_unpack(int argc, char **argv)
         case 's':
             o.fsync = true;
             break;
+        case 'D':
+            drop_cache = true;
+            break;
         case 'h':
-            printf("usage: vmsnap unpack [-j N] [--max-size SIZE] [--fsync] SRC DST\n");
+            printf(
+                "usage: vmsnap unpack [-j N] [--max-size SIZE] [--fsync] [--drop-cache] SRC DST\n");
             return EXIT_OK;
         default:
             return cli_usage("unpack", "bad option");
@@ -154,5 +157,5 @@ int cmd_unpack(int argc, char **argv)
         return EXIT_FAIL;
     }
     summary("unpack", &st, cli_now() - t0, cpu_seconds() - c0);
-    return EXIT_OK;
+    return drop_cache ? cli_drop_cache("unpack", dst) : EXIT_OK;
 }

@@ -8,10 +8,12 @@
 int cmd_pull(int argc, char **argv)
 {
     struct vmsnap_xfer_opts o = {0};
-    int i = cmd_xfer_getopt("pull", argc, argv, &o, NULL);
+    bool drop_cache = false;
+    int i = cmd_xfer_getopt("pull", argc, argv, &o, NULL, &drop_cache);
     if (i == -2) {
         printf("usage: vmsnap pull [-j N] [--max-memory SIZE] [--threads N] [--max-size SIZE]\n"
-               "       [--no-fsync] [--endpoint URL] [--region R] [--path-style] [--retries N]\n"
+               "       [--no-fsync] [--drop-cache] [--endpoint URL] [--region R] [--path-style]\n"
+               "       [--retries N]\n"
                "       URL PATH\n");
         return EXIT_OK;
     }
@@ -34,5 +36,5 @@ int cmd_pull(int argc, char **argv)
         return EXIT_FAIL;
     }
     cmd_xfer_summary("pull", &st, cli_now() - t0);
-    return EXIT_OK;
+    return drop_cache ? cli_drop_cache("pull", argv[i + 1]) : EXIT_OK;
 }

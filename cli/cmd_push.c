@@ -9,7 +9,7 @@
 #include <sys/resource.h>
 
 int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_opts *o,
-                    bool *force)
+                    bool *force, bool *drop_cache)
 {
     static const struct option lopts[] = {
         {"connections", required_argument, NULL, 'j'},
@@ -25,6 +25,7 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
         {"path-style", no_argument, NULL, 'P'},
         {"retries", required_argument, NULL, 'R'},
         {"force", no_argument, NULL, 'F'},
+        {"drop-cache", no_argument, NULL, 'D'},
         {"help", no_argument, NULL, 'h'},
         {0, 0, 0, 0},
     };
@@ -92,6 +93,11 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
                 return cli_usage(verb, "--force is an option of rm only"), -1;
             *force = true;
             break;
+        case 'D':
+            if (!drop_cache)
+                return cli_usage(verb, "--drop-cache is an option of pull only"), -1;
+            *drop_cache = true;
+            break;
         case 'h':
             return -2;
         default:
@@ -129,7 +135,7 @@ void cmd_xfer_summary(const char *verb, const struct vmsnap_xfer_stats *st, doub
 int cmd_push(int argc, char **argv)
 {
     struct vmsnap_xfer_opts o = {0};
-    int i = cmd_xfer_getopt("push", argc, argv, &o, NULL);
+    int i = cmd_xfer_getopt("push", argc, argv, &o, NULL, NULL);
     if (i == -2) {
         printf("usage: vmsnap push [-j N] [--part-size SIZE] [--max-memory SIZE] [--threads N]\n"
                "       [--frame-size SIZE] [--level L] [--endpoint URL] [--region R]\n"

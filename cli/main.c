@@ -16,10 +16,12 @@ static const struct cli_verb verbs[] = {
      "populated extents only, all-zero pages skipped, independent zstd frames per source range\n"
      "(default 64M) compressed on N threads (default: all CPUs), and a seek table.\n"
      "The output is byte-identical for every N. DST appears only when complete (mode 0600)."},
-    {"unpack", cmd_unpack, "unpack [-j N] [--max-size SIZE] [--fsync] SRC DST",
+    {"unpack", cmd_unpack, "unpack [-j N] [--max-size SIZE] [--fsync] [--drop-cache] SRC DST",
      "Decode SRC ('-' = stdin) into the sparse file DST: vmsnap images in parallel, reference\n"
      "single-stream images and plain zstd sequentially. Every field and checksum is validated;\n"
-     "DST is written under a temporary name and renamed only on success (mode 0600)."},
+     "DST is written under a temporary name and renamed only on success (mode 0600).\n"
+     "--drop-cache then drops DST's page cache (writeback started, retried for a few seconds),\n"
+     "so a restored snapshot does not stay in memory next to the guest."},
     {"inspect", cmd_inspect, "inspect [--json] [--verify] [-j N] SRC",
      "Show an image's logical size, populated bytes, zero pages elided, frames, compressed size\n"
      "and ratio. --verify decodes everything and checks every checksum without writing."},

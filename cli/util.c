@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* CLI helpers: size parsing, error printing, the TTY progress line. */
 #include "cli.h"
+#include "vmsnap/pcache.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -8,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -146,4 +148,44 @@ void cli_progress_end(struct cli_progress *p)
 {
     if (p->active && p->last > 0)
         fputs("\r\033[K", stderr);
+}
+
+int cli_drop_cache(const char *verb, const char *path)
+{
+    struct vmsnap_err err = {0};
+    struct vmsnap_pcache_retrier *r = NULL;
+    if (vmsnap_pcache_retrier_new(NULL, 0, &r, &err) < 0) {
+        cli_error(verb, "--drop-cache: %s", err.msg);
+        return EXIT_FAIL;
+    }
+    struct vmsnap_pcache_report rep = {0};
+    struct stat st;
+    int rc;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        struct vmsnap_pcache_evict_opts eo = {.kick_writeback = true, .retrier = r};
+        rc = vmsnap_pcache_evict(path, &eo, &rep, &err);
+    } else {
+        rc = vmsnap_pcache_drop_written(path, true, r, &rep, &err);
+    }
+    /* A process about to exit waits out the retry schedule (its background thread dies with
+     * it); the schedule ends after 3 s, and usually much sooner. */
+    if (rc == 0)
+        (void)vmsnap_pcache_retrier_wait(r, 3.5);
+    struct vmsnap_pcache_retrier_stats rs;
+    vmsnap_pcache_retrier_get_stats(r, &rs);
+    vmsnap_pcache_retrier_free(r);
+    if (rc < 0) {
+        cli_error(verb, "--drop-cache: %s", err.msg);
+        return EXIT_FAIL;
+    }
+    if (!cli_quiet) {
+        char a[32];
+        fprintf(stderr,
+                "%s: page cache: dropped %s now, %llu file(s) were dirty (writeback "
+                "started, %llu dropped on retry, %llu still dirty)\n",
+                verb, cli_bytes(a, sizeof(a), rep.dropped_pages * 4096ull),
+                (unsigned long long)rep.dirty_files, (unsigned long long)rs.dropped_files,
+                (unsigned long long)rs.gave_up);
+    }
+    return EXIT_OK;
 }

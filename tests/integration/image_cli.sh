@@ -55,6 +55,27 @@ rc=0; "$VMSNAP" frobnicate 2>/dev/null || rc=$?
 "$VMSNAP" --version | grep -q '^vmsnap [0-9]' || fail "--version"
 "$VMSNAP" help pack | grep -q -- '--frame-size' || fail "help pack"
 
+# --drop-cache: the restored file (on a disk filesystem, where the page cache is droppable) ends
+# with under 1% of its pages cached, for unpack and for pull from the local store
+cached_pct() { "$VMSNAP" cache stat --json "$1" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+t = d.get("total", d)
+print(int(100 * t["cached"] / max(1, t["pages"])))'; }
+if [ "$(stat -f -c %T "$T")" = tmpfs ]; then
+    skip "drop-cache checks need a disk filesystem for TMPDIR, not tmpfs"
+fi
+"$VMSNAP" -q unpack "$T/img" "$T/warm" && cat "$T/warm" > /dev/null
+[ "$(cached_pct "$T/warm")" -ge 50 ] || fail "baseline: a file just read should be cached"
+"$VMSNAP" unpack --drop-cache "$T/img" "$T/dropped" 2>"$T/dc.err" || fail "unpack --drop-cache"
+grep -q "page cache: dropped" "$T/dc.err" || fail "unpack --drop-cache does not report: $(cat "$T/dc.err")"
+p=$(cached_pct "$T/dropped"); [ "$p" -lt 1 ] || fail "after unpack --drop-cache $p% is cached"
+cmp -s "$T/src" "$T/dropped" || fail "unpack --drop-cache output differs"
+"$VMSNAP" -q push "$T/src" "$T/store/obj" || fail "push to the local store"
+"$VMSNAP" -q pull --drop-cache "$T/store/obj" "$T/pulled" || fail "pull --drop-cache"
+p=$(cached_pct "$T/pulled"); [ "$p" -lt 1 ] || fail "after pull --drop-cache $p% is cached"
+cmp -s "$T/src" "$T/pulled" || fail "pull --drop-cache output differs"
+
 # quiet means quiet; not a TTY means no progress line
 out=$("$VMSNAP" -q pack "$T/src" "$T/img3" 2>&1)
 [ -z "$out" ] || fail "-q printed: $out"
