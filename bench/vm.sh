@@ -88,8 +88,11 @@ if [[ " $OPS " == *" rgw "* ]]; then
         # shellcheck disable=SC1091
         . "$RGW/env"
         BUCKET=vmbench-$$
-        curl -sS -o /dev/null --aws-sigv4 "aws:amz:us-east-1:s3" \
-            --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" -X PUT "$AWS_ENDPOINT_URL/$BUCKET"
+        code=$(curl -sS -o /dev/null -w '%{http_code}' --aws-sigv4 "aws:amz:us-east-1:s3" \
+            --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
+            -H "x-amz-content-sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855" \
+            -X PUT "$AWS_ENDPOINT_URL/$BUCKET")
+        [ "$code" = 200 ] || { echo "bench/vm.sh: cannot create bucket $BUCKET (HTTP $code)" >&2; exit 1; }
     else
         echo "bench/vm.sh: no RGW (scripts/deps.sh s3); skipping the rgw rows" >&2
         OPS=${OPS//rgw/}
