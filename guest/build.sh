@@ -18,9 +18,10 @@ out=$(cd "$out" && pwd)
 for t in apt-get dpkg-deb xz cpio gzip depmod; do
     command -v "$t" >/dev/null || { echo "guest/build.sh: $t missing (scripts/deps.sh vm)" >&2; exit 1; }
 done
+# The initramfs has no libc: only Debian's busybox-static will do.
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "install ok installed" ||
+    { echo "guest/build.sh: busybox-static missing (scripts/deps.sh vm)" >&2; exit 1; }
 busybox=/bin/busybox
-file "$busybox" 2>/dev/null | grep -q 'statically linked' || busybox=/usr/bin/busybox
-[ -x "$busybox" ] || { echo "guest/build.sh: busybox-static missing (scripts/deps.sh vm)" >&2; exit 1; }
 
 # The kernel the meta package points at (pinned by VMSNAP_GUEST_KERNEL if set).
 kpkg=${VMSNAP_GUEST_KERNEL:-$(apt-cache depends linux-image-amd64 2>/dev/null |
