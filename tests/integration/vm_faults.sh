@@ -8,7 +8,9 @@
 S=$T/state
 from_golden "$S"
 resume_check "$S" golden "$golden_ram" "$golden_data" || done_tests
-sleep 2
+sleep 4 # run past the window resume_check accepts, so going back to the golden is visible
+read -r r _ <<<"$(last_counter "$S" golden)"
+[ "$r" -gt "$((golden_ram + 2))" ] || fail "the guest did not run on before the kill (ram $r)"
 pid=$(cat "$S/vms/golden/pid")
 kill -9 "$pid"
 for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
