@@ -133,6 +133,17 @@ static size_t read_cb(char *buf, size_t size, size_t n, void *arg)
     return k;
 }
 
+/* libcurl rewinds the body itself when it resends a request on a connection that turned out
+ * dead; without this it fails with "rewinding of the data stream failed". */
+static int seek_cb(void *arg, curl_off_t off, int origin)
+{
+    struct req *r = arg;
+    if (origin != SEEK_SET || off < 0 || (uint64_t)off > r->body_len)
+        return CURL_SEEKFUNC_CANTSEEK;
+    r->body_pos = (size_t)off;
+    return CURL_SEEKFUNC_OK;
+}
+
 static size_t write_cb(char *buf, size_t size, size_t n, void *arg)
 {
     struct req *r = arg;
@@ -290,6 +301,7 @@ static bool retryable_curl(CURLcode c)
     case CURLE_COULDNT_CONNECT:
     case CURLE_OPERATION_TIMEDOUT:
     case CURLE_SEND_ERROR:
+    case CURLE_SEND_FAIL_REWIND:
     case CURLE_RECV_ERROR:
     case CURLE_GOT_NOTHING:
     case CURLE_PARTIAL_FILE:
@@ -465,6 +477,8 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
         curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
         curl_easy_setopt(h, CURLOPT_READFUNCTION, read_cb);
         curl_easy_setopt(h, CURLOPT_READDATA, r);
+        curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, seek_cb);
+        curl_easy_setopt(h, CURLOPT_SEEKDATA, r);
         curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)r->body_len);
         curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r->method);
     } else if (strcmp(r->method, "GET")) {

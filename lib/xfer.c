@@ -354,6 +354,16 @@ static int push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const 
             vlog(VMSNAP_LOG_WARN, "cannot abort the upload of %s (run 'vmsnap gc'): %s", key,
                  ae.msg);
     }
+    if (u.upload_id) {
+        /* CreateMultipartUpload is not idempotent: when an answer is lost and the request
+         * retried, the server holds an upload nobody will finish. Sweep this key's uploads (ours
+         * is complete or aborted by now, so it is not listed). */
+        struct leftover_ctx l = {.exact = key, .c = ctl};
+        struct vmsnap_err le = {0};
+        if (vmsnap_store_list_uploads(ctl, key, abort_leftover, &l, &le) < 0)
+            vlog(VMSNAP_LOG_WARN, "cannot list unfinished uploads of %s (run 'vmsnap gc'): %s", key,
+                 le.msg);
+    }
     if (u.cur) {
         free(u.cur);
         xpool_mem_release(&x->pool, u.cur_cap);
