@@ -781,6 +781,29 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
         rc = check_ram_dir(&c, err);
     if (rc == 0)
         rc = vmm_from_cfg(&c, cfg, &v, err);
+    if (rc == 0) {
+        /* A stopped VM with a local checkpoint (paused, or a suspend whose upload failed):
+         * push that checkpoint as it is. */
+        enum vmsnap_vmm_state st;
+        rc = vmsnap_vmm_state(v, &st, NULL, err);
+        if (rc == 0 && st == VMSNAP_VMM_DEAD && exists(c.ckpt)) {
+            struct vmsnap_xfer_stats xs = {0};
+            rc = vmsnap_xfer_push(c.ckpt, url, o ? o->xfer : NULL, &xs, err);
+            step(t, "upload", &t0);
+            if (rc < 0) {
+                vmsnap_err_wrap(err, "upload failed; the local checkpoint %s is kept: ", c.ckpt);
+                goto out;
+            }
+            unlink(c.disk);
+            rm_rf(c.ckpt);
+            rm_rf(c.ondemand);
+            cfg_set_str(cfg, "status", "suspended");
+            cfg_set_str(cfg, "url", url);
+            rc = cfg_save(c.cfgpath, cfg, err);
+            step(t, "teardown-local", &t0);
+            goto out;
+        }
+    }
     /* Stage on the RAM tmpfs: the RAM file is renamed in (no copy) and packed from there. */
     if (rc == 0)
         rc = take_state(&c, cfg, v, c.stage, t, &t0, err);

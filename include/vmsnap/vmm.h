@@ -157,7 +157,8 @@ VMSNAP_API int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
  * once the new one is complete), stop it and free its RAM file. On failure the VM is resumed. */
 VMSNAP_API int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name,
                                struct vmsnap_vm_timing *t, struct vmsnap_err *err);
-/* Checkpoint the running VM, stop it and push the checkpoint to `url` (manifest last). Only
+/* Checkpoint the running VM, stop it and push the checkpoint to `url` (manifest last); a
+ * stopped VM with a local checkpoint (paused, or after a failed upload) has that pushed. Only
  * after the push succeeded is the VM's local checkpoint, disk and RAM removed (its record stays,
  * status "suspended"). If the push fails the checkpoint is kept locally (as after a pause; the
  * error says so) and a later suspend or resume can use it. */

@@ -23,13 +23,17 @@ grep -q "$AWS_SECRET_ACCESS_KEY" "$T/err" && fail "the secret key appears in an 
 vmc "$A" ls | grep -Eq '^golden +paused .*checkpoint' || fail "ls after S3-down suspend: $(vmc "$A" ls)"
 read -r r d <<<"$(last_counter "$A" golden)"
 
-# resume it locally, then suspend to the real RGW and resume on the other node
-resume_check "$A" golden "$r" "$d" || done_tests
+# a later suspend (of the kept checkpoint, the VM being stopped) succeeds; resume elsewhere
+vmc "$A" suspend golden "s3://$BUCKET/vm0" || fail "suspend of the kept checkpoint to RGW"
+[ "$(head_code vm0/manifest.json)" = 200 ] || fail "no manifest for the kept checkpoint"
+[ ! -e "$A/vms/golden/checkpoint" ] || fail "local checkpoint left after the later suspend"
+resume_check "$B" golden "$r" "$d" "s3://$BUCKET/vm0" || done_tests
+# and a running VM: suspend to the real RGW and resume back on the first node
 sleep 1
-vmc "$A" suspend golden "s3://$BUCKET/vm1" || fail "suspend to RGW"
+vmc "$B" suspend golden "s3://$BUCKET/vm1" || fail "suspend to RGW"
 [ "$(head_code vm1/manifest.json)" = 200 ] || fail "no manifest in the bucket"
-[ ! -e "$A/vms/golden/checkpoint" ] || fail "local checkpoint left after a successful suspend"
-read -r r d <<<"$(last_counter "$A" golden)"
-resume_check "$B" golden "$r" "$d" "s3://$BUCKET/vm1" || done_tests
-[ "$(blob_md5 "$B" golden)" = "$boot_md5" ] || fail "RAM blob md5 after the RGW round trip"
+[ ! -e "$B/vms/golden/checkpoint" ] || fail "local checkpoint left after a successful suspend"
+read -r r d <<<"$(last_counter "$B" golden)"
+resume_check "$A" golden "$r" "$d" "s3://$BUCKET/vm1" || done_tests
+[ "$(blob_md5 "$A" golden)" = "$boot_md5" ] || fail "RAM blob md5 after the RGW round trips"
 done_tests
