@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # The two commands of the README:
-#   make demo   install what is missing, build, run the main job on the local store
+#   make demo   install what is missing, build, run the main job on the local store: the codec on
+#               a generated guest-memory image, then a real guest suspended and resumed
 #   make test   install what is missing, check formatting, build and run every test twice
 #               (-Werror build, then ASan+UBSan build)
 .PHONY: all deps build build-asan test test-normal test-asan format format-check demo fuzz bench clean
@@ -47,6 +48,7 @@ test: format-check
 
 demo: build
 	scripts/demo.sh $(BUILD)/vmsnap
+	guest/demo.sh $(BUILD)/vmsnap
 
 bench: build
 	bench/codec.sh $(BUILD)/vmsnap
