@@ -405,12 +405,40 @@ static bool same_fs(const char *a, const char *b)
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev;
 }
 
-/* Replace the local checkpoint with the complete directory `newdir`. */
+/* fsync every regular file in `dir`, then `dir` itself. */
+static int fsync_dir_files(const char *dir, struct vmsnap_err *err)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return vmsnap_err_set(err, errno, "open %s: %s", dir, strerror(errno));
+    int rc = 0;
+    struct dirent *de;
+    while (rc == 0 && (de = readdir(d))) {
+        if (de->d_type != DT_REG)
+            continue;
+        int fd = openat(dirfd(d), de->d_name, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || fsync(fd) < 0)
+            rc = vmsnap_err_set(err, errno, "fsync %s/%s: %s", dir, de->d_name, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+    }
+    if (rc == 0 && fsync(dirfd(d)) < 0)
+        rc = vmsnap_err_set(err, errno, "fsync %s: %s", dir, strerror(errno));
+    closedir(d);
+    return rc;
+}
+
+/* Replace the local checkpoint with the complete directory `newdir`. The new checkpoint is made
+ * durable first: once the VM is stopped it is the only copy of the guest, so a host crash right
+ * after a pause must not leave a torn checkpoint in place of a good one. */
 static int swap_checkpoint(struct vmctx *c, const char *newdir, struct vmsnap_err *err)
 {
     char old[PATH_LEN];
     if (pcat(old, c->ckpt, ".old") < 0)
         return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c->ckpt);
+    int frc = fsync_dir_files(newdir, err);
+    if (frc < 0)
+        return frc;
     rm_rf(old);
     if (exists(c->ckpt) && rename(c->ckpt, old) < 0)
         return vmsnap_err_set(err, errno, "rename %s: %s", c->ckpt, strerror(errno));
