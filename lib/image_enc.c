@@ -152,6 +152,17 @@ static int reserve(struct worker *w, size_t need, struct vmsnap_err *err)
     return 0;
 }
 
+/* Write the record {off, len} at *o, its data moved from `from` (never before *o + 16: an
+ * elided page freed at least the header's room), and advance *o past it. */
+static void put_record(uint8_t *buf, size_t *o, uint64_t off, size_t from, uint64_t len)
+{
+    put_le64(buf + *o, off);
+    put_le64(buf + *o + 8, len);
+    if (from != *o + REC_HDR_LEN)
+        memmove(buf + *o + REC_HDR_LEN, buf + from, len);
+    *o += REC_HDR_LEN + len;
+}
+
 /* Find the data extents of [start, end). */
 static int find_extents(struct worker *w, uint64_t start, uint64_t end, size_t *n_out,
                         struct vmsnap_err *err)
@@ -233,47 +244,34 @@ static int encode_range(struct worker *w, uint64_t idx, struct slot *s)
                                   "%s: file shrank while reading (offset %llu): is it in use?",
                                   e->name, (unsigned long long)(d + (uint64_t)got));
         if (!e->elide) {
-            put_le64(w->buf + o, d);
-            put_le64(w->buf + o + 8, len);
-            o = p + len;
+            put_record(w->buf, &o, d, p, len);
             populated += len;
             extents++;
             continue;
         }
-        /* Walk blocks; emit runs of non-zero blocks, compacted to o. */
-        uint64_t run_start = 0;
+        /* Walk blocks; each run of non-zero blocks becomes a record, compacted to o. */
+        uint64_t run_start = d;
         bool in_run = false;
-        uint64_t b = d;
-        while (b < d + len) {
-            uint64_t bend = VMSNAP_MIN((b / VMSNAP_IMAGE_PAGE + 1) * VMSNAP_IMAGE_PAGE, d + len);
-            bool z = all_zero(w->buf + p + (b - d), bend - b);
-            if (!z && !in_run) {
+        for (uint64_t b = d;;) {
+            const bool at_end = b == d + len;
+            const uint64_t bend =
+                at_end ? b : VMSNAP_MIN((b / VMSNAP_IMAGE_PAGE + 1) * VMSNAP_IMAGE_PAGE, d + len);
+            const bool z = !at_end && all_zero(w->buf + p + (b - d), bend - b);
+            if (in_run && (z || at_end)) {
+                put_record(w->buf, &o, run_start, p + (run_start - d), b - run_start);
+                populated += b - run_start;
+                extents++;
+                in_run = false;
+            }
+            if (at_end)
+                break;
+            if (z) {
+                zero += bend - b;
+            } else if (!in_run) {
                 run_start = b;
                 in_run = true;
             }
-            if (z) {
-                zero += bend - b;
-                if (in_run) {
-                    uint64_t rl = b - run_start;
-                    put_le64(w->buf + o, run_start);
-                    put_le64(w->buf + o + 8, rl);
-                    memmove(w->buf + o + REC_HDR_LEN, w->buf + p + (run_start - d), rl);
-                    o += REC_HDR_LEN + rl;
-                    populated += rl;
-                    extents++;
-                    in_run = false;
-                }
-            }
             b = bend;
-        }
-        if (in_run) {
-            uint64_t rl = d + len - run_start;
-            put_le64(w->buf + o, run_start);
-            put_le64(w->buf + o + 8, rl);
-            memmove(w->buf + o + REC_HDR_LEN, w->buf + p + (run_start - d), rl);
-            o += REC_HDR_LEN + rl;
-            populated += rl;
-            extents++;
         }
     }
     if (e->drop_cache)

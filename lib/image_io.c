@@ -94,6 +94,64 @@ static int decode_sequential(int fd, uint64_t off, int dst_fd, uint64_t max_size
     return rc;
 }
 
+/* An input object: a file (its seek table read when it has one) or stdin. */
+struct input {
+    int fd;
+    bool is_stdin;
+    const char *name;
+    uint64_t size; /* 0 for stdin and non-regular files */
+    struct vmsnap_image *img;
+};
+
+static int input_open(struct input *in, const char *src, uint64_t max_size, struct vmsnap_err *err)
+{
+    *in = (struct input){.is_stdin = strcmp(src, "-") == 0};
+    in->name = in->is_stdin ? "stdin" : src;
+    in->fd = in->is_stdin ? STDIN_FILENO : open(src, O_RDONLY | O_CLOEXEC);
+    if (in->fd < 0)
+        return vmsnap_err_set(err, errno, "open %s: %s", src, strerror(errno));
+    if (in->is_stdin)
+        return 0;
+    struct stat st;
+    if (fstat(in->fd, &st) < 0) {
+        int rc = vmsnap_err_set(err, errno, "stat %s: %s", src, strerror(errno));
+        close(in->fd);
+        return rc;
+    }
+    if (!S_ISREG(st.st_mode))
+        return 0;
+    in->size = (uint64_t)st.st_size;
+    struct vmsnap_source s;
+    vmsnap_source_fd(&s, in->fd, in->size, in->name);
+    int rc = vmsnap_image_open(&s, max_size, &in->img, err);
+    if (rc < 0)
+        close(in->fd);
+    return rc < 0 ? rc : 0;
+}
+
+static void input_close(struct input *in)
+{
+    vmsnap_image_free(in->img);
+    if (!in->is_stdin)
+        close(in->fd);
+}
+
+/* Decode `in` into dst_fd (-1: verify only): in parallel with a seek table, else sequentially. */
+static int input_decode(struct input *in, int dst_fd, const char *dst_name, uint64_t max_size,
+                        const struct vmsnap_unpack_opts *opts, struct vmsnap_image_stats *stats,
+                        struct vmsnap_err *err)
+{
+    if (!in->img)
+        return decode_sequential(in->fd, in->is_stdin ? UINT64_MAX : 0, dst_fd, max_size, in->name,
+                                 dst_name, opts, in->size, stats, err);
+    struct vmsnap_source s;
+    vmsnap_source_fd(&s, in->fd, in->size, in->name);
+    int rc = vmsnap_image_decode_parallel(in->img, &s, dst_fd, opts, stats, err);
+    if (rc < 0 && dst_name && err && strstr(err->msg, "write"))
+        vmsnap_err_wrap(err, "%s: ", dst_name);
+    return rc;
+}
+
 int vmsnap_image_unpack(const char *src, const char *dst, const struct vmsnap_unpack_opts *opts,
                         struct vmsnap_image_stats *stats, struct vmsnap_err *err)
 {
@@ -101,93 +159,36 @@ int vmsnap_image_unpack(const char *src, const char *dst, const struct vmsnap_un
     if (!opts)
         opts = &defaults;
     const uint64_t max_size = opts->max_size ? opts->max_size : VMSNAP_IMAGE_DEFAULT_MAX_SIZE;
-    bool from_stdin = strcmp(src, "-") == 0;
-    int fd = from_stdin ? STDIN_FILENO : open(src, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return vmsnap_err_set(err, errno, "open %s: %s", src, strerror(errno));
-    const char *name = from_stdin ? "stdin" : src;
-    struct vmsnap_image *img = NULL;
-    uint64_t size = 0;
-    int rc = 0;
-    if (!from_stdin) {
-        struct stat st;
-        if (fstat(fd, &st) < 0) {
-            rc = vmsnap_err_set(err, errno, "stat %s: %s", src, strerror(errno));
-            goto out_src;
-        }
-        if (S_ISREG(st.st_mode)) {
-            size = (uint64_t)st.st_size;
-            struct vmsnap_source s;
-            vmsnap_source_fd(&s, fd, size, name);
-            if ((rc = vmsnap_image_open(&s, max_size, &img, err)) < 0)
-                goto out_src;
-        }
-    }
-
-    struct sys_atomic_file af;
-    if ((rc = sys_atomic_open(&af, dst, 0600, err)) < 0)
-        goto out_src;
-    if (img) {
-        struct vmsnap_source s;
-        vmsnap_source_fd(&s, fd, size, name);
-        rc = vmsnap_image_decode_parallel(img, &s, af.fd, opts, stats, err);
-        if (rc < 0 && err && strstr(err->msg, "write"))
-            vmsnap_err_wrap(err, "%s: ", dst);
-    } else {
-        rc = decode_sequential(fd, from_stdin ? UINT64_MAX : 0, af.fd, max_size, name, dst, opts,
-                               size, stats, err);
-    }
+    struct input in;
+    int rc = input_open(&in, src, max_size, err);
     if (rc < 0)
-        sys_atomic_abort(&af);
-    else
-        rc = sys_atomic_commit(&af, opts->fsync, err);
-out_src:
-    vmsnap_image_free(img);
-    if (!from_stdin)
-        close(fd);
+        return rc;
+    struct sys_atomic_file af;
+    if ((rc = sys_atomic_open(&af, dst, 0600, err)) == 0) {
+        rc = input_decode(&in, af.fd, dst, max_size, opts, stats, err);
+        if (rc < 0)
+            sys_atomic_abort(&af);
+        else
+            rc = sys_atomic_commit(&af, opts->fsync, err);
+    }
+    input_close(&in);
     return rc;
 }
 
 int vmsnap_image_inspect(const char *src, bool verify, unsigned threads,
                          struct vmsnap_image_stats *stats, struct vmsnap_err *err)
 {
-    bool from_stdin = strcmp(src, "-") == 0;
-    int fd = from_stdin ? STDIN_FILENO : open(src, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return vmsnap_err_set(err, errno, "open %s: %s", src, strerror(errno));
-    const char *name = from_stdin ? "stdin" : src;
-    struct vmsnap_image *img = NULL;
-    int rc = 0;
-    uint64_t size = 0;
-    if (!from_stdin) {
-        struct stat st;
-        if (fstat(fd, &st) < 0) {
-            rc = vmsnap_err_set(err, errno, "stat %s: %s", src, strerror(errno));
-            goto out;
-        }
-        size = (uint64_t)st.st_size;
-        struct vmsnap_source s;
-        vmsnap_source_fd(&s, fd, size, name);
-        if (S_ISREG(st.st_mode) &&
-            (rc = vmsnap_image_open(&s, VMSNAP_IMAGE_DEFAULT_MAX_SIZE, &img, err)) < 0)
-            goto out;
-    }
-    if (img) {
-        if (verify) {
-            struct vmsnap_source s;
-            vmsnap_source_fd(&s, fd, size, name);
-            struct vmsnap_unpack_opts o = {.threads = threads};
-            rc = vmsnap_image_decode_parallel(img, &s, -1, &o, stats, err);
-        } else if (stats) {
-            vmsnap_image_get_stats(img, stats);
-        }
+    struct input in;
+    int rc = input_open(&in, src, VMSNAP_IMAGE_DEFAULT_MAX_SIZE, err);
+    if (rc < 0)
+        return rc;
+    if (in.img && !verify) {
+        if (stats)
+            vmsnap_image_get_stats(in.img, stats);
     } else {
-        rc = decode_sequential(fd, from_stdin ? UINT64_MAX : 0, -1, VMSNAP_IMAGE_DEFAULT_MAX_SIZE,
-                               name, NULL, NULL, size, stats, err);
+        struct vmsnap_unpack_opts o = {.threads = threads};
+        rc = input_decode(&in, -1, NULL, VMSNAP_IMAGE_DEFAULT_MAX_SIZE, &o, stats, err);
     }
-out:
-    vmsnap_image_free(img);
-    if (!from_stdin)
-        close(fd);
+    input_close(&in);
     return rc < 0 ? rc : 0;
 }
