@@ -15,6 +15,8 @@
 # of evicting a 2 GiB file, and kick-writeback vs background retries on a fresh 512 MiB file.
 #
 # usage: bench/pcache.sh VMSNAP_BIN [CYCLES (default 30)] [MODES (default "off on kick vmtouch")]
+# DISK_WRITE_MBPS=N emulates a slower (cloud) disk for the run: a cgroup v1 root blkio throttle
+# on the work directory's device, which also limits the kernel's writeback; removed at exit.
 # Needs root, a memory cgroup, python3, vmtouch; work files go under $BENCH_DIR (default /var/tmp).
 set -euo pipefail
 VMSNAP=$(realpath "${1:?usage: bench/pcache.sh VMSNAP_BIN [CYCLES] [MODES]}")
@@ -39,7 +41,9 @@ else
     exit 1
 fi
 CG=""
+THROTTLE=""
 cleanup() {
+    [ -n "$THROTTLE" ] && echo "$THROTTLE 0" >/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device
     [ -n "${GUEST_PID:-}" ] && kill "$GUEST_PID" 2>/dev/null && wait "$GUEST_PID" 2>/dev/null
     echo $$ >"$CGROOT/cgroup.procs" 2>/dev/null || true
     [ -n "$CG" ] && rmdir "$CG" 2>/dev/null
@@ -47,6 +51,13 @@ cleanup() {
 }
 trap cleanup EXIT
 mkdir -p "$BASE"
+if [ -n "${DISK_WRITE_MBPS:-}" ]; then
+    dev=$(stat -c %d "$BASE")
+    THROTTLE="$((dev >> 8)):$((dev & 255))"
+    echo "$THROTTLE $((DISK_WRITE_MBPS * 1000000))" >/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device ||
+        { echo "pcache bench: cannot throttle $THROTTLE" >&2; THROTTLE=""; exit 1; }
+    echo "disk writes throttled to $DISK_WRITE_MBPS MB/s on $THROTTLE" >&2
+fi
 
 cg_create() {
     CG=$CGROOT/vmsnap-pcache-bench.$$.$1

@@ -118,15 +118,34 @@ for _ in $(seq 1 120); do
     sleep 0.5
 done
 [ "$up" = 1 ] || fail "osd did not come up"
-setsid radosgw "${C[@]}" -n client.rgw.a -f </dev/null >>"$STATE/log/rgw.stdout" 2>&1 &
-echo $! >"$STATE/run/rgw.bgpid"
+# radosgw creates its pools on first start and then opens its port. On a loaded machine that
+# first start has been seen to stall without ever answering; a restart (pools now exist) comes up
+# in seconds. So: up to 75 s per attempt, three attempts, and the log tail on failure.
+start_rgw() {
+    setsid radosgw "${C[@]}" -n client.rgw.a -f </dev/null >>"$STATE/log/rgw.stdout" 2>&1 &
+    echo $! >"$STATE/run/rgw.bgpid"
+}
+stop_rgw() {
+    local pid
+    pid=$(cat "$STATE/run/rgw.bgpid" 2>/dev/null) || return 0
+    kill "$pid" 2>/dev/null || return 0
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
+    kill -9 "$pid" 2>/dev/null || true
+}
 code=000
-for _ in $(seq 1 240); do
-    code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$RGW_PORT/" || true)
+for attempt in 1 2 3; do
+    start_rgw
+    for _ in $(seq 1 150); do
+        code=$(curl -s -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$RGW_PORT/" || true)
+        [ "$code" = 200 ] && break
+        sleep 0.5
+    done
     [ "$code" = 200 ] && break
-    sleep 0.5
+    echo "rgw-up: radosgw attempt $attempt did not answer (last code $code); log tail:" >&2
+    tail -n 15 "$STATE/log/rgw.log" "$STATE/log/rgw.stdout" >&2 2>/dev/null || true
+    stop_rgw
 done
-[ "$code" = 200 ] || fail "radosgw did not answer (last code $code)"
+[ "$code" = 200 ] || fail "radosgw did not answer after 3 attempts (last code $code)"
 radosgw-admin "${C[@]}" user create --uid=test --display-name="vmsnap test" \
     --access-key="$ACCESS" --secret-key="$SECRET" >/dev/null || fail "user create"
 cat >"$STATE/env" <<ENV
