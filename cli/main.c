@@ -48,7 +48,7 @@ static const struct cli_verb verbs[] = {
      "AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY[/AWS_SESSION_TOKEN], --path-style),\n"
      "gs://bucket/key (Cloud Storage XML API with HMAC keys). -j: connections (default 8);\n"
      "parts of 16M (--part-size); at most 256M buffered (--max-memory)."},
-    {"pull", cmd_pull, "pull [-j N] [--max-memory SIZE] URL PATH",
+    {"pull", cmd_pull, "pull [-j N] [--max-memory SIZE] [--drop-cache] URL PATH",
      "Download and decode a snapshot set (manifest first; names, sizes and sha256 verified) or\n"
      "one object, with ranged GETs of frame groups over N connections, decoded in parallel into\n"
      "sparse files. Files appear (mode 0600) only when all are complete and verified."},
