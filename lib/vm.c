@@ -414,7 +414,10 @@ static int fsync_dir_files(const char *dir, struct vmsnap_err *err)
     int rc = 0;
     struct dirent *de;
     while (rc == 0 && (de = readdir(d))) {
-        if (de->d_type != DT_REG)
+        struct stat st;
+        if (de->d_type != DT_REG &&
+            (de->d_type != DT_UNKNOWN ||
+             fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode)))
             continue;
         int fd = openat(dirfd(d), de->d_name, O_RDONLY | O_CLOEXEC);
         if (fd < 0 || fsync(fd) < 0)
