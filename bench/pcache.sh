@@ -17,6 +17,9 @@
 # usage: bench/pcache.sh VMSNAP_BIN [CYCLES (default 30)] [MODES (default "off on kick vmtouch")]
 # DISK_WRITE_MBPS=N emulates a slower (cloud) disk for the run: a cgroup v1 root blkio throttle
 # on the work directory's device, which also limits the kernel's writeback; removed at exit.
+# PAUSE_MODE=delta makes a pause write only the pages dirtied since the last one into a sparse
+# image (what Cloud Hypervisor writes after an on-demand restore) instead of the whole RAM.
+# EXTRAS=0 skips the eviction-cost and fresh-file measurements after the cycles.
 # Needs root, a memory cgroup, python3, vmtouch; work files go under $BENCH_DIR (default /var/tmp).
 set -euo pipefail
 VMSNAP=$(realpath "${1:?usage: bench/pcache.sh VMSNAP_BIN [CYCLES] [MODES]}")
@@ -85,6 +88,8 @@ import os, sys, time
 MIB = 1 << 20
 size = int(sys.argv[1]) * MIB
 dirty = int(sys.argv[2]) * MIB
+delta = len(sys.argv) > 3 and sys.argv[3] == "delta"
+last = 0
 ram = bytearray(size)
 view = memoryview(ram)
 pool = os.urandom(dirty // 2 + 2048)
@@ -104,10 +109,16 @@ for line in sys.stdin:
         cycle += 1
         off = (cycle * dirty) % size
         fill(off, dirty, cycle)
+        last = off
     elif cmd == "pause":
         with open(arg, "wb") as f:
-            for o in range(0, size, 8 * MIB):
-                f.write(view[o:o + 8 * MIB])
+            if delta:
+                f.truncate(size)
+                f.seek(last)
+                f.write(view[last:last + dirty])
+            else:
+                for o in range(0, size, 8 * MIB):
+                    f.write(view[o:o + 8 * MIB])
     elif cmd == "load":
         with open(arg, "rb") as f:
             o = 0
@@ -157,7 +168,7 @@ run_mode() {
     sync
     echo 3 >/proc/sys/vm/drop_caches
     cg_create "$mode"
-    coproc GUEST { exec python3 -u "$BASE/guest.py" "$GUEST_MIB" "$DIRTY_MIB"; }
+    coproc GUEST { exec python3 -u "$BASE/guest.py" "$GUEST_MIB" "$DIRTY_MIB" "${PAUSE_MODE:-full}"; }
     GUEST_PID=$GUEST_PID
     local ready
     read -r ready <&"${GUEST[0]}"
@@ -254,6 +265,7 @@ cpu_of() {
     { time "$@" >/dev/null 2>&1; } 2>"$BASE/cpu"
     awk '{printf "%.1f", ($1 + $2) * 1000}' "$BASE/cpu"
 }
+[ "${EXTRAS:-1}" = 0 ] && exit 0
 echo
 F=$BASE/big.img
 for how in read written; do
