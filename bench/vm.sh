@@ -10,7 +10,7 @@
 # markdown table, plus the page cache the checkpoint keeps after resume and QEMU's RSS.
 #
 #   bench/vm.sh [BUILD_DIR]     env: CYCLES=20 OPS="pause local rgw" LIMITS="768M none"
-#                                    HYGIENE="on off" BENCH_DIR=/var/tmp
+#                                    HYGIENE="on off" BENCH_DIR=/var/tmp BLOB_MIB=64 (boot blob)
 # Runs under TCG here (no vmx/svm): the figures are for ratios, not absolute claims.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -118,7 +118,7 @@ for limit in $LIMITS; do
             ne=()
             [ "$hyg" = off ] && ne=(--no-evict)
             vm run b --kernel "$G/vmlinux" --initrd "$G/initrd.cpio.gz" --mem 512M \
-                --append "$(cat "$G/cmdline") vmsnap.dirty=64" 2>/dev/null
+                --append "$(cat "$G/cmdline") vmsnap.dirty=${BLOB_MIB:-64}" 2>/dev/null
             wait_line 0 'vmsnap-counter ram=1 '
             case $op in
             pause) url= ;;
