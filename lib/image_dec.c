@@ -42,46 +42,36 @@ static int src_read(const struct vmsnap_source *src, void *buf, size_t len, uint
     return src->pread(src->arg, buf, len, off, err);
 }
 
-__attribute__((format(printf, 3, 4))) static int corrupt(struct vmsnap_err *err, const char *name,
-                                                         const char *fmt, ...)
-{
-    char what[300];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof(what), fmt, ap);
-    va_end(ap);
-    return vmsnap_err_set(err, EBADMSG, "%s: corrupt image: %s", name, what);
-}
-
 int img_table_parse(const uint8_t *t, size_t tsize, uint64_t toff, uint64_t max_size,
                     const char *name, struct vmsnap_image **out, struct vmsnap_err *err)
 {
     *out = NULL;
     if (tsize < 8 + SEEK_HDR_LEN + 2 * SEEK_ENTRY_LEN + SEEK_FOOTER_LEN)
-        return corrupt(err, name, "seek table at byte %llu is too short (%zu bytes)", ULL(toff),
-                       tsize);
+        return img_corrupt(err, name, "seek table at byte %llu is too short (%zu bytes)", ULL(toff),
+                           tsize);
     const uint8_t *foot = t + tsize - SEEK_FOOTER_LEN;
     const uint64_t foot_off = toff + tsize - SEEK_FOOTER_LEN;
     if (memcmp(foot + 24, SEEK_FOOTER_MAGIC, 8) != 0)
-        return corrupt(err, name, "seek table footer magic at byte %llu is damaged",
-                       ULL(foot_off + 24));
+        return img_corrupt(err, name, "seek table footer magic at byte %llu is damaged",
+                           ULL(foot_off + 24));
     const uint32_t n = get_le32(foot + 8);
     if (get_le32(foot + 16) != SEEK_TABLE_VERSION || get_le32(foot + 20) != 0)
-        return corrupt(err, name, "seek table version %u at byte %llu (expected %u)",
-                       get_le32(foot + 16), ULL(foot_off + 16), SEEK_TABLE_VERSION);
+        return img_corrupt(err, name, "seek table version %u at byte %llu (expected %u)",
+                           get_le32(foot + 16), ULL(foot_off + 16), SEEK_TABLE_VERSION);
     if (n < 2 || n > SEEK_MAX_FRAMES)
-        return corrupt(err, name, "seek table frame count %u at byte %llu out of range", n,
-                       ULL(foot_off + 8));
+        return img_corrupt(err, name, "seek table frame count %u at byte %llu out of range", n,
+                           ULL(foot_off + 8));
     if ((uint64_t)get_le32(foot + 12) != tsize ||
         (uint64_t)tsize != 8 + SEEK_HDR_LEN + (uint64_t)n * SEEK_ENTRY_LEN + SEEK_FOOTER_LEN)
-        return corrupt(err, name, "seek table size %u at byte %llu does not match %u frames",
-                       get_le32(foot + 12), ULL(foot_off + 12), n);
+        return img_corrupt(err, name, "seek table size %u at byte %llu does not match %u frames",
+                           get_le32(foot + 12), ULL(foot_off + 12), n);
     if (get_le32(t) != SEEK_SKIP_MAGIC || get_le32(t + 4) != tsize - 8)
-        return corrupt(err, name, "seek table frame header at byte %llu is damaged", ULL(toff));
+        return img_corrupt(err, name, "seek table frame header at byte %llu is damaged", ULL(toff));
     const uint8_t *h = t + 8;
     const size_t body = SEEK_HDR_LEN + (size_t)n * SEEK_ENTRY_LEN;
     if (XXH64(h, body, 0) != get_le64(foot))
-        return corrupt(err, name, "seek table checksum mismatch (table at byte %llu)", ULL(toff));
+        return img_corrupt(err, name, "seek table checksum mismatch (table at byte %llu)",
+                           ULL(toff));
 
     struct vmsnap_image *img = calloc(1, sizeof(*img));
     if (!img)
@@ -102,17 +92,18 @@ int img_table_parse(const uint8_t *t, size_t tsize, uint64_t toff, uint64_t max_
     const uint64_t frames_start = get_le64(h + 40), frames_end = get_le64(h + 48);
     img->n = n;
     if (get_le32(h) != SEEK_TABLE_VERSION || get_le32(h + 56) != n) {
-        corrupt(err, name, "seek table header at byte %llu disagrees with its footer", ULL(toff));
+        img_corrupt(err, name, "seek table header at byte %llu disagrees with its footer",
+                    ULL(toff));
         goto fail;
     }
     if (img->total_size > max_size || (int64_t)img->total_size < 0) {
-        corrupt(err, name, "totalSize %llu exceeds the cap of %llu bytes", ULL(img->total_size),
-                ULL(max_size));
+        img_corrupt(err, name, "totalSize %llu exceeds the cap of %llu bytes", ULL(img->total_size),
+                    ULL(max_size));
         goto fail;
     }
     if (frames_start != IMG_HEADER_LEN + 8 + INFO_CONTENT_LEN || frames_end != toff) {
-        corrupt(err, name, "seek table frame span [%llu, %llu) does not match the object",
-                ULL(frames_start), ULL(frames_end));
+        img_corrupt(err, name, "seek table frame span [%llu, %llu) does not match the object",
+                    ULL(frames_start), ULL(frames_end));
         goto fail;
     }
     uint64_t off = frames_start, prev_end = 0, pop = 0;
@@ -129,18 +120,18 @@ int img_table_parse(const uint8_t *t, size_t tsize, uint64_t toff, uint64_t max_
         fi->ccheck = get_le64(e + 48);
         const uint64_t eoff = toff + 8 + SEEK_HDR_LEN + (uint64_t)i * SEEK_ENTRY_LEN;
         if (fi->csize == 0 || fi->csize > frames_end - off) {
-            corrupt(err, name,
-                    "frame %u: compressed size %llu (entry at byte %llu) runs past the frames' "
-                    "end at %llu",
-                    i, ULL(fi->csize), ULL(eoff), ULL(frames_end));
+            img_corrupt(err, name,
+                        "frame %u: compressed size %llu (entry at byte %llu) runs past the frames' "
+                        "end at %llu",
+                        i, ULL(fi->csize), ULL(eoff), ULL(frames_end));
             goto fail;
         }
         off += fi->csize;
         if (i == 0 || i == n - 1) {
             uint64_t at = i == 0 ? 0 : img->total_size;
             if (fi->dsize != 8 || fi->src_start != at || fi->src_end != at || fi->populated) {
-                corrupt(err, name, "frame %u (entry at byte %llu): bad %s frame", i, ULL(eoff),
-                        i == 0 ? "totalSize" : "sentinel");
+                img_corrupt(err, name, "frame %u (entry at byte %llu): bad %s frame", i, ULL(eoff),
+                            i == 0 ? "totalSize" : "sentinel");
                 goto fail;
             }
             continue;
@@ -150,19 +141,20 @@ int img_table_parse(const uint8_t *t, size_t tsize, uint64_t toff, uint64_t max_
             fi->src_start < prev_end || span > VMSNAP_IMAGE_MAX_FRAME_SIZE ||
             fi->populated > span || fi->dsize < fi->populated + REC_HDR_LEN ||
             (fi->dsize - fi->populated) % REC_HDR_LEN || fi->dsize > img_max_dsize(span)) {
-            corrupt(err, name,
-                    "frame %u (entry at byte %llu): inconsistent range [%llu, %llu), %llu data "
-                    "bytes, %llu decoded bytes",
-                    i, ULL(eoff), ULL(fi->src_start), ULL(fi->src_end), ULL(fi->populated),
-                    ULL(fi->dsize));
+            img_corrupt(err, name,
+                        "frame %u (entry at byte %llu): inconsistent range [%llu, %llu), %llu data "
+                        "bytes, %llu decoded bytes",
+                        i, ULL(eoff), ULL(fi->src_start), ULL(fi->src_end), ULL(fi->populated),
+                        ULL(fi->dsize));
             goto fail;
         }
         prev_end = fi->src_end;
         pop += fi->populated;
     }
     if (off != frames_end || pop != img->populated) {
-        corrupt(err, name, "seek table frames do not add up (end %llu vs %llu, data %llu vs %llu)",
-                ULL(off), ULL(frames_end), ULL(pop), ULL(img->populated));
+        img_corrupt(err, name,
+                    "seek table frames do not add up (end %llu vs %llu, data %llu vs %llu)",
+                    ULL(off), ULL(frames_end), ULL(pop), ULL(img->populated));
         goto fail;
     }
     *out = img;
@@ -198,18 +190,19 @@ int vmsnap_image_open(const struct vmsnap_source *src, uint64_t max_size, struct
 
     /* From here on the object claims a seek table: any inconsistency is corruption. */
     if (get_le32(head + 8) != IMG_VERSION)
-        return corrupt(err, name, "unsupported format version %u at byte 8 (expected 2)",
-                       get_le32(head + 8));
+        return img_corrupt(err, name, "unsupported format version %u at byte 8 (expected 2)",
+                           get_le32(head + 8));
     if (!img_info_valid(head + IMG_HEADER_LEN))
-        return corrupt(err, name, "info frame at byte %d is missing or damaged", IMG_HEADER_LEN);
+        return img_corrupt(err, name, "info frame at byte %d is missing or damaged",
+                           IMG_HEADER_LEN);
     const uint32_t tsize = get_le32(foot + 12);
     if (tsize > size - IMG_HEADER_LEN || tsize < SEEK_FOOTER_LEN)
-        return corrupt(err, name, "seek table size %u at byte %llu is larger than the object",
-                       tsize, ULL(size - SEEK_FOOTER_LEN + 12));
+        return img_corrupt(err, name, "seek table size %u at byte %llu is larger than the object",
+                           tsize, ULL(size - SEEK_FOOTER_LEN + 12));
     if ((uint64_t)tsize >
         8 + SEEK_HDR_LEN + (uint64_t)SEEK_MAX_FRAMES * SEEK_ENTRY_LEN + SEEK_FOOTER_LEN)
-        return corrupt(err, name, "seek table size %u at byte %llu is out of range", tsize,
-                       ULL(size - SEEK_FOOTER_LEN + 12));
+        return img_corrupt(err, name, "seek table size %u at byte %llu is out of range", tsize,
+                           ULL(size - SEEK_FOOTER_LEN + 12));
     uint8_t *t = malloc(tsize);
     if (!t)
         return vmsnap_err_set(err, ENOMEM, "out of memory (seek table of %u bytes)", tsize);
@@ -220,8 +213,8 @@ int vmsnap_image_open(const struct vmsnap_source *src, uint64_t max_size, struct
     if (rc >= 0 && (*out)->frame_size != get_le64(head + IMG_HEADER_LEN + 24)) {
         vmsnap_image_free(*out);
         *out = NULL;
-        rc = corrupt(err, name, "info frame at byte %d disagrees with the seek table",
-                     IMG_HEADER_LEN);
+        rc = img_corrupt(err, name, "info frame at byte %d disagrees with the seek table",
+                         IMG_HEADER_LEN);
     }
     return rc < 0 ? rc : 1;
 }
@@ -310,15 +303,16 @@ int vmsnap_image_decode_frame_mem(const struct vmsnap_image *img, uint32_t i, co
         return vmsnap_err_set(err, EINVAL, "%s: frame %u is %llu bytes, %zu given", img->name, i,
                               ULL(fi->csize), len);
     if (XXH64(c, fi->csize, 0) != fi->ccheck)
-        return corrupt(err, img->name, "frame %u at byte %llu: compressed bytes checksum mismatch",
-                       i, ULL(fi->offset));
+        return img_corrupt(err, img->name,
+                           "frame %u at byte %llu: compressed bytes checksum mismatch", i,
+                           ULL(fi->offset));
     unsigned long long fcs = ZSTD_getFrameContentSize(c, fi->csize);
     size_t fsz = ZSTD_findFrameCompressedSize(c, fi->csize);
     if (fcs != fi->dsize || ZSTD_isError(fsz) || fsz != fi->csize)
-        return corrupt(err, img->name,
-                       "frame %u at byte %llu: zstd frame header disagrees with the seek table "
-                       "(content size %llu vs %llu)",
-                       i, ULL(fi->offset), fcs, ULL(fi->dsize));
+        return img_corrupt(err, img->name,
+                           "frame %u at byte %llu: zstd frame header disagrees with the seek table "
+                           "(content size %llu vs %llu)",
+                           i, ULL(fi->offset), fcs, ULL(fi->dsize));
 
     struct rec_parser rp;
     const bool header = i == 0, trailer = i == img->n - 1;
@@ -339,36 +333,38 @@ int vmsnap_image_decode_frame_mem(const struct vmsnap_image *img, uint32_t i, co
         ZSTD_outBuffer out = {dec->out, DEC_OUT_CAP, 0};
         ret = ZSTD_decompressStream(dec->dctx, &out, &in);
         if (ZSTD_isError(ret))
-            return corrupt(err, img->name, "frame %u at byte %llu: zstd: %s", i, ULL(fi->offset),
-                           ZSTD_getErrorName(ret));
+            return img_corrupt(err, img->name, "frame %u at byte %llu: zstd: %s", i,
+                               ULL(fi->offset), ZSTD_getErrorName(ret));
         produced += out.pos;
         if (produced > fi->dsize)
-            return corrupt(err, img->name, "frame %u at byte %llu decodes to more than %llu bytes",
-                           i, ULL(fi->offset), ULL(fi->dsize));
+            return img_corrupt(err, img->name,
+                               "frame %u at byte %llu decodes to more than %llu bytes", i,
+                               ULL(fi->offset), ULL(fi->dsize));
         XXH64_update(dec->xxh, dec->out, out.pos);
         int rc = rec_feed(&rp, dec->out, out.pos, err);
         if (rc < 0)
             return rc;
         if (ret != 0 && in.pos == in.size && out.pos < out.size)
-            return corrupt(err, img->name, "frame %u at byte %llu: truncated zstd frame", i,
-                           ULL(fi->offset));
+            return img_corrupt(err, img->name, "frame %u at byte %llu: truncated zstd frame", i,
+                               ULL(fi->offset));
     } while (ret != 0);
     if (produced != fi->dsize || in.pos != in.size)
-        return corrupt(err, img->name, "frame %u at byte %llu: decoded %llu bytes (table: %llu)", i,
-                       ULL(fi->offset), ULL(produced), ULL(fi->dsize));
+        return img_corrupt(err, img->name,
+                           "frame %u at byte %llu: decoded %llu bytes (table: %llu)", i,
+                           ULL(fi->offset), ULL(produced), ULL(fi->dsize));
     if (XXH64_digest(dec->xxh) != fi->checksum)
-        return corrupt(err, img->name, "frame %u at byte %llu: checksum mismatch", i,
-                       ULL(fi->offset));
+        return img_corrupt(err, img->name, "frame %u at byte %llu: checksum mismatch", i,
+                           ULL(fi->offset));
     if (header && rp.total != img->total_size)
-        return corrupt(err, img->name,
-                       "totalSize %llu in frame 0 disagrees with the seek table (%llu)",
-                       ULL(rp.total), ULL(img->total_size));
+        return img_corrupt(err, img->name,
+                           "totalSize %llu in frame 0 disagrees with the seek table (%llu)",
+                           ULL(rp.total), ULL(img->total_size));
     if (!rec_at_boundary(&rp) || (trailer && rp.state != REC_DONE) ||
         (!header && !trailer && rp.populated != fi->populated))
-        return corrupt(err, img->name,
-                       "frame %u at byte %llu ends inside a record or holds %llu data bytes "
-                       "(table: %llu)",
-                       i, ULL(fi->offset), ULL(rp.populated), ULL(fi->populated));
+        return img_corrupt(err, img->name,
+                           "frame %u at byte %llu ends inside a record or holds %llu data bytes "
+                           "(table: %llu)",
+                           i, ULL(fi->offset), ULL(rp.populated), ULL(fi->populated));
     if (extents)
         *extents += rp.extents;
     return 0;

@@ -64,6 +64,11 @@ static inline bool img_info_valid(const uint8_t *p)
            flags == INFO_FLAG_SEEK_TABLE;
 }
 
+/* Fill `err` with EBADMSG and "<name>: corrupt image: <formatted reason>"; returns -EBADMSG.
+ * The one formatter for every corrupt-input error of the codec. */
+int img_corrupt(struct vmsnap_err *err, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* Parse and validate a seek table (the whole skippable frame, `tsize` bytes found at object
  * offset `toff`). On success *out is a new image. */
 struct vmsnap_image;

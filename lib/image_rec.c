@@ -23,6 +23,17 @@ void rec_init(struct rec_parser *rp, enum rec_state start, int fd, const char *n
     rp->hi = UINT64_MAX;
 }
 
+int img_corrupt(struct vmsnap_err *err, const char *name, const char *fmt, ...)
+{
+    char what[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    return vmsnap_err_set(err, EBADMSG, "%s: corrupt image: %s", name, what);
+}
+
+/* A record-level error: the reason plus where in the decoded stream it was met. */
 __attribute__((format(printf, 3, 4))) static int bad(struct rec_parser *rp, struct vmsnap_err *err,
                                                      const char *fmt, ...)
 {
@@ -31,8 +42,8 @@ __attribute__((format(printf, 3, 4))) static int bad(struct rec_parser *rp, stru
     va_start(ap, fmt);
     vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
-    return vmsnap_err_set(err, EBADMSG, "%s: corrupt image: %s (%s, decoded byte %llu)", rp->name,
-                          what, rp->where[0] ? rp->where : "stream", (unsigned long long)rp->pos);
+    return img_corrupt(err, rp->name, "%s (%s, decoded byte %llu)", what,
+                       rp->where[0] ? rp->where : "stream", (unsigned long long)rp->pos);
 }
 
 #define ULL(x) ((unsigned long long)(x))

@@ -66,17 +66,6 @@ struct vmsnap_seqdec {
     bool plain_open;
 };
 
-__attribute__((format(printf, 3, 4))) static int fail(struct vmsnap_seqdec *sd,
-                                                      struct vmsnap_err *err, const char *fmt, ...)
-{
-    char what[300];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof(what), fmt, ap);
-    va_end(ap);
-    return vmsnap_err_set(err, EBADMSG, "%s: corrupt image: %s", sd->name, what);
-}
-
 int vmsnap_seqdec_new(int dst_fd, uint64_t max_size, const char *src_name,
                       struct vmsnap_seqdec **out, struct vmsnap_err *err)
 {
@@ -129,7 +118,8 @@ static int plain_flush(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
     sd->plain_pos += sd->blk_fill;
     sd->blk_fill = 0;
     if (sd->plain_pos > sd->max_size)
-        return fail(sd, err, "decoded size passes the cap of %llu bytes", ULL(sd->max_size));
+        return img_corrupt(err, sd->name, "decoded size passes the cap of %llu bytes",
+                           ULL(sd->max_size));
     return 0;
 }
 
@@ -141,8 +131,8 @@ static int plain_feed(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len,
         ZSTD_outBuffer out = {sd->blk, PLAIN_BLOCK, sd->blk_fill};
         size_t ret = ZSTD_decompressStream(sd->dctx, &out, &in);
         if (ZSTD_isError(ret))
-            return fail(sd, err, "zstd: %s (near byte %llu)", ZSTD_getErrorName(ret),
-                        ULL(sd->in_off + in.pos));
+            return img_corrupt(err, sd->name, "zstd: %s (near byte %llu)", ZSTD_getErrorName(ret),
+                               ULL(sd->in_off + in.pos));
         sd->blk_fill = out.pos;
         sd->plain_open = ret != 0;
         if (sd->blk_fill == PLAIN_BLOCK) {
@@ -163,7 +153,7 @@ static int plain_feed(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len,
 static int add_seen(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
 {
     if (sd->n_seen == SEEK_MAX_FRAMES)
-        return fail(sd, err, "more than %u frames", SEEK_MAX_FRAMES);
+        return img_corrupt(err, sd->name, "more than %u frames", SEEK_MAX_FRAMES);
     if (sd->n_seen == sd->seen_cap) {
         size_t cap = sd->seen_cap ? sd->seen_cap * 2 : 64;
         struct seen_frame *s = realloc(sd->seen, cap * sizeof(*s));
@@ -188,8 +178,9 @@ static int zstd_part(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len, s
         ZSTD_outBuffer out = {sd->out, OUT_CAP, 0};
         size_t ret = ZSTD_decompressStream(sd->dctx, &out, &in);
         if (ZSTD_isError(ret))
-            return fail(sd, err, "zstd frame at byte %llu: %s (near byte %llu)",
-                        ULL(sd->frame_start), ZSTD_getErrorName(ret), ULL(sd->in_off + in.pos));
+            return img_corrupt(err, sd->name, "zstd frame at byte %llu: %s (near byte %llu)",
+                               ULL(sd->frame_start), ZSTD_getErrorName(ret),
+                               ULL(sd->in_off + in.pos));
         if (out.pos) {
             XXH64_update(sd->xxh, sd->out, out.pos);
             sd->frame_dsize += out.pos;
@@ -228,19 +219,21 @@ static int check_table(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
     uint32_t n = vmsnap_image_frame_count(img);
     if (n != sd->n_seen || st.total_size != sd->rp.total || st.populated != sd->rp.populated ||
         st.frame_size != sd->info_frame_size) {
-        rc = fail(sd, err,
-                  "seek table at byte %llu disagrees with the stream (%u vs %zu frames, size %llu "
-                  "vs %llu, data %llu vs %llu)",
-                  ULL(sd->frame_start), n, sd->n_seen, ULL(st.total_size), ULL(sd->rp.total),
-                  ULL(st.populated), ULL(sd->rp.populated));
+        rc = img_corrupt(
+            err, sd->name,
+            "seek table at byte %llu disagrees with the stream (%u vs %zu frames, size %llu "
+            "vs %llu, data %llu vs %llu)",
+            ULL(sd->frame_start), n, sd->n_seen, ULL(st.total_size), ULL(sd->rp.total),
+            ULL(st.populated), ULL(sd->rp.populated));
     }
     for (uint32_t i = 0; rc == 0 && i < n; i++) {
         struct vmsnap_frame_info fi;
         vmsnap_image_frame(img, i, &fi);
         if (fi.csize != sd->seen[i].csize || fi.dsize != sd->seen[i].dsize ||
             fi.checksum != sd->seen[i].xxh || fi.ccheck != sd->seen[i].cxxh)
-            rc = fail(sd, err, "frame %u at byte %llu does not match its seek table entry", i,
-                      ULL(fi.offset));
+            rc = img_corrupt(err, sd->name,
+                             "frame %u at byte %llu does not match its seek table entry", i,
+                             ULL(fi.offset));
     }
     vmsnap_image_free(img);
     sd->table_seen = true;
@@ -256,7 +249,8 @@ static int end_capture(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
         memcpy(whole + 8, sd->cap_buf, VMSNAP_MIN(sd->cap_len, (size_t)INFO_CONTENT_LEN));
         if (sd->frame_start != IMG_HEADER_LEN || sd->cap_len != INFO_CONTENT_LEN ||
             !img_info_valid(whole))
-            return fail(sd, err, "damaged info frame at byte %llu", ULL(sd->frame_start));
+            return img_corrupt(err, sd->name, "damaged info frame at byte %llu",
+                               ULL(sd->frame_start));
         sd->expect_table = true;
         sd->info_frame_size = get_le64(sd->cap_buf + 16);
         sd->fs = F_MAGIC;
@@ -264,8 +258,9 @@ static int end_capture(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
     }
     /* The seek table: it must come after the sentinel and end the object. */
     if (sd->rp.state != REC_DONE)
-        return fail(sd, err, "seek table at byte %llu before the end-of-extents sentinel",
-                    ULL(sd->frame_start));
+        return img_corrupt(err, sd->name,
+                           "seek table at byte %llu before the end-of-extents sentinel",
+                           ULL(sd->frame_start));
     uint8_t *full = malloc(sd->cap_len + 8);
     if (!full)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
@@ -288,8 +283,8 @@ static int sparse_feed(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len,
         int rc;
         switch (sd->fs) {
         case F_END:
-            return fail(sd, err, "%zu bytes after the seek table at byte %llu", len,
-                        ULL(sd->in_off));
+            return img_corrupt(err, sd->name, "%zu bytes after the seek table at byte %llu", len,
+                               ULL(sd->in_off));
         case F_MAGIC:
         case F_SKIPHDR: {
             unsigned want = sd->fs == F_MAGIC ? 4 : 8;
@@ -320,8 +315,8 @@ static int sparse_feed(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len,
                 } else if ((m & ZSTD_SKIP_MAGIC_MASK) == ZSTD_SKIP_MAGIC_MIN) {
                     sd->fs = F_SKIPHDR;
                 } else {
-                    return fail(sd, err, "unknown frame magic 0x%08x at byte %llu", m,
-                                ULL(sd->frame_start));
+                    return img_corrupt(err, sd->name, "unknown frame magic 0x%08x at byte %llu", m,
+                                       ULL(sd->frame_start));
                 }
                 break;
             }
@@ -332,8 +327,9 @@ static int sparse_feed(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len,
                 uint64_t lim =
                     8 + SEEK_HDR_LEN + (uint64_t)SEEK_MAX_FRAMES * SEEK_ENTRY_LEN + SEEK_FOOTER_LEN;
                 if (sd->skip_left > lim)
-                    return fail(sd, err, "vmsnap skippable frame at byte %llu too large (%llu)",
-                                ULL(sd->frame_start), ULL(sd->skip_left));
+                    return img_corrupt(err, sd->name,
+                                       "vmsnap skippable frame at byte %llu too large (%llu)",
+                                       ULL(sd->frame_start), ULL(sd->skip_left));
                 free(sd->cap_buf);
                 sd->cap_buf = malloc(sd->skip_left ? sd->skip_left : 1);
                 if (!sd->cap_buf)
@@ -384,10 +380,10 @@ static int start_mode(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
     if (memcmp(sd->head, IMG_MAGIC, IMG_MAGIC_LEN) == 0) {
         uint32_t v = get_le32(sd->head + 8);
         if (v != IMG_VERSION)
-            return fail(sd, err,
-                        "unsupported sparse-extent format version %u at byte 8 (this "
-                        "reader supports version 2)",
-                        v);
+            return img_corrupt(err, sd->name,
+                               "unsupported sparse-extent format version %u at byte 8 (this "
+                               "reader supports version 2)",
+                               v);
         sd->mode = M_SPARSE;
         sd->in_off = IMG_HEADER_LEN;
         sd->fs = F_MAGIC;
@@ -426,10 +422,12 @@ int vmsnap_seqdec_feed(struct vmsnap_seqdec *sd, const void *data, size_t len,
             if (rc < 0)
                 return rc;
         } else if (sd->head_fill >= 4 && memcmp(sd->head, IMG_MAGIC, 4) != 0) {
-            return fail(sd, err, "not a vmsnap image or zstd stream (bad magic at byte 0)");
+            return img_corrupt(err, sd->name,
+                               "not a vmsnap image or zstd stream (bad magic at byte 0)");
         } else if (sd->head_fill == IMG_HEADER_LEN) {
             if (memcmp(sd->head, IMG_MAGIC, IMG_MAGIC_LEN) != 0)
-                return fail(sd, err, "not a vmsnap image or zstd stream (bad magic at byte 0)");
+                return img_corrupt(err, sd->name,
+                                   "not a vmsnap image or zstd stream (bad magic at byte 0)");
             int rc = start_mode(sd, err);
             if (rc < 0)
                 return rc;
@@ -450,17 +448,19 @@ int vmsnap_seqdec_finish(struct vmsnap_seqdec *sd, struct vmsnap_image_stats *st
     switch (sd->mode) {
     case M_HEAD:
         if (sd->head_fill == 0)
-            return fail(sd, err, "empty input");
+            return img_corrupt(err, sd->name, "empty input");
         if (sd->head_fill >= 4 && is_zstd_magic(sd->head)) {
             if ((rc = start_mode(sd, err)) < 0)
                 return rc;
             return vmsnap_seqdec_finish(sd, stats, err);
         }
-        return fail(sd, err, "truncated: %u bytes, too short for a header", sd->head_fill);
+        return img_corrupt(err, sd->name, "truncated: %u bytes, too short for a header",
+                           sd->head_fill);
     case M_PLAIN:
         if (sd->plain_open)
-            return fail(sd, err, "truncated: zstd stream ends inside a frame at byte %llu",
-                        ULL(sd->in_off));
+            return img_corrupt(err, sd->name,
+                               "truncated: zstd stream ends inside a frame at byte %llu",
+                               ULL(sd->in_off));
         if ((rc = plain_flush(sd, err)) < 0)
             return rc;
         if (sd->fd >= 0 && ftruncate(sd->fd, (off_t)sd->plain_pos) < 0)
@@ -471,23 +471,23 @@ int vmsnap_seqdec_finish(struct vmsnap_seqdec *sd, struct vmsnap_image_stats *st
         break;
     case M_SPARSE:
         if (sd->fs == F_ZSTD)
-            return fail(sd, err,
-                        "truncated: object ends at byte %llu inside the zstd frame "
-                        "starting at byte %llu",
-                        ULL(sd->in_off), ULL(sd->frame_start));
+            return img_corrupt(err, sd->name,
+                               "truncated: object ends at byte %llu inside the zstd frame "
+                               "starting at byte %llu",
+                               ULL(sd->in_off), ULL(sd->frame_start));
         if (sd->fs == F_SKIP || sd->fs == F_CAPTURE || sd->fs == F_SKIPHDR || sd->fhdr_fill)
-            return fail(sd, err, "truncated: object ends at byte %llu inside a frame",
-                        ULL(sd->in_off));
+            return img_corrupt(err, sd->name, "truncated: object ends at byte %llu inside a frame",
+                               ULL(sd->in_off));
         if (sd->rp.state != REC_DONE)
-            return fail(sd, err,
-                        "truncated: object ends at byte %llu before the "
-                        "end-of-extents sentinel",
-                        ULL(sd->in_off));
+            return img_corrupt(err, sd->name,
+                               "truncated: object ends at byte %llu before the "
+                               "end-of-extents sentinel",
+                               ULL(sd->in_off));
         if (sd->expect_table && !sd->table_seen)
-            return fail(sd, err,
-                        "truncated: the seek table announced at byte 12 is missing "
-                        "(object ends at byte %llu)",
-                        ULL(sd->in_off));
+            return img_corrupt(err, sd->name,
+                               "truncated: the seek table announced at byte 12 is missing "
+                               "(object ends at byte %llu)",
+                               ULL(sd->in_off));
         st.total_size = sd->rp.total;
         st.populated = sd->rp.populated;
         st.extents = sd->rp.extents;
