@@ -64,23 +64,26 @@ int cmd_inspect(int argc, char **argv)
                 putchar(*p);
         }
         printf("\",\"format\":\"%s\",\"logical_size\":%llu,\"populated\":%llu,"
-               "\"zero_elided\":%llu,\"frames\":%llu,\"object_size\":%llu,\"ratio\":%.4f,"
+               "\"zero_elided\":%llu,\"frames\":%llu,\"frame_size\":%llu,\"object_size\":%llu,"
+               "\"ratio\":%.4f,"
                "\"verified\":%s}\n",
                format, (unsigned long long)st.total_size, (unsigned long long)st.populated,
                (unsigned long long)st.zero_elided, (unsigned long long)st.frames,
-               (unsigned long long)st.object_size, ratio,
+               (unsigned long long)st.frame_size, (unsigned long long)st.object_size, ratio,
                verify || !st.has_seek_table ? "true" : "false");
         return EXIT_OK;
     }
-    char a[32], b[32], d[32], e[32];
+    char a[32], b[32], d[32], e[32], f[32];
     printf("%s\n  format:            %s\n  logical size:      %s (%llu bytes)\n"
            "  populated:         %s (%llu bytes)\n  zero pages elided: %s\n"
-           "  frames:            %llu\n  compressed:        %s (%llu bytes), ratio %.2fx\n",
+           "  frames:            %llu (%s source range each)\n  compressed:        %s (%llu "
+           "bytes), ratio %.2fx\n",
            src, format, cli_bytes(a, sizeof(a), st.total_size), (unsigned long long)st.total_size,
            cli_bytes(b, sizeof(b), st.populated), (unsigned long long)st.populated,
            st.plain_zstd ? "n/a" : cli_bytes(d, sizeof(d), st.zero_elided),
-           (unsigned long long)st.frames, cli_bytes(e, sizeof(e), st.object_size),
-           (unsigned long long)st.object_size, ratio);
+           (unsigned long long)st.frames,
+           st.frame_size ? cli_bytes(f, sizeof(f), st.frame_size) : "n/a",
+           cli_bytes(e, sizeof(e), st.object_size), (unsigned long long)st.object_size, ratio);
     if (verify || !st.has_seek_table)
         printf("  verified:          every frame decoded, all checksums match\n");
     return EXIT_OK;

@@ -22,9 +22,11 @@ cmp -s "$T/src" "$T/out2" || fail "stdin round trip differs"
 # options change the output the way they say
 "$VMSNAP" -q pack --level 9 --frame-size 4M "$T/src" "$T/img9" || fail "pack --level 9"
 "$VMSNAP" inspect --json "$T/img9" > "$T/j9" || fail "inspect --json"
-grep -q '"frames":3,' "$T/j9" || fail "4M frames: data lies in ranges 0, 1 and 3: $(cat "$T/j9")"
+grep -q '"frames":3,"frame_size":4194304,' "$T/j9" ||
+    fail "4M frames: data lies in ranges 0, 1 and 3: $(cat "$T/j9")"
 "$VMSNAP" inspect --json "$T/img" > "$T/j1"
-grep -q '"frames":1,' "$T/j1" || fail "64M frames: all data in range 0: $(cat "$T/j1")"
+grep -q '"frames":1,"frame_size":67108864,' "$T/j1" ||
+    fail "64M frames: all data in range 0: $(cat "$T/j1")"
 grep -q '"logical_size":20971520' "$T/j1" || fail "logical size in --json"
 "$VMSNAP" inspect --verify "$T/img" > "$T/iv" || fail "inspect --verify"
 grep -q "all checksums match" "$T/iv" || fail "inspect --verify output"
