@@ -7,8 +7,10 @@
 #  3. clone of a seeded 4 GiB image holding 100 MiB: vmsnap clone vs cp --sparse=always vs a
 #     plain whole-file copy_file_range vs cp --reflink=never, and FICLONE on a loop XFS;
 #  4. golden clone + new UUID vs a fresh create.
-# Each row: median wall time of N runs (each a fresh process, as a user runs it; output files
-# removed between runs, outside the timing) and mean CPU (user+sys) per run. Prints a Markdown table.
+# Each row: median wall time of N runs (each a fresh process exec'd directly, as a worker spawns
+# it: no shell in between; output files removed between runs, outside the timing) and mean CPU
+# (user+sys) per run. Prints a Markdown table, then the process floor of this machine (a static
+# empty program) and the best whole-process ratio against mke2fs that floor allows.
 #   bench/disk.sh [path/to/vmsnap]    (root needed for the XFS part; skipped otherwise)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,11 +21,11 @@ XFS=$W/xfs
 trap 'mountpoint -q "$XFS" && umount "$XFS"; rm -rf "$W"' EXIT
 cd "$W"
 
-# loop_time N CMD: run CMD (a shell string, started as "bash -c CMD") N times; sets MS and
+# loop_time N CMD: run CMD (split like a shell word list, exec'd directly) N times; sets MS and
 # CPUMS to the median wall and the mean CPU (user+sys of the children) per run, in ms. Files
 # named by OUT (space separated) are removed before each run, outside the timing.
 cat >timer.py <<'PYEOF'
-import os, resource, statistics, subprocess, sys, time
+import os, resource, shlex, statistics, subprocess, sys, time
 n, cmd, outs = int(sys.argv[1]), sys.argv[2], sys.argv[3].split()
 walls = []
 r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -32,7 +34,7 @@ for _ in range(n):
         if os.path.exists(o):
             os.unlink(o)
     t = time.perf_counter()
-    p = subprocess.run(["bash", "-c", "exec " + cmd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p = subprocess.run(shlex.split(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     walls.append(time.perf_counter() - t)
     if p.returncode:
         sys.exit("failed: %s: %s" % (cmd, p.stderr.decode()[-300:]))
@@ -61,6 +63,7 @@ ADDS="--add seed/resolv.conf:/etc/resolv.conf --add seed/hosts:/etc/hosts --add 
 # constructors cost milliseconds per process; a disk-only binary on the same library code
 # (libvmsnap_static.a + libext2fs) shows what the disk code itself costs as a whole process.
 DISK_ONLY=""
+DISK_STATIC=""
 if [ -f "$(dirname "$VMSNAP")/libvmsnap_static.a" ] && command -v cc >/dev/null; then
     cat >diskonly.c <<'CEOF'
 #include "vmsnap/disk.h"
@@ -93,7 +96,16 @@ int main(int argc, char **argv)
 CEOF
     if cc -O2 -I"$here/include" diskonly.c "$(dirname "$VMSNAP")/libvmsnap_static.a" -lext2fs \
         -o diskonly 2>/dev/null; then DISK_ONLY=$W/diskonly; fi
+    # the same, linked statically (no dynamic loader, no shared objects to map)
+    if cc -O2 -static -I"$here/include" diskonly.c "$(dirname "$VMSNAP")/libvmsnap_static.a" \
+        -lext2fs -lcom_err -lzstd -lxxhash -ljson-c -lpthread -o diskonly-static 2>/dev/null; then
+        DISK_STATIC=$W/diskonly-static
+    fi
 fi
+# The floor: the cheapest process this machine can start (static, does nothing).
+FLOOR=""
+printf 'int main(void) { return 0; }\n' >floor.c
+cc -O2 -static floor.c -o floor 2>/dev/null && FLOOR=$W/floor
 SEEDARGS="seed/resolv.conf:/etc/resolv.conf seed/hosts:/etc/hosts seed/hostname:/etc/hostname"
 
 # 1. seeded images
@@ -108,10 +120,15 @@ for size in 4G 16G 64G; do
     row "create seeded $size: vmsnap --fsync" "$MS" "$CPUMS" "$(kib "$(alloc v.img)")" "$(ratio "$MS" "$v_ms")"
     loop_time $N "mke2fs -q -F -t ext4 -O ^has_journal -d seedtree m.img $size"
     row "create seeded $size: mke2fs -O ^has_journal -d" "$MS" "$CPUMS" "$(kib "$(alloc m.img)")" "$(ratio "$MS" "$v_ms")"
+    [ $size = 4G ] && m4_ms=$MS
     if [ -n "$DISK_ONLY" ] && [ $size = 4G ]; then
-        m_ms=$MS
         loop_time $N "$DISK_ONLY create v.img $SEEDARGS"
-        row "create seeded 4G: disk-only binary (same library code)" "$MS" "$CPUMS" "$(kib "$(alloc v.img)")" "$(ratio "$MS" "$v_ms") (mke2fs/this: $(ratio "$m_ms" "$MS"))"
+        row "create seeded 4G: disk-only binary (same library code)" "$MS" "$CPUMS" "$(kib "$(alloc v.img)")" "$(ratio "$MS" "$v_ms") (mke2fs/this: $(ratio "$m4_ms" "$MS"))"
+    fi
+    if [ -n "$DISK_STATIC" ] && [ $size = 4G ]; then
+        loop_time $N "$DISK_STATIC create v.img $SEEDARGS"
+        row "create seeded 4G: disk-only binary, static" "$MS" "$CPUMS" "$(kib "$(alloc v.img)")" "$(ratio "$MS" "$v_ms") (mke2fs/this: $(ratio "$m4_ms" "$MS"))"
+        e2fsck -fn v.img >/dev/null 2>&1 || { echo "static disk-only image not clean" >&2; exit 1; }
     fi
 done
 
@@ -183,15 +200,25 @@ loop_time $N "'$VMSNAP' disk create --size 4G $ADDS v.img"
 row "fresh vmsnap disk create (4G seeded)" "$MS" "$CPUMS" "$(kib "$(alloc v.img)")" "$(ratio "$MS" "$g_ms")"
 loop_time $N "mke2fs -q -F -t ext4 -O ^has_journal -d seedtree m.img 4G"
 row "fresh mke2fs -d (4G seeded)" "$MS" "$CPUMS" "$(kib "$(alloc m.img)")" "$(ratio "$MS" "$g_ms")"
+mf_ms=$MS
 if [ -n "$DISK_ONLY" ]; then
-    m_ms=$MS
     loop_time $N "$DISK_ONLY clone-new-uuid gold.img g.img"
-    row "golden clone --new-uuid: disk-only binary" "$MS" "$CPUMS" "$(kib "$(alloc g.img)")" "$(ratio "$MS" "$g_ms") (mke2fs/this: $(ratio "$m_ms" "$MS"))"
+    row "golden clone --new-uuid: disk-only binary" "$MS" "$CPUMS" "$(kib "$(alloc g.img)")" "$(ratio "$MS" "$g_ms") (mke2fs/this: $(ratio "$mf_ms" "$MS"))"
+fi
+if [ -n "$DISK_STATIC" ]; then
+    loop_time $N "$DISK_STATIC clone-new-uuid gold.img g.img"
+    row "golden clone --new-uuid: disk-only binary, static" "$MS" "$CPUMS" "$(kib "$(alloc g.img)")" "$(ratio "$MS" "$g_ms") (mke2fs/this: $(ratio "$mf_ms" "$MS"))"
 fi
 loop_time $N "/bin/true"
 row "process start alone (/bin/true)" "$MS" "$CPUMS" "-" "-"
 loop_time $N "'$VMSNAP' version"
 row "process start alone (vmsnap version)" "$MS" "$CPUMS" "-" "-"
+floor_ms=""
+if [ -n "$FLOOR" ]; then
+    loop_time $N "$FLOOR"
+    floor_ms=$MS
+    row "process start alone (static empty program: the floor)" "$MS" "$CPUMS" "-" "-"
+fi
 
 echo "vmsnap disk benchmark, $(date -u +%Y-%m-%d), $(nproc) CPUs, kernel $(uname -r), on $(stat -f -c %T "$W") ($W)"
 echo "golden image for the clone rows: 4 GiB virtual, $(kib "$G_ALLOC") KiB allocated"
@@ -199,3 +226,9 @@ echo
 echo "| case | wall ms (median) | CPU ms (mean) | allocated KiB | wall vs first row of group |"
 echo "|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
+if [ -n "$floor_ms" ]; then
+    echo
+    echo "Process floor here: $floor_ms ms. Best whole-process ratio any binary could reach against"
+    echo "mke2fs: seeded 4G create $(ratio "$m4_ms" "$floor_ms")x (mke2fs $m4_ms ms), golden clone vs fresh"
+    echo "mke2fs $(ratio "$mf_ms" "$floor_ms")x (mke2fs $mf_ms ms), i.e. if the disk work itself took no time."
+fi

@@ -15,7 +15,7 @@ static const char *const sub_usage =
     "disk create [--size SIZE] [--inodes N] [--label L] [--uuid U] [--force] [--fsync]\n"
     "                   [--add SRC:DEST[:MODE[:UID:GID]]]... [--mkdir DEST[:MODE[:UID:GID]]]...\n"
     "                   [--from-dir DIR] IMAGE\n"
-    "       disk clone [--link] [--new-uuid] [--force] SRC DST\n"
+    "       disk clone [--link] [--new-uuid] [--force] [--direct] SRC DST\n"
     "       disk info [--json] IMAGE";
 
 static int fail(const char *sub, const struct vmsnap_err *e)
@@ -178,6 +178,7 @@ static int disk_clone(int argc, char **argv)
         {"link", no_argument, NULL, 'l'},
         {"new-uuid", no_argument, NULL, 'u'},
         {"force", no_argument, NULL, 'f'},
+        {"direct", no_argument, NULL, 'd'},
         {NULL, 0, NULL, 0},
     };
     struct vmsnap_disk_clone_opts o = {0};
@@ -194,6 +195,9 @@ static int disk_clone(int argc, char **argv)
         case 'f':
             o.force = true;
             break;
+        case 'd':
+            o.direct = true;
+            break;
         default:
             return cli_usage("disk", "clone: unknown option");
         }
@@ -207,7 +211,7 @@ static int disk_clone(int argc, char **argv)
     enum vmsnap_disk_clone_how how;
     if (vmsnap_disk_clone(argv[optind], argv[optind + 1], &o, &how, &e) < 0)
         return fail("clone", &e);
-    static const char *const names[] = {"link", "ficlone", "extents", "read-write"};
+    static const char *const names[] = {"link", "ficlone", "extents", "read-write", "direct"};
     if (cli_verbose)
         fprintf(stderr, "vmsnap disk clone: %s -> %s (%s)\n", argv[optind], argv[optind + 1],
                 names[how]);

@@ -388,6 +388,17 @@ static int sparse_copy(const char *src, const char *dst, struct vmsnap_err *err)
     return vmsnap_disk_clone(src, dst, &co, NULL, err);
 }
 
+/* Copy a memory image between the RAM tmpfs and a checkpoint on disk. With page-cache hygiene on
+ * (the default) the disk side bypasses the page cache (O_DIRECT): a pause leaves no dirty pages
+ * charged to the cgroup for the kernel to throttle on, and neither direction leaves clean ones
+ * to evict. `--no-evict` keeps the buffered copy. */
+static int image_copy(const struct vmctx *c, const char *src, const char *dst,
+                      struct vmsnap_err *err)
+{
+    struct vmsnap_disk_clone_opts co = {.force = true, .direct = !(c->o && c->o->no_evict)};
+    return vmsnap_disk_clone(src, dst, &co, NULL, err);
+}
+
 static int copy_small(const char *sdir, const char *ddir, const char *name, struct vmsnap_err *err)
 {
     char s[PATH_LEN], d[PATH_LEN];
@@ -515,7 +526,7 @@ static int ckpt_ram(struct vmctx *c, json_object *cfg, const char *dst, bool *ra
             return vmsnap_err_set(err, errno, "rename %s to %s: %s", ram, dst, strerror(errno));
         return 0;
     }
-    int rc = sparse_copy(ram, dst, err);
+    int rc = image_copy(c, ram, dst, err);
     if (rc < 0)
         return vmsnap_err_wrap(err, "copy guest RAM: ");
     unlink(ram);
@@ -710,7 +721,7 @@ static int finish_local(struct vmctx *c, json_object *cfg, const char *sdir, boo
         if (rc == 0)
             rc = pjoin(dst, newdir, "memory-ranges", err);
         if (rc == 0)
-            rc = sparse_copy(p, dst, err);
+            rc = image_copy(c, p, dst, err);
     } else {
         bool ram_in_state = false;
         rc = pjoin(p, newdir, "memory-ranges", err);
@@ -1037,7 +1048,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
                 goto out_src;
             }
         } else {
-            rc = sparse_copy(img, c.ram, err);
+            rc = image_copy(&c, img, c.ram, err);
             if (rc < 0)
                 goto out_src;
         }

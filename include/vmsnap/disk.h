@@ -71,12 +71,17 @@ enum vmsnap_disk_clone_how {
     VMSNAP_DISK_CLONE_FICLONE = 1, /* reflink of the whole file */
     VMSNAP_DISK_CLONE_EXTENTS = 2, /* copy_file_range of each data extent, holes kept */
     VMSNAP_DISK_CLONE_RW = 3,      /* read/write of each data extent, holes kept */
+    VMSNAP_DISK_CLONE_DIRECT = 4,  /* O_DIRECT read/write of each data extent, holes kept */
 };
 
 struct vmsnap_disk_clone_opts {
     bool link;     /* hard-link when on the same filesystem (else copy) */
     bool new_uuid; /* give the copy a fresh random UUID (not with `link`) */
     bool force;    /* replace an existing `dst`; allow a UUID change that adds metadata_csum_seed */
+    bool direct;   /* when copying (no link, no FICLONE), bypass the page cache: O_DIRECT reads
+                    * and writes, so the copy leaves no cached or dirty pages of either file
+                    * behind (for large one-shot copies such as a memory image between tmpfs and
+                    * a checkpoint on disk); buffered where a filesystem refuses O_DIRECT */
 };
 
 /*

@@ -10,12 +10,20 @@ resume_check "$S" golden "$golden_ram" "$golden_data" || done_tests
 [ "$(blob_md5 "$S" golden)" = "$boot_md5" ] || fail "RAM blob md5 changed across pause/resume"
 C=$S/vms/golden/checkpoint
 [ -d "$C" ] || fail "the local checkpoint is gone after resume (it must be preserved)"
+# page-cache hygiene: the checkpoint's memory image is not left cached next to the guest
+cached_pages() {
+    "$VMSNAP" cache stat --json "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["total"]["cached"])'
+}
+n=$(cached_pages "$C/memory-ranges")
+[ "$n" -le 16 ] || fail "after resume $n pages of the checkpoint's memory image are cached"
 [ -e "$VMSNAP_RAM_DIR/$(basename "$(sed -n 's/.*"ram_path": "\(.*\)".*/\1/p' "$S/vms/golden/vm.json")")" ] ||
     fail "eager resume: no RAM file on the RAM directory"
 
 # second cycle, on demand: the image is mapped privately from the checkpoint
 sleep 2
 vmc "$S" pause golden || fail "second pause"
+n=$(cached_pages "$C/memory-ranges")
+[ "$n" -le 16 ] || fail "after pause $n pages of the checkpoint's memory image are cached"
 read -r r d <<<"$(last_counter "$S" golden)"
 cp "$C/memory-ranges" "$T/img.before" --sparse=always
 resume_check "$S" golden "$r" "$d" --on-demand || done_tests
