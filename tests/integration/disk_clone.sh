@@ -75,6 +75,16 @@ a=$(alloc "$SHM/ram") b=$(alloc "$T/d1.img") c=$(alloc "$SHM/back")
 [ "$b" -le $((a + 65536)) ] && [ "$c" -le $((a + 65536)) ] ||
     fail "--direct copies allocate $b / $c bytes, source $a (holes not kept?)"
 
+# --direct into a filesystem that fills up: a clear error naming the source, nothing left behind
+truncate -s 24M "$T/small.fs" && mke2fs -q -t ext4 -O ^has_journal "$T/small.fs" &&
+    mount -o loop "$T/small.fs" "$MNT" || fail "cannot mount a small ext4"
+head -c $((40 << 20)) /dev/urandom >"$SHM/big"
+expect_fail "--direct into a full filesystem" "$VMSNAP" disk clone --direct "$SHM/big" "$MNT/c.img"
+grep -q "$SHM/big" "$T/err" && grep -qi "no space" "$T/err" || fail "disk full: unclear error: $(cat "$T/err")"
+[ -z "$(ls -A "$MNT" | grep -v lost+found)" ] || fail "disk full: left $(ls -A "$MNT")"
+umount "$MNT"
+rm -f "$SHM/big"
+
 # --new-uuid: a new UUID, e2fsck clean, only superblocks differ from the source
 "$VMSNAP" disk clone --new-uuid "$T/src.img" "$T/c2.img" || fail "clone --new-uuid"
 u1=$(uuid_of "$T/src.img") u2=$(uuid_of "$T/c2.img")
