@@ -173,8 +173,17 @@ static int run_direct(struct direct_io *d)
     return atomic_load(&d->rc);
 }
 
-static int copy_extents(const char *src, const char *dst_tmp, int sfd, int dfd, uint64_t size,
-                        bool direct, enum vmsnap_disk_clone_how *how, struct vmsnap_err *err)
+/* A second descriptor with O_DIRECT for the very file `fd` is open on (through /proc, so a
+ * path replaced in between cannot be picked up instead); -1 if that is not possible. */
+static int reopen_direct(int fd, int mode)
+{
+    char p[64];
+    snprintf(p, sizeof(p), "/proc/self/fd/%d", fd);
+    return open(p, mode | O_DIRECT | O_CLOEXEC);
+}
+
+static int copy_extents(const char *src, int sfd, int dfd, uint64_t size, bool direct,
+                        enum vmsnap_disk_clone_how *how, struct vmsnap_err *err)
 {
     if (ftruncate(dfd, (off_t)size) < 0)
         return vmsnap_err_set(err, errno, "set size: %s", strerror(errno));
@@ -185,8 +194,8 @@ static int copy_extents(const char *src, const char *dst_tmp, int sfd, int dfd, 
     if (direct) {
         /* Each side on its own: a filesystem that refuses O_DIRECT (an older tmpfs) is read or
          * written through its buffered descriptor, which is where its pages live anyway. */
-        int own_s = open(src, O_RDONLY | O_DIRECT | O_CLOEXEC);
-        int own_d = open(dst_tmp, O_WRONLY | O_DIRECT | O_CLOEXEC);
+        int own_s = reopen_direct(sfd, O_RDONLY);
+        int own_d = reopen_direct(dfd, O_WRONLY);
         d.sfd = own_s >= 0 ? own_s : sfd;
         d.dfd = own_d >= 0 ? own_d : dfd;
         d.own_s = own_s >= 0;
@@ -339,7 +348,7 @@ int vmsnap_disk_clone(const char *src, const char *dst, const struct vmsnap_disk
             rc = vmsnap_err_set(err, e, "disk clone %s: FICLONE to %s: %s", src, dst, strerror(e));
             goto fail;
         }
-        rc = copy_extents(src, af.tmp, sfd, af.fd, (uint64_t)st.st_size, o->direct, &h, err);
+        rc = copy_extents(src, sfd, af.fd, (uint64_t)st.st_size, o->direct, &h, err);
         if (rc < 0) {
             vmsnap_err_wrap(err, "disk clone %s to %s: ", src, dst);
             goto fail;
