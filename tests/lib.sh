@@ -25,3 +25,7 @@ done_tests() {
     if [ "$fails" -ne 0 ]; then echo "FAILED: $fails" >&2; exit 1; fi
     echo ok
 }
+# Pages of the files under the given paths that are in the page cache (vmsnap cache stat).
+cached_pages() {
+    "$VMSNAP" cache stat --json "$@" | python3 -c 'import json,sys; print(json.load(sys.stdin)["total"]["cached"])'
+}

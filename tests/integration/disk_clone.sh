@@ -50,9 +50,6 @@ e2fsck -fn "$T/c1.img" >"$T/fsck" 2>&1 || fail "written clone: e2fsck: $(tail "$
 # --direct: O_DIRECT between tmpfs (where guest RAM lives) and this filesystem, both ways: same
 # bytes, holes kept, and neither the written nor the read file left in the page cache (only an
 # unaligned tail page goes through the buffered path). Cache is checked before cmp reads them.
-cached_pages() {
-    "$VMSNAP" cache stat --json "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["total"]["cached"])'
-}
 SHM=$(mktemp -d /dev/shm/vmsnap-dclone.XXXXXX)
 trap 'rm -rf "$SHM"; for m in "$MNT" "$T/xfs" "$T/btrfs"; do mountpoint -q "$m" && umount "$m"; done; t_cleanup' EXIT
 python3 - "$SHM/ram" <<'PYEOF'

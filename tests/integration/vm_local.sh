@@ -11,9 +11,6 @@ resume_check "$S" golden "$golden_ram" "$golden_data" || done_tests
 C=$S/vms/golden/checkpoint
 [ -d "$C" ] || fail "the local checkpoint is gone after resume (it must be preserved)"
 # page-cache hygiene: the checkpoint's memory image is not left cached next to the guest
-cached_pages() {
-    "$VMSNAP" cache stat --json "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["total"]["cached"])'
-}
 n=$(cached_pages "$C/memory-ranges")
 [ "$n" -le 16 ] || fail "after resume $n pages of the checkpoint's memory image are cached"
 [ -e "$VMSNAP_RAM_DIR/$(basename "$(sed -n 's/.*"ram_path": "\(.*\)".*/\1/p' "$S/vms/golden/vm.json")")" ] ||
