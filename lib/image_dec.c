@@ -257,6 +257,7 @@ void vmsnap_image_frame(const struct vmsnap_image *img, uint32_t i, struct vmsna
 #define DEC_OUT_CAP (2u << 20)
 
 struct vmsnap_frame_decoder {
+    const char *dst_name; /* for write errors; NULL: "destination" */
     ZSTD_DCtx *dctx;
     XXH64_state_t *xxh;
     uint8_t *out;
@@ -278,6 +279,11 @@ int vmsnap_frame_decoder_new(struct vmsnap_frame_decoder **out, struct vmsnap_er
     }
     *out = d;
     return 0;
+}
+
+void vmsnap_frame_decoder_set_dst(struct vmsnap_frame_decoder *d, const char *dst_name)
+{
+    d->dst_name = dst_name;
 }
 
 void vmsnap_frame_decoder_free(struct vmsnap_frame_decoder *d)
@@ -317,6 +323,7 @@ int vmsnap_image_decode_frame_mem(const struct vmsnap_image *img, uint32_t i, co
     struct rec_parser rp;
     const bool header = i == 0, trailer = i == img->n - 1;
     rec_init(&rp, header ? REC_TOTAL : REC_OFF, dst_fd, img->name, img->total_size);
+    rp.dst_name = dec->dst_name;
     snprintf(rp.where, sizeof(rp.where), "frame %u at byte %llu", i, ULL(fi->offset));
     rp.total = img->total_size;
     rp.have_total = true;
@@ -434,6 +441,7 @@ static void *pdec_main(void *arg)
         pthread_mutex_unlock(&p->mu);
         return NULL;
     }
+    vmsnap_frame_decoder_set_dst(dec, p->opts ? p->opts->dst_name : NULL);
     for (;;) {
         pthread_mutex_lock(&p->mu);
         if (p->failed || p->next >= p->img->n) {

@@ -61,6 +61,7 @@ static int decode_sequential(int fd, uint64_t off, int dst_fd, uint64_t max_size
     int rc = vmsnap_seqdec_new(dst_fd, max_size, name, &sd, err);
     if (rc < 0)
         return rc;
+    vmsnap_seqdec_set_dst(sd, dst_name);
     uint8_t *buf = malloc(SEQ_CHUNK);
     if (!buf) {
         vmsnap_seqdec_free(sd);
@@ -87,8 +88,6 @@ static int decode_sequential(int fd, uint64_t off, int dst_fd, uint64_t max_size
     }
     if (rc == 0)
         rc = vmsnap_seqdec_finish(sd, stats, err);
-    if (rc < 0 && err && strstr(err->msg, "write") && dst_name)
-        vmsnap_err_wrap(err, "%s: ", dst_name);
     free(buf);
     vmsnap_seqdec_free(sd);
     return rc;
@@ -146,10 +145,11 @@ static int input_decode(struct input *in, int dst_fd, const char *dst_name, uint
                                  dst_name, opts, in->size, stats, err);
     struct vmsnap_source s;
     vmsnap_source_fd(&s, in->fd, in->size, in->name);
-    int rc = vmsnap_image_decode_parallel(in->img, &s, dst_fd, opts, stats, err);
-    if (rc < 0 && dst_name && err && strstr(err->msg, "write"))
-        vmsnap_err_wrap(err, "%s: ", dst_name);
-    return rc;
+    struct vmsnap_unpack_opts o = {0};
+    if (opts)
+        o = *opts;
+    o.dst_name = dst_name;
+    return vmsnap_image_decode_parallel(in->img, &s, dst_fd, &o, stats, err);
 }
 
 int vmsnap_image_unpack(const char *src, const char *dst, const struct vmsnap_unpack_opts *opts,

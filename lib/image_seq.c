@@ -32,6 +32,7 @@ struct seen_frame {
 
 struct vmsnap_seqdec {
     int fd;
+    const char *dst_name; /* for write errors; NULL: "destination" */
     uint64_t max_size;
     char *name;
     enum mode mode;
@@ -87,6 +88,11 @@ int vmsnap_seqdec_new(int dst_fd, uint64_t max_size, const char *src_name,
     return 0;
 }
 
+void vmsnap_seqdec_set_dst(struct vmsnap_seqdec *sd, const char *dst_name)
+{
+    sd->dst_name = dst_name;
+}
+
 void vmsnap_seqdec_free(struct vmsnap_seqdec *sd)
 {
     if (!sd)
@@ -112,8 +118,9 @@ static int plain_flush(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
     if (!zero && sd->fd >= 0) {
         int rc = sys_pwrite_full(sd->fd, sd->blk, sd->blk_fill, sd->plain_pos);
         if (rc < 0)
-            return vmsnap_err_set(err, -rc, "%s: write at offset %llu: %s", sd->name,
-                                  ULL(sd->plain_pos), strerror(-rc));
+            return vmsnap_err_set(err, -rc, "%s: write at offset %llu: %s",
+                                  sd->dst_name ? sd->dst_name : "destination", ULL(sd->plain_pos),
+                                  strerror(-rc));
     }
     sd->plain_pos += sd->blk_fill;
     sd->blk_fill = 0;
@@ -388,6 +395,7 @@ static int start_mode(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
         sd->in_off = IMG_HEADER_LEN;
         sd->fs = F_MAGIC;
         rec_init(&sd->rp, REC_TOTAL, sd->fd, sd->name, sd->max_size);
+        sd->rp.dst_name = sd->dst_name;
         sd->rp.truncate_on_total = true;
         sd->rp.allow_sentinel = true;
         return 0;

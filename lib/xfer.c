@@ -753,6 +753,8 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
         struct vmsnap_frame_decoder *fd = NULL;
         dec_enter(d->x);
         rc = vmsnap_frame_decoder_new(&fd, &e);
+        if (rc == 0)
+            vmsnap_frame_decoder_set_dst(fd, d->af.path);
         for (uint32_t i = g->f0; i <= g->f1 && rc == 0; i++) {
             struct vmsnap_frame_info fi;
             vmsnap_image_frame(d->img, i, &fi);
@@ -802,6 +804,8 @@ static void seq_run(struct xtask *t, struct vmsnap_store_conn *c)
     struct down *d = gt->d;
     struct vmsnap_err e = {0};
     int rc = vmsnap_seqdec_new(d->af.fd, d->x->o.max_size, d->url, &d->seq, &e);
+    if (rc == 0)
+        vmsnap_seqdec_set_dst(d->seq, d->af.path);
     if (rc == 0)
         rc = vmsnap_store_get_stream(c, d->key, seq_feed, d, &e);
     if (rc == 0)

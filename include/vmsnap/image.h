@@ -88,9 +88,10 @@ VMSNAP_API int vmsnap_image_pack(const char *src, const char *dst,
                                  struct vmsnap_image_stats *stats, struct vmsnap_err *err);
 
 struct vmsnap_unpack_opts {
-    unsigned threads;  /* 0: online CPUs */
-    uint64_t max_size; /* cap on totalSize; 0: 64 TiB */
-    bool fsync;        /* fsync the destination before renaming it into place */
+    unsigned threads;     /* 0: online CPUs */
+    uint64_t max_size;    /* cap on totalSize; 0: 64 TiB */
+    bool fsync;           /* fsync the destination before renaming it into place */
+    const char *dst_name; /* decode_parallel: names the destination in write errors */
     vmsnap_progress_fn progress;
     void *progress_arg;
 };
@@ -145,6 +146,10 @@ VMSNAP_API int vmsnap_image_decode_frame(const struct vmsnap_image *img, uint32_
 struct vmsnap_frame_decoder;
 VMSNAP_API int vmsnap_frame_decoder_new(struct vmsnap_frame_decoder **out, struct vmsnap_err *err);
 VMSNAP_API void vmsnap_frame_decoder_free(struct vmsnap_frame_decoder *dec);
+/* Name the destination in the decoder's write errors ("<dst_name>: write N bytes at offset O:
+ * <reason>"); the string is not copied. Without it they say "destination". */
+VMSNAP_API void vmsnap_frame_decoder_set_dst(struct vmsnap_frame_decoder *dec,
+                                             const char *dst_name);
 
 /* Decode frame `i` from the `len` bytes at `frame` (exactly the frame, as the caller fetched it:
  * no copy is made), with the same checks as vmsnap_image_decode_frame(). The frame is streamed
@@ -175,6 +180,8 @@ VMSNAP_API int vmsnap_seqdec_feed(struct vmsnap_seqdec *dec, const void *buf, si
 VMSNAP_API int vmsnap_seqdec_finish(struct vmsnap_seqdec *dec, struct vmsnap_image_stats *stats,
                                     struct vmsnap_err *err);
 VMSNAP_API void vmsnap_seqdec_free(struct vmsnap_seqdec *dec);
+/* As vmsnap_frame_decoder_set_dst(), for the sequential decoder; call before feeding. */
+VMSNAP_API void vmsnap_seqdec_set_dst(struct vmsnap_seqdec *dec, const char *dst_name);
 
 /* Decode everything and check every checksum without writing. Fills `stats` (from the table when
  * there is one, else from the stream). `verify`=false reads only the table when there is one. */

@@ -132,8 +132,16 @@ if [ "$(id -u)" = 0 ] && mkdir "$T/small" && mount -t tmpfs -o size=16m tmpfs "$
     mk "$T/f40" $((40 * 1024 * 1024))
     "$VMSNAP" -q push "$T/f40" "$S/f40" || fail "push f40"
     expect_fail "pull onto a full disk" "$VMSNAP" pull "$S/f40" "$T/small/f40"
-    grep -qi "space" "$T/err" || fail "disk full: message: $(cat "$T/err")"
+    grep -qi "space" "$T/err" && grep -q "$T/small/f40: write" "$T/err" ||
+        fail "disk full: the message names neither the cause nor the destination: $(cat "$T/err")"
     [ -n "$(ls -A "$T/small")" ] && fail "disk full: left $(ls -A "$T/small")"
+    # unpack, parallel (seek table) and sequential (stdin): the same
+    "$VMSNAP" -q pack "$T/f40" "$T/f40.vs" || fail "pack f40"
+    expect_fail "unpack onto a full disk" "$VMSNAP" unpack "$T/f40.vs" "$T/small/u40"
+    grep -q "$T/small/u40: write .*: No space" "$T/err" || fail "unpack disk full: $(cat "$T/err")"
+    expect_fail "unpack from stdin onto a full disk" sh -c "'$VMSNAP' unpack - '$T/small/s40' <'$T/f40.vs'"
+    grep -q "$T/small/s40: write .*: No space" "$T/err" || fail "stdin unpack disk full: $(cat "$T/err")"
+    [ -n "$(ls -A "$T/small")" ] && fail "unpack disk full: left $(ls -A "$T/small")"
     umount "$T/small"
 else
     echo "note: disk-full case needs root to mount a tmpfs; not run" >&2
