@@ -6,6 +6,12 @@
  * are pwritten into at their offsets, concurrently, from any thread; complete fsyncs and renames
  * it. Listing skips hidden names, so neither kind of temporary is ever visible as an object;
  * list_uploads reports the `.mpu-` ones so that leftovers of a killed push can be aborted.
+ *
+ * Page cache: the store is a directory on the node, so every byte written to or read from it
+ * lands in the page cache, charged to the caller's memory cgroup (a suspended VM's snapshot,
+ * 100% cached after the push, sat next to the next guest's RAM). Objects are dropped from the
+ * cache once written and fsynced (clean, so DONTNEED frees them without I/O), and ranges once
+ * read (a pull reads each byte once).
  */
 #include "store_int.h"
 
@@ -69,10 +75,13 @@ static int lput(struct vmsnap_store_conn *c, const char *key, const void *buf, s
         rc = sys_atomic_open(&af, path, 0600, err);
     if (rc == 0) {
         rc = sys_write_full(af.fd, buf, len);
+        if (rc == 0 && fsync(af.fd) < 0)
+            rc = -errno;
         if (rc < 0) {
             vmsnap_err_set(err, -rc, "write %s: %s", path, strerror(-rc));
             sys_atomic_abort(&af);
         } else {
+            (void)posix_fadvise(af.fd, 0, 0, POSIX_FADV_DONTNEED); /* clean now: no I/O */
             rc = sys_atomic_commit(&af, true, err);
         }
     }
@@ -191,7 +200,7 @@ static int lmpu_complete(struct vmsnap_store_conn *c, const char *key, const cha
         rc = vmsnap_err_set(err, errno, "open %s: %s", p, strerror(errno));
     else if (fsync(fd) < 0)
         rc = vmsnap_err_set(err, errno, "fsync %s: %s", p, strerror(errno));
-    else if (rename(p, dst) < 0)
+    else if ((void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), rename(p, dst) < 0)
         rc = vmsnap_err_set(err, errno, "rename %s: %s", dst, strerror(errno));
     else
         rc = sys_fsync_parent(dst, err);
@@ -254,6 +263,7 @@ static int lget(struct vmsnap_store_conn *c, const char *key, uint64_t off, size
     else if ((size_t)n != len)
         rc = vmsnap_err_set(err, EIO, "read %s: short object (%zd of %zu bytes at %llu)", p, n, len,
                             (unsigned long long)off);
+    (void)posix_fadvise(fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
     close(fd);
     free(p);
     return rc;
@@ -277,6 +287,7 @@ static int lget_stream(struct vmsnap_store_conn *c, const char *key, vmsnap_stor
         }
         if (n == 0)
             break;
+        (void)posix_fadvise(fd, (off_t)off, n, POSIX_FADV_DONTNEED);
         rc = fn(arg, buf, (size_t)n, err);
         off += (uint64_t)n;
     }

@@ -28,6 +28,17 @@ for ps in "$OS" $((OS - 1)) 65536 1000000; do
 done
 ls -A "$S" | grep -q '^\.' && fail "temporary files left in the store: $(ls -A "$S")"
 
+# page cache: a stored object is dropped once written, and the ranges a pull read once read
+mk "$T/r40" $((40 * 1024 * 1024))
+"$VMSNAP" -q push "$T/r40" "$S/r40" || fail "push r40"
+n=$(cached_pages "$S/r40")
+[ "$n" -le 2 ] || fail "push left $n pages of the stored object cached"
+"$VMSNAP" -q pull "$S/r40" "$T/r40.out" || fail "pull r40"
+n=$(cached_pages "$S/r40")
+[ "$n" -le 16 ] || fail "pull left $n pages of the stored object cached (edges of its ranges only)"
+cmp -s "$T/r40" "$T/r40.out" || fail "r40 round trip differs"
+rm -f "$T/r40.out"
+
 # sizes 0 and 1, and a sparse 1 GiB image (only 2 MiB populated)
 : >"$T/z0"
 printf x >"$T/z1"
