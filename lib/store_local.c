@@ -74,6 +74,7 @@ static int lput(struct vmsnap_store_conn *c, const char *key, const void *buf, s
     if (rc == 0)
         rc = sys_atomic_open(&af, path, 0600, err);
     if (rc == 0) {
+        /* fsync here rather than in the commit: the pages must be clean before DONTNEED */
         rc = sys_write_full(af.fd, buf, len);
         if (rc == 0 && fsync(af.fd) < 0)
             rc = -errno;
@@ -81,8 +82,10 @@ static int lput(struct vmsnap_store_conn *c, const char *key, const void *buf, s
             vmsnap_err_set(err, -rc, "write %s: %s", path, strerror(-rc));
             sys_atomic_abort(&af);
         } else {
-            (void)posix_fadvise(af.fd, 0, 0, POSIX_FADV_DONTNEED); /* clean now: no I/O */
-            rc = sys_atomic_commit(&af, true, err);
+            (void)posix_fadvise(af.fd, 0, 0, POSIX_FADV_DONTNEED);
+            rc = sys_atomic_commit(&af, false, err);
+            if (rc == 0)
+                rc = sys_fsync_parent(path, err);
         }
     }
     free(path);
@@ -200,10 +203,13 @@ static int lmpu_complete(struct vmsnap_store_conn *c, const char *key, const cha
         rc = vmsnap_err_set(err, errno, "open %s: %s", p, strerror(errno));
     else if (fsync(fd) < 0)
         rc = vmsnap_err_set(err, errno, "fsync %s: %s", p, strerror(errno));
-    else if ((void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), rename(p, dst) < 0)
-        rc = vmsnap_err_set(err, errno, "rename %s: %s", dst, strerror(errno));
-    else
-        rc = sys_fsync_parent(dst, err);
+    if (rc == 0) {
+        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED); /* clean after the fsync: no I/O */
+        if (rename(p, dst) < 0)
+            rc = vmsnap_err_set(err, errno, "rename %s: %s", dst, strerror(errno));
+        else
+            rc = sys_fsync_parent(dst, err);
+    }
     if (fd >= 0)
         close(fd);
     free(dst);
