@@ -810,7 +810,8 @@ int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name, struct vms
 }
 
 /* Transfer options for a suspend: the caller's, with the codec frame size derived from the
- * guest's memory when the caller left it at 0: memory / 64, a power of two in [8, 64] MiB
+ * guest's memory when the caller left it at 0 (for every file of the set; the disk image and
+ * the small files do not care): memory / 64, a power of two in [8, 64] MiB
  * (512 MiB -> 8 MiB, 4 GiB and more -> 64 MiB). A guest's populated RAM bunches up in a few
  * 64 MiB ranges, so the codec default leaves a small guest with a handful of frames: one thread
  * compresses the last big one alone, and each thread holds two 64 MiB buffers (push peaked at

@@ -78,10 +78,11 @@ struct vmsnap_disk_clone_opts {
     bool link;     /* hard-link when on the same filesystem (else copy) */
     bool new_uuid; /* give the copy a fresh random UUID (not with `link`) */
     bool force;    /* replace an existing `dst`; allow a UUID change that adds metadata_csum_seed */
-    bool direct;   /* when copying (no link, no FICLONE), bypass the page cache: O_DIRECT reads
-                    * and writes, so the copy leaves no cached or dirty pages of either file
-                    * behind (for large one-shot copies such as a memory image between tmpfs and
-                    * a checkpoint on disk); buffered where a filesystem refuses O_DIRECT */
+    bool direct;   /* when copying (no link, no FICLONE), leave no cached or dirty pages of
+                    * either file behind (for large one-shot copies such as a memory image
+                    * between tmpfs and a checkpoint on disk): extents of 256 KiB and more with
+                    * O_DIRECT, the rest buffered, then written out and dropped. The data has
+                    * been written when this returns; fsync for durability. */
 };
 
 /*

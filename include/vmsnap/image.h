@@ -88,12 +88,12 @@ VMSNAP_API int vmsnap_image_pack(const char *src, const char *dst,
                                  struct vmsnap_image_stats *stats, struct vmsnap_err *err);
 
 struct vmsnap_unpack_opts {
-    unsigned threads;     /* 0: online CPUs */
-    uint64_t max_size;    /* cap on totalSize; 0: 64 TiB */
-    bool fsync;           /* fsync the destination before renaming it into place */
-    const char *dst_name; /* decode_parallel: names the destination in write errors */
+    unsigned threads;  /* 0: online CPUs */
+    uint64_t max_size; /* cap on totalSize; 0: 64 TiB */
+    bool fsync;        /* fsync the destination before renaming it into place */
     vmsnap_progress_fn progress;
     void *progress_arg;
+    const char *dst_name; /* decode_parallel: names the destination in write errors */
 };
 
 /* Decode file `src` ("-" = stdin, sequential) into a new sparse file `dst` (mode 0600), written
