@@ -79,6 +79,14 @@ wait_line() { # wait_line FROM REGEX
 vm() { in_cg "$VMSNAP" vm "$@" --state-dir "$S"; }
 
 # ---- RGW ----
+# CPU seconds used so far by the RGW's processes (radosgw, ceph-osd, ceph-mon)
+server_cpu() {
+    local t=0 p
+    for p in $(pgrep -f 'radosgw|ceph-osd|ceph-mon'); do
+        t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+    done
+    echo "scale=2; $t / $(getconf CLK_TCK)" | bc
+}
 if [[ " $OPS " == *" rgw "* ]]; then
     if command -v radosgw >/dev/null; then
         RGW=$W/rgw
@@ -139,6 +147,16 @@ for limit in $LIMITS; do
                 if [ -z "$url" ]; then
                     j1=$(vm pause b --json "${ne[@]}")
                     j2=$(vm resume b --json "${ne[@]}")
+                elif [ "$op" = rgw ]; then
+                    # CPU seconds of the client (this suspend) and of the co-located server
+                    s0=$(server_cpu)
+                    TIMEFORMAT='%U %S'
+                    { time j1=$(vm suspend b "$url" --json "${ne[@]}"); } 2>"$W/cpu"
+                    s1=$(server_cpu)
+                    read -r cu cs <"$W/cpu"
+                    printf '%s\tsuspend.client-cpu-s\t%s\n' "$cfg" "$(echo "$cu + $cs" | bc)" >>"$RES"
+                    printf '%s\tsuspend.server-cpu-s\t%s\n' "$cfg" "$(echo "$s1 - $s0" | bc)" >>"$RES"
+                    j2=$(vm resume b "$url" --json "${ne[@]}")
                 else
                     j1=$(vm suspend b "$url" --json "${ne[@]}")
                     j2=$(vm resume b "$url" --json "${ne[@]}")
