@@ -171,10 +171,19 @@ static int lmpu_part(struct vmsnap_store_conn *c, const char *key, const char *u
                  ? vmsnap_err_set(err, ENOENT, "upload %s of %s no longer exists", upload_id, key)
                  : vmsnap_err_set(err, errno, "open %s: %s", p, strerror(errno));
     } else {
+        /* Written out here, on the pool thread, while the encoder works on the next parts, then
+         * dropped: the upload's dirty pages stay bounded by the parts in flight, and complete's
+         * fsync has only metadata left to write. */
         rc = sys_pwrite_full(fd, buf, len, offset);
+        if (rc == 0 && sync_file_range(fd, (off64_t)offset, (off64_t)len,
+                                       SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                           SYNC_FILE_RANGE_WAIT_AFTER) < 0)
+            rc = -errno;
         if (rc < 0)
             vmsnap_err_set(err, -rc, "write %s at %llu: %s", p, (unsigned long long)offset,
                            strerror(-rc));
+        else
+            (void)posix_fadvise(fd, (off_t)offset, (off_t)len, POSIX_FADV_DONTNEED);
         close(fd);
     }
     if (rc == 0 && out) {
