@@ -62,8 +62,7 @@ ADDS="--add seed/resolv.conf:/etc/resolv.conf --add seed/hosts:/etc/hosts --add 
 # The vmsnap CLI links libcurl and its dependency tree (gnutls, krb5, ldap, ...), whose load and
 # constructors cost milliseconds per process; a disk-only binary on the same library code
 # (libvmsnap_static.a + libext2fs) shows what the disk code itself costs as a whole process.
-DISK_ONLY=""
-DISK_STATIC=""
+DISK_BINS=() # "path|label" of the disk-only binaries that built
 if [ -f "$(dirname "$VMSNAP")/libvmsnap_static.a" ] && command -v cc >/dev/null; then
     cat >diskonly.c <<'CEOF'
 #include "vmsnap/disk.h"
@@ -95,11 +94,11 @@ int main(int argc, char **argv)
 }
 CEOF
     if cc -O2 -I"$here/include" diskonly.c "$(dirname "$VMSNAP")/libvmsnap_static.a" -lext2fs \
-        -o diskonly 2>/dev/null; then DISK_ONLY=$W/diskonly; fi
+        -o diskonly 2>/dev/null; then DISK_BINS+=("$W/diskonly|disk-only binary (same library code)"); fi
     # the same, linked statically (no dynamic loader, no shared objects to map)
     if cc -O2 -static -I"$here/include" diskonly.c "$(dirname "$VMSNAP")/libvmsnap_static.a" \
         -lext2fs -lcom_err -lzstd -lxxhash -ljson-c -lpthread -o diskonly-static 2>/dev/null; then
-        DISK_STATIC=$W/diskonly-static
+        DISK_BINS+=("$W/diskonly-static|disk-only binary, static")
     fi
 fi
 # The floor: the cheapest process this machine can start (static, does nothing).
@@ -120,16 +119,13 @@ for size in 4G 16G 64G; do
     row "create seeded $size: vmsnap --fsync" "$MS" "$CPUMS" "$(kib "$(alloc v.img)")" "$(ratio "$MS" "$v_ms")"
     loop_time $N "mke2fs -q -F -t ext4 -O ^has_journal -d seedtree m.img $size"
     row "create seeded $size: mke2fs -O ^has_journal -d" "$MS" "$CPUMS" "$(kib "$(alloc m.img)")" "$(ratio "$MS" "$v_ms")"
-    [ $size = 4G ] && m4_ms=$MS
-    if [ -n "$DISK_ONLY" ] && [ $size = 4G ]; then
-        loop_time $N "$DISK_ONLY create v.img $SEEDARGS"
-        row "create seeded 4G: disk-only binary (same library code)" "$MS" "$CPUMS" "$(kib "$(alloc v.img)")" "$(ratio "$MS" "$v_ms") (mke2fs/this: $(ratio "$m4_ms" "$MS"))"
-    fi
-    if [ -n "$DISK_STATIC" ] && [ $size = 4G ]; then
-        loop_time $N "$DISK_STATIC create v.img $SEEDARGS"
-        row "create seeded 4G: disk-only binary, static" "$MS" "$CPUMS" "$(kib "$(alloc v.img)")" "$(ratio "$MS" "$v_ms") (mke2fs/this: $(ratio "$m4_ms" "$MS"))"
-        e2fsck -fn v.img >/dev/null 2>&1 || { echo "static disk-only image not clean" >&2; exit 1; }
-    fi
+    [ $size = 4G ] || continue
+    m4_ms=$MS
+    for b in "${DISK_BINS[@]}"; do
+        loop_time $N "${b%%|*} create v.img $SEEDARGS"
+        row "create seeded 4G: ${b#*|}" "$MS" "$CPUMS" "$(kib "$(alloc v.img)")" "$(ratio "$MS" "$v_ms") (mke2fs/this: $(ratio "$m4_ms" "$MS"))"
+        e2fsck -fn v.img >/dev/null 2>&1 || { echo "${b#*|}: image not clean" >&2; exit 1; }
+    done
 done
 
 # 2. 20,000 small files (0-4 KiB), flat and spread over 100 directories
@@ -201,14 +197,10 @@ row "fresh vmsnap disk create (4G seeded)" "$MS" "$CPUMS" "$(kib "$(alloc v.img)
 loop_time $N "mke2fs -q -F -t ext4 -O ^has_journal -d seedtree m.img 4G"
 row "fresh mke2fs -d (4G seeded)" "$MS" "$CPUMS" "$(kib "$(alloc m.img)")" "$(ratio "$MS" "$g_ms")"
 mf_ms=$MS
-if [ -n "$DISK_ONLY" ]; then
-    loop_time $N "$DISK_ONLY clone-new-uuid gold.img g.img"
-    row "golden clone --new-uuid: disk-only binary" "$MS" "$CPUMS" "$(kib "$(alloc g.img)")" "$(ratio "$MS" "$g_ms") (mke2fs/this: $(ratio "$mf_ms" "$MS"))"
-fi
-if [ -n "$DISK_STATIC" ]; then
-    loop_time $N "$DISK_STATIC clone-new-uuid gold.img g.img"
-    row "golden clone --new-uuid: disk-only binary, static" "$MS" "$CPUMS" "$(kib "$(alloc g.img)")" "$(ratio "$MS" "$g_ms") (mke2fs/this: $(ratio "$mf_ms" "$MS"))"
-fi
+for b in "${DISK_BINS[@]}"; do
+    loop_time $N "${b%%|*} clone-new-uuid gold.img g.img"
+    row "golden clone --new-uuid: ${b#*|}" "$MS" "$CPUMS" "$(kib "$(alloc g.img)")" "$(ratio "$MS" "$g_ms") (mke2fs/this: $(ratio "$mf_ms" "$MS"))"
+done
 loop_time $N "/bin/true"
 row "process start alone (/bin/true)" "$MS" "$CPUMS" "-" "-"
 loop_time $N "'$VMSNAP' version"
