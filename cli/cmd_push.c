@@ -26,6 +26,7 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
         {"retries", required_argument, NULL, 'R'},
         {"force", no_argument, NULL, 'F'},
         {"drop-cache", no_argument, NULL, 'D'},
+        {"base", required_argument, NULL, 'B'},
         {"help", no_argument, NULL, 'h'},
         {0, 0, 0, 0},
     };
@@ -93,6 +94,11 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
                 return cli_usage(verb, "--force is an option of rm only"), -1;
             *force = true;
             break;
+        case 'B':
+            if (strcmp(verb, "push"))
+                return cli_usage(verb, "--base is an option of push only"), -1;
+            o->base = optarg;
+            break;
         case 'D':
             if (!drop_cache)
                 return cli_usage(verb, "--drop-cache is an option of pull only"), -1;
@@ -130,6 +136,9 @@ void cmd_xfer_summary(const char *verb, const struct vmsnap_xfer_stats *st, doub
             cli_bytes(c, sizeof(c), st->object_bytes), wall,
             cli_bytes(r, sizeof(r), wall > 0 ? (uint64_t)((double)st->object_bytes / wall) : 0),
             cmd_xfer_cpu());
+    if (st->copied_bytes)
+        fprintf(stderr, "%s: %s of the object bytes copied by the store from the base\n", verb,
+                cli_bytes(a, sizeof(a), st->copied_bytes));
 }
 
 int cmd_push(int argc, char **argv)
@@ -139,7 +148,7 @@ int cmd_push(int argc, char **argv)
     if (i == -2) {
         printf("usage: vmsnap push [-j N] [--part-size SIZE] [--max-memory SIZE] [--threads N]\n"
                "       [--frame-size SIZE] [--level L] [--endpoint URL] [--region R]\n"
-               "       [--path-style] [--retries N] PATH URL\n");
+               "       [--path-style] [--retries N] [--base URL] PATH URL\n");
         return EXIT_OK;
     }
     if (i < 0)

@@ -181,6 +181,12 @@ static void report(const char *op, const char *name, const struct vmsnap_vm_timi
                                    json_object_new_double(t->step[i].seconds));
         json_object_object_add(o, "steps", steps);
         json_object_object_add(o, "total", json_object_new_double(t->total));
+        if (t->object_bytes) {
+            json_object_object_add(o, "object_bytes",
+                                   json_object_new_int64((int64_t)t->object_bytes));
+            json_object_object_add(o, "copied_bytes",
+                                   json_object_new_int64((int64_t)t->copied_bytes));
+        }
         printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
         json_object_put(o);
         return;
@@ -190,6 +196,9 @@ static void report(const char *op, const char *name, const struct vmsnap_vm_timi
     if (cli_verbose) {
         for (unsigned i = 0; i < t->n; i++)
             fprintf(stderr, "  %-14s %8.3f s\n", t->step[i].name, t->step[i].seconds);
+        if (t->object_bytes)
+            fprintf(stderr, "  objects        %llu bytes, %llu copied by the store from the base\n",
+                    (unsigned long long)t->object_bytes, (unsigned long long)t->copied_bytes);
     }
     fprintf(stderr, "vm %s %s: %.3f s\n", op, name, t->total);
 }

@@ -36,7 +36,9 @@ struct slot {
     uint8_t *cbuf; /* compressed frame buffer, kept across uses of the slot */
     size_t ccap;
     size_t clen;
-    bool has_frame; /* false for a range without data */
+    bool has_frame;              /* false for a range without data */
+    bool reused;                 /* the frame is the base's */
+    struct vmsnap_frame_info bf; /* then: the base's entry (offset in the base object) */
     struct vmsnap_frame_info fi;
     uint64_t zero_elided;
     uint64_t extents;
@@ -51,6 +53,8 @@ struct enc {
     int level;
     bool elide;
     bool drop_cache;
+    const struct vmsnap_image *base;
+    uint32_t *base_map; /* range index -> base frame index + 1 (0: none) */
 
     pthread_mutex_t mu;
     pthread_cond_t cv_work; /* a slot was freed or abort */
@@ -280,16 +284,28 @@ static int encode_range(struct worker *w, uint64_t idx, struct slot *s)
     s->extents = extents;
     if (o == 0)
         return 0; /* all zero: no frame */
+    s->has_frame = true;
+    s->fi.checksum = XXH64(w->buf, o, 0);
+    if (e->base_map && e->base_map[idx]) {
+        /* the same records as the base's frame for this range: reuse its compressed bytes */
+        struct vmsnap_frame_info bf;
+        vmsnap_image_frame(e->base, e->base_map[idx] - 1, &bf);
+        if (bf.src_start == start && bf.src_end == end && bf.dsize == o &&
+            bf.populated == populated && bf.checksum == s->fi.checksum) {
+            s->reused = true;
+            s->bf = bf;
+            s->fi = bf;
+            return 0;
+        }
+    }
     rc = compress_frame(w->cctx, e->level, w->buf, o, &s->cbuf, &s->ccap, &s->clen, &s->err);
     if (rc < 0)
         return rc;
-    s->has_frame = true;
     s->fi.csize = s->clen;
     s->fi.dsize = o;
     s->fi.src_start = start;
     s->fi.src_end = end;
     s->fi.populated = populated;
-    s->fi.checksum = XXH64(w->buf, o, 0);
     s->fi.ccheck = XXH64(s->cbuf, s->clen, 0);
     return 0;
 }
@@ -479,6 +495,24 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
     if ((uint64_t)threads > e.nranges)
         threads = e.nranges ? (unsigned)e.nranges : 1;
     e.window = threads + 1;
+    if (opts->base && sink->copy) {
+        struct vmsnap_image_stats bs;
+        vmsnap_image_get_stats(opts->base, &bs);
+        if (bs.frame_size == e.frame_size && e.nranges > 0) {
+            e.base = opts->base;
+            e.base_map = calloc(e.nranges, sizeof(*e.base_map));
+            if (!e.base_map)
+                return vmsnap_err_set(err, ENOMEM, "out of memory");
+            uint32_t nb = vmsnap_image_frame_count(e.base);
+            for (uint32_t i = 0; i < nb; i++) {
+                struct vmsnap_frame_info bf;
+                vmsnap_image_frame(e.base, i, &bf);
+                if (bf.src_end > bf.src_start && bf.src_start % e.frame_size == 0 &&
+                    bf.src_start / e.frame_size < e.nranges)
+                    e.base_map[bf.src_start / e.frame_size] = i + 1;
+            }
+        }
+    }
 
     struct vmsnap_image_stats s = {
         .total_size = e.size, .frame_size = e.frame_size, .has_seek_table = true};
@@ -537,7 +571,14 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
             rc = sl->rc;
         } else if (sl->has_frame) {
             sl->fi.offset = o.pos;
-            rc = emit(&o, sl->cbuf, sl->clen, err);
+            if (sl->reused) {
+                rc = sink->copy(sink->arg, &sl->bf, err);
+                o.pos += sl->fi.csize;
+                s.reused++;
+                s.reused_bytes += sl->fi.csize;
+            } else {
+                rc = emit(&o, sl->cbuf, sl->clen, err);
+            }
             if (rc == 0)
                 rc = table_add(&t, &sl->fi, err);
             s.populated += sl->fi.populated;
@@ -580,6 +621,7 @@ out_sync:
     pthread_mutex_destroy(&e.mu);
 out:
     ZSTD_freeCCtx(cctx);
+    free(e.base_map);
     free(e.slots);
     free(tids);
     free(ws);
@@ -587,6 +629,19 @@ out:
     if (rc == 0 && stats)
         *stats = s;
     return rc < 0 ? rc : 0;
+}
+
+bool vmsnap_image_is_seek_table(const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    if (len < 8 + SEEK_HDR_LEN + SEEK_FOOTER_LEN)
+        return false;
+    uint32_t magic =
+        (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    uint32_t size =
+        (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+    return magic == SEEK_SKIP_MAGIC && (uint64_t)size + 8 == len &&
+           !memcmp(p + len - 8, SEEK_FOOTER_MAGIC, 8);
 }
 
 static int fd_sink_write(void *arg, const void *buf, size_t len, struct vmsnap_err *err)

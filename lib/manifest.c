@@ -150,17 +150,20 @@ int manifest_parse(const char *buf, size_t len, const char *where, uint64_t max_
             rc = vmsnap_err_set(err, EINVAL, "%s: no \"files\" entry for '%s'", where, name);
             goto out;
         }
-        json_object *sh;
+        json_object *sh = NULL, *th = NULL;
+        bool has_sh = json_object_object_get_ex(d, "sha256", &sh);
+        bool has_th = json_object_object_get_ex(d, "tableSha256", &th);
         if (!get_u64(d, "size", &f->size) || !get_u64(d, "populated", &f->populated) ||
-            !get_u64(d, "objectSize", &f->object_size) ||
-            !json_object_object_get_ex(d, "sha256", &sh) ||
-            !json_object_is_type(sh, json_type_string) || !hex64(json_object_get_string(sh))) {
+            !get_u64(d, "objectSize", &f->object_size) || has_sh == has_th ||
+            !json_object_is_type(has_sh ? sh : th, json_type_string) ||
+            !hex64(json_object_get_string(has_sh ? sh : th))) {
             rc = vmsnap_err_set(err, EINVAL,
-                                "%s: entry for '%s' needs size, populated, objectSize and a "
-                                "lowercase hex sha256",
+                                "%s: entry for '%s' needs size, populated, objectSize and one "
+                                "lowercase hex digest (sha256 or tableSha256)",
                                 where, name);
             goto out;
         }
+        f->table_digest = has_th;
         if (f->size > max_size || f->populated > f->size || f->object_size == 0 ||
             f->object_size > (f->size + (1ull << 30)) * 2) {
             rc = vmsnap_err_set(err, EINVAL,
@@ -171,7 +174,7 @@ int manifest_parse(const char *buf, size_t len, const char *where, uint64_t max_
                                 (unsigned long long)f->object_size, (unsigned long long)max_size);
             goto out;
         }
-        memcpy(f->sha256, json_object_get_string(sh), 65);
+        memcpy(f->sha256, json_object_get_string(has_sh ? sh : th), 65);
         f->detail = true;
     }
 out:
@@ -207,7 +210,8 @@ char *manifest_build(const struct manifest *m)
         json_object_object_add(d, "size", json_object_new_int64((int64_t)f->size));
         json_object_object_add(d, "populated", json_object_new_int64((int64_t)f->populated));
         json_object_object_add(d, "objectSize", json_object_new_int64((int64_t)f->object_size));
-        json_object_object_add(d, "sha256", json_object_new_string(f->sha256));
+        json_object_object_add(d, f->table_digest ? "tableSha256" : "sha256",
+                               json_object_new_string(f->sha256));
         json_object_object_add(files, f->name, d);
     }
     const char *s = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY |

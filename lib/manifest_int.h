@@ -5,7 +5,13 @@
  *   {"snapshotFiles": ["base-id", ...],          (the reference system's field)
  *    "formatVersion": 2, "tool": "vmsnap", "toolVersion": "0.1.0",
  *    "files": {"<name>": {"object": "<name>.zstd", "size": logical, "populated": bytes,
- *                         "objectSize": bytes, "sha256": "<hex of the object>"}, ...}}
+ *                         "objectSize": bytes, "tableSha256": "<hex>"}, ...}}
+ *
+ * The digest of an object with a seek table is "tableSha256": SHA-256 of its first 44 bytes
+ * (header and info frame) followed by its seek table (the trailing skippable frame with the
+ * footer). The table holds the XXH64 of every frame's compressed bytes, which a decoder checks,
+ * so the digest covers every byte, and it can be computed for objects whose frames were copied
+ * server-side. "sha256" (of the whole object) is accepted as well (older vmsnap manifests).
  *
  * A reference manifest has only snapshotFiles; then `detail` is false for every file.
  */
@@ -24,7 +30,9 @@ struct mf_file {
     uint64_t size;
     uint64_t populated;
     uint64_t object_size;
-    char sha256[65];
+    char sha256[65];   /* hex digest: of the whole object, or tableSha256 (table_digest) */
+    bool table_digest; /* sha256 holds the tableSha256 digest */
+    uint64_t copied;   /* push only (not serialised): bytes the store copied from a base */
 };
 
 struct manifest {

@@ -28,8 +28,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define RESP_CAP (16u << 20)     /* XML answers larger than this are refused */
-#define ERRBODY_CAP (64u << 10)  /* error bodies kept for their <Code> */
+#define RESP_CAP (16u << 20) /* XML answers larger than this are refused */
+#define ERRBODY_CAP (64u << 10)
+#define REQ_MAX_XH 4 /* extra signed headers per request */ /* error bodies kept for their <Code>  \
+                                                             */
 #define SIGN_BODY_MAX (1u << 20) /* bodies up to this are hashed into the signature */
 #define BACKOFF_CAP_MS 5000u
 
@@ -108,6 +110,8 @@ struct req {
     size_t body_len;
     bool has_body;
     uint64_t range_off, range_len; /* range_len 0: no Range */
+    const struct sigv4_header *xh; /* extra x-amz-* headers, signed and sent (lowercase names) */
+    size_t nxh;
     /* sinks for a 2xx body (at most one) */
     uint8_t *dst; /* exactly range_len bytes */
     struct dbuf *resp;
@@ -453,11 +457,13 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
     gmtime_r(&t, &tm);
     strftime(amzdate, sizeof(amzdate), "%Y%m%dT%H%M%SZ", &tm);
 
-    struct sigv4_header sh[4] = {
+    struct sigv4_header sh[4 + REQ_MAX_XH] = {
         {"host", host}, {"x-amz-content-sha256", phash}, {"x-amz-date", amzdate}};
     size_t nsh = 3;
     if (cfg->session_token)
         sh[nsh++] = (struct sigv4_header){"x-amz-security-token", cfg->session_token};
+    for (size_t i = 0; i < r->nxh && i < REQ_MAX_XH; i++)
+        sh[nsh++] = r->xh[i];
     char auth[1024];
     struct sigv4_input in = {r->method,      path,    query,       sh,   nsh,
                              phash,          amzdate, cfg->region, "s3", cfg->access_key,
@@ -477,6 +483,10 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
     hl = curl_slist_append(hl, line);
     if (cfg->session_token && strlen(cfg->session_token) < sizeof(line) - 32) {
         snprintf(line, sizeof(line), "x-amz-security-token: %s", cfg->session_token);
+        hl = curl_slist_append(hl, line);
+    }
+    for (size_t i = 0; i < r->nxh && i < REQ_MAX_XH; i++) {
+        snprintf(line, sizeof(line), "%s: %s", r->xh[i].name, r->xh[i].value);
         hl = curl_slist_append(hl, line);
     }
     snprintf(line, sizeof(line), "Authorization: %s", auth);
@@ -712,6 +722,51 @@ static int s3_mpu_part(struct vmsnap_store_conn *c, const char *key, const char 
     return rc;
 }
 
+/* UploadPartCopy: the server copies bytes of another object (guarded by its ETag) into the
+ * part; the answer's <CopyPartResult> carries the part's ETag (and may be a 200 with <Error>). */
+static int s3_mpu_part_copy(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
+                            uint32_t number, uint64_t offset, const char *src_key,
+                            const char *src_etag, uint64_t src_off, uint64_t len,
+                            struct vmsnap_store_part *out, struct vmsnap_err *err)
+{
+    (void)offset;
+    const struct s3_config *cfg = &c->st->s3;
+    char num[16], src[3 * 1024 + 300], range[64], enc[3 * 1024 + 1];
+    if (strlen(src_key) > 1024 || sigv4_uri_encode(src_key, true, enc, sizeof(enc)) < 0)
+        return vmsnap_err_set(err, ENAMETOOLONG, "copy source key too long");
+    snprintf(src, sizeof(src), "/%s/%s", cfg->bucket, enc);
+    snprintf(range, sizeof(range), "bytes=%llu-%llu", (unsigned long long)src_off,
+             (unsigned long long)(src_off + len - 1));
+    snprintf(num, sizeof(num), "%u", number);
+    struct sigv4_header xh[3] = {{"x-amz-copy-source", src},
+                                 {"x-amz-copy-source-if-match", src_etag},
+                                 {"x-amz-copy-source-range", range}};
+    struct qparam q[] = {{"partNumber", num}, {"uploadId", upload_id}};
+    struct dbuf resp = {.max = RESP_CAP};
+    struct req r = {.method = "PUT",
+                    .key = key,
+                    .q = q,
+                    .nq = 2,
+                    .xh = xh,
+                    .nxh = 3,
+                    .body = "",
+                    .has_body = true, /* an empty body: Content-Length: 0 */
+                    .resp = &resp};
+    int rc = perform(c, &r, err);
+    if (rc < 0 && r.status == 412)
+        rc = vmsnap_err_set(err, ESTALE, "copy %s://%s/%s into part %u of %s: the source changed",
+                            cfg->url_scheme, cfg->bucket, src_key, number, key);
+    if (rc == 0) {
+        struct xml_span s = {resp.p ? resp.p : "", resp.len};
+        if (!xml_child_text(s, "ETag", out->etag, sizeof(out->etag)) || !out->etag[0])
+            rc = vmsnap_err_set(err, EPROTO, "copy part %u of %s/%s: no ETag in answer", number,
+                                cfg->bucket, key);
+        out->number = number;
+    }
+    free(resp.p);
+    return rc;
+}
+
 static int s3_mpu_complete(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
                            const struct vmsnap_store_part *parts, uint32_t nparts,
                            struct vmsnap_err *err)
@@ -798,7 +853,7 @@ static int s3_get_stream(struct vmsnap_store_conn *c, const char *key, vmsnap_st
     return rc;
 }
 
-static int s3_head(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
+static int s3_head(struct vmsnap_store_conn *c, const char *key, uint64_t *size, char *etag,
                    struct vmsnap_err *err)
 {
     struct req r = {.method = "HEAD", .key = key};
@@ -808,6 +863,8 @@ static int s3_head(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
             return vmsnap_err_set(err, EPROTO, "HEAD %s/%s: no Content-Length", c->st->s3.bucket,
                                   key);
         *size = r.content_length;
+        if (etag)
+            snprintf(etag, VMSNAP_STORE_ETAG_MAX, "%s", r.etag);
     }
     return rc;
 }
@@ -918,6 +975,7 @@ const struct store_ops store_s3_ops = {
     .put = s3_put,
     .mpu_create = s3_mpu_create,
     .mpu_part = s3_mpu_part,
+    .mpu_part_copy = s3_mpu_part_copy,
     .mpu_complete = s3_mpu_complete,
     .mpu_abort = s3_mpu_abort,
     .get = s3_get,

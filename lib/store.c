@@ -415,7 +415,30 @@ int vmsnap_store_head(struct vmsnap_store_conn *c, const char *key, uint64_t *si
                       struct vmsnap_err *err)
 {
     CHECK_KEY(key);
-    return c->st->ops->head(c, key, size, err);
+    return c->st->ops->head(c, key, size, NULL, err);
+}
+
+int vmsnap_store_head_etag(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
+                           char etag[VMSNAP_STORE_ETAG_MAX], struct vmsnap_err *err)
+{
+    CHECK_KEY(key);
+    return c->st->ops->head(c, key, size, etag, err);
+}
+
+int vmsnap_store_mpu_part_copy(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
+                               uint32_t number, uint64_t offset, const char *src_key,
+                               const char *src_etag, uint64_t src_off, uint64_t len,
+                               struct vmsnap_store_part *out, struct vmsnap_err *err)
+{
+    CHECK_KEY(key);
+    CHECK_KEY(src_key);
+    if (number < 1 || number > VMSNAP_STORE_MAX_PARTS)
+        return vmsnap_err_set(err, EINVAL, "part number %u out of range", number);
+    if (len == 0 || len > VMSNAP_STORE_MAX_PART)
+        return vmsnap_err_set(err, EINVAL, "copy of %llu bytes: not a valid part size",
+                              (unsigned long long)len);
+    return c->st->ops->mpu_part_copy(c, key, upload_id, number, offset, src_key, src_etag, src_off,
+                                     len, out, err);
 }
 
 int vmsnap_store_delete(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err)

@@ -16,6 +16,10 @@ struct store_ops {
     int (*mpu_part)(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
                     uint32_t number, uint64_t offset, const void *buf, size_t len,
                     struct vmsnap_store_part *out, struct vmsnap_err *err);
+    int (*mpu_part_copy)(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
+                         uint32_t number, uint64_t offset, const char *src_key,
+                         const char *src_etag, uint64_t src_off, uint64_t len,
+                         struct vmsnap_store_part *out, struct vmsnap_err *err);
     int (*mpu_complete)(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
                         const struct vmsnap_store_part *parts, uint32_t nparts,
                         struct vmsnap_err *err);
@@ -26,7 +30,7 @@ struct store_ops {
     int (*get_stream)(struct vmsnap_store_conn *c, const char *key, vmsnap_store_data_fn fn,
                       void *arg, struct vmsnap_err *err);
     int (*head)(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
-                struct vmsnap_err *err);
+                char *etag /* NULL or VMSNAP_STORE_ETAG_MAX bytes */, struct vmsnap_err *err);
     int (*del)(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err);
     int (*list)(struct vmsnap_store_conn *c, const char *prefix, vmsnap_store_list_fn fn, void *arg,
                 struct vmsnap_err *err);

@@ -312,7 +312,17 @@ static int lget_stream(struct vmsnap_store_conn *c, const char *key, vmsnap_stor
     return rc;
 }
 
-static int lhead(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
+/* A local object's tag: device, inode, size and modification time. A put or a completed upload
+ * renames a new file into place, so a replaced object always gets a new tag. */
+static void local_etag(const struct stat *sb, char *etag)
+{
+    snprintf(etag, VMSNAP_STORE_ETAG_MAX, "%llx-%llx-%llx-%llx.%09ld",
+             (unsigned long long)sb->st_dev, (unsigned long long)sb->st_ino,
+             (unsigned long long)sb->st_size, (unsigned long long)sb->st_mtim.tv_sec,
+             (long)sb->st_mtim.tv_nsec);
+}
+
+static int lhead(struct vmsnap_store_conn *c, const char *key, uint64_t *size, char *etag,
                  struct vmsnap_err *err)
 {
     char *p;
@@ -323,8 +333,110 @@ static int lhead(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
     int rc = fstat(fd, &sb) < 0 ? vmsnap_err_set(err, errno, "stat %s: %s", p, strerror(errno)) : 0;
     if (rc == 0)
         *size = (uint64_t)sb.st_size;
+    if (rc == 0 && etag)
+        local_etag(&sb, etag);
     close(fd);
     free(p);
+    return rc;
+}
+
+/* Read and write `len` bytes from `in` at `ioff` to `out` at `ooff`. Returns 0 or -errno. */
+static int copy_rw(int in, uint64_t ioff, int out, uint64_t ooff, uint64_t len)
+{
+    enum { CHUNK = 1 << 20 };
+    char *buf = malloc(CHUNK);
+    if (!buf)
+        return -ENOMEM;
+    int rc = 0;
+    while (rc == 0 && len > 0) {
+        size_t k = len < CHUNK ? (size_t)len : CHUNK;
+        ssize_t n = sys_pread_full(in, buf, k, ioff);
+        if (n < 0)
+            rc = (int)n;
+        else if ((size_t)n != k)
+            rc = -EIO;
+        else
+            rc = sys_pwrite_full(out, buf, k, ooff);
+        ioff += k;
+        ooff += k;
+        len -= k;
+    }
+    free(buf);
+    return rc;
+}
+
+/* Copy [src_off, src_off + len) of another object into the upload's file at `offset`: in the
+ * kernel (copy_file_range: a reflink where the filesystem shares extents), read and written
+ * only where it cannot. */
+static int lmpu_part_copy(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
+                          uint32_t number, uint64_t offset, const char *src_key,
+                          const char *src_etag, uint64_t src_off, uint64_t len,
+                          struct vmsnap_store_part *out, struct vmsnap_err *err)
+{
+    char *sp;
+    int sfd = open_obj(c, src_key, &sp, err);
+    if (sfd < 0)
+        return sfd;
+    char *p = mpu_path(c->st, key, upload_id, err);
+    int rc = p ? 0 : -err_code_or(err, EINVAL);
+    struct stat sb;
+    char tag[VMSNAP_STORE_ETAG_MAX];
+    if (rc == 0 && fstat(sfd, &sb) < 0)
+        rc = vmsnap_err_set(err, errno, "stat %s: %s", sp, strerror(errno));
+    if (rc == 0) {
+        local_etag(&sb, tag);
+        if (strcmp(tag, src_etag))
+            rc = vmsnap_err_set(err, ESTALE, "copy %s into part %u of %s: the source changed", sp,
+                                number, key);
+        else if (src_off > (uint64_t)sb.st_size || len > (uint64_t)sb.st_size - src_off)
+            rc = vmsnap_err_set(err, EINVAL, "copy %s: range %llu+%llu past its end", sp,
+                                (unsigned long long)src_off, (unsigned long long)len);
+    }
+    int fd = -1;
+    if (rc == 0 && (fd = open(p, O_WRONLY | O_CLOEXEC)) < 0)
+        rc = errno == ENOENT
+                 ? vmsnap_err_set(err, ENOENT, "upload %s of %s no longer exists", upload_id, key)
+                 : vmsnap_err_set(err, errno, "open %s: %s", p, strerror(errno));
+    if (rc == 0) {
+        loff_t in = (loff_t)src_off, o = (loff_t)offset;
+        uint64_t left = len;
+        while (left > 0) {
+            ssize_t n = copy_file_range(sfd, &in, fd, &o, left, 0);
+            if (n < 0 &&
+                (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP || errno == ENOSYS)) {
+                /* no in-kernel copy between these files: read and write */
+                rc = copy_rw(sfd, (uint64_t)in, fd, (uint64_t)o, left);
+                if (rc < 0)
+                    vmsnap_err_set(err, -rc, "copy %s to %s: %s", sp, p, strerror(-rc));
+                break;
+            }
+            if (n <= 0) {
+                rc = n < 0 ? -errno : -EIO;
+                vmsnap_err_set(err, -rc, "copy %s to %s at %llu: %s", sp, p, (unsigned long long)o,
+                               n < 0 ? strerror(-rc) : "source ended");
+                break;
+            }
+            left -= (uint64_t)n;
+        }
+        if (rc == 0 && sync_file_range(fd, (off64_t)offset, (off64_t)len,
+                                       SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                           SYNC_FILE_RANGE_WAIT_AFTER) < 0)
+            rc = vmsnap_err_set(err, errno, "write %s at %llu: %s", p, (unsigned long long)offset,
+                                strerror(errno));
+        if (rc == 0)
+            (void)posix_fadvise(fd, (off_t)offset, (off_t)len, POSIX_FADV_DONTNEED);
+    }
+    if (rc == 0)
+        (void)posix_fadvise(sfd, (off_t)src_off, (off_t)len, POSIX_FADV_DONTNEED);
+    if (fd >= 0)
+        close(fd);
+    close(sfd);
+    if (rc == 0 && out) {
+        out->number = number;
+        snprintf(out->etag, sizeof(out->etag), "local");
+    }
+    free(p);
+    free(sp);
     return rc;
 }
 
@@ -458,6 +570,7 @@ const struct store_ops store_local_ops = {
     .put = lput,
     .mpu_create = lmpu_create,
     .mpu_part = lmpu_part,
+    .mpu_part_copy = lmpu_part_copy,
     .mpu_complete = lmpu_complete,
     .mpu_abort = lmpu_abort,
     .get = lget,

@@ -831,6 +831,33 @@ static struct vmsnap_xfer_opts suspend_xfer_opts(const struct vmsnap_vm_opts *o,
     return x;
 }
 
+/* True when two snapshot URLs are in the same store (same local filesystem namespace, or the same
+ * bucket: the endpoint and credentials come from the same options): a suspend can then use the
+ * set the VM came from as the base of its push. */
+static bool same_store(const char *a, const char *b)
+{
+    bool ra = strstr(a, "://") && strncmp(a, "file://", 7);
+    bool rb = strstr(b, "://") && strncmp(b, "file://", 7);
+    if (!ra || !rb)
+        return !ra && !rb;
+    const char *ea = strchr(strstr(a, "://") + 3, '/'), *eb = strchr(strstr(b, "://") + 3, '/');
+    size_t la = ea ? (size_t)(ea - a) : strlen(a), lb = eb ? (size_t)(eb - b) : strlen(b);
+    return la == lb && !strncmp(a, b, la);
+}
+
+/* The push options of a suspend to `url`: frames sized to the guest, and the store URL the VM
+ * last came from or went to as the base when it is in the same store (frames that did not
+ * change since are copied by the store instead of uploaded). */
+static struct vmsnap_xfer_opts suspend_push_opts(const struct vmsnap_vm_opts *o, json_object *cfg,
+                                                 const char *url)
+{
+    struct vmsnap_xfer_opts x = suspend_xfer_opts(o, cfg);
+    const char *prev = cfg_str(cfg, "url");
+    if (!x.base && prev && same_store(prev, url))
+        x.base = prev;
+    return x;
+}
+
 int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const char *url,
                       struct vmsnap_vm_timing *t, struct vmsnap_err *err)
 {
@@ -852,9 +879,13 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
         rc = vmsnap_vmm_state(v, &st, NULL, err);
         if (rc == 0 && st == VMSNAP_VMM_DEAD && exists(c.ckpt)) {
             struct vmsnap_xfer_stats xs = {0};
-            struct vmsnap_xfer_opts xo = suspend_xfer_opts(o, cfg);
+            struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
             rc = vmsnap_xfer_push(c.ckpt, url, &xo, &xs, err);
             step(t, "upload", &t0);
+            if (t) {
+                t->object_bytes = xs.object_bytes;
+                t->copied_bytes = xs.copied_bytes;
+            }
             if (rc < 0) {
                 vmsnap_err_wrap(err, "upload failed; the local checkpoint %s is kept: ", c.ckpt);
                 goto out;
@@ -897,9 +928,13 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
     }
     step(t, "stage", &t0);
     struct vmsnap_xfer_stats xs = {0};
-    struct vmsnap_xfer_opts xo = suspend_xfer_opts(o, cfg);
+    struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
     rc = vmsnap_xfer_push(c.stage, url, &xo, &xs, err);
     step(t, "upload", &t0);
+    if (t) {
+        t->object_bytes = xs.object_bytes;
+        t->copied_bytes = xs.copied_bytes;
+    }
     if (rc < 0) {
         struct vmsnap_err e2;
         int lrc = finish_local(&c, cfg, c.stage, !(o && o->no_evict), t, &t0, &e2);

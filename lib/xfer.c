@@ -34,6 +34,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #define GROUP_TARGET (16ull << 20)
 #define PART_DOUBLING 2500u
@@ -41,6 +42,7 @@
 
 struct xfer {
     struct vmsnap_store *st;
+    char *base_key; /* opts.base as a key in st (NULL: none) */
     struct xpool pool;
     struct vmsnap_xfer_opts o;
     pthread_mutex_t mu;
@@ -108,6 +110,7 @@ static void xfer_fini(struct xfer *x, bool pool_started)
     pthread_mutex_destroy(&x->mu);
     pthread_cond_destroy(&x->cv_dec);
     vmsnap_store_free(x->st);
+    free(x->base_key);
 }
 
 static char *join_key(const char *prefix, const char *name)
@@ -129,6 +132,18 @@ static void hex32(const unsigned char *md, char out[65])
     out[64] = '\0';
 }
 
+/* A source over an object, read with ranged GETs on one connection. */
+struct ranged_src {
+    struct vmsnap_store_conn *c;
+    const char *key;
+};
+
+static int ranged_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err)
+{
+    struct ranged_src *r = arg;
+    return vmsnap_store_get(r->c, r->key, off, len, buf, err);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Push                                                                                      */
 
@@ -147,8 +162,24 @@ struct up {
     size_t cur_len, cur_cap;
     uint64_t off;
     uint32_t nparts;
-    EVP_MD_CTX *sha;
+    EVP_MD_CTX *sha; /* tableSha256: the first 44 bytes, then the seek table */
+    bool table_seen;
     uint64_t total;
+    /* with a base object: frames reused from it, not yet placed (a run of adjacent frames) */
+    const char *base_key;
+    const char *base_etag;
+    struct vmsnap_frame_info *run;
+    size_t run_n, run_cap;
+    uint64_t run_bytes;
+    uint64_t copied;  /* bytes the store copied from the base (server-side) */
+    uint64_t fetched; /* reused bytes that had to be fetched (runs under 5 MiB) */
+};
+
+struct copy_task {
+    struct xtask t;
+    struct up *u;
+    uint32_t num;
+    uint64_t off, src_off, len;
 };
 
 struct part_task {
@@ -204,7 +235,7 @@ static void part_run(struct xtask *t, struct vmsnap_store_conn *c)
     free(pt);
 }
 
-static int flush_part(struct up *u, struct vmsnap_err *err)
+static int start_part(struct up *u, struct vmsnap_err *err)
 {
     if (!u->upload_id) {
         u->parts = calloc(VMSNAP_STORE_MAX_PARTS, sizeof(*u->parts));
@@ -217,6 +248,14 @@ static int flush_part(struct up *u, struct vmsnap_err *err)
     if (u->nparts >= VMSNAP_STORE_MAX_PARTS)
         return vmsnap_err_set(err, EFBIG, "%s: object needs more than %u parts", u->key,
                               VMSNAP_STORE_MAX_PARTS);
+    return 0;
+}
+
+static int flush_part(struct up *u, struct vmsnap_err *err)
+{
+    int rc = start_part(u, err);
+    if (rc < 0)
+        return rc;
     struct part_task *pt = calloc(1, sizeof(*pt));
     if (!pt)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
@@ -237,18 +276,9 @@ static int flush_part(struct up *u, struct vmsnap_err *err)
     return 0;
 }
 
-static int sink_write(void *arg, const void *buf, size_t len, struct vmsnap_err *err)
+/* Append object bytes to the current part buffer, flushing full parts. */
+static int append_bytes(struct up *u, const void *buf, size_t len, struct vmsnap_err *err)
 {
-    struct up *u = arg;
-    pthread_mutex_lock(&u->mu);
-    int urc = u->rc;
-    if (urc && err)
-        *err = u->err;
-    pthread_mutex_unlock(&u->mu);
-    if (urc)
-        return urc;
-    EVP_DigestUpdate(u->sha, buf, len);
-    u->total += len;
     const uint8_t *p = buf;
     while (len > 0) {
         if (u->cur && u->cur_len == u->cur_cap) {
@@ -273,6 +303,174 @@ static int sink_write(void *arg, const void *buf, size_t len, struct vmsnap_err 
         p += k;
         len -= k;
     }
+    return 0;
+}
+
+static void copy_run(struct xtask *t, struct vmsnap_store_conn *c)
+{
+    struct copy_task *ct = (struct copy_task *)t;
+    struct up *u = ct->u;
+    struct vmsnap_err e = {0};
+    int rc = 0;
+    pthread_mutex_lock(&u->mu);
+    bool skip = u->rc != 0;
+    pthread_mutex_unlock(&u->mu);
+    if (!skip)
+        rc = vmsnap_store_mpu_part_copy(c, u->key, u->upload_id, ct->num, ct->off, u->base_key,
+                                        u->base_etag, ct->src_off, ct->len, &u->parts[ct->num - 1],
+                                        &e);
+    if (rc < 0)
+        up_fail(u, rc, &e);
+    else if (!skip)
+        progress_add(u->x, ct->len, 0);
+    pthread_mutex_lock(&u->mu);
+    u->inflight--;
+    pthread_cond_broadcast(&u->cv);
+    pthread_mutex_unlock(&u->mu);
+    free(ct);
+}
+
+/* Fetch the reused frames run[i0, i1) from the base and append them as new bytes, checking each
+ * against the XXH64 of its compressed bytes in the base's seek table. */
+static int fetch_frames(struct up *u, size_t i0, size_t i1, struct vmsnap_err *err)
+{
+    uint8_t *b = NULL;
+    size_t cap = 0;
+    int rc = 0;
+    for (size_t i = i0; i < i1 && rc == 0; i++) {
+        const struct vmsnap_frame_info *f = &u->run[i];
+        if (f->csize > cap) {
+            free(b);
+            cap = (size_t)f->csize;
+            if (!(b = malloc(cap)))
+                return vmsnap_err_set(err, ENOMEM, "out of memory");
+        }
+        rc = vmsnap_store_get(u->ctl, u->base_key, f->offset, (size_t)f->csize, b, err);
+        if (rc == 0 && XXH64(b, (size_t)f->csize, 0) != f->ccheck)
+            rc = vmsnap_err_set(err, ESTALE,
+                                "%s: the base object changed while pushing (frame at "
+                                "byte %llu)",
+                                u->base_key, (unsigned long long)f->offset);
+        if (rc == 0)
+            rc = append_bytes(u, b, (size_t)f->csize, err);
+        u->fetched += f->csize;
+    }
+    free(b);
+    return rc;
+}
+
+/* Place the pending run of reused frames. Every part but the last must hold at least 5 MiB: a
+ * run shorter than that is fetched and sent as bytes; the part buffered before a run is first
+ * topped up to 5 MiB with the run's leading frames; the rest becomes copy parts of about the
+ * part size, which the store executes without the bytes passing through here. */
+static int place_run(struct up *u, struct vmsnap_err *err)
+{
+    const uint64_t min = VMSNAP_STORE_MIN_PART;
+    size_t i = 0, n = u->run_n;
+    uint64_t left = u->run_bytes;
+    u->run_n = 0;
+    u->run_bytes = 0;
+    if (left < min)
+        return fetch_frames(u, 0, n, err);
+    uint64_t have = u->cur ? u->cur_len : 0;
+    if (have > 0 && have < min) {
+        size_t j = 0;
+        uint64_t got = 0;
+        while (j < n && have + got < min)
+            got += u->run[j++].csize;
+        if (left - got < min)
+            return fetch_frames(u, 0, n, err);
+        int rc = fetch_frames(u, 0, j, err);
+        if (rc < 0)
+            return rc;
+        i = j;
+        left -= got;
+    }
+    if (u->cur && u->cur_len > 0) {
+        int rc = flush_part(u, err);
+        if (rc < 0)
+            return rc;
+    }
+    uint64_t src = u->run[i].offset;
+    while (left > 0) {
+        uint64_t piece = part_cap(u, u->nparts + 1);
+        if (left <= piece || left - piece < min)
+            piece = left;
+        int rc = start_part(u, err);
+        if (rc < 0)
+            return rc;
+        struct copy_task *ct = calloc(1, sizeof(*ct));
+        if (!ct)
+            return vmsnap_err_set(err, ENOMEM, "out of memory");
+        ct->t.run = copy_run;
+        ct->u = u;
+        ct->num = ++u->nparts;
+        ct->off = u->off;
+        ct->src_off = src;
+        ct->len = piece;
+        u->off += piece;
+        u->copied += piece;
+        src += piece;
+        left -= piece;
+        pthread_mutex_lock(&u->mu);
+        u->inflight++;
+        pthread_mutex_unlock(&u->mu);
+        xpool_submit(&u->x->pool, &ct->t);
+    }
+    return 0;
+}
+
+static int up_check(struct up *u, struct vmsnap_err *err)
+{
+    pthread_mutex_lock(&u->mu);
+    int urc = u->rc;
+    if (urc && err)
+        *err = u->err;
+    pthread_mutex_unlock(&u->mu);
+    return urc;
+}
+
+static int sink_write(void *arg, const void *buf, size_t len, struct vmsnap_err *err)
+{
+    struct up *u = arg;
+    int rc = up_check(u, err);
+    if (rc)
+        return rc;
+    if (u->run_n && (rc = place_run(u, err)) < 0)
+        return rc;
+    if (u->total < VMSNAP_IMAGE_PREFIX_LEN)
+        EVP_DigestUpdate(u->sha, buf, VMSNAP_MIN(len, VMSNAP_IMAGE_PREFIX_LEN - u->total));
+    if (vmsnap_image_is_seek_table(buf, len)) {
+        EVP_DigestUpdate(u->sha, buf, len);
+        u->table_seen = true;
+    }
+    u->total += len;
+    return append_bytes(u, buf, len, err);
+}
+
+/* A frame reused from the base: queued into the pending run (adjacent frames merge). */
+static int sink_copy(void *arg, const struct vmsnap_frame_info *f, struct vmsnap_err *err)
+{
+    struct up *u = arg;
+    int rc = up_check(u, err);
+    if (rc)
+        return rc;
+    if (u->run_n) {
+        const struct vmsnap_frame_info *l = &u->run[u->run_n - 1];
+        if (l->offset + l->csize != f->offset && (rc = place_run(u, err)) < 0)
+            return rc;
+    }
+    if (u->run_n == u->run_cap) {
+        size_t cap = u->run_cap ? u->run_cap * 2 : 64;
+        struct vmsnap_frame_info *r = realloc(u->run, cap * sizeof(*r));
+        if (!r)
+            return vmsnap_err_set(err, ENOMEM, "out of memory");
+        u->run = r;
+        u->run_cap = cap;
+    }
+    u->run[u->run_n++] = *f;
+    u->run_bytes += f->csize;
+    u->total += f->csize;
     return 0;
 }
 
@@ -305,11 +503,39 @@ static int abort_leftover(void *arg, const char *key, const char *id)
     return 0;
 }
 
-/* Push the open regular file `fd` to `key`. Fills the manifest entry (sizes, digest). */
-static int push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const char *path,
-                   const char *key, struct mf_file *mf, struct vmsnap_err *err)
+/* Open the base object `bkey` for a push: its ETag (guarding copies) and seek table. Returns 1
+ * with *img set, 0 when it cannot serve as a base (missing, no seek table: logged), < 0 on
+ * memory errors. */
+static int open_base(struct vmsnap_store_conn *ctl, const char *bkey,
+                     char etag[VMSNAP_STORE_ETAG_MAX], struct vmsnap_image **img,
+                     struct vmsnap_err *err)
 {
-    struct up u = {.x = x, .ctl = ctl, .key = key};
+    *img = NULL;
+    uint64_t size = 0;
+    struct vmsnap_err e = {0};
+    int rc = vmsnap_store_head_etag(ctl, bkey, &size, etag, &e);
+    if (rc == 0 && !etag[0])
+        rc = vmsnap_err_set(&e, EPROTO, "%s: no ETag", bkey);
+    struct ranged_src rs = {ctl, bkey};
+    struct vmsnap_source src = {ranged_pread, &rs, size, bkey};
+    if (rc == 0)
+        rc = vmsnap_image_open(&src, 0, img, &e);
+    if (rc == -ENOMEM)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    if (rc <= 0) {
+        vlog(VMSNAP_LOG_INFO, "base %s not used: %s", bkey, rc == 0 ? "no seek table" : e.msg);
+        return 0;
+    }
+    return 1;
+}
+
+/* Push the open regular file `fd` to `key`, reusing the frames of `base` (NULL: none) that did
+ * not change. Fills the manifest entry (sizes, digest). */
+static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const char *path,
+                        const char *key, const char *base_key, struct vmsnap_image *base,
+                        const char *base_etag, struct mf_file *mf, struct vmsnap_err *err)
+{
+    struct up u = {.x = x, .ctl = ctl, .key = key, .base_key = base_key, .base_etag = base_etag};
     pthread_mutex_init(&u.mu, NULL);
     pthread_cond_init(&u.cv, NULL);
     u.sha = EVP_MD_CTX_new();
@@ -320,13 +546,15 @@ static int push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const 
     struct stat sb;
     if (fstat(fd, &sb) == 0)
         progress_add(x, 0, (uint64_t)sb.st_blocks * 512 / 2);
-    struct vmsnap_sink sink = {sink_write, &u};
+    struct vmsnap_sink sink = {sink_write, &u, base ? sink_copy : NULL};
     struct vmsnap_pack_opts po = {
-        .threads = x->o.threads, .frame_size = x->o.frame_size, .level = x->o.level};
+        .threads = x->o.threads, .frame_size = x->o.frame_size, .level = x->o.level, .base = base};
     struct vmsnap_image_stats stats = {0};
     struct vmsnap_err perr = {0};
     int rc = vmsnap_image_pack_fd(fd, path, &sink, &po, &stats, &perr);
     struct vmsnap_err ferr = {0};
+    if (rc == 0 && u.run_n) /* the encoder always ends with written frames; be safe */
+        rc = place_run(&u, &ferr);
     if (rc == 0) {
         /* the last bytes: a single PUT if no part was flushed, else the last part + complete */
         if (!u.upload_id) {
@@ -375,17 +603,52 @@ static int push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const 
     if (rc == 0 && u.total != stats.object_size && stats.object_size)
         rc = vmsnap_err_set(err, EIO, "%s: encoder reported %llu bytes but wrote %llu", path,
                             (unsigned long long)stats.object_size, (unsigned long long)u.total);
+    if (rc == 0 && !u.table_seen)
+        rc = vmsnap_err_set(err, EIO, "%s: the encoder wrote no seek table", path);
     if (rc == 0 && mf) {
         mf->detail = true;
         mf->size = stats.total_size;
         mf->populated = stats.populated;
         mf->object_size = u.total;
+        mf->table_digest = true;
+        mf->copied = u.copied;
         hex32(md, mf->sha256);
     }
+    if (rc == 0 && base)
+        vlog(VMSNAP_LOG_INFO,
+             "%s: %llu of %llu frames unchanged since the base: %llu bytes copied by the store, "
+             "%llu fetched",
+             key, (unsigned long long)stats.reused, (unsigned long long)stats.frames,
+             (unsigned long long)u.copied, (unsigned long long)u.fetched);
+    free(u.run);
     free(u.upload_id);
     free(u.parts);
     pthread_mutex_destroy(&u.mu);
     pthread_cond_destroy(&u.cv);
+    return rc;
+}
+
+/* Push `fd` to `key`, with the object at `base_key` (NULL: none) as its base when it can be one.
+ * If the base changes or vanishes during the push, the file is pushed again without it. */
+static int push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const char *path,
+                   const char *key, const char *base_key, struct mf_file *mf,
+                   struct vmsnap_err *err)
+{
+    struct vmsnap_image *base = NULL;
+    char etag[VMSNAP_STORE_ETAG_MAX] = "";
+    if (base_key) {
+        int rc = open_base(ctl, base_key, etag, &base, err);
+        if (rc < 0)
+            return rc;
+    }
+    int rc = push_fd_once(x, ctl, fd, path, key, base ? base_key : NULL, base, etag, mf, err);
+    if (base && (rc == -ESTALE || rc == -ENOENT)) {
+        vlog(VMSNAP_LOG_WARN, "%s: the base %s changed during the push (%s); pushing it whole",
+             path, base_key, err ? err->msg : "");
+        vmsnap_err_clear(err);
+        rc = push_fd_once(x, ctl, fd, path, key, NULL, NULL, NULL, mf, err);
+    }
+    vmsnap_image_free(base);
     return rc;
 }
 
@@ -425,13 +688,14 @@ static void *producer(void *arg)
         snprintf(path, sizeof(path), "%s/%s", s->dir, f->name);
         snprintf(obj, sizeof(obj), "%s.zstd", f->name);
         char *key = join_key(s->prefix, obj);
+        char *bkey = s->x->base_key ? join_key(s->x->base_key, obj) : NULL;
         int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-        if (!key)
+        if (!key || (s->x->base_key && !bkey))
             rc = vmsnap_err_set(&e, ENOMEM, "out of memory");
         else if (fd < 0)
             rc = vmsnap_err_set(&e, errno, "open %s: %s", path, strerror(errno));
         else
-            rc = push_fd(s->x, ctl, fd, path, key, f, &e);
+            rc = push_fd(s->x, ctl, fd, path, key, bkey, f, &e);
         if (rc == 0)
             s->pushed[i] = true;
         else
@@ -439,6 +703,7 @@ static void *producer(void *arg)
         if (fd >= 0)
             close(fd);
         free(key);
+        free(bkey);
     }
     vmsnap_store_conn_free(ctl);
     return NULL;
@@ -602,6 +867,7 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
             stats->logical += s.files[i].size;
             stats->populated += s.files[i].populated;
             stats->object_bytes += s.files[i].object_size;
+            stats->copied_bytes += s.files[i].copied;
         }
         stats->object_bytes += strlen(json);
     }
@@ -612,6 +878,48 @@ out:
     free(s.pushed);
     struct manifest m2 = {s.files, s.n, 0};
     manifest_fini(&m2);
+    return rc;
+}
+
+static bool same_str(const char *a, const char *b)
+{
+    return (!a && !b) || (a && b && !strcmp(a, b));
+}
+
+/* Resolve the base URL to a key of the push's own store (copies work only inside one store). */
+static int base_key_in(struct xfer *x, const char *base, struct vmsnap_err *err)
+{
+    bool remote = strstr(base, "://") && strncmp(base, "file://", 7);
+    if (remote != (x->st->kind == VMSNAP_STORE_S3))
+        return vmsnap_err_set(err, EINVAL,
+                              "base %s is not in the store being pushed to (copies stay inside "
+                              "one bucket)",
+                              base);
+    struct vmsnap_store *bst = NULL;
+    char *bkey = NULL;
+    int rc = vmsnap_store_open(base, &x->o.store, &bst, &bkey, err);
+    if (rc < 0) {
+        vmsnap_err_wrap(err, "base: ");
+        return rc;
+    }
+    const struct s3_config *a = &x->st->s3, *b = &bst->s3;
+    bool same = bst->kind == x->st->kind &&
+                (bst->kind == VMSNAP_STORE_LOCAL ||
+                 (same_str(a->url_scheme, b->url_scheme) && same_str(a->host, b->host) &&
+                  a->port == b->port && same_str(a->bucket, b->bucket)));
+    if (!same)
+        rc = vmsnap_err_set(err, EINVAL,
+                            "base %s is not in the store being pushed to (copies stay inside one "
+                            "bucket)",
+                            base);
+    else if (!*bkey)
+        rc = vmsnap_err_set(err, EINVAL, "base %s: a key (a path inside the bucket) is needed",
+                            base);
+    vmsnap_store_free(bst);
+    if (rc < 0)
+        free(bkey);
+    else
+        x->base_key = bkey;
     return rc;
 }
 
@@ -636,6 +944,8 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
         rc = vmsnap_err_set(err, EINVAL, "%s: a key (a path inside the bucket) is needed", url);
         goto out;
     }
+    if (x.o.base && (rc = base_key_in(&x, x.o.base, err)) < 0)
+        goto out;
     if ((rc = vmsnap_store_conn_new(x.st, &ctl, err)) < 0 || (rc = xfer_start_pool(&x, err)) < 0)
         goto out;
     pool = true;
@@ -651,13 +961,14 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
         rc = vmsnap_store_list_uploads(ctl, key, abort_leftover, &l, err);
         struct mf_file mf = {0};
         if (rc == 0)
-            rc = push_fd(&x, ctl, fd, path, key, &mf, err);
+            rc = push_fd(&x, ctl, fd, path, key, x.base_key, &mf, err);
         close(fd);
         if (rc == 0 && stats) {
             stats->files = 1;
             stats->logical = mf.size;
             stats->populated = mf.populated;
             stats->object_bytes = mf.object_size;
+            stats->copied_bytes = mf.copied;
         }
     }
     if (rc < 0 && err && !strstr(err->msg, url))
@@ -697,6 +1008,7 @@ struct down {
     struct vmsnap_err err;
     EVP_MD_CTX *sha;
     uint64_t hashed;
+    uint64_t table_off; /* where the seek table starts (objects with one) */
     struct vmsnap_image_stats stats;
     struct vmsnap_seqdec *seq;
 };
@@ -775,7 +1087,17 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
     while (d->next_hash < d->ng && d->g[d->next_hash].done) {
         struct grp *h = &d->g[d->next_hash];
         if (d->rc == 0 && h->buf) {
-            EVP_DigestUpdate(d->sha, h->buf, h->len);
+            if (d->mf && d->mf->table_digest) {
+                /* tableSha256: the prefix and the seek table only */
+                if (h->off < VMSNAP_IMAGE_PREFIX_LEN)
+                    EVP_DigestUpdate(d->sha, h->buf,
+                                     VMSNAP_MIN(h->len, VMSNAP_IMAGE_PREFIX_LEN - h->off));
+                uint64_t lo = VMSNAP_MAX(h->off, d->table_off), hi = h->off + h->len;
+                if (lo < hi)
+                    EVP_DigestUpdate(d->sha, h->buf + (lo - h->off), hi - lo);
+            } else {
+                EVP_DigestUpdate(d->sha, h->buf, h->len);
+            }
             d->hashed += h->len;
         }
         free(h->buf);
@@ -819,17 +1141,6 @@ static void seq_run(struct xtask *t, struct vmsnap_store_conn *c)
     pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu);
     free(gt);
-}
-
-struct ranged_src {
-    struct vmsnap_store_conn *c;
-    const char *key;
-};
-
-static int ranged_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err)
-{
-    struct ranged_src *r = arg;
-    return vmsnap_store_get(r->c, r->key, off, len, buf, err);
 }
 
 /* Cut the object into groups of whole frames covering [0, osize). */
@@ -891,6 +1202,11 @@ static int down_start(struct down *d, struct vmsnap_store_conn *ctl, const char 
     rc = vmsnap_image_open(&src, d->x->o.max_size, &d->img, err);
     if (rc < 0)
         return rc;
+    if (rc == 0 && d->mf && d->mf->table_digest)
+        return vmsnap_err_set(err, EINVAL,
+                              "%s: the manifest has a seek-table digest but the object has no "
+                              "seek table: refusing it",
+                              d->url);
     if (rc == 0) { /* no seek table: one streaming GET through the sequential decoder */
         struct grp_task *t = calloc(1, sizeof(*t));
         if (!t)
@@ -915,6 +1231,9 @@ static int down_start(struct down *d, struct vmsnap_store_conn *ctl, const char 
                               (unsigned long long)d->stats.total_size, strerror(errno));
     if ((rc = make_groups(d, err)) < 0)
         return rc;
+    struct vmsnap_frame_info lf;
+    vmsnap_image_frame(d->img, vmsnap_image_frame_count(d->img) - 1, &lf);
+    d->table_off = lf.offset + lf.csize;
     for (uint32_t i = 0; i < d->ng; i++) {
         pthread_mutex_lock(&d->mu);
         bool failed = d->rc != 0;
@@ -960,8 +1279,8 @@ static int down_finish(struct down *d, int rc, struct vmsnap_err *err)
         hex32(md, hx);
         if (strcmp(hx, d->mf->sha256))
             rc = vmsnap_err_set(err, EINVAL,
-                                "%s: sha256 %s does not match the manifest (%s): refusing it",
-                                d->url, hx, d->mf->sha256);
+                                "%s: %s %s does not match the manifest (%s): refusing it", d->url,
+                                d->mf->table_digest ? "tableSha256" : "sha256", hx, d->mf->sha256);
     }
     return rc;
 }

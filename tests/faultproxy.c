@@ -5,8 +5,9 @@
  * requests by number and answer them with a 503, reset the connection, or delay them:
  *
  *   faultproxy PORTFILE TARGET_PORT [RULE,RULE...]
- *   RULE:  N:503   N:reset   N:delayMS   N+:reset (request N and every later one)
+ *   RULE:  N:503   N:412   N:reset   N:delayMS   N+:reset (request N and every later one)
  *          mN:503 ... (N counts only requests whose first line contains "partNumber=")
+ *          cN:412 ... (N counts only UploadPartCopy requests: an x-amz-copy-source header)
  *
  * It listens on an ephemeral port on 127.0.0.1, writes that port to PORTFILE and runs until
  * killed. Requests must carry Content-Length bodies (vmsnap's do); responses are relayed raw.
@@ -24,9 +25,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-enum action { NONE, E503, RESET, DELAY };
+enum action { NONE, E503, E412, RESET, DELAY };
 struct rule {
     bool parts_only;
+    bool copies_only;
     long n;
     bool and_later;
     enum action a;
@@ -35,7 +37,7 @@ struct rule {
 static struct rule rules[64];
 static int nrules;
 static int target_port;
-static atomic_long nreq, npart;
+static atomic_long nreq, npart, ncopy;
 
 struct conn {
     int c, s;
@@ -75,10 +77,10 @@ static void reset_close(int fd)
     close(fd);
 }
 
-static enum action pick(long n, long pn, long *ms)
+static enum action pick(long n, long pn, long cn, long *ms)
 {
     for (int i = 0; i < nrules; i++) {
-        long x = rules[i].parts_only ? pn : n;
+        long x = rules[i].parts_only ? pn : rules[i].copies_only ? cn : n;
         if (x <= 0)
             continue;
         if (x == rules[i].n || (rules[i].and_later && x >= rules[i].n)) {
@@ -133,10 +135,13 @@ static void *serve(void *arg)
         bool is_part = eol && memmem(buf, (size_t)(eol - buf), "partNumber=", 11);
         long n = atomic_fetch_add(&nreq, 1) + 1;
         long pn = is_part ? atomic_fetch_add(&npart, 1) + 1 : 0;
+        bool is_copy = memmem(buf, hl, "\nx-amz-copy-source:", 19) != NULL;
+        long cn = is_copy ? atomic_fetch_add(&ncopy, 1) + 1 : 0;
         long ms = 0;
-        enum action act = pick(n, pn, &ms);
+        enum action act = pick(n, pn, cn, &ms);
         fprintf(stderr, "faultproxy: #%ld %.*s%s\n", n, eol ? (int)(eol - buf - 1) : 0, buf,
                 act == E503    ? " -> 503"
+                : act == E412  ? " -> 412"
                 : act == RESET ? " -> reset"
                 : act == DELAY ? " -> delay"
                                : "");
@@ -150,11 +155,12 @@ static void *serve(void *arg)
             usleep((useconds_t)ms * 1000);
         /* forward (or swallow, for a 503) the headers and the body */
         size_t have = len - hl;
-        if (act != E503 && write_all(k->s, buf, hl) < 0)
+        bool swallow = act == E503 || act == E412;
+        if (!swallow && write_all(k->s, buf, hl) < 0)
             goto out;
         long left = clen;
         size_t take = have < (size_t)left ? have : (size_t)left;
-        if (act != E503 && take && write_all(k->s, buf + hl, take) < 0)
+        if (!swallow && take && write_all(k->s, buf + hl, take) < 0)
             goto out;
         left -= (long)take;
         memmove(buf, buf + hl + take, have - take);
@@ -163,9 +169,19 @@ static void *serve(void *arg)
             ssize_t r = read(k->c, body, left < (long)sizeof(body) ? (size_t)left : sizeof(body));
             if (r <= 0)
                 goto out;
-            if (act != E503 && write_all(k->s, body, (size_t)r) < 0)
+            if (!swallow && write_all(k->s, body, (size_t)r) < 0)
                 goto out;
             left -= r;
+        }
+        if (act == E412) {
+            const char *resp =
+                "HTTP/1.1 412 Precondition Failed\r\nContent-Type: application/xml\r\n"
+                "Content-Length: 76\r\nConnection: close\r\n\r\n"
+                "<Error><Code>PreconditionFailed</Code><Message>injected</Message></Error>\n\n\n";
+            write_all(k->c, resp, strlen(resp));
+            shutdown(k->s, SHUT_RDWR);
+            shutdown(k->c, SHUT_WR);
+            goto out;
         }
         if (act == E503) {
             const char *resp =
@@ -197,6 +213,9 @@ static int parse_rules(const char *spec)
         if (*r == 'm') {
             x->parts_only = true;
             r++;
+        } else if (*r == 'c') {
+            x->copies_only = true;
+            r++;
         }
         char *e;
         x->n = strtol(r, &e, 10);
@@ -209,6 +228,8 @@ static int parse_rules(const char *spec)
         e++;
         if (!strcmp(e, "503"))
             x->a = E503;
+        else if (!strcmp(e, "412"))
+            x->a = E412;
         else if (!strcmp(e, "reset"))
             x->a = RESET;
         else if (!strncmp(e, "delay", 5)) {
@@ -226,7 +247,8 @@ int main(int argc, char **argv)
     if (argc < 3 || (argc > 3 && parse_rules(argv[3]) < 0)) {
         fprintf(
             stderr,
-            "usage: faultproxy PORTFILE TARGET_PORT [N:503|N:reset|N:delayMS|N+:reset|mN:...]\n");
+            "usage: faultproxy PORTFILE TARGET_PORT [N:503|N:412|N:reset|N:delayMS|N+:reset|mN:...|"
+            "cN:...]\n");
         return 2;
     }
     target_port = atoi(argv[2]);

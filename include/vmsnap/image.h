@@ -36,12 +36,24 @@ extern "C" {
  * one thread at a time. */
 typedef void (*vmsnap_progress_fn)(void *arg, uint64_t done, uint64_t total);
 
+/* Bytes at the start of every vmsnap image: header (12) and info frame (32). */
+#define VMSNAP_IMAGE_PREFIX_LEN 44u
+
 /* Where an encoder writes its object, in order. `write` gets whole frames (or the 12-byte header,
- * or the seek table) and must consume all of `len`; returns >= 0 or -errno with `err` filled. */
+ * or the info frame, or the whole seek table in one call, last) and must consume all of `len`;
+ * returns >= 0 or -errno with `err` filled. `copy`, used only when the pack has a `base`, says
+ * that the next frame of the object is the base's frame `f` unchanged (f->offset and f->csize
+ * locate its bytes in the base object, f->ccheck is their XXH64); it may be NULL otherwise. */
+struct vmsnap_frame_info;
 struct vmsnap_sink {
     int (*write)(void *arg, const void *buf, size_t len, struct vmsnap_err *err);
     void *arg;
+    int (*copy)(void *arg, const struct vmsnap_frame_info *f, struct vmsnap_err *err);
 };
+
+/* True when the `len` bytes at buf are exactly a vmsnap seek table frame (footer included), as
+ * the encoder hands it to a sink in its last write. */
+VMSNAP_API bool vmsnap_image_is_seek_table(const void *buf, size_t len);
 
 /* Random-access input: `size` bytes, read with `pread` (must return exactly `len` bytes or
  * -errno with `err` filled). May be called from several threads at once. */
@@ -52,6 +64,8 @@ struct vmsnap_source {
     const char *name; /* for error messages ("s3://b/k", "/path") */
 };
 
+struct vmsnap_image; /* an opened image with a seek table (below) */
+
 struct vmsnap_pack_opts {
     unsigned threads;     /* 0: online CPUs */
     uint64_t frame_size;  /* source range per frame; 0: 64 MiB; multiple of 4 KiB */
@@ -60,6 +74,11 @@ struct vmsnap_pack_opts {
     bool keep_cache;      /* do not drop the source's clean page cache after reading */
     vmsnap_progress_fn progress;
     void *progress_arg;
+    /* A previous image of the same file (its seek table, vmsnap_image_open). A range whose
+     * records hash (XXH64, with equal source range, size and populated bytes) to the base's frame
+     * for the same range is not compressed: the sink's `copy` gets the base frame's bytes. Used
+     * only when the frame sizes match; the sink must have `copy`. */
+    const struct vmsnap_image *base;
 };
 
 struct vmsnap_image_stats {
@@ -71,7 +90,9 @@ struct vmsnap_image_stats {
     uint64_t frame_size;  /* source range per frame (0 when the object has no seek table) */
     uint64_t object_size; /* encoded bytes */
     bool has_seek_table;
-    bool plain_zstd; /* input was a plain zstd stream of a whole file */
+    bool plain_zstd;       /* input was a plain zstd stream of a whole file */
+    uint64_t reused;       /* pack with a base: data frames taken from the base */
+    uint64_t reused_bytes; /* their compressed bytes */
 };
 
 /* Encode the regular file open at `src_fd` into `sink`. The output is byte-identical for any

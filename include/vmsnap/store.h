@@ -113,6 +113,17 @@ VMSNAP_API int vmsnap_store_mpu_complete(struct vmsnap_store_conn *c, const char
 VMSNAP_API int vmsnap_store_mpu_abort(struct vmsnap_store_conn *c, const char *key,
                                       const char *upload_id, struct vmsnap_err *err);
 
+/* Make part `number` of an upload from bytes [src_off, src_off + len) of the existing object
+ * `src_key` in the same store, without moving them through this process (S3: UploadPartCopy,
+ * executed by the server; local store: copy_file_range). `src_etag` (from
+ * vmsnap_store_head_etag) guards the source: if the object changed since, -ESTALE. The same part
+ * size rules as vmsnap_store_mpu_part() apply. */
+VMSNAP_API int vmsnap_store_mpu_part_copy(struct vmsnap_store_conn *c, const char *key,
+                                          const char *upload_id, uint32_t number, uint64_t offset,
+                                          const char *src_key, const char *src_etag,
+                                          uint64_t src_off, uint64_t len,
+                                          struct vmsnap_store_part *out, struct vmsnap_err *err);
+
 /* Read exactly `len` bytes of `key` at `off` into buf (-EIO if the object is shorter). */
 VMSNAP_API int vmsnap_store_get(struct vmsnap_store_conn *c, const char *key, uint64_t off,
                                 size_t len, void *buf, struct vmsnap_err *err);
@@ -122,6 +133,10 @@ VMSNAP_API int vmsnap_store_get_stream(struct vmsnap_store_conn *c, const char *
 /* Object size, or -ENOENT. */
 VMSNAP_API int vmsnap_store_head(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
                                  struct vmsnap_err *err);
+/* Object size and entity tag: S3's ETag; local store: a tag of the file's identity and
+ * modification time. A changed object gets a new tag. */
+VMSNAP_API int vmsnap_store_head_etag(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
+                                      char etag[VMSNAP_STORE_ETAG_MAX], struct vmsnap_err *err);
 /* Delete `key`; a missing object is not an error. */
 VMSNAP_API int vmsnap_store_delete(struct vmsnap_store_conn *c, const char *key,
                                    struct vmsnap_err *err);

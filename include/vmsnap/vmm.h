@@ -135,6 +135,8 @@ struct vmsnap_vm_timing {
         double seconds;
     } step[VMSNAP_VM_MAX_STEPS];
     double total;
+    uint64_t object_bytes; /* suspend: bytes of the pushed objects */
+    uint64_t copied_bytes; /* suspend: of those, copied by the store from the base snapshot */
 };
 
 /* How to cold-boot a new VM. */

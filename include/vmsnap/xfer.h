@@ -56,6 +56,12 @@ struct vmsnap_xfer_opts {
     struct vmsnap_store_opts store;
     vmsnap_progress_fn progress; /* object bytes done / total known so far */
     void *progress_arg;
+    /* push: URL of an earlier snapshot set (or object, for a file push) in the same store, e.g.
+     * the one a VM was resumed from. Frames whose content did not change are copied by the store
+     * from the base's objects (S3 UploadPartCopy; local: copy_file_range) instead of being
+     * compressed and uploaded. A base that is missing or unusable is ignored (logged); one that
+     * changes during the push makes that file go again without it. */
+    const char *base;
 };
 
 struct vmsnap_xfer_stats {
@@ -63,6 +69,7 @@ struct vmsnap_xfer_stats {
     uint64_t logical;   /* sum of logical sizes */
     uint64_t populated; /* sum of populated bytes */
     uint64_t object_bytes;
+    uint64_t copied_bytes; /* push with a base: object bytes the store copied from it */
 };
 
 /* Push the regular file or snapshot-set directory `path` to `url`. Errors name the file or

@@ -65,7 +65,7 @@ for n in memory-ranges state.json config.json base-id; do
     [ -f "$S/sets/a/$n.zstd" ] || fail "no object for $n"
     grep -q "\"$n\"" "$S/sets/a/manifest.json" || fail "manifest misses $n"
 done
-grep -q '"sha256"' "$S/sets/a/manifest.json" || fail "manifest without digests"
+grep -q '"tableSha256":"[0-9a-f]\{64\}"' "$S/sets/a/manifest.json" || fail "manifest without digests"
 "$VMSNAP" -q pull -j 3 "$S/sets/a" "$T/setout" || fail "pull set"
 diff -r "$T/set" "$T/setout" >/dev/null || fail "set round trip differs"
 [ "$(stat -c %a "$T/setout")" = 700 ] || fail "pulled set directory mode"
@@ -100,7 +100,29 @@ hostile "missing file" '{"snapshotFiles":["nothere"]}' "missing"
 hostile "duplicate" '{"snapshotFiles":["base-id","base-id"]}' "twice"
 hostile "not json" '{"snapshotFiles":' "JSON"
 hostile "huge size" "$(sed 's/"size":[0-9]*/"size":9223372036854775807/' "$S/sets/a/manifest.json")" "impossible sizes"
-hostile "wrong digest" "$(sed '0,/"sha256":"[0-9a-f]/s//"sha256":"0/' "$S/sets/a/manifest.json" | sed 's/"sha256":"00/"sha256":"01/')" "sha256"
+hostile "wrong digest" "$(sed '0,/"tableSha256":"[0-9a-f]/s//"tableSha256":"0/' "$S/sets/a/manifest.json" | sed 's/"tableSha256":"00/"tableSha256":"01/')" "tableSha256 [0-9a-f]* does not match"
+hostile "two digests" "$(sed 's/"tableSha256":\("[0-9a-f]*"\)/"tableSha256":\1,"sha256":\1/' "$S/sets/a/manifest.json")" "one lowercase hex digest"
+# a manifest with the whole object's sha256 (older vmsnap) is verified that way
+legacy=$(cat "$S/sets/a/manifest.json")
+for n in memory-ranges state.json config.json base-id; do
+    d=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["files"][sys.argv[2]]["tableSha256"])' "$S/sets/a/manifest.json" "$n")
+    legacy=${legacy/\"tableSha256\":\"$d\"/\"sha256\":\"$(sha256sum <"$S/sets/a/$n.zstd" | cut -c1-64)\"}
+done
+rm -rf "$S/sets/lg" "$T/lgout" && cp -r "$S/sets/a" "$S/sets/lg" && printf '%s' "$legacy" >"$S/sets/lg/manifest.json"
+grep -q '"tableSha256"' "$S/sets/lg/manifest.json" && fail "legacy manifest still has tableSha256"
+"$VMSNAP" -q pull "$S/sets/lg" "$T/lgout" || fail "a manifest with whole-object sha256 digests was refused"
+diff -r "$T/set" "$T/lgout" >/dev/null || fail "legacy-manifest pull differs"
+hostile "wrong whole-object sha256" "$(sed '0,/"sha256":"[0-9a-f]/s//"sha256":"0/' "$S/sets/lg/manifest.json" | sed 's/"sha256":"00/"sha256":"01/')" " sha256 [0-9a-f]* does not match"
+# an object of the same size from another push (a stale or swapped object) is refused: the
+# table digest binds each object to its manifest
+mkdir "$T/set2" && cp "$T/set"/* "$T/set2/" && echo '{"vcpus":2}' >"$T/set2/state.json"
+"$VMSNAP" -q push "$T/set2" "$S/sets/a2" || fail "push set2"
+[ "$(stat -c %s "$S/sets/a2/state.json.zstd")" = "$(stat -c %s "$S/sets/a/state.json.zstd")" ] ||
+    fail "test setup: the two state objects differ in size"
+rm -rf "$S/sets/sw" "$T/hout" && cp -r "$S/sets/a" "$S/sets/sw" && cp "$S/sets/a2/state.json.zstd" "$S/sets/sw/"
+expect_fail "pull with a swapped object" "$VMSNAP" pull "$S/sets/sw" "$T/hout"
+grep -q "state.json.zstd: tableSha256 .* does not match the manifest" "$T/err" || fail "swapped object: message: $(cat "$T/err")"
+[ -e "$T/hout" ] && fail "swapped object: left $T/hout"
 hostile "wrong object size" "$(sed '0,/"objectSize":/s//"objectSize":1/' "$S/sets/a/manifest.json")" "manifest says"
 
 # a reference-style manifest (snapshotFiles only) is accepted
@@ -137,6 +159,46 @@ ls -A "$S/sets/k" | grep -q 'mpu-' && fail "the retried push left the killed pus
 cmp -s "$T/kbig" "$T/kout/memory-ranges" || fail "retried push differs"
 "$VMSNAP" gc "$S/sets" 2>"$T/gc" || fail "gc"
 grep -q "aborted 0" "$T/gc" || fail "gc found leftovers: $(cat "$T/gc")"
+
+# push with a base: frames that did not change since the base are copied inside the store
+# (1 MiB frames; 40 MiB logical: data in [0, 24) and [32, 40) MiB, a hole between)
+truncate -s 40M "$T/v1"
+dd if=/dev/urandom of="$T/v1" bs=1M count=24 conv=notrunc status=none
+dd if=/dev/urandom of="$T/v1" bs=1M count=8 seek=32 conv=notrunc status=none
+cp --sparse=always "$T/v1" "$T/v2"
+for mib in 2 26 33; do # two changed frames and one where the base has none
+    dd if=/dev/urandom of="$T/v2" bs=1M count=1 seek=$mib conv=notrunc status=none
+done
+"$VMSNAP" -q pack --frame-size 1M "$T/v2" "$T/v2.pk"
+"$VMSNAP" -q push --frame-size 1M "$T/v1" "$S/b/v1" || fail "push base"
+"$VMSNAP" -v push --frame-size 1M --base "$S/b/v1" "$T/v2" "$S/b/v2" 2>"$T/log" || fail "push with a base: $(cat "$T/log")"
+grep -q "copied by the store from the base" "$T/log" || fail "push with a base copied nothing: $(cat "$T/log")"
+grep -q "frames unchanged since the base" "$T/log" || fail "no reuse report: $(cat "$T/log")"
+cmp -s "$T/v2.pk" "$S/b/v2" || fail "object pushed with a base differs from pack output"
+"$VMSNAP" -q rm "$S/b/v1" || fail "rm base"
+"$VMSNAP" -q pull "$S/b/v2" "$T/v2.out" || fail "pull of an object pushed with a base, base deleted"
+cmp -s "$T/v2" "$T/v2.out" || fail "round trip with a base differs"
+# sets: base = the previous set; then a set pushed over its own base (suspend to the same URL)
+mkdir "$T/bs1" "$T/bs2"
+cp --sparse=always "$T/v1" "$T/bs1/memory-ranges" && echo one >"$T/bs1/state"
+cp --sparse=always "$T/v2" "$T/bs2/memory-ranges" && echo two >"$T/bs2/state"
+"$VMSNAP" -q push --frame-size 1M "$T/bs1" "$S/b/s1" || fail "push set s1"
+"$VMSNAP" push --frame-size 1M --base "$S/b/s1" "$T/bs2" "$S/b/s2" 2>"$T/log" || fail "push set with a base: $(cat "$T/log")"
+grep -q "copied by the store" "$T/log" || fail "set push with a base copied nothing: $(cat "$T/log")"
+"$VMSNAP" -q pull "$S/b/s2" "$T/bs2.out" && diff -r "$T/bs2" "$T/bs2.out" >/dev/null || fail "set with a base: round trip differs"
+"$VMSNAP" push --frame-size 1M --base "$S/b/s1" "$T/bs2" "$S/b/s1" 2>"$T/log" || fail "push a set over its own base: $(cat "$T/log")"
+grep -q "copied by the store" "$T/log" || fail "push over its own base copied nothing: $(cat "$T/log")"
+"$VMSNAP" -q pull "$S/b/s1" "$T/bs1.out" && diff -r "$T/bs2" "$T/bs1.out" >/dev/null || fail "set pushed over its own base differs"
+# a base that cannot serve: missing, other frame size, not an image: pushed whole, no copies
+"$VMSNAP" -q push --frame-size 2M "$T/v1" "$S/b/v1-2m" && cp "$T/v1" "$S/b/raw" || fail "setup"
+for b in "$S/b/nothere" "$S/b/v1-2m" "$S/b/raw"; do
+    "$VMSNAP" push --frame-size 1M --base "$b" "$T/v2" "$S/b/v2x" 2>"$T/log" || fail "push with unusable base $b: $(cat "$T/log")"
+    grep -q "copied by the store" "$T/log" && fail "push with unusable base $b reports copies"
+    cmp -s "$T/v2.pk" "$S/b/v2x" || fail "push with unusable base $b: object differs"
+done
+expect_fail "base in another store" "$VMSNAP" push --base s3://bucket/x "$T/v2" "$S/b/v2y"
+grep -q "not in the store being pushed to" "$T/err" || fail "base in another store: message: $(cat "$T/err")"
+[ -e "$S/b/v2y" ] && fail "base in another store: an object was written"
 
 # disk full on pull: a 16 MiB tmpfs, a 40 MiB file
 if [ "$(id -u)" = 0 ] && mkdir "$T/small" && mount -t tmpfs -o size=16m tmpfs "$T/small" 2>/dev/null; then
