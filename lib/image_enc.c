@@ -44,6 +44,12 @@ struct slot {
     uint64_t extents;
 };
 
+/* The records of one range, built in the worker's buffer. */
+struct recs {
+    size_t len; /* bytes of records in w->buf (0: the range has no data) */
+    uint64_t populated, extents, zero;
+};
+
 struct enc {
     int fd;
     const char *name;
@@ -55,6 +61,10 @@ struct enc {
     bool drop_cache;
     const struct vmsnap_image *base;
     uint32_t *base_map; /* range index -> base frame index + 1 (0: none) */
+    bool *reuse;        /* range index -> take the base's frame (pre-scan result) */
+    uint64_t *run_left; /* range index -> base bytes from it to the end of its planned run */
+    struct recs *scan;  /* range index -> what the pre-scan found (sizes and counts) */
+    uint64_t min_run;   /* bytes a reused run and the written bytes before it need at least */
 
     pthread_mutex_t mu;
     pthread_cond_t cv_work; /* a slot was freed or abort */
@@ -209,18 +219,20 @@ static int find_extents(struct worker *w, uint64_t start, uint64_t end, size_t *
 }
 
 /*
- * Encode range `idx` into `s`. The content buffer holds records; for each extent we reserve a
- * header, read the data behind it, then (when eliding) rewrite it as runs of non-zero blocks.
- * Blocks are aligned to absolute 4 KiB source pages, so the edges of an unaligned extent are
- * partial blocks.
+ * Build the records of range `idx` in w->buf. For each extent we reserve a header, read the data
+ * behind it, then (when eliding) rewrite it as runs of non-zero blocks. Blocks are aligned to
+ * absolute 4 KiB source pages, so the edges of an unaligned extent are partial blocks. Drops the
+ * range's clean page cache afterwards when `drop` (and the encoder drops cache at all).
  */
-static int encode_range(struct worker *w, uint64_t idx, struct slot *s)
+static int build_records(struct worker *w, uint64_t idx, bool drop, struct recs *r,
+                         struct vmsnap_err *err)
 {
     struct enc *e = w->e;
     uint64_t start = idx * e->frame_size;
     uint64_t end = VMSNAP_MIN(start + e->frame_size, e->size);
+    *r = (struct recs){0};
     size_t n = 0;
-    int rc = find_extents(w, start, end, &n, &s->err);
+    int rc = find_extents(w, start, end, &n, err);
     if (rc < 0)
         return rc;
 
@@ -229,7 +241,7 @@ static int encode_range(struct worker *w, uint64_t idx, struct slot *s)
         need += REC_HDR_LEN + w->ext[i].len;
     if (need == 0)
         return 0;
-    rc = reserve(w, need, &s->err);
+    rc = reserve(w, need, err);
     if (rc < 0)
         return rc;
 
@@ -240,11 +252,11 @@ static int encode_range(struct worker *w, uint64_t idx, struct slot *s)
         const size_t p = o + REC_HDR_LEN; /* where this extent's data is read to */
         ssize_t got = sys_pread_full(e->fd, w->buf + p, len, d);
         if (got < 0)
-            return vmsnap_err_set(&s->err, (int)-got, "%s: read %llu bytes at offset %llu: %s",
-                                  e->name, (unsigned long long)len, (unsigned long long)d,
+            return vmsnap_err_set(err, (int)-got, "%s: read %llu bytes at offset %llu: %s", e->name,
+                                  (unsigned long long)len, (unsigned long long)d,
                                   strerror((int)-got));
         if ((uint64_t)got != len)
-            return vmsnap_err_set(&s->err, EIO,
+            return vmsnap_err_set(err, EIO,
                                   "%s: file shrank while reading (offset %llu): is it in use?",
                                   e->name, (unsigned long long)(d + (uint64_t)got));
         if (!e->elide) {
@@ -278,35 +290,166 @@ static int encode_range(struct worker *w, uint64_t idx, struct slot *s)
             b = bend;
         }
     }
-    if (e->drop_cache)
+    if (drop && e->drop_cache)
         (void)posix_fadvise(e->fd, (off_t)start, (off_t)(end - start), POSIX_FADV_DONTNEED);
-    s->zero_elided = zero;
-    s->extents = extents;
-    if (o == 0)
-        return 0; /* all zero: no frame */
-    s->has_frame = true;
-    s->fi.checksum = XXH64(w->buf, o, 0);
-    if (e->base_map && e->base_map[idx]) {
-        /* the same records as the base's frame for this range: reuse its compressed bytes */
-        struct vmsnap_frame_info bf;
-        vmsnap_image_frame(e->base, e->base_map[idx] - 1, &bf);
-        if (bf.src_start == start && bf.src_end == end && bf.dsize == o &&
-            bf.populated == populated && bf.checksum == s->fi.checksum) {
-            s->reused = true;
-            s->bf = bf;
-            s->fi = bf;
-            return 0;
-        }
+    *r = (struct recs){.len = o, .populated = populated, .extents = extents, .zero = zero};
+    return 0;
+}
+
+/* True when the records just built for range `idx` are the base's frame for that range. */
+static bool same_as_base(const struct enc *e, uint64_t idx, const struct recs *r, uint64_t sum,
+                         struct vmsnap_frame_info *bf)
+{
+    if (!e->base_map || !e->base_map[idx])
+        return false;
+    uint64_t start = idx * e->frame_size;
+    uint64_t end = VMSNAP_MIN(start + e->frame_size, e->size);
+    vmsnap_image_frame(e->base, e->base_map[idx] - 1, bf);
+    return bf->src_start == start && bf->src_end == end && bf->dsize == r->len &&
+           bf->populated == r->populated && bf->checksum == sum;
+}
+
+/* Encode range `idx` into `s`: its records, then either the base's frame (unchanged, and part
+ * of a run the pre-scan chose to reuse) or a newly compressed frame. */
+static int encode_range(struct worker *w, uint64_t idx, struct slot *s)
+{
+    struct enc *e = w->e;
+    if (e->reuse && e->reuse[idx]) {
+        /* the pre-scan found this range unchanged and part of a run worth reusing: not read
+         * again (the writer rebuilds and checks it if it has to compress it after all) */
+        uint64_t start = idx * e->frame_size;
+        vmsnap_image_frame(e->base, e->base_map[idx] - 1, &s->bf);
+        s->has_frame = s->reused = true;
+        s->fi = s->bf;
+        s->zero_elided = e->scan[idx].zero;
+        s->extents = e->scan[idx].extents;
+        if (e->drop_cache)
+            (void)posix_fadvise(e->fd, (off_t)start,
+                                (off_t)(VMSNAP_MIN(start + e->frame_size, e->size) - start),
+                                POSIX_FADV_DONTNEED);
+        return 0;
     }
-    rc = compress_frame(w->cctx, e->level, w->buf, o, &s->cbuf, &s->ccap, &s->clen, &s->err);
+    struct recs r;
+    int rc = build_records(w, idx, true, &r, &s->err);
     if (rc < 0)
         return rc;
+    s->zero_elided = r.zero;
+    s->extents = r.extents;
+    if (r.len == 0)
+        return 0; /* all zero: no frame */
+    s->has_frame = true;
+    s->fi.checksum = XXH64(w->buf, r.len, 0);
+    rc = compress_frame(w->cctx, e->level, w->buf, r.len, &s->cbuf, &s->ccap, &s->clen, &s->err);
+    if (rc < 0)
+        return rc;
+    uint64_t start = idx * e->frame_size;
     s->fi.csize = s->clen;
-    s->fi.dsize = o;
+    s->fi.dsize = r.len;
     s->fi.src_start = start;
-    s->fi.src_end = end;
-    s->fi.populated = populated;
+    s->fi.src_end = VMSNAP_MIN(start + e->frame_size, e->size);
+    s->fi.populated = r.populated;
     s->fi.ccheck = XXH64(s->cbuf, s->clen, 0);
+    return 0;
+}
+
+/* Pre-scan with a base: every range's records are built and hashed (not compressed) to find the
+ * frames that did not change. Runs over ranges in parallel; results in e->same. */
+struct scan {
+    struct enc *e;
+    struct worker *w;
+    pthread_mutex_t *mu;
+    uint64_t *next;
+    int *rc;
+    struct vmsnap_err *err;
+};
+
+static void *scan_main(void *arg)
+{
+    struct scan *sc = arg;
+    struct enc *e = sc->e;
+    for (;;) {
+        pthread_mutex_lock(sc->mu);
+        uint64_t idx = *sc->next;
+        bool stop = *sc->rc < 0 || idx >= e->nranges;
+        if (!stop)
+            (*sc->next)++;
+        pthread_mutex_unlock(sc->mu);
+        if (stop)
+            break;
+        if (!e->base_map[idx])
+            continue;
+        struct recs r;
+        struct vmsnap_err er = {0};
+        int rc = build_records(sc->w, idx, false, &r, &er);
+        struct vmsnap_frame_info bf;
+        if (rc == 0 && r.len) {
+            e->reuse[idx] = same_as_base(e, idx, &r, XXH64(sc->w->buf, r.len, 0), &bf);
+            e->scan[idx] = r;
+        }
+        if (rc < 0) {
+            pthread_mutex_lock(sc->mu);
+            if (*sc->rc == 0) {
+                *sc->rc = rc;
+                *sc->err = er;
+            }
+            pthread_mutex_unlock(sc->mu);
+        }
+    }
+    return NULL;
+}
+
+/* Find the unchanged frames, then keep only runs of them (adjacent in the base object too) whose
+ * compressed bytes add up to at least min_run: shorter runs are compressed again. */
+static int prescan(struct enc *e, struct worker *ws, unsigned threads, struct vmsnap_err *err)
+{
+    const uint64_t min_run = e->min_run;
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    uint64_t next = 0;
+    int rc = 0;
+    struct scan *sc = calloc(threads, sizeof(*sc));
+    pthread_t *tid = calloc(threads, sizeof(*tid));
+    if (!sc || !tid) {
+        free(sc);
+        free(tid);
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    }
+    unsigned started = 0;
+    for (unsigned i = 0; i < threads; i++) {
+        sc[i] = (struct scan){e, &ws[i], &mu, &next, &rc, err};
+        if (i > 0 && pthread_create(&tid[i], NULL, scan_main, &sc[i]) == 0)
+            started = i;
+    }
+    scan_main(&sc[0]);
+    for (unsigned i = 1; i <= started; i++)
+        pthread_join(tid[i], NULL);
+    free(sc);
+    free(tid);
+    if (rc < 0)
+        return rc;
+    /* runs */
+    for (uint64_t i = 0; i < e->nranges;) {
+        if (!e->reuse[i]) {
+            i++;
+            continue;
+        }
+        uint64_t j = i, bytes = 0;
+        for (;
+             j < e->nranges && e->reuse[j] && (j == i || e->base_map[j] == e->base_map[j - 1] + 1);
+             j++) {
+            struct vmsnap_frame_info bf;
+            vmsnap_image_frame(e->base, e->base_map[j] - 1, &bf);
+            bytes += bf.csize;
+        }
+        uint64_t left = bytes;
+        for (uint64_t k = i; k < j; k++) {
+            struct vmsnap_frame_info bf;
+            vmsnap_image_frame(e->base, e->base_map[k] - 1, &bf);
+            e->reuse[k] = bytes >= min_run;
+            e->run_left[k] = left;
+            left -= bf.csize;
+        }
+        i = j;
+    }
     return 0;
 }
 
@@ -452,6 +595,29 @@ static int emit_seek_table(struct out *o, const struct table *t,
     return rc;
 }
 
+/* Compress a range the workers left to the base after all (the writer shapes runs): rebuild its
+ * records with the writer's own worker state and compress them into the slot. */
+static int demote(struct worker *wk, uint64_t idx, struct slot *sl, struct vmsnap_err *err)
+{
+    struct enc *e = wk->e;
+    struct recs r;
+    int rc = build_records(wk, idx, false, &r, err);
+    if (rc == 0 && (r.len != sl->bf.dsize || XXH64(wk->buf, r.len, 0) != sl->bf.checksum))
+        rc = vmsnap_err_set(err, EIO, "%s: changed while being read (offset %llu): is it in use?",
+                            e->name, (unsigned long long)(idx * e->frame_size));
+    if (rc == 0)
+        rc = compress_frame(wk->cctx, e->level, wk->buf, r.len, &sl->cbuf, &sl->ccap, &sl->clen,
+                            err);
+    if (rc < 0)
+        return rc;
+    uint64_t off = sl->fi.offset;
+    sl->reused = false;
+    sl->fi.offset = off;
+    sl->fi.csize = sl->clen;
+    sl->fi.ccheck = XXH64(sl->cbuf, sl->clen, 0);
+    return 0;
+}
+
 int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_sink *sink,
                          const struct vmsnap_pack_opts *opts, struct vmsnap_image_stats *stats,
                          struct vmsnap_err *err)
@@ -501,8 +667,17 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
         if (bs.frame_size == e.frame_size && e.nranges > 0) {
             e.base = opts->base;
             e.base_map = calloc(e.nranges, sizeof(*e.base_map));
-            if (!e.base_map)
+            e.reuse = calloc(e.nranges, sizeof(*e.reuse));
+            e.run_left = calloc(e.nranges, sizeof(*e.run_left));
+            e.scan = calloc(e.nranges, sizeof(*e.scan));
+            e.min_run = opts->base_min_run ? opts->base_min_run : VMSNAP_IMAGE_DEFAULT_MIN_RUN;
+            if (!e.base_map || !e.reuse || !e.run_left || !e.scan) {
+                free(e.base_map);
+                free(e.reuse);
+                free(e.run_left);
+                free(e.scan);
                 return vmsnap_err_set(err, ENOMEM, "out of memory");
+            }
             uint32_t nb = vmsnap_image_frame_count(e.base);
             for (uint32_t i = 0; i < nb; i++) {
                 struct vmsnap_frame_info bf;
@@ -543,8 +718,12 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
     if ((rc = emit_word_frame(&o, cctx, e.level, e.size, 0, &t, err)) < 0)
         goto out_sync;
 
+    for (unsigned i = 0; i < threads; i++)
+        ws[i].e = &e;
+    if (e.base && (rc = prescan(&e, ws, threads, err)) < 0)
+        goto out_sync;
+
     for (; started < threads; started++) {
-        ws[started].e = &e;
         ws[started].cctx = ZSTD_createCCtx();
         if (!ws[started].cctx ||
             pthread_create(&tids[started], NULL, worker_main, &ws[started]) != 0) {
@@ -554,7 +733,10 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
         }
     }
 
-    /* The ordered writer. */
+    /* The ordered writer. With a base it also shapes the runs of reused frames (see below). */
+    struct worker wk = {.e = &e, .cctx = cctx};
+    uint64_t seg = o.pos, run_left = 0, prev_base_end = 0;
+    bool copying = false, prev_reused = false;
     for (uint64_t i = 0; rc == 0 && i < e.nranges; i++) {
         struct slot *sl = &e.slots[i % e.window];
         pthread_mutex_lock(&e.mu);
@@ -572,12 +754,34 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
         } else if (sl->has_frame) {
             sl->fi.offset = o.pos;
             if (sl->reused) {
+                /* A run must reach the sink with at least min_run bytes, after at least min_run
+                 * written bytes (or none) since the previous run: compress its head here when
+                 * the bytes before it are fewer, all of it when too little would be left. */
+                if (!(prev_reused && sl->bf.offset == prev_base_end)) {
+                    run_left = e.run_left[i]; /* a run starts */
+                    copying = false;
+                }
+                if (!copying && ((seg > 0 && seg < e.min_run) || run_left < e.min_run))
+                    rc = demote(&wk, i, sl, err);
+                else
+                    copying = true;
+                run_left -= VMSNAP_MIN(run_left, sl->bf.csize);
+                prev_reused = true;
+                prev_base_end = sl->bf.offset + sl->bf.csize;
+            } else {
+                copying = prev_reused = false;
+            }
+            if (rc < 0) {
+                /* demote failed */
+            } else if (sl->reused) {
                 rc = sink->copy(sink->arg, &sl->bf, err);
                 o.pos += sl->fi.csize;
+                seg = 0;
                 s.reused++;
                 s.reused_bytes += sl->fi.csize;
             } else {
                 rc = emit(&o, sl->cbuf, sl->clen, err);
+                seg += sl->clen;
             }
             if (rc == 0)
                 rc = table_add(&t, &sl->fi, err);
@@ -603,11 +807,11 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
     for (unsigned i = 0; i < started; i++) {
         pthread_join(tids[i], NULL);
         ZSTD_freeCCtx(ws[i].cctx);
-        free(ws[i].buf);
-        free(ws[i].ext);
     }
     for (unsigned i = 0; i < e.window; i++)
         free(e.slots[i].cbuf);
+    free(wk.buf);
+    free(wk.ext);
     if (rc < 0)
         goto out_sync;
 
@@ -616,12 +820,19 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
     rc = emit_seek_table(&o, &t, &s, e.frame_size, frames_start, e.level, e.elide, err);
     s.object_size = o.pos;
 out_sync:
+    for (unsigned i = 0; ws && i < threads; i++) {
+        free(ws[i].buf);
+        free(ws[i].ext);
+    }
     pthread_cond_destroy(&e.cv_done);
     pthread_cond_destroy(&e.cv_work);
     pthread_mutex_destroy(&e.mu);
 out:
     ZSTD_freeCCtx(cctx);
     free(e.base_map);
+    free(e.reuse);
+    free(e.run_left);
+    free(e.scan);
     free(e.slots);
     free(tids);
     free(ws);

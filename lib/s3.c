@@ -30,9 +30,10 @@
 
 #define RESP_CAP (16u << 20) /* XML answers larger than this are refused */
 #define ERRBODY_CAP (64u << 10)
-#define REQ_MAX_XH 4 /* extra signed headers per request */ /* error bodies kept for their <Code>  \
-                                                             */
-#define SIGN_BODY_MAX (1u << 20) /* bodies up to this are hashed into the signature */
+#define REQ_MAX_XH                                                                                 \
+    4 /* extra signed headers per request */ /* error bodies kept for their <Code>                 \
+                                              */
+#define SIGN_BODY_MAX (1u << 20)             /* bodies up to this are hashed into the signature */
 #define BACKOFF_CAP_MS 5000u
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -752,6 +753,8 @@ static int s3_mpu_part_copy(struct vmsnap_store_conn *c, const char *key, const 
                     .body = "",
                     .has_body = true, /* an empty body: Content-Length: 0 */
                     .resp = &resp};
+    vlog(VMSNAP_LOG_DEBUG, "s3: part %u of %s/%s = copy of %s/%s %s (if-match %s)", number,
+         cfg->bucket, key, cfg->bucket, src_key, range, src_etag);
     int rc = perform(c, &r, err);
     if (rc < 0 && r.status == 412)
         rc = vmsnap_err_set(err, ESTALE, "copy %s://%s/%s into part %u of %s: the source changed",

@@ -276,26 +276,69 @@ static int flush_part(struct up *u, struct vmsnap_err *err)
     return 0;
 }
 
+/* With a base, a part buffer holds 5 MiB more than the part size and a full one keeps its last
+ * 5 MiB for the next part: so the bytes buffered when a run of reused frames begins are either
+ * the whole stretch since the previous run (at least 5 MiB or none: the encoder sees to that)
+ * or at least 5 MiB, and can always be sent as a part of their own. */
+static size_t part_extra(const struct up *u)
+{
+    return u->base_key ? (size_t)VMSNAP_STORE_MIN_PART : 0;
+}
+
+static int new_part_buffer(struct up *u, uint32_t num, struct vmsnap_err *err)
+{
+    size_t cap = part_cap(u, num) + part_extra(u);
+    xpool_mem_acquire(&u->x->pool, cap);
+    u->cur = malloc(cap);
+    if (!u->cur) {
+        xpool_mem_release(&u->x->pool, cap);
+        return vmsnap_err_set(err, ENOMEM, "out of memory (part buffer of %zu bytes)", cap);
+    }
+    u->cur_cap = cap;
+    u->cur_len = 0;
+    return 0;
+}
+
 /* Append object bytes to the current part buffer, flushing full parts. */
 static int append_bytes(struct up *u, const void *buf, size_t len, struct vmsnap_err *err)
 {
     const uint8_t *p = buf;
     while (len > 0) {
         if (u->cur && u->cur_len == u->cur_cap) {
-            int rc = flush_part(u, err);
-            if (rc < 0)
+            size_t keep = part_extra(u);
+            uint8_t *full = u->cur;
+            size_t full_cap = u->cur_cap;
+            u->cur = NULL;
+            int rc = keep ? new_part_buffer(u, u->nparts + 2, err) : 0;
+            if (rc == 0 && keep) {
+                memcpy(u->cur, full + full_cap - keep, keep);
+                u->cur_len = keep;
+            }
+            /* submit the full buffer minus what was kept */
+            uint8_t *next = u->cur;
+            size_t next_len = u->cur_len, next_cap = u->cur_cap;
+            u->cur = full;
+            u->cur_len = full_cap - keep;
+            u->cur_cap = full_cap;
+            if (rc == 0)
+                rc = flush_part(u, err);
+            else
+                u->cur_len = full_cap; /* nothing submitted: freed by the caller's cleanup */
+            if (rc < 0) {
+                if (next) {
+                    free(next);
+                    xpool_mem_release(&u->x->pool, next_cap);
+                }
                 return rc;
+            }
+            u->cur = next;
+            u->cur_len = next_len;
+            u->cur_cap = next_cap;
         }
         if (!u->cur) {
-            size_t cap = part_cap(u, u->nparts + 1);
-            xpool_mem_acquire(&u->x->pool, cap);
-            u->cur = malloc(cap);
-            if (!u->cur) {
-                xpool_mem_release(&u->x->pool, cap);
-                return vmsnap_err_set(err, ENOMEM, "out of memory (part buffer of %zu bytes)", cap);
-            }
-            u->cur_cap = cap;
-            u->cur_len = 0;
+            int rc = new_part_buffer(u, u->nparts + 1, err);
+            if (rc < 0)
+                return rc;
         }
         size_t k = VMSNAP_MIN(len, u->cur_cap - u->cur_len);
         memcpy(u->cur + u->cur_len, p, k);
@@ -616,8 +659,8 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
     }
     if (rc == 0 && base)
         vlog(VMSNAP_LOG_INFO,
-             "%s: %llu of %llu frames unchanged since the base: %llu bytes copied by the store, "
-             "%llu fetched",
+             "%s: %llu of %llu frames reused from the base: %llu bytes copied by the store, %llu "
+             "fetched",
              key, (unsigned long long)stats.reused, (unsigned long long)stats.frames,
              (unsigned long long)u.copied, (unsigned long long)u.fetched);
     free(u.run);

@@ -31,6 +31,7 @@ extern "C" {
 #define VMSNAP_IMAGE_MAX_FRAME_SIZE (1ull << 30)
 #define VMSNAP_IMAGE_DEFAULT_MAX_SIZE (64ull << 40) /* 64 TiB cap on a decoded totalSize */
 #define VMSNAP_IMAGE_PAGE 4096u
+#define VMSNAP_IMAGE_DEFAULT_MIN_RUN (5ull << 20) /* S3's smallest part */
 
 /* Progress: `done` of `total` bytes (source bytes on pack, object bytes on unpack). Called from
  * one thread at a time. */
@@ -74,11 +75,19 @@ struct vmsnap_pack_opts {
     bool keep_cache;      /* do not drop the source's clean page cache after reading */
     vmsnap_progress_fn progress;
     void *progress_arg;
-    /* A previous image of the same file (its seek table, vmsnap_image_open). A range whose
-     * records hash (XXH64, with equal source range, size and populated bytes) to the base's frame
-     * for the same range is not compressed: the sink's `copy` gets the base frame's bytes. Used
-     * only when the frame sizes match; the sink must have `copy`. */
+    /* A previous image of the same file (its seek table, vmsnap_image_open). A pre-scan builds
+     * and hashes every range's records without compressing them; a range whose records hash
+     * (XXH64, with equal source range, size and populated bytes) to the base's frame for the
+     * same range is unchanged. Runs of unchanged frames (see base_min_run) are not compressed:
+     * the sink's `copy` gets each base frame instead. Used only when the frame sizes match and
+     * the sink has `copy`. Costs a second read of the source. */
     const struct vmsnap_image *base;
+    /* With a base: every run of reused frames (adjacent in the base) the sink gets holds at
+     * least this many bytes, and is preceded by at least this many written bytes since the
+     * previous run (or by none): the encoder compresses shorter runs, and the head of a run
+     * that follows too few bytes, itself. So a sink can make every run and every stretch of
+     * written bytes a multipart part. 0: 5 MiB (S3's smallest part). */
+    uint64_t base_min_run;
 };
 
 struct vmsnap_image_stats {

@@ -30,10 +30,21 @@ vmc "$A" suspend golden "s3://$BUCKET/vm0" || fail "suspend of the kept checkpoi
 resume_check "$B" golden "$r" "$d" "s3://$BUCKET/vm0" || done_tests
 # and a running VM: suspend to the real RGW and resume back on the first node
 sleep 1
-vmc "$B" suspend golden "s3://$BUCKET/vm1" || fail "suspend to RGW"
+vmc "$B" suspend golden "s3://$BUCKET/vm1" --json >"$T/s1.json" || fail "suspend to RGW"
+# the VM came from vm0: its unchanged frames were copied inside RGW, not uploaded
+grep -Eq '"copied_bytes":[1-9]' "$T/s1.json" || fail "suspend with vm0 as base copied nothing: $(cat "$T/s1.json")"
 [ "$(head_code vm1/manifest.json)" = 200 ] || fail "no manifest in the bucket"
 [ ! -e "$B/vms/golden/checkpoint" ] || fail "local checkpoint left after a successful suspend"
 read -r r d <<<"$(last_counter "$B" golden)"
 resume_check "$A" golden "$r" "$d" "s3://$BUCKET/vm1" || done_tests
 [ "$(blob_md5 "$A" golden)" = "$boot_md5" ] || fail "RAM blob md5 after the RGW round trips"
+# suspended again to the URL it came from: that set is the base of its own replacement
+sleep 1
+vmc "$A" suspend golden "s3://$BUCKET/vm1" --json >"$T/s2.json" || fail "suspend over its own base"
+grep -Eq '"copied_bytes":[1-9]' "$T/s2.json" || fail "suspend over its own base copied nothing: $(cat "$T/s2.json")"
+read -r r d <<<"$(last_counter "$A" golden)"
+vmc "$B" stop --rm golden >/dev/null 2>&1 || true
+resume_check "$B" golden "$r" "$d" "s3://$BUCKET/vm1" || done_tests
+[ "$(blob_md5 "$B" golden)" = "$boot_md5" ] || fail "RAM blob md5 after a suspend over its own base"
+[ "$(uploads_left)" = 0 ] || fail "uploads left in the bucket after the VM suspends"
 done_tests

@@ -22,6 +22,11 @@ for mode in eager on-demand on-demand eager; do
         { fail "cycle $i: suspend: $(cat "$T/suspend.err")"; break; }
     grep -q '"op":"suspend"' "$T/suspend.json" && grep -q '"upload":' "$T/suspend.json" ||
         fail "cycle $i: suspend --json: $(cat "$T/suspend.json")"
+    # a VM resumed eagerly from golden-(i-1) has its RAM as an image again: the frames unchanged
+    # since are copied from there. (Resumed on demand, its RAM travels in the state stream.)
+    [ "${prev:-}" != eager ] || grep -Eq '"copied_bytes":[1-9]' "$T/suspend.json" ||
+        fail "cycle $i: suspend with the previous set as base copied nothing: $(cat "$T/suspend.json")"
+    prev=$mode
     [ -f "$url/manifest.json" ] || fail "cycle $i: no manifest at $url"
     for f in memory-ranges state config.json base-id rootfs-disk-vda.ext4; do
         [ -f "$url/$f.zstd" ] || fail "cycle $i: $f.zstd not in the store"

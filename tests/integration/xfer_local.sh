@@ -173,7 +173,7 @@ done
 "$VMSNAP" -q push --frame-size 1M "$T/v1" "$S/b/v1" || fail "push base"
 "$VMSNAP" -v push --frame-size 1M --base "$S/b/v1" "$T/v2" "$S/b/v2" 2>"$T/log" || fail "push with a base: $(cat "$T/log")"
 grep -q "copied by the store from the base" "$T/log" || fail "push with a base copied nothing: $(cat "$T/log")"
-grep -q "frames unchanged since the base" "$T/log" || fail "no reuse report: $(cat "$T/log")"
+grep -q "frames reused from the base" "$T/log" || fail "no reuse report: $(cat "$T/log")"
 cmp -s "$T/v2.pk" "$S/b/v2" || fail "object pushed with a base differs from pack output"
 "$VMSNAP" -q rm "$S/b/v1" || fail "rm base"
 "$VMSNAP" -q pull "$S/b/v2" "$T/v2.out" || fail "pull of an object pushed with a base, base deleted"

@@ -58,6 +58,30 @@ VMSNAP_S3_ATTEMPTS=3 expect_fail "pull with the server gone" \
 grep -q "gave up after 3 attempts" "$T/err" || fail "pull: not a bounded-retry error: $(cat "$T/err")"
 [ -e "$T/gone" ] && fail "a file was left at the destination"
 ls -A "$T" | grep -q '^\.gone' && fail "a temporary file was left"
+
+# a base that changes during the push: the first UploadPartCopy is answered 412 (the ETag guard);
+# the file goes again without the base and the object is still right
+head -c $((24 * M)) /dev/urandom >"$T/b1"
+cp "$T/b1" "$T/b2"
+dd if=/dev/urandom of="$T/b2" bs=1M count=1 seek=1 conv=notrunc status=none
+"$VMSNAP" -q pack --frame-size 1M "$T/b2" "$T/b2.pk"
+"$VMSNAP" -q push --frame-size 1M "$T/b1" "s3://$BUCKET/base" || fail "push base"
 stop_proxy
-OUT=/dev/null s3curl DELETE "$BUCKET/f" >/dev/null
+start_proxy "c1:412"
+"$VMSNAP" -v push --frame-size 1M --base "s3://$BUCKET/base" --endpoint "$PEP" "$T/b2" \
+    "s3://$BUCKET/nb" 2>"$T/log" || fail "push with a base that changed: $(tail -3 "$T/log")"
+grep -q "changed during the push" "$T/log" || fail "the 412 on a copy did not hit: $(tail -3 "$T/log")"
+grep -q "copied by the store" "$T/log" && fail "a push that fell back reports copies"
+raw_get nb "$T/raw"
+cmp -s "$T/raw" "$T/b2.pk" || fail "object pushed after the base changed differs"
+[ "$(uploads_left)" = 0 ] || fail "uploads left after the fallback"
+# the server goes away during the copies: bounded error, nothing visible, no upload left
+start_proxy "c1+:reset"
+VMSNAP_S3_ATTEMPTS=3 expect_fail "push with the server gone during copies" \
+    "$VMSNAP" push --frame-size 1M --base "s3://$BUCKET/base" --endpoint "$PEP" "$T/b2" "s3://$BUCKET/gone2"
+grep -q "gave up after 3 attempts" "$T/err" || fail "copies: not a bounded-retry error: $(cat "$T/err")"
+[ "$(head_code gone2)" = 404 ] || fail "an object is visible after the failed push with a base"
+[ "$(uploads_left)" = 0 ] || fail "the failed push with a base left its multipart upload"
+stop_proxy
+for k in f base nb; do OUT=/dev/null s3curl DELETE "$BUCKET/$k" >/dev/null; done
 done_tests

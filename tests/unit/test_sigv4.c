@@ -211,9 +211,20 @@ static void test_manifest(void)
     CHECK(p.n == 1 && !strcmp(p.files[0].name, "mem") && p.files[0].size == 100 &&
           p.files[0].populated == 50 && p.files[0].object_size == 60 && p.files[0].detail &&
           !strcmp(p.files[0].sha256, f.sha256));
+    CHECK(!p.files[0].table_digest && strstr(js, "\"sha256\"") && !strstr(js, "tableSha256"));
     manifest_fini(&p);
     /* size cap */
     CHECK(manifest_parse(js, strlen(js), "t", 99, &p, NULL) == -EINVAL);
+    free(js);
+    /* the seek-table digest round-trips under its own name */
+    f.table_digest = true;
+    f.sha256[0] = 'b';
+    js = manifest_build(&m);
+    REQUIRE(js);
+    CHECK(strstr(js, "\"tableSha256\":\"b") && !strstr(js, "\"sha256\""));
+    REQUIRE(manifest_parse(js, strlen(js), "t", 1ull << 40, &p, NULL) == 0);
+    CHECK(p.files[0].table_digest && !strcmp(p.files[0].sha256, f.sha256));
+    manifest_fini(&p);
     free(js);
     const char *bad[] = {
         "[]",
@@ -226,6 +237,13 @@ static void test_manifest(void)
          "\"objectSize\":1,\"sha256\":\"" Z64 "\"}}}"),
         ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":1,"
          "\"objectSize\":1,\"sha256\":\"XYZ\"}}}"),
+        /* no digest; both digests; a bad table digest */
+        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":1,"
+         "\"objectSize\":1}}}"),
+        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":1,"
+         "\"objectSize\":1,\"sha256\":\"" Z64 "\",\"tableSha256\":\"" Z64 "\"}}}"),
+        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":1,"
+         "\"objectSize\":1,\"tableSha256\":\"" Z64 "0\"}}}"),
         "{\"snapshotFiles\":[\"a\"],\"formatVersion\":3}",
         "{\"snapshotFiles\":[\"a\"]} trailing",
     };
