@@ -376,11 +376,18 @@ static void *scan_main(void *arg)
         pthread_mutex_unlock(sc->mu);
         if (stop)
             break;
-        if (!e->base_map[idx])
-            continue;
-        struct recs r;
+        struct recs r = {0};
         struct vmsnap_err er = {0};
-        int rc = build_records(sc->w, idx, false, &r, &er);
+        int rc = 0;
+        if (!e->base_map[idx]) {
+            /* nothing to compare with; note only whether the range has data (it breaks a run) */
+            uint64_t start = idx * e->frame_size;
+            size_t n = 0;
+            rc = find_extents(sc->w, start, VMSNAP_MIN(start + e->frame_size, e->size), &n, &er);
+            e->scan[idx].len = n > 0;
+        } else {
+            rc = build_records(sc->w, idx, false, &r, &er);
+        }
         struct vmsnap_frame_info bf;
         if (rc == 0 && r.len) {
             e->reuse[idx] = same_as_base(e, idx, &r, XXH64(sc->w->buf, r.len, 0), &bf);
@@ -426,29 +433,40 @@ static int prescan(struct enc *e, struct worker *ws, unsigned threads, struct vm
     free(tid);
     if (rc < 0)
         return rc;
-    /* runs */
-    for (uint64_t i = 0; i < e->nranges;) {
+    /* Runs: reusable ranges whose base frames follow each other in the base object. A range
+     * without data in either file is invisible in both objects and does not break a run; one with
+     * data that is not reusable does. */
+    uint64_t i = 0;
+    while (i < e->nranges) {
         if (!e->reuse[i]) {
             i++;
             continue;
         }
-        uint64_t j = i, bytes = 0;
-        for (;
-             j < e->nranges && e->reuse[j] && (j == i || e->base_map[j] == e->base_map[j - 1] + 1);
-             j++) {
+        uint64_t j = i, last = i, bytes = 0;
+        for (; j < e->nranges; j++) {
+            if (!e->reuse[j]) {
+                if (e->scan[j].len)
+                    break;
+                continue;
+            }
+            if (j != i && e->base_map[j] != e->base_map[last] + 1)
+                break;
             struct vmsnap_frame_info bf;
             vmsnap_image_frame(e->base, e->base_map[j] - 1, &bf);
             bytes += bf.csize;
+            last = j;
         }
         uint64_t left = bytes;
-        for (uint64_t k = i; k < j; k++) {
+        for (uint64_t k = i; k <= last; k++) {
+            if (!e->reuse[k])
+                continue;
             struct vmsnap_frame_info bf;
             vmsnap_image_frame(e->base, e->base_map[k] - 1, &bf);
             e->reuse[k] = bytes >= min_run;
             e->run_left[k] = left;
             left -= bf.csize;
         }
-        i = j;
+        i = last + 1;
     }
     return 0;
 }

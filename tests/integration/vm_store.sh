@@ -18,15 +18,15 @@ for mode in eager on-demand on-demand eager; do
     i=$((i + 1))
     sleep 2 # the guest writes its disk and RAM between cycles
     url=$STORE/golden-$i
-    vmc "$here" suspend golden "$url" --json >"$T/suspend.json" 2>"$T/suspend.err" ||
+    "$VMSNAP" -v vm suspend golden "$url" --json --state-dir "$here" >"$T/suspend.json" 2>"$T/suspend.err" ||
         { fail "cycle $i: suspend: $(cat "$T/suspend.err")"; break; }
     grep -q '"op":"suspend"' "$T/suspend.json" && grep -q '"upload":' "$T/suspend.json" ||
         fail "cycle $i: suspend --json: $(cat "$T/suspend.json")"
-    # a VM resumed eagerly from golden-(i-1) has its RAM as an image again: the frames unchanged
-    # since are copied from there. (Resumed on demand, its RAM travels in the state stream.)
-    [ "${prev:-}" != eager ] || grep -Eq '"copied_bytes":[1-9]' "$T/suspend.json" ||
-        fail "cycle $i: suspend with the previous set as base copied nothing: $(cat "$T/suspend.json")"
-    prev=$mode
+    # the set the VM came from (golden-(i-1)) is the base of the memory image's push; how many
+    # frames it gives depends on what the guest touched (xfer tests check the reuse itself)
+    [ $i -lt 2 ] || grep -q "memory-ranges.zstd: [0-9]* of [0-9]* frames reused from the base" "$T/suspend.err" ||
+        fail "cycle $i: the previous set was not used as the base: $(cat "$T/suspend.err")"
+    grep -q '"copied_bytes":' "$T/suspend.json" || fail "cycle $i: no copied_bytes in --json"
     [ -f "$url/manifest.json" ] || fail "cycle $i: no manifest at $url"
     for f in memory-ranges state config.json base-id rootfs-disk-vda.ext4; do
         [ -f "$url/$f.zstd" ] || fail "cycle $i: $f.zstd not in the store"
