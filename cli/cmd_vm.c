@@ -16,7 +16,7 @@
 static const char *const sub_usage =
     "vm run NAME --kernel K [--initrd I] [--mem 512M] [--cpus 1] [--disk-size 4G] [--append A]\n"
     "       vm pause NAME\n"
-    "       vm suspend NAME URL\n"
+    "       vm suspend NAME URL [--base URL | --no-base]\n"
     "       vm resume NAME [URL] [--on-demand]\n"
     "       vm ls [--json]\n"
     "       vm stop NAME [--rm]\n"
@@ -41,6 +41,8 @@ enum {
     OPT_RM,
     OPT_SEND,
     OPT_LINES,
+    OPT_BASE,
+    OPT_NO_BASE,
 };
 
 static const struct option lopts[] = {
@@ -60,6 +62,8 @@ static const struct option lopts[] = {
     {"rm", no_argument, NULL, OPT_RM},
     {"send", required_argument, NULL, OPT_SEND},
     {"lines", required_argument, NULL, OPT_LINES},
+    {"base", required_argument, NULL, OPT_BASE},
+    {"no-base", no_argument, NULL, OPT_NO_BASE},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -127,6 +131,12 @@ static int parse(const char *verb, int argc, char **argv, struct args *a)
             break;
         case OPT_NO_EVICT:
             a->o.no_evict = true;
+            break;
+        case OPT_BASE:
+            a->x.base = optarg;
+            break;
+        case OPT_NO_BASE:
+            a->o.no_base = true;
             break;
         case OPT_JSON:
             a->json = true;

@@ -66,7 +66,9 @@ static const struct cli_verb verbs[] = {
      "or VMSNAP_STATE_DIR), guest RAM on tmpfs (--ram-dir, default /dev/shm):\n"
      "  vm run NAME --kernel K [--initrd I] [--mem 512M] [--cpus 1] [--disk-size 4G] [--append A]\n"
      "  vm pause NAME              local checkpoint, VM stopped, memory freed\n"
-     "  vm suspend NAME URL        checkpoint and push to a store (local kept if the push fails)\n"
+     "  vm suspend NAME URL        checkpoint and push to a store (local kept if the push fails);\n"
+     "                             frames unchanged since the set it came from are copied there\n"
+     "                             by the store (--base URL: another set; --no-base: none)\n"
      "  vm resume NAME [URL] [--on-demand]   from the local checkpoint or a store\n"
      "  vm ls [--json] | vm stop NAME [--rm] | vm console NAME [--send LINE] [--lines N]\n"
      "Common: --accel auto|kvm|tcg, --qemu BIN, --no-evict, --json, -j N. -v: step timings."},

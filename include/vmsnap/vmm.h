@@ -123,6 +123,8 @@ struct vmsnap_vm_opts {
     const char *qemu;      /* VMM binary (NULL: $VMSNAP_QEMU or qemu-system-x86_64) */
     bool on_demand;        /* resume: map the memory image privately instead of loading it */
     bool no_evict;         /* resume/pause: skip page-cache hygiene (for benchmarks) */
+    bool no_base;          /* suspend: do not use the set the VM came from as the push's base
+                            * (see vmsnap_xfer_opts.base); an explicit xfer->base still applies */
     const struct vmsnap_xfer_opts *xfer; /* suspend/resume with a URL; NULL: defaults */
 };
 

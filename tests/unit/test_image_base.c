@@ -22,9 +22,9 @@ struct rec_sink {
     struct membuf_sink out;
     const struct membuf_sink *base;
     uint64_t min_run;
-    uint64_t seg;        /* bytes written since the last copy (the header counts) */
-    uint64_t run;        /* bytes of the current run of copies */
-    uint64_t run_end;    /* base offset where the current run ends */
+    uint64_t seg;     /* bytes written since the last copy (the header counts) */
+    uint64_t run;     /* bytes of the current run of copies */
+    uint64_t run_end; /* base offset where the current run ends */
     bool in_run;
     uint64_t runs, copied, violations;
 };
@@ -83,8 +83,8 @@ static int rec_copy(void *arg, const struct vmsnap_frame_info *f, struct vmsnap_
 }
 
 static void pack_with_base(const char *path, unsigned threads, uint64_t frame_size,
-                           const struct membuf_sink *base_obj, uint64_t min_run,
-                           struct rec_sink *r, struct vmsnap_image_stats *st)
+                           const struct membuf_sink *base_obj, uint64_t min_run, struct rec_sink *r,
+                           struct vmsnap_image_stats *st)
 {
     struct vmsnap_membuf mb = {base_obj->data, base_obj->len};
     struct vmsnap_source bsrc;
@@ -183,8 +183,8 @@ static void one_case(unsigned round, uint64_t size, uint64_t frame_size, uint64_
     CHECKF(r1.violations == 0, "round %u: %llu run-rule violations (min %llu)", round,
            (unsigned long long)r1.violations, (unsigned long long)min_run);
     CHECKF(s1.reused_bytes == r1.copied && s1.object_size == plain.len,
-           "round %u: stats reused %llu vs copied %llu", round,
-           (unsigned long long)s1.reused_bytes, (unsigned long long)r1.copied);
+           "round %u: stats reused %llu vs copied %llu", round, (unsigned long long)s1.reused_bytes,
+           (unsigned long long)r1.copied);
     CHECKF(s1.populated == sp.populated && s1.extents == sp.extents &&
                s1.zero_elided == sp.zero_elided && s1.frames == sp.frames,
            "round %u: stats differ from a plain pack", round);
@@ -214,8 +214,7 @@ int main(void)
     CHECKF(r.out.len == base.len && !memcmp(r.out.data, base.data, base.len),
            "unchanged file: object differs from the base");
     CHECKF(r.copied + 5 * MiB >= base.len - 1024 && r.violations == 0,
-           "unchanged file: only %llu of %zu bytes reused", (unsigned long long)r.copied,
-           base.len);
+           "unchanged file: only %llu of %zu bytes reused", (unsigned long long)r.copied, base.len);
     membuf_sink_free(&r.out);
 
     /* a base of another frame size is ignored: no copies, same bytes */
