@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Object stores: a small table of operations (put, multipart create/part/complete/abort, ranged
- * get, head, delete, list, list multipart uploads) with two backends:
+ * Object stores: a small table of operations (put, multipart create/part/part-copy/complete/
+ * abort, ranged get, head, delete, list, list multipart uploads) with two backends:
  *
  *   - the local store (a bare path or file:///abs/path): an object is a file; every write goes
  *     to a temporary file in the same directory, is fsynced and renamed, so a crash never leaves

@@ -13,12 +13,16 @@
  * Pull: the mirror. HeadObject, the seek table through ranged GETs, then groups of whole frames
  * (about 16 MiB) fetched over the connections and decoded in parallel into a sparse file under
  * a temporary name; objects without a seek table stream through the sequential decoder. A set's
- * manifest is read first and validated (plain names, sizes, sha256 of every object); files are
- * renamed into place only when all are complete and verified.
+ * manifest is read first and validated (plain names, sizes, the digest of every object:
+ * tableSha256, or a whole-object sha256 from older manifests); files are renamed into place only
+ * when all are complete and verified.
  *
- * The stored object is byte-identical for any connections, part size or store. Multipart uploads
- * that fail are aborted; the leftovers of a killed push are aborted by the next push to the same
- * key, or by vmsnap_xfer_gc().
+ * With a base (opts.base) a push reuses the frames that did not change since the base: the
+ * store copies them (S3 UploadPartCopy) into the new object, which stays standalone.
+ *
+ * The stored object is byte-identical for any connections, part size, store or base. Multipart
+ * uploads that fail are aborted; the leftovers of a killed push are aborted by the next push to the
+ * same key, or by vmsnap_xfer_gc().
  *
  * Thread safety: each call is independent and creates its own threads and connections.
  */
