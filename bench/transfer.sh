@@ -43,6 +43,23 @@ row "vmsnap push -j$J (RGW)" "$WALL" "$CPU" "$RSS_MIB" "$OBJ"
 bench_run "vmsnap pull s3" "'$VMSNAP' -q pull -j $J s3://$B/v/mr out.v"; VG=$WALL
 row "vmsnap pull -j$J (RGW)" "$WALL" "$CPU" "$RSS_MIB" "$OBJ"
 cmp -s memory-ranges out.v || { echo "vmsnap pull differs" >&2; exit 1; }
+# a later version of the image with 8 of its 32 64 MiB ranges rewritten (1 MiB of random bytes
+# at each range's start): pushed with the first object as its base, the rest is copied by RGW
+cp --sparse=always memory-ranges mr2
+for k in $(seq 0 4 $((SIZE_MIB / 64 - 1))); do
+    dd if=/dev/urandom of=mr2 bs=1M count=1 seek=$((k * 64)) conv=notrunc status=none
+done
+"$VMSNAP" -q push -j $J memory-ranges s3://$B/v/base
+bench_run "vmsnap push --base s3" "'$VMSNAP' -q push -j $J --base s3://$B/v/base mr2 s3://$B/v/mr2"; VB=$WALL
+"$VMSNAP" push -j $J --base s3://$B/v/base mr2 s3://$B/v/mr2 2>push-base.log
+COPIED=$(sed -n 's/^push: \([0-9.]*\) MiB of the object bytes copied.*/\1/p' push-base.log)
+OBJB=$(python3 -c "import re; print(int(float(re.search(r'object bytes ([0-9.]+) MiB',open('push-base.log').read()).group(1))*1048576))")
+SENT=$(python3 -c "import sys; print(int(int(sys.argv[1]) - float(sys.argv[2] or 0) * 1048576))" "$OBJB" "$COPIED")
+row "vmsnap push -j$J --base (8 of 32 ranges changed; RGW copies ${COPIED:-0} MiB)" "$WALL" "$CPU" "$RSS_MIB" "$SENT"
+bench_run "vmsnap push (same, no base) s3" "'$VMSNAP' -q push -j $J mr2 s3://$B/v/mr3"; VNB=$WALL
+row "vmsnap push -j$J of the same without a base (RGW)" "$WALL" "$CPU" "$RSS_MIB" "$OBJB"
+"$VMSNAP" -q pull -j $J s3://$B/v/mr2 out.b && cmp -s mr2 out.b || { echo "pull of the base push differs" >&2; exit 1; }
+rm -f out.b
 bench_run "vmsnap push local" "'$VMSNAP' -q push -j $J memory-ranges $W/store/mr"
 row "vmsnap push -j$J (local store, tmpfs)" "$WALL" "$CPU" "$RSS_MIB" "$OBJ"
 bench_run "vmsnap pull local" "'$VMSNAP' -q pull -j $J $W/store/mr out.l"
@@ -71,5 +88,6 @@ echo "| tool | wall s | client CPU s | CPU s / populated GiB | peak RSS MiB | by
 echo "|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 echo
+printf 'push --base vs the same push without a base: %.2fx (bytes sent %s of %s)\n' "$(echo "$VNB / $VB" | bc -l)" "$SENT" "$OBJB"
 printf 'push vs rclone copyto: %.2fx, vs zstd|rclone rcat: %.2fx; pull vs rclone copyto: %.2fx, vs rclone cat|zstd: %.2fx; push CPU / pack CPU: %.2f\n' \
     "$(echo "$RP / $VP" | bc -l)" "$(echo "$ZP / $VP" | bc -l)" "$(echo "$RG / $VG" | bc -l)" "$(echo "$ZG / $VG" | bc -l)" "$(echo "$VPC / $PACK_CPU" | bc -l)"

@@ -1130,7 +1130,9 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
     while (d->next_hash < d->ng && d->g[d->next_hash].done) {
         struct grp *h = &d->g[d->next_hash];
         if (d->rc == 0 && h->buf) {
-            if (d->mf && d->mf->table_digest) {
+            if (!d->mf || !d->mf->detail) {
+                /* no digest to check (a single object, a reference manifest) */
+            } else if (d->mf->table_digest) {
                 /* tableSha256: the prefix and the seek table only */
                 if (h->off < VMSNAP_IMAGE_PREFIX_LEN)
                     EVP_DigestUpdate(d->sha, h->buf,
@@ -1157,7 +1159,8 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
 static int seq_feed(void *arg, const void *buf, size_t len, struct vmsnap_err *err)
 {
     struct down *d = arg;
-    EVP_DigestUpdate(d->sha, buf, len);
+    if (d->mf && d->mf->detail && !d->mf->table_digest)
+        EVP_DigestUpdate(d->sha, buf, len);
     d->hashed += len;
     progress_add(d->x, len, 0);
     return vmsnap_seqdec_feed(d->seq, buf, len, err);
