@@ -32,8 +32,13 @@ struct vmsnap_image {
     uint64_t frame_size;
     uint32_t flags;
     uint32_t n;
+    int level;
     struct vmsnap_frame_info *f;
     char *name;
+    /* the bytes vmsnap_image_open() read and validated: the object's first 44 and its table */
+    uint8_t prefix[VMSNAP_IMAGE_PREFIX_LEN];
+    uint8_t *table;
+    size_t table_len;
 };
 
 static int src_read(const struct vmsnap_source *src, void *buf, size_t len, uint64_t off,
@@ -85,6 +90,7 @@ int img_table_parse(const uint8_t *t, size_t tsize, uint64_t toff, uint64_t max_
     }
     img->object_size = toff + tsize;
     img->flags = get_le32(h + 4);
+    img->level = (int)get_le32(h + 60);
     img->total_size = get_le64(h + 8);
     img->populated = get_le64(h + 16);
     img->zero_elided = get_le64(h + 24);
@@ -209,14 +215,21 @@ int vmsnap_image_open(const struct vmsnap_source *src, uint64_t max_size, struct
     rc = src_read(src, t, tsize, size - tsize, err);
     if (rc >= 0)
         rc = img_table_parse(t, tsize, size - tsize, max_size, name, out, err);
-    free(t);
     if (rc >= 0 && (*out)->frame_size != get_le64(head + IMG_HEADER_LEN + 24)) {
         vmsnap_image_free(*out);
         *out = NULL;
         rc = img_corrupt(err, name, "info frame at byte %d disagrees with the seek table",
                          IMG_HEADER_LEN);
     }
-    return rc < 0 ? rc : 1;
+    if (rc < 0) {
+        free(t);
+        return rc;
+    }
+    _Static_assert(sizeof(head) == VMSNAP_IMAGE_PREFIX_LEN, "prefix length");
+    memcpy((*out)->prefix, head, sizeof(head));
+    (*out)->table = t; /* kept: what the table digest of a manifest is checked against */
+    (*out)->table_len = tsize;
+    return 1;
 }
 
 void vmsnap_image_free(struct vmsnap_image *img)
@@ -225,7 +238,17 @@ void vmsnap_image_free(struct vmsnap_image *img)
         return;
     free(img->f);
     free(img->name);
+    free(img->table);
     free(img);
+}
+
+void vmsnap_image_raw(const struct vmsnap_image *img, const void **prefix, size_t *prefix_len,
+                      const void **table, size_t *table_len)
+{
+    *prefix = img->table ? img->prefix : NULL;
+    *prefix_len = img->table ? sizeof(img->prefix) : 0;
+    *table = img->table;
+    *table_len = img->table_len;
 }
 
 void vmsnap_image_get_stats(const struct vmsnap_image *img, struct vmsnap_image_stats *st)
@@ -233,6 +256,7 @@ void vmsnap_image_get_stats(const struct vmsnap_image *img, struct vmsnap_image_
     memset(st, 0, sizeof(*st));
     st->total_size = img->total_size;
     st->populated = img->populated;
+    st->level = img->level;
     st->zero_elided = img->zero_elided;
     st->frames = img->n >= 2 ? img->n - 2 : 0;
     st->frame_size = img->frame_size;

@@ -64,6 +64,7 @@ struct enc {
     bool *reuse;        /* range index -> take the base's frame (pre-scan result) */
     uint64_t *run_left; /* range index -> base bytes from it to the end of its planned run */
     struct recs *scan;  /* range index -> what the pre-scan found (sizes and counts) */
+    uint32_t *run_id;   /* range index -> planned run (1, 2, ...; 0: none) */
     uint64_t min_run;   /* bytes a reused run and the written bytes before it need at least */
 
     pthread_mutex_t mu;
@@ -397,7 +398,8 @@ static void *scan_main(void *arg)
             pthread_mutex_lock(sc->mu);
             if (*sc->rc == 0) {
                 *sc->rc = rc;
-                *sc->err = er;
+                if (sc->err)
+                    *sc->err = er;
             }
             pthread_mutex_unlock(sc->mu);
         }
@@ -420,15 +422,17 @@ static int prescan(struct enc *e, struct worker *ws, unsigned threads, struct vm
         free(tid);
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     }
-    unsigned started = 0;
+    bool *up = calloc(threads, sizeof(*up));
     for (unsigned i = 0; i < threads; i++) {
         sc[i] = (struct scan){e, &ws[i], &mu, &next, &rc, err};
-        if (i > 0 && pthread_create(&tid[i], NULL, scan_main, &sc[i]) == 0)
-            started = i;
+        if (i > 0 && up)
+            up[i] = pthread_create(&tid[i], NULL, scan_main, &sc[i]) == 0;
     }
     scan_main(&sc[0]);
-    for (unsigned i = 1; i <= started; i++)
-        pthread_join(tid[i], NULL);
+    for (unsigned i = 1; up && i < threads; i++)
+        if (up[i])
+            pthread_join(tid[i], NULL);
+    free(up);
     free(sc);
     free(tid);
     if (rc < 0)
@@ -437,6 +441,7 @@ static int prescan(struct enc *e, struct worker *ws, unsigned threads, struct vm
      * without data in either file is invisible in both objects and does not break a run; one with
      * data that is not reusable does. */
     uint64_t i = 0;
+    uint32_t run_id = 0;
     while (i < e->nranges) {
         if (!e->reuse[i]) {
             i++;
@@ -457,9 +462,11 @@ static int prescan(struct enc *e, struct worker *ws, unsigned threads, struct vm
             last = j;
         }
         uint64_t left = bytes;
+        run_id++;
         for (uint64_t k = i; k <= last; k++) {
             if (!e->reuse[k])
                 continue;
+            e->run_id[k] = run_id;
             struct vmsnap_frame_info bf;
             vmsnap_image_frame(e->base, e->base_map[k] - 1, &bf);
             e->reuse[k] = bytes >= min_run;
@@ -682,14 +689,16 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
     if (opts->base && sink->copy) {
         struct vmsnap_image_stats bs;
         vmsnap_image_get_stats(opts->base, &bs);
-        if (bs.frame_size == e.frame_size && e.nranges > 0) {
+        if (bs.frame_size == e.frame_size && bs.level == e.level && e.nranges > 0) {
             e.base = opts->base;
             e.base_map = calloc(e.nranges, sizeof(*e.base_map));
             e.reuse = calloc(e.nranges, sizeof(*e.reuse));
             e.run_left = calloc(e.nranges, sizeof(*e.run_left));
             e.scan = calloc(e.nranges, sizeof(*e.scan));
+            e.run_id = calloc(e.nranges, sizeof(*e.run_id));
             e.min_run = opts->base_min_run ? opts->base_min_run : VMSNAP_IMAGE_DEFAULT_MIN_RUN;
-            if (!e.base_map || !e.reuse || !e.run_left || !e.scan) {
+            if (!e.base_map || !e.reuse || !e.run_left || !e.scan || !e.run_id) {
+                free(e.run_id);
                 free(e.base_map);
                 free(e.reuse);
                 free(e.run_left);
@@ -754,6 +763,7 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
     /* The ordered writer. With a base it also shapes the runs of reused frames (see below). */
     struct worker wk = {.e = &e, .cctx = cctx};
     uint64_t seg = o.pos, run_left = 0, prev_base_end = 0;
+    uint32_t prev_run = 0;
     bool copying = false, prev_reused = false;
     for (uint64_t i = 0; rc == 0 && i < e.nranges; i++) {
         struct slot *sl = &e.slots[i % e.window];
@@ -775,10 +785,11 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
                 /* A run must reach the sink with at least min_run bytes, after at least min_run
                  * written bytes (or none) since the previous run: compress its head here when
                  * the bytes before it are fewer, all of it when too little would be left. */
-                if (!(prev_reused && sl->bf.offset == prev_base_end)) {
-                    run_left = e.run_left[i]; /* a run starts */
+                if (!(prev_reused && sl->bf.offset == prev_base_end && e.run_id[i] == prev_run)) {
+                    run_left = e.run_left[i]; /* a planned run starts */
                     copying = false;
                 }
+                prev_run = e.run_id[i];
                 if (!copying && ((seg > 0 && seg < e.min_run) || run_left < e.min_run))
                     rc = demote(&wk, i, sl, err);
                 else
@@ -851,6 +862,7 @@ out:
     free(e.reuse);
     free(e.run_left);
     free(e.scan);
+    free(e.run_id);
     free(e.slots);
     free(tids);
     free(ws);

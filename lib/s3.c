@@ -28,12 +28,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define RESP_CAP (16u << 20) /* XML answers larger than this are refused */
-#define ERRBODY_CAP (64u << 10)
-#define REQ_MAX_XH                                                                                 \
-    4 /* extra signed headers per request */ /* error bodies kept for their <Code>                 \
-                                              */
-#define SIGN_BODY_MAX (1u << 20)             /* bodies up to this are hashed into the signature */
+#define RESP_CAP (16u << 20)     /* XML answers larger than this are refused */
+#define ERRBODY_CAP (64u << 10)  /* error bodies kept for their <Code> */
+#define REQ_MAX_XH 4             /* extra signed headers per request */
+#define SIGN_BODY_MAX (1u << 20) /* bodies up to this are hashed into the signature */
 #define BACKOFF_CAP_MS 5000u
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -475,7 +473,7 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
                               cfg->bucket, r->key);
 
     struct curl_slist *hl = NULL;
-    char line[2048];
+    char line[4096]; /* an x-amz-copy-source of a 1024-byte key encodes to ~3.1 KB */
     snprintf(line, sizeof(line), "Host: %s", host);
     hl = curl_slist_append(hl, line);
     snprintf(line, sizeof(line), "x-amz-content-sha256: %s", phash);

@@ -831,17 +831,17 @@ static struct vmsnap_xfer_opts suspend_xfer_opts(const struct vmsnap_vm_opts *o,
     return x;
 }
 
-/* True when two snapshot URLs are in the same bucket of an object store (the endpoint and
- * credentials come from the same options). Local stores are left out: an object's frames are
- * not block-aligned, so copying them is a data copy (no reflink), which costs about what
- * compressing them from tmpfs costs (measured: no faster); S3 copies cost the node nothing. */
+/* True when two snapshot URLs are in the same S3 bucket (the endpoint and credentials come from
+ * the same options). Local stores are left out: an object's frames are not block-aligned, so
+ * copying them is a data copy (no reflink), which costs about what compressing them from tmpfs
+ * costs (measured: no faster); S3 copies cost the node nothing. gs:// is left out too: Cloud
+ * Storage's XML multipart API takes no preconditions, so a copy could not be guarded by the
+ * base's ETag. */
 static bool same_bucket(const char *a, const char *b)
 {
-    bool ra = strstr(a, "://") && strncmp(a, "file://", 7);
-    bool rb = strstr(b, "://") && strncmp(b, "file://", 7);
-    if (!ra || !rb)
+    if (strncmp(a, "s3://", 5) || strncmp(b, "s3://", 5))
         return false;
-    const char *ea = strchr(strstr(a, "://") + 3, '/'), *eb = strchr(strstr(b, "://") + 3, '/');
+    const char *ea = strchr(a + 5, '/'), *eb = strchr(b + 5, '/');
     size_t la = ea ? (size_t)(ea - a) : strlen(a), lb = eb ? (size_t)(eb - b) : strlen(b);
     return la == lb && !strncmp(a, b, la);
 }

@@ -173,6 +173,8 @@ struct up {
     uint64_t run_bytes;
     uint64_t copied;  /* bytes the store copied from the base (server-side) */
     uint64_t fetched; /* reused bytes that had to be fetched (runs under 5 MiB) */
+    uint8_t *carry;   /* part_extra() bytes carried from a full part buffer to the next */
+    bool copy_failed; /* a copy part failed: the push may go again without the base */
 };
 
 struct copy_task {
@@ -305,35 +307,23 @@ static int append_bytes(struct up *u, const void *buf, size_t len, struct vmsnap
     const uint8_t *p = buf;
     while (len > 0) {
         if (u->cur && u->cur_len == u->cur_cap) {
+            /* Keep the last part_extra() bytes for the next part: copy them aside, hand the
+             * full buffer to the pool first (its memory is released when it is uploaded), only
+             * then take the next buffer from the budget: asking for it while still holding the
+             * full one could wait forever on a budget that fits one buffer. */
             size_t keep = part_extra(u);
-            uint8_t *full = u->cur;
-            size_t full_cap = u->cur_cap;
-            u->cur = NULL;
-            int rc = keep ? new_part_buffer(u, u->nparts + 2, err) : 0;
-            if (rc == 0 && keep) {
-                memcpy(u->cur, full + full_cap - keep, keep);
+            if (keep && !u->carry && !(u->carry = malloc(keep)))
+                return vmsnap_err_set(err, ENOMEM, "out of memory");
+            if (keep)
+                memcpy(u->carry, u->cur + u->cur_cap - keep, keep);
+            u->cur_len -= keep;
+            int rc = flush_part(u, err);
+            if (rc == 0 && keep && (rc = new_part_buffer(u, u->nparts + 1, err)) == 0) {
+                memcpy(u->cur, u->carry, keep);
                 u->cur_len = keep;
             }
-            /* submit the full buffer minus what was kept */
-            uint8_t *next = u->cur;
-            size_t next_len = u->cur_len, next_cap = u->cur_cap;
-            u->cur = full;
-            u->cur_len = full_cap - keep;
-            u->cur_cap = full_cap;
-            if (rc == 0)
-                rc = flush_part(u, err);
-            else
-                u->cur_len = full_cap; /* nothing submitted: freed by the caller's cleanup */
-            if (rc < 0) {
-                if (next) {
-                    free(next);
-                    xpool_mem_release(&u->x->pool, next_cap);
-                }
+            if (rc < 0)
                 return rc;
-            }
-            u->cur = next;
-            u->cur_len = next_len;
-            u->cur_cap = next_cap;
         }
         if (!u->cur) {
             int rc = new_part_buffer(u, u->nparts + 1, err);
@@ -362,10 +352,14 @@ static void copy_run(struct xtask *t, struct vmsnap_store_conn *c)
         rc = vmsnap_store_mpu_part_copy(c, u->key, u->upload_id, ct->num, ct->off, u->base_key,
                                         u->base_etag, ct->src_off, ct->len, &u->parts[ct->num - 1],
                                         &e);
-    if (rc < 0)
+    if (rc < 0) {
+        pthread_mutex_lock(&u->mu);
+        u->copy_failed = true;
+        pthread_mutex_unlock(&u->mu);
         up_fail(u, rc, &e);
-    else if (!skip)
+    } else if (!skip) {
         progress_add(u->x, ct->len, 0);
+    }
     pthread_mutex_lock(&u->mu);
     u->inflight--;
     pthread_cond_broadcast(&u->cv);
@@ -396,7 +390,8 @@ static int fetch_frames(struct up *u, size_t i0, size_t i1, struct vmsnap_err *e
                                 u->base_key, (unsigned long long)f->offset);
         if (rc == 0)
             rc = append_bytes(u, b, (size_t)f->csize, err);
-        u->fetched += f->csize;
+        if (rc == 0)
+            u->fetched += f->csize;
     }
     free(b);
     return rc;
@@ -549,7 +544,7 @@ static int abort_leftover(void *arg, const char *key, const char *id)
 /* Open the base object `bkey` for a push: its ETag (guarding copies) and seek table. Returns 1
  * with *img set, 0 when it cannot serve as a base (missing, no seek table: logged), < 0 on
  * memory errors. */
-static int open_base(struct vmsnap_store_conn *ctl, const char *bkey,
+static int open_base(const struct xfer *x, struct vmsnap_store_conn *ctl, const char *bkey,
                      char etag[VMSNAP_STORE_ETAG_MAX], struct vmsnap_image **img,
                      struct vmsnap_err *err)
 {
@@ -569,6 +564,18 @@ static int open_base(struct vmsnap_store_conn *ctl, const char *bkey,
         vlog(VMSNAP_LOG_INFO, "base %s not used: %s", bkey, rc == 0 ? "no seek table" : e.msg);
         return 0;
     }
+    struct vmsnap_image_stats bs;
+    vmsnap_image_get_stats(*img, &bs);
+    uint64_t fs = x->o.frame_size ? x->o.frame_size : VMSNAP_IMAGE_DEFAULT_FRAME_SIZE;
+    int level = x->o.level ? x->o.level : 1;
+    if (bs.frame_size != fs || bs.level != level) {
+        vlog(VMSNAP_LOG_INFO,
+             "base %s not used: frame size %llu and level %d, this push %llu and %d", bkey,
+             (unsigned long long)bs.frame_size, bs.level, (unsigned long long)fs, level);
+        vmsnap_image_free(*img);
+        *img = NULL;
+        return 0;
+    }
     return 1;
 }
 
@@ -576,7 +583,8 @@ static int open_base(struct vmsnap_store_conn *ctl, const char *bkey,
  * not change. Fills the manifest entry (sizes, digest). */
 static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const char *path,
                         const char *key, const char *base_key, struct vmsnap_image *base,
-                        const char *base_etag, struct mf_file *mf, struct vmsnap_err *err)
+                        const char *base_etag, struct mf_file *mf, bool *copy_failed,
+                        struct vmsnap_err *err)
 {
     struct up u = {.x = x, .ctl = ctl, .key = key, .base_key = base_key, .base_etag = base_etag};
     pthread_mutex_init(&u.mu, NULL);
@@ -586,9 +594,6 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
         EVP_MD_CTX_free(u.sha);
         return vmsnap_err_set(err, ENOMEM, "sha256 context");
     }
-    struct stat sb;
-    if (fstat(fd, &sb) == 0)
-        progress_add(x, 0, (uint64_t)sb.st_blocks * 512 / 2);
     struct vmsnap_sink sink = {sink_write, &u, base ? sink_copy : NULL};
     struct vmsnap_pack_opts po = {
         .threads = x->o.threads, .frame_size = x->o.frame_size, .level = x->o.level, .base = base};
@@ -663,6 +668,8 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
              "fetched",
              key, (unsigned long long)stats.reused, (unsigned long long)stats.frames,
              (unsigned long long)u.copied, (unsigned long long)u.fetched);
+    *copy_failed = u.copy_failed;
+    free(u.carry);
     free(u.run);
     free(u.upload_id);
     free(u.parts);
@@ -677,19 +684,26 @@ static int push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const 
                    const char *key, const char *base_key, struct mf_file *mf,
                    struct vmsnap_err *err)
 {
+    struct stat sb;
+    if (fstat(fd, &sb) == 0)
+        progress_add(x, 0, (uint64_t)sb.st_blocks * 512 / 2);
     struct vmsnap_image *base = NULL;
     char etag[VMSNAP_STORE_ETAG_MAX] = "";
     if (base_key) {
-        int rc = open_base(ctl, base_key, etag, &base, err);
+        int rc = open_base(x, ctl, base_key, etag, &base, err);
         if (rc < 0)
             return rc;
     }
-    int rc = push_fd_once(x, ctl, fd, path, key, base ? base_key : NULL, base, etag, mf, err);
-    if (base && (rc == -ESTALE || rc == -ENOENT)) {
-        vlog(VMSNAP_LOG_WARN, "%s: the base %s changed during the push (%s); pushing it whole",
-             path, base_key, err ? err->msg : "");
+    bool copy_failed = false;
+    int rc = push_fd_once(x, ctl, fd, path, key, base ? base_key : NULL, base, etag, mf,
+                          &copy_failed, err);
+    /* The base changed or went away (412, 404, a fetched frame that differs), the store could
+     * not copy, or the runs needed too many parts: go again without it. */
+    if (base && rc < 0 && (copy_failed || rc == -ESTALE || rc == -ENOENT || rc == -EFBIG)) {
+        vlog(VMSNAP_LOG_WARN, "%s: the push with base %s failed (%s); pushing it whole", path,
+             base_key, err ? err->msg : "");
         vmsnap_err_clear(err);
-        rc = push_fd_once(x, ctl, fd, path, key, NULL, NULL, NULL, mf, err);
+        rc = push_fd_once(x, ctl, fd, path, key, NULL, NULL, NULL, mf, &copy_failed, err);
     }
     vmsnap_image_free(base);
     return rc;
@@ -1051,7 +1065,6 @@ struct down {
     struct vmsnap_err err;
     EVP_MD_CTX *sha;
     uint64_t hashed;
-    uint64_t table_off; /* where the seek table starts (objects with one) */
     struct vmsnap_image_stats stats;
     struct vmsnap_seqdec *seq;
 };
@@ -1130,19 +1143,9 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
     while (d->next_hash < d->ng && d->g[d->next_hash].done) {
         struct grp *h = &d->g[d->next_hash];
         if (d->rc == 0 && h->buf) {
-            if (!d->mf || !d->mf->detail) {
-                /* no digest to check (a single object, a reference manifest) */
-            } else if (d->mf->table_digest) {
-                /* tableSha256: the prefix and the seek table only */
-                if (h->off < VMSNAP_IMAGE_PREFIX_LEN)
-                    EVP_DigestUpdate(d->sha, h->buf,
-                                     VMSNAP_MIN(h->len, VMSNAP_IMAGE_PREFIX_LEN - h->off));
-                uint64_t lo = VMSNAP_MAX(h->off, d->table_off), hi = h->off + h->len;
-                if (lo < hi)
-                    EVP_DigestUpdate(d->sha, h->buf + (lo - h->off), hi - lo);
-            } else {
+            /* a whole-object sha256 (older manifests); tableSha256 was checked at the start */
+            if (d->mf && d->mf->detail && !d->mf->table_digest)
                 EVP_DigestUpdate(d->sha, h->buf, h->len);
-            }
             d->hashed += h->len;
         }
         free(h->buf);
@@ -1275,11 +1278,27 @@ static int down_start(struct down *d, struct vmsnap_store_conn *ctl, const char 
     if (ftruncate(d->af.fd, (off_t)d->stats.total_size) < 0)
         return vmsnap_err_set(err, errno, "set size of %s to %llu: %s", dst,
                               (unsigned long long)d->stats.total_size, strerror(errno));
+    if (d->mf && d->mf->detail && d->mf->table_digest) {
+        /* tableSha256 over the very bytes the table was parsed from: every frame is then
+         * checked against that table (compressed XXH64, content XXH64, zstd's checksum) */
+        const void *pre, *tab;
+        size_t pl, tl;
+        vmsnap_image_raw(d->img, &pre, &pl, &tab, &tl);
+        unsigned char md[32];
+        unsigned mdl = 0;
+        char hx[65];
+        EVP_DigestUpdate(d->sha, pre, pl);
+        EVP_DigestUpdate(d->sha, tab, tl);
+        EVP_DigestFinal_ex(d->sha, md, &mdl);
+        hex32(md, hx);
+        if (!pre || strcmp(hx, d->mf->sha256))
+            return vmsnap_err_set(err, EINVAL,
+                                  "%s: tableSha256 %s does not match the manifest (%s): refusing "
+                                  "it",
+                                  d->url, hx, d->mf->sha256);
+    }
     if ((rc = make_groups(d, err)) < 0)
         return rc;
-    struct vmsnap_frame_info lf;
-    vmsnap_image_frame(d->img, vmsnap_image_frame_count(d->img) - 1, &lf);
-    d->table_off = lf.offset + lf.csize;
     for (uint32_t i = 0; i < d->ng; i++) {
         pthread_mutex_lock(&d->mu);
         bool failed = d->rc != 0;
@@ -1317,7 +1336,7 @@ static int down_finish(struct down *d, int rc, struct vmsnap_err *err)
     if (rc == 0 && d->hashed != d->osize)
         rc = vmsnap_err_set(err, EIO, "%s: received %llu of %llu bytes", d->url,
                             (unsigned long long)d->hashed, (unsigned long long)d->osize);
-    if (rc == 0 && d->mf && d->mf->detail) {
+    if (rc == 0 && d->mf && d->mf->detail && !d->mf->table_digest) {
         unsigned char md[32];
         unsigned mdl = 0;
         char hx[65];

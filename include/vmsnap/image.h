@@ -80,7 +80,9 @@ struct vmsnap_pack_opts {
      * (XXH64, with equal source range, size and populated bytes) to the base's frame for the
      * same range is unchanged. Runs of unchanged frames (see base_min_run) are not compressed:
      * the sink's `copy` gets each base frame instead. Used only when the frame sizes match and
-     * the sink has `copy`. Costs a second read of the source. */
+     * the sink has `copy`, the frame sizes and zstd levels match (frames of another zstd
+     * version are the same content, possibly other bytes). Costs a second read of the
+     * source. */
     const struct vmsnap_image *base;
     /* With a base: every run of reused frames (adjacent in the base) the sink gets holds at
      * least this many bytes, and is preceded by at least this many written bytes since the
@@ -102,6 +104,7 @@ struct vmsnap_image_stats {
     bool plain_zstd;       /* input was a plain zstd stream of a whole file */
     uint64_t reused;       /* pack with a base: data frames taken from the base */
     uint64_t reused_bytes; /* their compressed bytes */
+    int level;             /* zstd level the seek table records (0: no table) */
 };
 
 /* Encode the regular file open at `src_fd` into `sink`. The output is byte-identical for any
@@ -154,6 +157,12 @@ struct vmsnap_frame_info {
 VMSNAP_API int vmsnap_image_open(const struct vmsnap_source *src, uint64_t max_size,
                                  struct vmsnap_image **out, struct vmsnap_err *err);
 VMSNAP_API void vmsnap_image_free(struct vmsnap_image *img);
+
+/* The bytes vmsnap_image_open() read and validated: the object's first VMSNAP_IMAGE_PREFIX_LEN
+ * bytes and its whole seek table frame (footer included); what a manifest's tableSha256 is
+ * computed over. */
+VMSNAP_API void vmsnap_image_raw(const struct vmsnap_image *img, const void **prefix,
+                                 size_t *prefix_len, const void **table, size_t *table_len);
 
 /* Whole-image fields from the table. `frames` counts every frame, header and trailer included. */
 VMSNAP_API void vmsnap_image_get_stats(const struct vmsnap_image *img,

@@ -155,6 +155,8 @@ static void copy_file(const char *from, const char *to)
     close(b);
 }
 
+static unsigned rounds_with_copies;
+
 static void one_case(unsigned round, uint64_t size, uint64_t frame_size, uint64_t min_run,
                      unsigned changes)
 {
@@ -188,6 +190,7 @@ static void one_case(unsigned round, uint64_t size, uint64_t frame_size, uint64_
     CHECKF(s1.populated == sp.populated && s1.extents == sp.extents &&
                s1.zero_elided == sp.zero_elided && s1.frames == sp.frames,
            "round %u: stats differ from a plain pack", round);
+    rounds_with_copies += r1.copied > 0;
     membuf_sink_free(&r1.out);
     membuf_sink_free(&r4.out);
     membuf_sink_free(&base);
@@ -197,9 +200,12 @@ static void one_case(unsigned round, uint64_t size, uint64_t frame_size, uint64_
 int main(void)
 {
     t_tmpdir();
-    /* random layouts and changes; small minimum runs so that many runs qualify */
+    /* random layouts and changes; minimum runs of 256 KiB to 1 MiB against objects of 7-11 MB
+     * (mixed, compressible data), so that runs qualify and the rules are exercised */
     for (unsigned round = 0; round < 12; round++)
-        one_case(round, 48 * MiB, 1 * MiB, (round % 3 + 1) * MiB, 1 + round % 6);
+        one_case(round, 48 * MiB, 1 * MiB, (256 << 10) << (round % 3), 1 + round % 6);
+    /* a few changed frames in 48 leave long unchanged runs: reuse must actually happen */
+    CHECKF(rounds_with_copies >= 9, "only %u of 12 rounds reused anything", rounds_with_copies);
 
     /* an unchanged file: everything but the header/sentinel frames comes from the base, in one
      * run (the head is compressed only when the header alone precedes it) */
