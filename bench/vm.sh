@@ -4,12 +4,14 @@
 # 64 MiB more before every checkpoint; N cycles (default 20) of
 #   pause/resume            (local checkpoint)
 #   suspend/resume local    (local directory store)
-#   suspend/resume rgw      (a throw-away Ceph RGW started here, if Ceph is installed)
+#   suspend/resume rgw      (a throw-away Ceph RGW started here, if Ceph is installed; each suspend
+#                            has the previous set as its base: unchanged frames copied by RGW)
+#   suspend/resume rgw-nobase  (the same with --no-base: every frame compressed and uploaded)
 # each in a 768 MiB memory cgroup (cgroup v1 or v2) and without a limit, with and without
 # page-cache hygiene (--no-evict). Prints p50/p90/p99 of every step and end to end as a
 # markdown table, plus the page cache the checkpoint keeps after resume and QEMU's RSS.
 #
-#   bench/vm.sh [BUILD_DIR]     env: CYCLES=20 OPS="pause local rgw" LIMITS="768M none"
+#   bench/vm.sh [BUILD_DIR]     env: CYCLES=20 OPS="pause local rgw rgw-nobase" LIMITS="768M none"
 #                                    HYGIENE="on off" BENCH_DIR=/var/tmp BLOB_MIB=64 (boot blob)
 # Runs under TCG here (no vmx/svm): the figures are for ratios, not absolute claims.
 set -euo pipefail
@@ -17,7 +19,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$here/build}
 VMSNAP=$BUILD/vmsnap
 CYCLES=${CYCLES:-20}
-OPS=${OPS:-pause local rgw}
+OPS=${OPS:-pause local rgw rgw-nobase}
 LIMITS=${LIMITS:-768M none}
 HYGIENE=${HYGIENE:-on off}
 [ -x "$VMSNAP" ] || { echo "bench/vm.sh: build first ($VMSNAP missing)" >&2; exit 1; }
@@ -87,7 +89,7 @@ server_cpu() {
     done
     echo "scale=2; $t / $(getconf CLK_TCK)" | bc
 }
-if [[ " $OPS " == *" rgw "* ]]; then
+if [[ " $OPS " == *" rgw"* ]]; then
     if command -v radosgw >/dev/null; then
         RGW=$W/rgw
         bash "$here/tests/rgw-up.sh" "$RGW" >"$W/rgw.log" 2>&1 || { echo "RGW did not start" >&2; RGW=; }
@@ -109,6 +111,7 @@ if [[ " $OPS " == *" rgw "* ]]; then
         rm -f "$W/warm"
     else
         echo "bench/vm.sh: no RGW (scripts/deps.sh s3); skipping the rgw rows" >&2
+        OPS=${OPS//rgw-nobase/}
         OPS=${OPS//rgw/}
     fi
 fi
@@ -119,7 +122,10 @@ record() { # record CONFIG JSON-LINE
     python3 -c 'import json,sys
 d=json.loads(sys.argv[2]); op=d["op"]
 for k,v in d["steps"].items(): print("%s\t%s.%s\t%s" % (sys.argv[1], op, k, v))
-print("%s\t%s.total\t%s" % (sys.argv[1], op, d["total"]))' "$1" "$2" >>"$RES"
+print("%s\t%s.total\t%s" % (sys.argv[1], op, d["total"]))
+if "object_bytes" in d:
+    print("%s\t%s.object-MiB\t%.1f" % (sys.argv[1], op, d["object_bytes"] / 1048576))
+    print("%s\t%s.copied-by-store-MiB\t%.1f" % (sys.argv[1], op, d["copied_bytes"] / 1048576))' "$1" "$2" >>"$RES"
 }
 
 for limit in $LIMITS; do
@@ -131,13 +137,15 @@ for limit in $LIMITS; do
             [ "$limit" = none ] || cg_make "$limit"
             ne=()
             [ "$hyg" = off ] && ne=(--no-evict)
+            nb=()
+            [ "$op" = rgw-nobase ] && nb=(--no-base)
             vm run b --kernel "$G/vmlinux" --initrd "$G/initrd.cpio.gz" --mem 512M \
                 --append "$(cat "$G/cmdline") vmsnap.dirty=${BLOB_MIB:-64}" 2>/dev/null
             wait_line 0 'vmsnap-counter ram=1 '
             case $op in
             pause) url= ;;
             local) url=$W/store/set ;;
-            rgw) url=s3://$BUCKET/set ;;
+            rgw | rgw-nobase) url=s3://$BUCKET/set-$op ;;
             esac
             for ((c = 1; c <= CYCLES; c++)); do
                 from=$(lines)
@@ -147,11 +155,11 @@ for limit in $LIMITS; do
                 if [ -z "$url" ]; then
                     j1=$(vm pause b --json "${ne[@]}")
                     j2=$(vm resume b --json "${ne[@]}")
-                elif [ "$op" = rgw ]; then
+                elif [ "$op" != local ]; then
                     # CPU seconds of the client (this suspend) and of the co-located server
                     s0=$(server_cpu)
                     TIMEFORMAT='%U %S'
-                    { time j1=$(vm suspend b "$url" --json "${ne[@]}"); } 2>"$W/cpu"
+                    { time j1=$(vm suspend b "$url" --json "${ne[@]}" "${nb[@]}"); } 2>"$W/cpu"
                     s1=$(server_cpu)
                     read -r cu cs <"$W/cpu"
                     printf '%s\tsuspend.client-cpu-s\t%s\n' "$cfg" "$(echo "$cu + $cs" | bc)" >>"$RES"
