@@ -50,6 +50,15 @@ struct recs {
     uint64_t populated, extents, zero;
 };
 
+/* With a base: what the pre-scan found and decided for one range. */
+struct plan {
+    uint32_t base_frame; /* the base's frame for this range, index + 1 (0: none) */
+    uint32_t run_id;     /* planned run (1, 2, ...; 0: none) */
+    bool reuse;          /* take the base's frame */
+    uint64_t run_left;   /* base bytes from this frame to the end of its planned run */
+    struct recs scan;    /* records found (len only marks data where the base has no frame) */
+};
+
 struct enc {
     int fd;
     const char *name;
@@ -60,12 +69,8 @@ struct enc {
     bool elide;
     bool drop_cache;
     const struct vmsnap_image *base;
-    uint32_t *base_map; /* range index -> base frame index + 1 (0: none) */
-    bool *reuse;        /* range index -> take the base's frame (pre-scan result) */
-    uint64_t *run_left; /* range index -> base bytes from it to the end of its planned run */
-    struct recs *scan;  /* range index -> what the pre-scan found (sizes and counts) */
-    uint32_t *run_id;   /* range index -> planned run (1, 2, ...; 0: none) */
-    uint64_t min_run;   /* bytes a reused run and the written bytes before it need at least */
+    struct plan *plan; /* with a base: one per range */
+    uint64_t min_run;  /* bytes a reused run and the written bytes before it need at least */
 
     pthread_mutex_t mu;
     pthread_cond_t cv_work; /* a slot was freed or abort */
@@ -301,11 +306,11 @@ static int build_records(struct worker *w, uint64_t idx, bool drop, struct recs 
 static bool same_as_base(const struct enc *e, uint64_t idx, const struct recs *r, uint64_t sum,
                          struct vmsnap_frame_info *bf)
 {
-    if (!e->base_map || !e->base_map[idx])
+    if (!e->plan || !e->plan[idx].base_frame)
         return false;
     uint64_t start = idx * e->frame_size;
     uint64_t end = VMSNAP_MIN(start + e->frame_size, e->size);
-    vmsnap_image_frame(e->base, e->base_map[idx] - 1, bf);
+    vmsnap_image_frame(e->base, e->plan[idx].base_frame - 1, bf);
     return bf->src_start == start && bf->src_end == end && bf->dsize == r->len &&
            bf->populated == r->populated && bf->checksum == sum;
 }
@@ -315,15 +320,15 @@ static bool same_as_base(const struct enc *e, uint64_t idx, const struct recs *r
 static int encode_range(struct worker *w, uint64_t idx, struct slot *s)
 {
     struct enc *e = w->e;
-    if (e->reuse && e->reuse[idx]) {
+    if (e->plan && e->plan[idx].reuse) {
         /* the pre-scan found this range unchanged and part of a run worth reusing: not read
          * again (the writer rebuilds and checks it if it has to compress it after all) */
         uint64_t start = idx * e->frame_size;
-        vmsnap_image_frame(e->base, e->base_map[idx] - 1, &s->bf);
+        vmsnap_image_frame(e->base, e->plan[idx].base_frame - 1, &s->bf);
         s->has_frame = s->reused = true;
         s->fi = s->bf;
-        s->zero_elided = e->scan[idx].zero;
-        s->extents = e->scan[idx].extents;
+        s->zero_elided = e->plan[idx].scan.zero;
+        s->extents = e->plan[idx].scan.extents;
         if (e->drop_cache)
             (void)posix_fadvise(e->fd, (off_t)start,
                                 (off_t)(VMSNAP_MIN(start + e->frame_size, e->size) - start),
@@ -380,19 +385,19 @@ static void *scan_main(void *arg)
         struct recs r = {0};
         struct vmsnap_err er = {0};
         int rc = 0;
-        if (!e->base_map[idx]) {
+        if (!e->plan[idx].base_frame) {
             /* nothing to compare with; note only whether the range has data (it breaks a run) */
             uint64_t start = idx * e->frame_size;
             size_t n = 0;
             rc = find_extents(sc->w, start, VMSNAP_MIN(start + e->frame_size, e->size), &n, &er);
-            e->scan[idx].len = n > 0;
+            e->plan[idx].scan.len = n > 0;
         } else {
             rc = build_records(sc->w, idx, false, &r, &er);
         }
         struct vmsnap_frame_info bf;
         if (rc == 0 && r.len) {
-            e->reuse[idx] = same_as_base(e, idx, &r, XXH64(sc->w->buf, r.len, 0), &bf);
-            e->scan[idx] = r;
+            e->plan[idx].reuse = same_as_base(e, idx, &r, XXH64(sc->w->buf, r.len, 0), &bf);
+            e->plan[idx].scan = r;
         }
         if (rc < 0) {
             pthread_mutex_lock(sc->mu);
@@ -443,34 +448,34 @@ static int prescan(struct enc *e, struct worker *ws, unsigned threads, struct vm
     uint64_t i = 0;
     uint32_t run_id = 0;
     while (i < e->nranges) {
-        if (!e->reuse[i]) {
+        if (!e->plan[i].reuse) {
             i++;
             continue;
         }
         uint64_t j = i, last = i, bytes = 0;
         for (; j < e->nranges; j++) {
-            if (!e->reuse[j]) {
-                if (e->scan[j].len)
+            if (!e->plan[j].reuse) {
+                if (e->plan[j].scan.len)
                     break;
                 continue;
             }
-            if (j != i && e->base_map[j] != e->base_map[last] + 1)
+            if (j != i && e->plan[j].base_frame != e->plan[last].base_frame + 1)
                 break;
             struct vmsnap_frame_info bf;
-            vmsnap_image_frame(e->base, e->base_map[j] - 1, &bf);
+            vmsnap_image_frame(e->base, e->plan[j].base_frame - 1, &bf);
             bytes += bf.csize;
             last = j;
         }
         uint64_t left = bytes;
         run_id++;
         for (uint64_t k = i; k <= last; k++) {
-            if (!e->reuse[k])
+            if (!e->plan[k].reuse)
                 continue;
-            e->run_id[k] = run_id;
+            e->plan[k].run_id = run_id;
             struct vmsnap_frame_info bf;
-            vmsnap_image_frame(e->base, e->base_map[k] - 1, &bf);
-            e->reuse[k] = bytes >= min_run;
-            e->run_left[k] = left;
+            vmsnap_image_frame(e->base, e->plan[k].base_frame - 1, &bf);
+            e->plan[k].reuse = bytes >= min_run;
+            e->plan[k].run_left = left;
             left -= bf.csize;
         }
         i = last + 1;
@@ -691,27 +696,17 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
         vmsnap_image_get_stats(opts->base, &bs);
         if (bs.frame_size == e.frame_size && bs.level == e.level && e.nranges > 0) {
             e.base = opts->base;
-            e.base_map = calloc(e.nranges, sizeof(*e.base_map));
-            e.reuse = calloc(e.nranges, sizeof(*e.reuse));
-            e.run_left = calloc(e.nranges, sizeof(*e.run_left));
-            e.scan = calloc(e.nranges, sizeof(*e.scan));
-            e.run_id = calloc(e.nranges, sizeof(*e.run_id));
+            e.plan = calloc(e.nranges, sizeof(*e.plan));
             e.min_run = opts->base_min_run ? opts->base_min_run : VMSNAP_IMAGE_DEFAULT_MIN_RUN;
-            if (!e.base_map || !e.reuse || !e.run_left || !e.scan || !e.run_id) {
-                free(e.run_id);
-                free(e.base_map);
-                free(e.reuse);
-                free(e.run_left);
-                free(e.scan);
+            if (!e.plan)
                 return vmsnap_err_set(err, ENOMEM, "out of memory");
-            }
             uint32_t nb = vmsnap_image_frame_count(e.base);
             for (uint32_t i = 0; i < nb; i++) {
                 struct vmsnap_frame_info bf;
                 vmsnap_image_frame(e.base, i, &bf);
                 if (bf.src_end > bf.src_start && bf.src_start % e.frame_size == 0 &&
                     bf.src_start / e.frame_size < e.nranges)
-                    e.base_map[bf.src_start / e.frame_size] = i + 1;
+                    e.plan[bf.src_start / e.frame_size].base_frame = i + 1;
             }
         }
     }
@@ -785,11 +780,12 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
                 /* A run must reach the sink with at least min_run bytes, after at least min_run
                  * written bytes (or none) since the previous run: compress its head here when
                  * the bytes before it are fewer, all of it when too little would be left. */
-                if (!(prev_reused && sl->bf.offset == prev_base_end && e.run_id[i] == prev_run)) {
-                    run_left = e.run_left[i]; /* a planned run starts */
+                if (!(prev_reused && sl->bf.offset == prev_base_end &&
+                      e.plan[i].run_id == prev_run)) {
+                    run_left = e.plan[i].run_left; /* a planned run starts */
                     copying = false;
                 }
-                prev_run = e.run_id[i];
+                prev_run = e.plan[i].run_id;
                 if (!copying && ((seg > 0 && seg < e.min_run) || run_left < e.min_run))
                     rc = demote(&wk, i, sl, err);
                 else
@@ -858,11 +854,7 @@ out_sync:
     pthread_mutex_destroy(&e.mu);
 out:
     ZSTD_freeCCtx(cctx);
-    free(e.base_map);
-    free(e.reuse);
-    free(e.run_left);
-    free(e.scan);
-    free(e.run_id);
+    free(e.plan);
     free(e.slots);
     free(tids);
     free(ws);
