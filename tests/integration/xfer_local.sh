@@ -175,6 +175,16 @@ done
 grep -q "copied by the store from the base" "$T/log" || fail "push with a base copied nothing: $(cat "$T/log")"
 grep -q "frames reused from the base" "$T/log" || fail "no reuse report: $(cat "$T/log")"
 cmp -s "$T/v2.pk" "$S/b/v2" || fail "object pushed with a base differs from pack output"
+# parts larger than the memory budget: a full part (with its 5 MiB carry-over) goes to the pool
+# before the next buffer is taken from the budget (asking first used to wait forever)
+# (v3: 16 MiB rewritten, so written bytes fill 8 + 5 MiB buffers before the reused runs)
+cp --sparse=always "$T/v1" "$T/v3"
+dd if=/dev/urandom of="$T/v3" bs=1M count=16 conv=notrunc status=none
+"$VMSNAP" -q pack --frame-size 1M "$T/v3" "$T/v3.pk"
+timeout 120 "$VMSNAP" push --frame-size 1M --part-size 8M --max-memory 8M -j 2 --base "$S/b/v1" \
+    "$T/v3" "$S/b/v3m" 2>"$T/log" || fail "push with a base and parts as large as the budget (exit $?)"
+grep -q "copied by the store" "$T/log" || fail "small-budget push with a base copied nothing: $(cat "$T/log")"
+cmp -s "$T/v3.pk" "$S/b/v3m" || fail "object pushed with a base and a small budget differs"
 "$VMSNAP" -q rm "$S/b/v1" || fail "rm base"
 "$VMSNAP" -q pull "$S/b/v2" "$T/v2.out" || fail "pull of an object pushed with a base, base deleted"
 cmp -s "$T/v2" "$T/v2.out" || fail "round trip with a base differs"
