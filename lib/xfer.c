@@ -771,10 +771,18 @@ static int cmp_name(const void *a, const void *b)
     return strcmp(((const struct mf_file *)a)->name, ((const struct mf_file *)b)->name);
 }
 
-static const struct mf_file *sort_base;
-static int cmp_size_desc(const void *a, const void *b)
+/* qsort_r comparators over indices into an array of manifest entries (the argument) */
+static int cmp_size_desc(const void *a, const void *b, void *files)
 {
-    uint64_t x = sort_base[*(const size_t *)a].size, y = sort_base[*(const size_t *)b].size;
+    const struct mf_file *f = files;
+    uint64_t x = f[*(const size_t *)a].size, y = f[*(const size_t *)b].size;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static int cmp_objsize_desc(const void *a, const void *b, void *files)
+{
+    const struct mf_file *f = files;
+    uint64_t x = f[*(const size_t *)a].object_size, y = f[*(const size_t *)b].object_size;
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
@@ -862,8 +870,7 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
     }
     for (size_t i = 0; i < s.n; i++)
         s.order[i] = i;
-    sort_base = s.files;
-    qsort(s.order, s.n, sizeof(*s.order), cmp_size_desc);
+    qsort_r(s.order, s.n, sizeof(*s.order), cmp_size_desc, s.files);
 
     /* un-commit an existing set first, then clear the leftovers of killed pushes */
     if ((rc = vmsnap_store_delete(ctl, mkey, err)) < 0)
@@ -1417,19 +1424,30 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     }
     int rc = 0;
-    size_t started = 0;
-    for (size_t i = 0; i < m->n && rc == 0; i++) {
+    /* Largest objects first: their frame groups start downloading while the small files are
+     * still being opened (a HEAD and three small GETs each, one after another on `ctl`). */
+    size_t *order = calloc(m->n ? m->n : 1, sizeof(*order));
+    if (!order)
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    for (size_t i = 0; order && i < m->n; i++)
+        order[i] = i;
+    if (order)
+        qsort_r(order, m->n, sizeof(*order), cmp_objsize_desc, m->files);
+    for (size_t k = 0; k < m->n && rc == 0; k++) {
+        size_t i = order[k];
         struct down *d = &ds[i];
-        d->x = x;
+        d->x = x; /* marks it started: finished and freed below */
         d->mf = &m->files[i];
         char obj[300], path[4352];
         snprintf(obj, sizeof(obj), "%s.zstd", m->files[i].name);
         snprintf(path, sizeof(path), "%s/%s", dir, m->files[i].name);
         d->key = join_key(prefix, obj);
-        started++;
         rc = d->key ? down_start(d, ctl, path, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
     }
-    for (size_t i = 0; i < started; i++) {
+    free(order);
+    for (size_t i = 0; i < m->n; i++) {
+        if (!ds[i].x)
+            continue;
         struct vmsnap_err e = {0};
         int r = down_finish(&ds[i], 0, &e);
         if (r < 0 && rc == 0) {
@@ -1438,8 +1456,8 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
                 *err = e;
         }
     }
-    /* all verified: publish every file */
-    for (size_t i = 0; i < started && rc == 0; i++) {
+    /* all verified: publish every file (all were started when rc is 0) */
+    for (size_t i = 0; i < m->n && rc == 0; i++) {
         rc = sys_atomic_commit(&ds[i].af, !x->o.no_fsync, err);
         ds[i].af_open = false;
         if (rc == 0 && stats) {
@@ -1449,8 +1467,9 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
             stats->object_bytes += ds[i].osize;
         }
     }
-    for (size_t i = 0; i < started; i++)
-        down_free(&ds[i], false);
+    for (size_t i = 0; i < m->n; i++)
+        if (ds[i].x)
+            down_free(&ds[i], false);
     free(ds);
     if (rc < 0 && created)
         rmdir(dir);
