@@ -132,16 +132,43 @@ static void hex32(const unsigned char *md, char out[65])
     out[64] = '\0';
 }
 
-/* A source over an object, read with ranged GETs on one connection. */
-struct ranged_src {
+/* A source over an object for opening it (vmsnap_image_open) with ranged GETs: the first read
+ * that ends at the object's end (the footer) fetches the last TAIL_READ bytes at once, so the
+ * seek table read next is served from memory; an object no larger than that is fetched whole by
+ * its first read, and a pull then decodes its frame group from that copy too. One GET instead of
+ * three for a small file of a set, two instead of three for a large one. */
+#define TAIL_READ (64u << 10)
+struct tail_src {
     struct vmsnap_store_conn *c;
     const char *key;
+    uint64_t size;
+    uint8_t *buf; /* bytes [boff, boff + blen) of the object, or NULL */
+    uint64_t boff;
+    size_t blen;
 };
 
-static int ranged_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err)
+static int tail_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err)
 {
-    struct ranged_src *r = arg;
-    return vmsnap_store_get(r->c, r->key, off, len, buf, err);
+    struct tail_src *t = arg;
+    if (!t->buf && len > 0 && (t->size <= TAIL_READ || off + len == t->size)) {
+        size_t n = t->size < TAIL_READ ? (size_t)t->size : TAIL_READ;
+        uint8_t *b = malloc(n);
+        if (!b)
+            return vmsnap_err_set(err, ENOMEM, "out of memory");
+        int rc = vmsnap_store_get(t->c, t->key, t->size - n, n, b, err);
+        if (rc < 0) {
+            free(b);
+            return rc;
+        }
+        t->buf = b;
+        t->boff = t->size - n;
+        t->blen = n;
+    }
+    if (t->buf && off >= t->boff && len <= t->blen && off - t->boff <= t->blen - len) {
+        memcpy(buf, t->buf + (off - t->boff), len);
+        return 0;
+    }
+    return vmsnap_store_get(t->c, t->key, off, len, buf, err);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -554,10 +581,11 @@ static int open_base(const struct xfer *x, struct vmsnap_store_conn *ctl, const 
     int rc = vmsnap_store_head_etag(ctl, bkey, &size, etag, &e);
     if (rc == 0 && !etag[0])
         rc = vmsnap_err_set(&e, EPROTO, "%s: no ETag", bkey);
-    struct ranged_src rs = {ctl, bkey};
-    struct vmsnap_source src = {ranged_pread, &rs, size, bkey};
+    struct tail_src ts = {ctl, bkey, size, NULL, 0, 0};
+    struct vmsnap_source src = {tail_pread, &ts, size, bkey};
     if (rc == 0)
         rc = vmsnap_image_open(&src, 0, img, &e);
+    free(ts.buf);
     if (rc == -ENOMEM)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     if (rc <= 0) {
@@ -1072,6 +1100,7 @@ struct down {
     struct vmsnap_err err;
     EVP_MD_CTX *sha;
     uint64_t hashed;
+    struct tail_src tail; /* the object's last bytes, read while opening it */
     struct vmsnap_image_stats stats;
     struct vmsnap_seqdec *seq;
 };
@@ -1121,7 +1150,11 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
     if (!skip && !buf)
         rc = vmsnap_err_set(&e, ENOMEM, "out of memory (%llu-byte group)",
                             (unsigned long long)g->len);
-    if (buf && rc == 0)
+    const struct tail_src *tl = &d->tail;
+    if (buf && rc == 0 && tl->buf && g->off >= tl->boff && g->len <= tl->blen &&
+        g->off - tl->boff <= tl->blen - g->len)
+        memcpy(buf, tl->buf + (g->off - tl->boff), g->len); /* a small object, read whole */
+    else if (buf && rc == 0)
         rc = vmsnap_store_get(c, d->key, g->off, g->len, buf, &e);
     if (buf && rc == 0) {
         /* decode straight from the fetched group: no copy, small per-call buffers */
@@ -1253,9 +1286,10 @@ static int down_start(struct down *d, struct vmsnap_store_conn *ctl, const char 
         return rc;
     d->af_open = true;
     progress_add(d->x, 0, d->osize);
-    struct ranged_src rs = {ctl, d->key};
-    struct vmsnap_source src = {ranged_pread, &rs, d->osize, d->url};
+    d->tail = (struct tail_src){ctl, d->key, d->osize, NULL, 0, 0};
+    struct vmsnap_source src = {tail_pread, &d->tail, d->osize, d->url};
     rc = vmsnap_image_open(&src, d->x->o.max_size, &d->img, err);
+    d->tail.c = NULL; /* the pool's threads only read the cached bytes */
     if (rc < 0)
         return rc;
     if (rc == 0 && d->mf && d->mf->table_digest)
@@ -1362,6 +1396,7 @@ static void down_free(struct down *d, bool keep)
     if (d->af_open && !keep)
         sys_atomic_abort(&d->af);
     vmsnap_image_free(d->img);
+    free(d->tail.buf);
     free(d->g);
     EVP_MD_CTX_free(d->sha);
     free(d->key);
