@@ -204,13 +204,8 @@ struct up {
     bool copy_failed; /* a copy part failed: the push may go again without the base */
 };
 
-struct copy_task {
-    struct xtask t;
-    struct up *u;
-    uint32_t num;
-    uint64_t off, src_off, len;
-};
-
+/* One part for the pool: `len` bytes from `buf`, or, when buf is NULL, a copy of `len` bytes at
+ * `src_off` of the base object. */
 struct part_task {
     struct xtask t;
     struct up *u;
@@ -218,6 +213,7 @@ struct part_task {
     size_t len, cap;
     uint32_t num;
     uint64_t off;
+    uint64_t src_off;
 };
 
 static size_t part_cap(const struct up *u, uint32_t num)
@@ -248,15 +244,27 @@ static void part_run(struct xtask *t, struct vmsnap_store_conn *c)
     pthread_mutex_lock(&u->mu);
     bool skip = u->rc != 0;
     pthread_mutex_unlock(&u->mu);
-    if (!skip)
+    if (!skip && pt->buf)
         rc = vmsnap_store_mpu_part(c, u->key, u->upload_id, pt->num, pt->off, pt->buf, pt->len,
                                    &u->parts[pt->num - 1], &e);
-    free(pt->buf);
-    xpool_mem_release(&u->x->pool, pt->cap);
-    if (rc < 0)
-        up_fail(u, rc, &e);
     else if (!skip)
+        rc = vmsnap_store_mpu_part_copy(c, u->key, u->upload_id, pt->num, pt->off, u->base_key,
+                                        u->base_etag, pt->src_off, pt->len, &u->parts[pt->num - 1],
+                                        &e);
+    if (pt->buf) {
+        free(pt->buf);
+        xpool_mem_release(&u->x->pool, pt->cap);
+    }
+    if (rc < 0) {
+        if (!pt->buf) {
+            pthread_mutex_lock(&u->mu);
+            u->copy_failed = true;
+            pthread_mutex_unlock(&u->mu);
+        }
+        up_fail(u, rc, &e);
+    } else if (!skip) {
         progress_add(u->x, pt->len, 0);
+    }
     pthread_mutex_lock(&u->mu);
     u->inflight--;
     pthread_cond_broadcast(&u->cv);
@@ -366,34 +374,6 @@ static int append_bytes(struct up *u, const void *buf, size_t len, struct vmsnap
     return 0;
 }
 
-static void copy_run(struct xtask *t, struct vmsnap_store_conn *c)
-{
-    struct copy_task *ct = (struct copy_task *)t;
-    struct up *u = ct->u;
-    struct vmsnap_err e = {0};
-    int rc = 0;
-    pthread_mutex_lock(&u->mu);
-    bool skip = u->rc != 0;
-    pthread_mutex_unlock(&u->mu);
-    if (!skip)
-        rc = vmsnap_store_mpu_part_copy(c, u->key, u->upload_id, ct->num, ct->off, u->base_key,
-                                        u->base_etag, ct->src_off, ct->len, &u->parts[ct->num - 1],
-                                        &e);
-    if (rc < 0) {
-        pthread_mutex_lock(&u->mu);
-        u->copy_failed = true;
-        pthread_mutex_unlock(&u->mu);
-        up_fail(u, rc, &e);
-    } else if (!skip) {
-        progress_add(u->x, ct->len, 0);
-    }
-    pthread_mutex_lock(&u->mu);
-    u->inflight--;
-    pthread_cond_broadcast(&u->cv);
-    pthread_mutex_unlock(&u->mu);
-    free(ct);
-}
-
 /* Fetch the reused frames run[i0, i1) from the base and append them as new bytes, checking each
  * against the XXH64 of its compressed bytes in the base's seek table. */
 static int fetch_frames(struct up *u, size_t i0, size_t i1, struct vmsnap_err *err)
@@ -464,15 +444,15 @@ static int place_run(struct up *u, struct vmsnap_err *err)
         int rc = start_part(u, err);
         if (rc < 0)
             return rc;
-        struct copy_task *ct = calloc(1, sizeof(*ct));
+        struct part_task *ct = calloc(1, sizeof(*ct));
         if (!ct)
             return vmsnap_err_set(err, ENOMEM, "out of memory");
-        ct->t.run = copy_run;
+        ct->t.run = part_run;
         ct->u = u;
         ct->num = ++u->nparts;
         ct->off = u->off;
         ct->src_off = src;
-        ct->len = piece;
+        ct->len = (size_t)piece;
         u->off += piece;
         u->copied += piece;
         src += piece;

@@ -173,21 +173,16 @@ static void *serve(void *arg)
                 goto out;
             left -= r;
         }
-        if (act == E412) {
+        if (act == E412 || act == E503) {
             const char *resp =
-                "HTTP/1.1 412 Precondition Failed\r\nContent-Type: application/xml\r\n"
-                "Content-Length: 76\r\nConnection: close\r\n\r\n"
-                "<Error><Code>PreconditionFailed</Code><Message>injected</Message></Error>\n\n\n";
-            write_all(k->c, resp, strlen(resp));
-            shutdown(k->s, SHUT_RDWR);
-            shutdown(k->c, SHUT_WR);
-            goto out;
-        }
-        if (act == E503) {
-            const char *resp =
-                "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\n"
-                "Content-Length: 67\r\nConnection: close\r\n\r\n"
-                "<Error><Code>SlowDown</Code><Message>injected</Message></Error>\n\n\n\n\n";
+                act == E412
+                    ? "HTTP/1.1 412 Precondition Failed\r\nContent-Type: application/xml\r\n"
+                      "Content-Length: 76\r\nConnection: close\r\n\r\n"
+                      "<Error><Code>PreconditionFailed</Code><Message>injected</Message></"
+                      "Error>\n\n\n"
+                    : "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\n"
+                      "Content-Length: 67\r\nConnection: close\r\n\r\n"
+                      "<Error><Code>SlowDown</Code><Message>injected</Message></Error>\n\n\n\n\n";
             write_all(k->c, resp, strlen(resp));
             shutdown(k->s, SHUT_RDWR);
             shutdown(k->c, SHUT_WR);
