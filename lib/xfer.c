@@ -150,7 +150,7 @@ struct tail_src {
 static int tail_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err)
 {
     struct tail_src *t = arg;
-    if (!t->buf && len > 0 && (t->size <= TAIL_READ || off + len == t->size)) {
+    if (!t->buf && len > 0 && t->size > 0 && (t->size <= TAIL_READ || off + len == t->size)) {
         size_t n = t->size < TAIL_READ ? (size_t)t->size : TAIL_READ;
         uint8_t *b = malloc(n);
         if (!b)
@@ -239,24 +239,25 @@ static void part_run(struct xtask *t, struct vmsnap_store_conn *c)
 {
     struct part_task *pt = (struct part_task *)t;
     struct up *u = pt->u;
+    const bool copy = pt->buf == NULL;
     struct vmsnap_err e = {0};
     int rc = 0;
     pthread_mutex_lock(&u->mu);
     bool skip = u->rc != 0;
     pthread_mutex_unlock(&u->mu);
-    if (!skip && pt->buf)
+    if (!skip && !copy)
         rc = vmsnap_store_mpu_part(c, u->key, u->upload_id, pt->num, pt->off, pt->buf, pt->len,
                                    &u->parts[pt->num - 1], &e);
     else if (!skip)
         rc = vmsnap_store_mpu_part_copy(c, u->key, u->upload_id, pt->num, pt->off, u->base_key,
                                         u->base_etag, pt->src_off, pt->len, &u->parts[pt->num - 1],
                                         &e);
-    if (pt->buf) {
+    if (!copy) {
         free(pt->buf);
         xpool_mem_release(&u->x->pool, pt->cap);
     }
     if (rc < 0) {
-        if (!pt->buf) {
+        if (copy) {
             pthread_mutex_lock(&u->mu);
             u->copy_failed = true;
             pthread_mutex_unlock(&u->mu);
@@ -790,8 +791,9 @@ static int cmp_size_desc(const void *a, const void *b, void *files)
 static int cmp_objsize_desc(const void *a, const void *b, void *files)
 {
     const struct mf_file *f = files;
-    uint64_t x = f[*(const size_t *)a].object_size, y = f[*(const size_t *)b].object_size;
-    return x < y ? 1 : x > y ? -1 : 0;
+    size_t i = *(const size_t *)a, j = *(const size_t *)b;
+    uint64_t x = f[i].object_size, y = f[j].object_size;
+    return x < y ? 1 : x > y ? -1 : i < j ? -1 : i > j; /* ties: manifest order */
 }
 
 /* The regular files of a snapshot-set directory, sorted by name; sizes hold st_size. */
@@ -1081,6 +1083,7 @@ struct down {
     EVP_MD_CTX *sha;
     uint64_t hashed;
     struct tail_src tail; /* the object's last bytes, read while opening it */
+    int start_rc;         /* what down_start returned (a set's pull finishes every file) */
     struct vmsnap_image_stats stats;
     struct vmsnap_seqdec *seq;
 };
@@ -1130,11 +1133,15 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
     if (!skip && !buf)
         rc = vmsnap_err_set(&e, ENOMEM, "out of memory (%llu-byte group)",
                             (unsigned long long)g->len);
-    const struct tail_src *tl = &d->tail;
+    struct tail_src *tl = &d->tail;
     if (buf && rc == 0 && tl->buf && g->off >= tl->boff && g->len <= tl->blen &&
-        g->off - tl->boff <= tl->blen - g->len)
-        memcpy(buf, tl->buf + (g->off - tl->boff), g->len); /* a small object, read whole */
-    else if (buf && rc == 0)
+        g->off - tl->boff <= tl->blen - g->len) {
+        /* a group inside the bytes read when opening (a small object, read whole): at most one
+         * group (they are >= 16 MiB but for the last), so the copy is no longer needed */
+        memcpy(buf, tl->buf + (g->off - tl->boff), g->len);
+        free(tl->buf);
+        tl->buf = NULL;
+    } else if (buf && rc == 0)
         rc = vmsnap_store_get(c, d->key, g->off, g->len, buf, &e);
     if (buf && rc == 0) {
         /* decode straight from the fetched group: no copy, small per-call buffers */
@@ -1320,6 +1327,13 @@ static int down_start(struct down *d, struct vmsnap_store_conn *ctl, const char 
     }
     if ((rc = make_groups(d, err)) < 0)
         return rc;
+    /* keep the bytes read when opening only if a group will be served from them (the last) */
+    const struct grp *lg = &d->g[d->ng - 1];
+    if (d->tail.buf && !(lg->off >= d->tail.boff && lg->len <= d->tail.blen &&
+                         lg->off - d->tail.boff <= d->tail.blen - lg->len)) {
+        free(d->tail.buf);
+        d->tail.buf = NULL;
+    }
     for (uint32_t i = 0; i < d->ng; i++) {
         pthread_mutex_lock(&d->mu);
         bool failed = d->rc != 0;
@@ -1457,14 +1471,19 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
         snprintf(obj, sizeof(obj), "%s.zstd", m->files[i].name);
         snprintf(path, sizeof(path), "%s/%s", dir, m->files[i].name);
         d->key = join_key(prefix, obj);
-        rc = d->key ? down_start(d, ctl, path, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
+        if (!d->key) {
+            d->x = NULL; /* never started */
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+            break;
+        }
+        rc = d->start_rc = down_start(d, ctl, path, err);
     }
     free(order);
     for (size_t i = 0; i < m->n; i++) {
         if (!ds[i].x)
             continue;
         struct vmsnap_err e = {0};
-        int r = down_finish(&ds[i], 0, &e);
+        int r = down_finish(&ds[i], ds[i].start_rc, &e);
         if (r < 0 && rc == 0) {
             rc = r;
             if (err)

@@ -181,7 +181,7 @@ static void *serve(void *arg)
                       "<Error><Code>PreconditionFailed</Code><Message>injected</Message></"
                       "Error>\n\n\n"
                     : "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\n"
-                      "Content-Length: 67\r\nConnection: close\r\n\r\n"
+                      "Content-Length: 68\r\nConnection: close\r\n\r\n"
                       "<Error><Code>SlowDown</Code><Message>injected</Message></Error>\n\n\n\n\n";
             write_all(k->c, resp, strlen(resp));
             shutdown(k->s, SHUT_RDWR);
