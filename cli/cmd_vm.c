@@ -206,9 +206,12 @@ static void report(const char *op, const char *name, const struct vmsnap_vm_timi
     if (cli_verbose) {
         for (unsigned i = 0; i < t->n; i++)
             fprintf(stderr, "  %-14s %8.3f s\n", t->step[i].name, t->step[i].seconds);
-        if (t->object_bytes)
-            fprintf(stderr, "  objects        %llu bytes, %llu copied by the store from the base\n",
+        if (t->object_bytes && t->copied_bytes)
+            fprintf(stderr,
+                    "  objects        %llu bytes, %llu of them copied by the store from the base\n",
                     (unsigned long long)t->object_bytes, (unsigned long long)t->copied_bytes);
+        else if (t->object_bytes)
+            fprintf(stderr, "  objects        %llu bytes\n", (unsigned long long)t->object_bytes);
     }
     fprintf(stderr, "vm %s %s: %.3f s\n", op, name, t->total);
 }
