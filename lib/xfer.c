@@ -289,7 +289,10 @@ static int start_part(struct up *u, struct vmsnap_err *err)
     return 0;
 }
 
-static int flush_part(struct up *u, struct vmsnap_err *err)
+/* Queue the next part on the pool: `len` bytes of `buf` (owned by the task from here on), or
+ * with buf NULL a copy of `len` bytes at `src_off` of the base object. */
+static int submit_part(struct up *u, uint8_t *buf, size_t len, size_t cap, uint64_t src_off,
+                       struct vmsnap_err *err)
 {
     int rc = start_part(u, err);
     if (rc < 0)
@@ -299,18 +302,27 @@ static int flush_part(struct up *u, struct vmsnap_err *err)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     pt->t.run = part_run;
     pt->u = u;
-    pt->buf = u->cur;
-    pt->len = u->cur_len;
-    pt->cap = u->cur_cap;
+    pt->buf = buf;
+    pt->len = len;
+    pt->cap = cap;
+    pt->src_off = src_off;
     pt->num = ++u->nparts;
     pt->off = u->off;
-    u->off += u->cur_len;
-    u->cur = NULL;
-    u->cur_len = u->cur_cap = 0;
+    u->off += len;
     pthread_mutex_lock(&u->mu);
     u->inflight++;
     pthread_mutex_unlock(&u->mu);
     xpool_submit(&u->x->pool, &pt->t);
+    return 0;
+}
+
+static int flush_part(struct up *u, struct vmsnap_err *err)
+{
+    int rc = submit_part(u, u->cur, u->cur_len, u->cur_cap, 0, err);
+    if (rc < 0)
+        return rc;
+    u->cur = NULL;
+    u->cur_len = u->cur_cap = 0;
     return 0;
 }
 
@@ -442,26 +454,12 @@ static int place_run(struct up *u, struct vmsnap_err *err)
         uint64_t piece = part_cap(u, u->nparts + 1);
         if (left <= piece || left - piece < min)
             piece = left;
-        int rc = start_part(u, err);
+        int rc = submit_part(u, NULL, (size_t)piece, 0, src, err);
         if (rc < 0)
             return rc;
-        struct part_task *ct = calloc(1, sizeof(*ct));
-        if (!ct)
-            return vmsnap_err_set(err, ENOMEM, "out of memory");
-        ct->t.run = part_run;
-        ct->u = u;
-        ct->num = ++u->nparts;
-        ct->off = u->off;
-        ct->src_off = src;
-        ct->len = (size_t)piece;
-        u->off += piece;
         u->copied += piece;
         src += piece;
         left -= piece;
-        pthread_mutex_lock(&u->mu);
-        u->inflight++;
-        pthread_mutex_unlock(&u->mu);
-        xpool_submit(&u->x->pool, &ct->t);
     }
     return 0;
 }
