@@ -109,6 +109,7 @@ struct req {
     size_t body_len;
     bool has_body;
     uint64_t range_off, range_len; /* range_len 0: no Range */
+    bool suffix;                   /* Range: the last range_len bytes (bytes=-N) */
     const struct sigv4_header *xh; /* extra x-amz-* headers, signed and sent (lowercase names) */
     size_t nxh;
     /* sinks for a 2xx body (at most one) */
@@ -128,6 +129,8 @@ struct req {
     char etag[VMSNAP_STORE_ETAG_MAX];
     uint64_t content_length;
     bool have_length;
+    uint64_t cr_first, cr_last, cr_total; /* Content-Range: bytes FIRST-LAST/TOTAL */
+    bool have_range;
 };
 
 static size_t read_cb(char *buf, size_t size, size_t n, void *arg)
@@ -232,6 +235,7 @@ static size_t header_cb(char *buf, size_t size, size_t n, void *arg)
             r->status = strtol(sp + 1, NULL, 10);
         r->etag[0] = '\0';
         r->have_length = false;
+        r->have_range = false;
         return len;
     }
     const char *colon = memchr(buf, ':', len);
@@ -257,6 +261,20 @@ static size_t header_cb(char *buf, size_t size, size_t n, void *arg)
             if (!*end) {
                 r->content_length = x;
                 r->have_length = true;
+            }
+        }
+    } else if (nl == 13 && !strncasecmp(buf, "content-range", 13)) {
+        char tmp[80];
+        unsigned long long a, b, t;
+        char tail;
+        if (vl < sizeof(tmp)) {
+            memcpy(tmp, v, vl);
+            tmp[vl] = '\0';
+            if (sscanf(tmp, "bytes %llu-%llu/%llu%c", &a, &b, &t, &tail) == 3 && a <= b && b < t) {
+                r->cr_first = a;
+                r->cr_last = b;
+                r->cr_total = t;
+                r->have_range = true;
             }
         }
     }
@@ -493,7 +511,10 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
     explicit_bzero(line, sizeof(line));
     explicit_bzero(auth, sizeof(auth));
     hl = curl_slist_append(hl, "Expect:");
-    if (r->range_len) {
+    if (r->range_len && r->suffix) {
+        snprintf(line, sizeof(line), "Range: bytes=-%llu", (unsigned long long)r->range_len);
+        hl = curl_slist_append(hl, line);
+    } else if (r->range_len) {
         snprintf(line, sizeof(line), "Range: bytes=%llu-%llu", (unsigned long long)r->range_off,
                  (unsigned long long)(r->range_off + r->range_len - 1));
         hl = curl_slist_append(hl, line);
@@ -546,6 +567,7 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
     r->cb_err = 0;
     r->etag[0] = '\0';
     r->have_length = false;
+    r->have_range = false;
     r->errbody.len = 0;
     if (r->resp)
         r->resp->len = 0;
@@ -843,6 +865,43 @@ static int s3_get(struct vmsnap_store_conn *c, const char *key, uint64_t off, si
     return rc;
 }
 
+static int s3_get_tail(struct vmsnap_store_conn *c, const char *key, size_t len, void *buf,
+                       size_t *got, uint64_t *size, struct vmsnap_err *err)
+{
+    const struct s3_config *cfg = &c->st->s3;
+    struct req r = {.method = "GET", .key = key, .range_len = len, .suffix = true, .dst = buf};
+    int rc = perform(c, &r, err);
+    if (rc < 0 && r.status == 416) {
+        /* a suffix range of a non-empty object is always satisfiable: this one is empty */
+        vmsnap_err_clear(err);
+        return 0;
+    }
+    if (rc < 0)
+        return rc;
+    uint64_t total;
+    if (r.status == 206) {
+        if (!r.have_range || r.cr_last + 1 != r.cr_total || r.cr_last - r.cr_first + 1 != r.got)
+            return vmsnap_err_set(err, EPROTO,
+                                  "GET %s://%s/%s: a 206 answer without a matching Content-Range "
+                                  "for the last %zu bytes",
+                                  cfg->url_scheme, cfg->bucket, key, len);
+        total = r.cr_total;
+    } else { /* 200: the server sent the whole object (it fit in len: write_cb checks) */
+        total = r.got;
+        if (r.have_length && r.content_length != r.got)
+            return vmsnap_err_set(err, EIO, "GET %s://%s/%s: %llu of %llu bytes", cfg->url_scheme,
+                                  cfg->bucket, key, (unsigned long long)r.got,
+                                  (unsigned long long)r.content_length);
+    }
+    if (r.got != (total < len ? total : len))
+        return vmsnap_err_set(err, EIO, "GET %s://%s/%s: %llu bytes for the last %zu of %llu",
+                              cfg->url_scheme, cfg->bucket, key, (unsigned long long)r.got, len,
+                              (unsigned long long)total);
+    *got = (size_t)r.got;
+    *size = total;
+    return 0;
+}
+
 static int s3_get_stream(struct vmsnap_store_conn *c, const char *key, vmsnap_store_data_fn fn,
                          void *arg, struct vmsnap_err *err)
 {
@@ -981,6 +1040,7 @@ const struct store_ops store_s3_ops = {
     .mpu_abort = s3_mpu_abort,
     .get = s3_get,
     .get_stream = s3_get_stream,
+    .get_tail = s3_get_tail,
     .head = s3_head,
     .del = s3_del,
     .list = s3_list,

@@ -404,6 +404,17 @@ int vmsnap_store_get(struct vmsnap_store_conn *c, const char *key, uint64_t off,
     return c->st->ops->get(c, key, off, len, buf, err);
 }
 
+int vmsnap_store_get_tail(struct vmsnap_store_conn *c, const char *key, size_t len, void *buf,
+                          size_t *got, uint64_t *size, struct vmsnap_err *err)
+{
+    CHECK_KEY(key);
+    *got = 0;
+    *size = 0;
+    if (len == 0)
+        return vmsnap_err_set(err, EINVAL, "get_tail: zero length");
+    return c->st->ops->get_tail(c, key, len, buf, got, size, err);
+}
+
 int vmsnap_store_get_stream(struct vmsnap_store_conn *c, const char *key, vmsnap_store_data_fn fn,
                             void *arg, struct vmsnap_err *err)
 {

@@ -29,6 +29,8 @@ struct store_ops {
                struct vmsnap_err *err);
     int (*get_stream)(struct vmsnap_store_conn *c, const char *key, vmsnap_store_data_fn fn,
                       void *arg, struct vmsnap_err *err);
+    int (*get_tail)(struct vmsnap_store_conn *c, const char *key, size_t len, void *buf,
+                    size_t *got, uint64_t *size, struct vmsnap_err *err);
     int (*head)(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
                 char *etag /* NULL or VMSNAP_STORE_ETAG_MAX bytes */, struct vmsnap_err *err);
     int (*del)(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err);

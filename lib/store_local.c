@@ -284,6 +284,36 @@ static int lget(struct vmsnap_store_conn *c, const char *key, uint64_t off, size
     return rc;
 }
 
+static int lget_tail(struct vmsnap_store_conn *c, const char *key, size_t len, void *buf,
+                     size_t *got, uint64_t *size, struct vmsnap_err *err)
+{
+    char *p;
+    int fd = open_obj(c, key, &p, err);
+    if (fd < 0)
+        return fd;
+    struct stat sb;
+    int rc = 0;
+    if (fstat(fd, &sb) < 0)
+        rc = vmsnap_err_set(err, errno, "%s: %s", p, strerror(errno));
+    uint64_t sz = rc == 0 ? (uint64_t)sb.st_size : 0;
+    size_t n = sz < len ? (size_t)sz : len;
+    ssize_t r = rc == 0 && n ? sys_pread_full(fd, buf, n, (off_t)(sz - n)) : 0;
+    if (r < 0)
+        rc = vmsnap_err_set(err, (int)-r, "read %s at %llu: %s", p, (unsigned long long)(sz - n),
+                            strerror((int)-r));
+    else if (rc == 0 && (size_t)r != n)
+        rc = vmsnap_err_set(err, EIO, "read %s: short object (%zd of %zu bytes at %llu)", p, r, n,
+                            (unsigned long long)(sz - n));
+    if (rc == 0) {
+        *got = n;
+        *size = sz;
+        (void)posix_fadvise(fd, (off_t)(sz - n), (off_t)n, POSIX_FADV_DONTNEED);
+    }
+    close(fd);
+    free(p);
+    return rc;
+}
+
 static int lget_stream(struct vmsnap_store_conn *c, const char *key, vmsnap_store_data_fn fn,
                        void *arg, struct vmsnap_err *err)
 {
@@ -575,6 +605,7 @@ const struct store_ops store_local_ops = {
     .mpu_abort = lmpu_abort,
     .get = lget,
     .get_stream = lget_stream,
+    .get_tail = lget_tail,
     .head = lhead,
     .del = ldel,
     .list = llist,

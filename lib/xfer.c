@@ -1081,7 +1081,9 @@ struct down {
     EVP_MD_CTX *sha;
     uint64_t hashed;
     struct tail_src tail; /* the object's last bytes, read while opening it */
-    int start_rc;         /* what down_start returned (a set's pull finishes every file) */
+    int start_rc;         /* what opening/dispatching returned (a set's pull finishes every file) */
+    struct vmsnap_err open_err; /* the error of an open that ran on a pool thread */
+    bool inited, opened, sequential;
     struct vmsnap_image_stats stats;
     struct vmsnap_seqdec *seq;
 };
@@ -1248,17 +1250,37 @@ static int make_groups(struct down *d, struct vmsnap_err *err)
     return 0;
 }
 
-/* Start pulling `key` into a temporary file beside `dst`: HEAD, seek table, dispatch groups. */
-static int down_start(struct down *d, struct vmsnap_store_conn *ctl, const char *dst,
-                      struct vmsnap_err *err)
+static void down_init(struct down *d)
 {
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->cv, NULL);
+    d->inited = true;
+}
+
+/* Open `key` for pulling into a temporary file beside `dst`, on connection `c`: one GET of its
+ * last TAIL_READ bytes (size, footer and seek table; a small object whole), its first bytes when
+ * larger, the checks against the manifest, the frame groups. Nothing is dispatched yet. Runs on
+ * the caller's thread or on a pool thread (a set's files open in parallel). */
+static int down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst,
+                     struct vmsnap_err *err)
+{
     d->sha = EVP_MD_CTX_new();
     if (!d->sha || !EVP_DigestInit_ex(d->sha, EVP_sha256(), NULL))
         return vmsnap_err_set(err, ENOMEM, "sha256 context");
     vmsnap_store_url(d->x->st, d->key, d->url, sizeof(d->url));
-    int rc = vmsnap_store_head(ctl, d->key, &d->osize, err);
+    uint8_t *tb = malloc(TAIL_READ);
+    if (!tb)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    size_t got = 0;
+    int rc = vmsnap_store_get_tail(c, d->key, TAIL_READ, tb, &got, &d->osize, err);
+    if (rc < 0 || got == 0) {
+        free(tb);
+        tb = NULL;
+    } else if (got < TAIL_READ) {
+        uint8_t *t2 = realloc(tb, got); /* a small object, kept until its group is decoded */
+        tb = t2 ? t2 : tb;
+    }
+    d->tail = (struct tail_src){c, d->key, d->osize, tb, d->osize - got, got};
     if (rc == -ENOENT && d->mf)
         return vmsnap_err_set(err, ENOENT, "the manifest lists '%s' but %s is missing", d->mf->name,
                               d->url);
@@ -1271,7 +1293,6 @@ static int down_start(struct down *d, struct vmsnap_store_conn *ctl, const char 
         return rc;
     d->af_open = true;
     progress_add(d->x, 0, d->osize);
-    d->tail = (struct tail_src){ctl, d->key, d->osize, NULL, 0, 0};
     struct vmsnap_source src = {tail_pread, &d->tail, d->osize, d->url};
     rc = vmsnap_image_open(&src, d->x->o.max_size, &d->img, err);
     d->tail.c = NULL; /* the pool's threads only read the cached bytes */
@@ -1283,13 +1304,9 @@ static int down_start(struct down *d, struct vmsnap_store_conn *ctl, const char 
                               "seek table: refusing it",
                               d->url);
     if (rc == 0) { /* no seek table: one streaming GET through the sequential decoder */
-        struct grp_task *t = calloc(1, sizeof(*t));
-        if (!t)
-            return vmsnap_err_set(err, ENOMEM, "out of memory");
-        t->t.run = seq_run;
-        t->d = d;
-        d->pending = 1;
-        xpool_submit(&d->x->pool, &t->t);
+        d->sequential = true;
+        free(d->tail.buf);
+        d->tail.buf = NULL;
         return 0;
     }
     vmsnap_image_get_stats(d->img, &d->stats);
@@ -1332,6 +1349,24 @@ static int down_start(struct down *d, struct vmsnap_store_conn *ctl, const char 
         free(d->tail.buf);
         d->tail.buf = NULL;
     }
+    return 0;
+}
+
+/* Dispatch an opened download's tasks to the pool (blocks while the memory budget is spent). */
+static int down_submit(struct down *d, struct vmsnap_err *err)
+{
+    if (d->sequential) {
+        struct grp_task *t = calloc(1, sizeof(*t));
+        if (!t)
+            return vmsnap_err_set(err, ENOMEM, "out of memory");
+        t->t.run = seq_run;
+        t->d = d;
+        pthread_mutex_lock(&d->mu);
+        d->pending = 1;
+        pthread_mutex_unlock(&d->mu);
+        xpool_submit(&d->x->pool, &t->t);
+        return 0;
+    }
     for (uint32_t i = 0; i < d->ng; i++) {
         pthread_mutex_lock(&d->mu);
         bool failed = d->rc != 0;
@@ -1351,6 +1386,29 @@ static int down_start(struct down *d, struct vmsnap_store_conn *ctl, const char 
         xpool_submit(&d->x->pool, &t->t);
     }
     return 0;
+}
+
+/* A set's file opened on a pool thread (down_open), reported back through d->opened. */
+struct open_task {
+    struct xtask t;
+    struct down *d;
+    char dst[4352];
+};
+
+static void open_run(struct xtask *t, struct vmsnap_store_conn *c)
+{
+    struct open_task *ot = (struct open_task *)t;
+    struct down *d = ot->d;
+    struct vmsnap_err e = {0};
+    int rc = down_open(d, c, ot->dst, &e);
+    pthread_mutex_lock(&d->mu);
+    d->start_rc = rc;
+    if (rc < 0)
+        d->open_err = e;
+    d->opened = true;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu); /* `d` may be gone from here on */
+    free(ot);
 }
 
 /* Wait for a download's tasks; verify size and digest. */
@@ -1392,8 +1450,10 @@ static void down_free(struct down *d, bool keep)
     free(d->g);
     EVP_MD_CTX_free(d->sha);
     free(d->key);
-    pthread_mutex_destroy(&d->mu);
-    pthread_cond_destroy(&d->cv);
+    if (d->inited) {
+        pthread_mutex_destroy(&d->mu);
+        pthread_cond_destroy(&d->cv);
+    }
 }
 
 struct any_ctx {
@@ -1411,17 +1471,27 @@ static int count_any(void *arg, const char *key, uint64_t size)
 static int read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
                          uint64_t max_size, struct manifest *m, struct vmsnap_err *err)
 {
-    uint64_t size;
-    int rc = vmsnap_store_head(c, mkey, &size, err);
-    if (rc < 0)
-        return rc;
-    if (size > VMSNAP_XFER_MANIFEST_MAX)
-        return vmsnap_err_set(err, EFBIG, "%s: manifest of %llu bytes is too large", murl,
-                              (unsigned long long)size);
-    char *buf = malloc(size + 1);
+    /* one GET of its last TAIL_READ bytes (the whole of any usual manifest) gives its size too */
+    char *buf = malloc(TAIL_READ + 1);
     if (!buf)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
-    rc = vmsnap_store_get(c, mkey, 0, size, buf, err);
+    size_t got;
+    uint64_t size;
+    int rc = vmsnap_store_get_tail(c, mkey, TAIL_READ, buf, &got, &size, err);
+    if (rc == 0 && size > VMSNAP_XFER_MANIFEST_MAX)
+        rc = vmsnap_err_set(err, EFBIG, "%s: manifest of %llu bytes is too large", murl,
+                            (unsigned long long)size);
+    if (rc == 0 && got < size) { /* larger than TAIL_READ: fetch the rest in front of it */
+        char *all = malloc(size + 1);
+        if (!all)
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        else {
+            memcpy(all + (size - got), buf, got);
+            free(buf);
+            buf = all;
+            rc = vmsnap_store_get(c, mkey, 0, size - got, buf, err);
+        }
+    }
     if (rc == 0)
         rc = manifest_parse(buf, size, murl, max_size, m, err);
     free(buf);
@@ -1451,8 +1521,10 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     }
     int rc = 0;
-    /* Largest objects first: their frame groups start downloading while the small files are
-     * still being opened (a HEAD and three small GETs each, one after another on `ctl`). */
+    /* Largest object first, opened here on `ctl` and dispatched at once; the others are opened
+     * in parallel on the pool's connections meanwhile (one or two GETs each) and dispatched as
+     * they come in, so a set costs about two round trips before its largest file streams,
+     * however many files it has. */
     size_t *order = calloc(m->n ? m->n : 1, sizeof(*order));
     if (!order)
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
@@ -1460,21 +1532,58 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
         order[i] = i;
     if (order)
         qsort_r(order, m->n, sizeof(*order), cmp_objsize_desc, m->files);
-    for (size_t k = 0; k < m->n && rc == 0; k++) {
-        size_t i = order[k];
-        struct down *d = &ds[i];
-        d->x = x; /* marks it started: finished and freed below */
-        d->mf = &m->files[i];
-        char obj[300], path[4352];
-        snprintf(obj, sizeof(obj), "%s.zstd", m->files[i].name);
-        snprintf(path, sizeof(path), "%s/%s", dir, m->files[i].name);
-        d->key = join_key(prefix, obj);
-        if (!d->key) {
-            d->x = NULL; /* never started */
-            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-            break;
+    char path0[4352] = "";
+    /* at most one open per pool thread ahead of the dispatch: the bytes read when opening
+     * (up to TAIL_READ per file) stay bounded for a set of many files */
+    size_t ahead = x->pool.n ? x->pool.n : 1, started = 0;
+    for (size_t k = 0; k < m->n && order; k++) {
+        while (rc == 0 && started < m->n && started <= k + ahead) {
+            size_t i = order[started];
+            struct down *d = &ds[i];
+            d->mf = &m->files[i];
+            char obj[300];
+            snprintf(obj, sizeof(obj), "%s.zstd", m->files[i].name);
+            d->key = join_key(prefix, obj);
+            struct open_task *ot = started ? calloc(1, sizeof(*ot)) : NULL;
+            if (!d->key || (started && !ot)) {
+                free(ot);
+                rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+                break;
+            }
+            down_init(d);
+            d->x = x; /* marks it started: finished and freed below */
+            if (started++ == 0) {
+                snprintf(path0, sizeof(path0), "%s/%s", dir, m->files[i].name);
+                continue;
+            }
+            snprintf(ot->dst, sizeof(ot->dst), "%s/%s", dir, m->files[i].name);
+            ot->t.run = open_run;
+            ot->d = d;
+            xpool_submit(&x->pool, &ot->t);
         }
-        rc = d->start_rc = down_start(d, ctl, path, err);
+        struct down *d = &ds[order[k]];
+        if (!d->x)
+            break;
+        int r;
+        if (k == 0) {
+            r = rc == 0 ? down_open(d, ctl, path0, err) : -ECANCELED;
+            d->opened = true;
+        } else {
+            pthread_mutex_lock(&d->mu);
+            while (!d->opened)
+                pthread_cond_wait(&d->cv, &d->mu);
+            r = d->start_rc;
+            pthread_mutex_unlock(&d->mu);
+            if (r < 0 && rc == 0 && err)
+                *err = d->open_err;
+        }
+        if (r == 0 && rc == 0)
+            r = down_submit(d, err);
+        else if (r == 0)
+            r = -ECANCELED; /* opened, but an earlier file failed: not dispatched */
+        d->start_rc = r;
+        if (r < 0 && rc == 0)
+            rc = r;
     }
     free(order);
     for (size_t i = 0; i < m->n; i++) {
@@ -1572,7 +1681,10 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
         goto out;
     }
-    rc = down_start(&d, ctl, path, err);
+    down_init(&d);
+    rc = down_open(&d, ctl, path, err);
+    if (rc == 0)
+        rc = down_submit(&d, err);
     rc = down_finish(&d, rc, err);
     if (rc == 0)
         rc = sys_atomic_commit(&d.af, !x.o.no_fsync, err);

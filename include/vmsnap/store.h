@@ -127,6 +127,12 @@ VMSNAP_API int vmsnap_store_mpu_part_copy(struct vmsnap_store_conn *c, const cha
 /* Read exactly `len` bytes of `key` at `off` into buf (-EIO if the object is shorter). */
 VMSNAP_API int vmsnap_store_get(struct vmsnap_store_conn *c, const char *key, uint64_t off,
                                 size_t len, void *buf, struct vmsnap_err *err);
+/* Read the last min(len, size) bytes of `key` into buf in one request (S3: a suffix Range), with
+ * the object's size: *got bytes read, *size the whole object's. -ENOENT if it does not exist;
+ * an empty object gives *got = *size = 0. Opening an object this way needs no HEAD. */
+VMSNAP_API int vmsnap_store_get_tail(struct vmsnap_store_conn *c, const char *key, size_t len,
+                                     void *buf, size_t *got, uint64_t *size,
+                                     struct vmsnap_err *err);
 /* Read the whole object in order through `fn` (one GET; no retry once data was delivered). */
 VMSNAP_API int vmsnap_store_get_stream(struct vmsnap_store_conn *c, const char *key,
                                        vmsnap_store_data_fn fn, void *arg, struct vmsnap_err *err);

@@ -50,8 +50,31 @@ echo '{"vcpus":2}' >"$T/set/state.json"
 echo '{}' >"$T/set/config.json"
 echo lineage-1 >"$T/set/base-id"
 "$VMSNAP" -q push -j 8 --part-size 5M "$T/set" "s3://$BUCKET/sets/one" || fail "push set"
-"$VMSNAP" -q pull -j 8 "s3://$BUCKET/sets/one" "$T/setout" || fail "pull set"
+"$VMSNAP" -v -v pull -j 8 "s3://$BUCKET/sets/one" "$T/setout" 2>"$T/trace" || fail "pull set"
 diff -r "$T/set" "$T/setout" >/dev/null || fail "set round trip differs"
+# opening costs no HEAD: the manifest and each small file in one GET (its last 64 KiB, i.e. all
+# of it), the 12 MiB image in two before its frames (tail with the seek table, then the head)
+grep -q ' HEAD ' "$T/trace" && fail "pull of a set sent HEADs: $(grep ' HEAD ' "$T/trace")"
+for f in manifest.json state.json.zstd config.json.zstd base-id.zstd; do
+    [ "$(grep -c "GET $BUCKET/sets/one/$f ->" "$T/trace")" = 1 ] ||
+        fail "pull of a set: $f took $(grep -c "GET $BUCKET/sets/one/$f ->" "$T/trace") GETs, not 1"
+done
+# an object longer than the manifest says is refused by its size, before any frame is fetched
+OUT=$T/st.zstd s3curl GET "$BUCKET/sets/one/state.json.zstd" >/dev/null
+printf 'junk' >>"$T/st.zstd"
+[ "$(raw_put sets/one/state.json.zstd "$T/st.zstd")" = 200 ] ||
+    fail "could not replace an object"
+expect_fail "pull of a set with a grown object" "$VMSNAP" pull "s3://$BUCKET/sets/one" "$T/grown"
+grep -q "state.json.zstd: $(stat -c %s "$T/st.zstd") bytes, the manifest says" "$T/err" ||
+    fail "grown object: $(cat "$T/err")"
+[ -e "$T/grown" ] && fail "a refused pull left $T/grown"
+# an empty object (a suffix Range on it is unsatisfiable: HTTP 416) is refused as an image, clearly
+: >"$T/empty"
+[ "$(raw_put obj/empty "$T/empty")" = 200 ] ||
+    fail "could not put an empty object"
+expect_fail "pull of an empty object" "$VMSNAP" pull "s3://$BUCKET/obj/empty" "$T/empty.out"
+grep -q "obj/empty" "$T/err" || fail "empty object: the error does not name it: $(cat "$T/err")"
+[ -e "$T/empty.out" ] && fail "a refused pull left $T/empty.out"
 "$VMSNAP" ls "s3://$BUCKET/sets" >"$T/ls" || fail "ls"
 grep -q "s3://$BUCKET/sets/one" "$T/ls" && grep -q "4 files" "$T/ls" || fail "ls: $(cat "$T/ls")"
 "$VMSNAP" rm "s3://$BUCKET/sets/one" || fail "rm"

@@ -15,6 +15,11 @@ s3curl() { # METHOD PATH [curl args...]: prints the HTTP status
         -X "$m" "$@" "$AWS_ENDPOINT_URL/$p"
 }
 raw_get() { OUT=$2 s3curl GET "$BUCKET/$1" >/dev/null; }
+raw_put() { # KEY FILE: store FILE's bytes as KEY (through curl's signer); prints the HTTP status
+    curl -sS -o /dev/null -w '%{http_code}' --aws-sigv4 "aws:amz:us-east-1:s3" \
+        --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
+        -H "x-amz-content-sha256: $(sha256sum "$2" | cut -d' ' -f1)" -T "$2" "$AWS_ENDPOINT_URL/$BUCKET/$1"
+}
 head_code() { s3curl HEAD "$BUCKET/$1" -I; }
 uploads_left() { # count of unfinished multipart uploads in the bucket
     OUT=$T/uploads.xml s3curl GET "$BUCKET/?uploads=" >/dev/null
