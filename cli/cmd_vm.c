@@ -17,7 +17,8 @@ static const char *const sub_usage =
     "vm run NAME --kernel K [--initrd I] [--mem 512M] [--cpus 1] [--disk-size 4G] [--append A]\n"
     "       vm pause NAME\n"
     "       vm suspend NAME URL [--base URL | --no-base]\n"
-    "       vm resume NAME [URL] [--on-demand]\n"
+    "       vm resume NAME [URL] [--on-demand] [--asset-dir DIR[:DIR...]] [--kernel K]\n"
+    "                 [--initrd I]\n"
     "       vm ls [--json]\n"
     "       vm stop NAME [--rm]\n"
     "       vm console NAME [--send LINE] [--lines N]\n"
@@ -43,6 +44,7 @@ enum {
     OPT_LINES,
     OPT_BASE,
     OPT_NO_BASE,
+    OPT_ASSET_DIR,
 };
 
 static const struct option lopts[] = {
@@ -64,6 +66,7 @@ static const struct option lopts[] = {
     {"lines", required_argument, NULL, OPT_LINES},
     {"base", required_argument, NULL, OPT_BASE},
     {"no-base", no_argument, NULL, OPT_NO_BASE},
+    {"asset-dir", required_argument, NULL, OPT_ASSET_DIR},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -137,6 +140,9 @@ static int parse(const char *verb, int argc, char **argv, struct args *a)
             break;
         case OPT_NO_BASE:
             a->o.no_base = true;
+            break;
+        case OPT_ASSET_DIR:
+            a->o.asset_dirs = optarg;
             break;
         case OPT_JSON:
             a->json = true;
@@ -344,6 +350,11 @@ int cmd_vm(int argc, char **argv)
     } else if (!strcmp(sub, "resume")) {
         if (a.npos > 2)
             return cli_usage(verb, "expected NAME [URL]");
+        if ((a.run.kernel || a.run.initrd || a.o.asset_dirs) && a.npos != 2)
+            return cli_usage(verb,
+                             "--kernel, --initrd and --asset-dir apply to a resume from a URL");
+        a.o.kernel = a.run.kernel;
+        a.o.initrd = a.run.initrd;
         rc = vmsnap_vm_resume(&a.o, name, a.npos == 2 ? a.pos[1] : NULL, &t, &e);
     } else if (!strcmp(sub, "stop")) {
         if (a.npos != 1)

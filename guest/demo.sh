@@ -33,8 +33,9 @@ counters "$a" 2
 echo "== vmsnap vm suspend demo $store/demo"
 "$VMSNAP" -v vm suspend demo "$store/demo" --state-dir "$a"
 "$VMSNAP" vm ls --state-dir "$a"
-echo "== vmsnap vm resume demo $store/demo (another state directory: another node)"
-"$VMSNAP" -v vm resume demo "$store/demo" --state-dir "$b"
+echo "== vmsnap vm resume demo $store/demo (another state directory: another node; it runs the"
+echo "   snapshot's kernel and initrd only from a directory it trusts: --asset-dir)"
+"$VMSNAP" -v vm resume demo "$store/demo" --state-dir "$b" --asset-dir "$G"
 wait_ticks "$b" 2
 echo "   before suspend: $(counters "$a")"
 echo "   after resume:   $(counters "$b" 2 | head -n1)"

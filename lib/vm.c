@@ -39,6 +39,7 @@
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/un.h>
@@ -145,6 +146,15 @@ static bool exists(const char *p)
 {
     struct stat st;
     return lstat(p, &st) == 0;
+}
+
+/* The staging directory holds the only copy of a snapshot: a suspend could store it neither in
+ * the store nor as a local checkpoint. Marked by a hidden file (a push skips hidden names). */
+#define UNSAVED_MARK ".unsaved"
+static bool stage_unsaved(const struct vmctx *c)
+{
+    char p[PATH_LEN];
+    return pcat(p, c->stage, "/" UNSAVED_MARK) == 0 && exists(p);
 }
 
 static uint32_t fnv1a(const char *s)
@@ -874,26 +884,32 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
     if (rc == 0)
         rc = vmm_from_cfg(&c, cfg, &v, err);
     if (rc == 0) {
-        /* A stopped VM with a local checkpoint (paused, or a suspend whose upload failed):
-         * push that checkpoint as it is. */
+        /* A stopped VM with a local checkpoint (paused, or a suspend whose upload failed), or
+         * with a snapshot only in its staging directory (a suspend that could store it
+         * nowhere): push that as it is. */
         enum vmsnap_vmm_state st;
         rc = vmsnap_vmm_state(v, &st, NULL, err);
-        if (rc == 0 && st == VMSNAP_VMM_DEAD && exists(c.ckpt)) {
+        const bool unsaved = rc == 0 && st == VMSNAP_VMM_DEAD && stage_unsaved(&c);
+        if (rc == 0 && st == VMSNAP_VMM_DEAD && (unsaved || exists(c.ckpt))) {
             struct vmsnap_xfer_stats xs = {0};
             struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
-            rc = vmsnap_xfer_push(c.ckpt, url, &xo, &xs, err);
+            const char *from = unsaved ? c.stage : c.ckpt;
+            rc = vmsnap_xfer_push(from, url, &xo, &xs, err);
             step(t, "upload", &t0);
             if (t) {
                 t->object_bytes = xs.object_bytes;
                 t->copied_bytes = xs.copied_bytes;
             }
             if (rc < 0) {
-                vmsnap_err_wrap(err, "upload failed; the local checkpoint %s is kept: ", c.ckpt);
+                vmsnap_err_wrap(err, "upload failed; the %s %s is kept: ",
+                                unsaved ? "snapshot in" : "local checkpoint", from);
                 goto out;
             }
             unlink(c.disk);
             rm_rf(c.ckpt);
             rm_rf(c.ondemand);
+            if (unsaved)
+                rm_rf(c.stage);
             cfg_set_str(cfg, "status", "suspended");
             cfg_set_str(cfg, "url", url);
             rc = cfg_save(c.cfgpath, cfg, err);
@@ -949,11 +965,22 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
                             "%s'): ",
                             c.ckpt, name, name);
         } else {
+            /* keep the stage: it is the only copy. Marked, so that nothing removes it and
+             * the next suspend pushes it (resume refuses while it is there). */
+            char mark[PATH_LEN];
+            int fd = pcat(mark, c.stage, "/" UNSAVED_MARK) == 0
+                         ? open(mark, O_WRONLY | O_CREAT | O_CLOEXEC, 0600)
+                         : -1;
+            if (fd >= 0)
+                close(fd);
+            cfg_set_str(cfg, "status", "stopped");
+            cfg_save(c.cfgpath, cfg, NULL);
             vmsnap_err_wrap(err,
                             "upload failed and the local checkpoint failed too (%s); the "
-                            "snapshot is left in %s: ",
-                            e2.msg, c.stage);
-            goto out; /* keep the stage: it is the only copy */
+                            "snapshot is left in %s (run 'vmsnap vm suspend %s URL' again to "
+                            "store it): ",
+                            e2.msg, c.stage, name);
+            goto out;
         }
         goto out_stage;
     }
@@ -981,6 +1008,68 @@ out:
 
 /* ---- resume ---- */
 
+/* `path` resolved is a regular file under one of the colon-separated directories `dirs`. */
+static bool under_asset_dir(const char *path, const char *dirs)
+{
+    char rp[PATH_MAX], rd[PATH_MAX];
+    struct stat sb;
+    if (!realpath(path, rp) || stat(rp, &sb) < 0 || !S_ISREG(sb.st_mode))
+        return false;
+    for (const char *d = dirs; d && *d;) {
+        const char *e = strchr(d, ':');
+        size_t n = e ? (size_t)(e - d) : strlen(d);
+        char one[PATH_MAX];
+        if (n > 0 && n < sizeof(one)) {
+            memcpy(one, d, n);
+            one[n] = 0;
+            size_t l;
+            if (realpath(one, rd) && (l = strlen(rd)) > 0 &&
+                (!strcmp(rd, "/") || (!strncmp(rp, rd, l) && rp[l] == '/')))
+                return true;
+        }
+        d = e ? e + 1 : d + n;
+    }
+    return false;
+}
+
+/* The kernel and initrd a VM resumed from a store runs with. The set's config.json may come
+ * from anywhere the store's writers are: naming /etc/shadow as the initrd would hand that file
+ * to the guest (QEMU serves it through fw_cfg). So: the caller's --kernel/--initrd, else this
+ * node's own record of the VM, else the set's, only under the node's asset directories. */
+static int trust_assets(const struct vmctx *c, json_object *cfg, json_object *old,
+                        struct vmsnap_err *err)
+{
+    const struct vmsnap_vm_opts *o = c->o;
+    const char *dirs = o && o->asset_dirs ? o->asset_dirs : getenv("VMSNAP_ASSET_DIRS");
+    static const char *const keys[] = {"kernel", "initrd"};
+    for (int k = 0; k < 2; k++) {
+        const char *mine = !o ? NULL : k ? o->initrd : o->kernel;
+        if (mine) {
+            cfg_set_str(cfg, keys[k], mine);
+            continue;
+        }
+        if (old && cfg_str(old, "kernel")) { /* a VM this node ran or resumed before */
+            cfg_set_str(cfg, keys[k], cfg_str(old, keys[k]));
+            continue;
+        }
+        const char *theirs = cfg_str(cfg, keys[k]);
+        if (!theirs)
+            continue;
+        if (!dirs || !*dirs)
+            return vmsnap_err_set(err, EPERM,
+                                  "the snapshot names %s %s, and this node has no asset directory "
+                                  "to trust it under: set VMSNAP_ASSET_DIRS (or --asset-dir), or "
+                                  "give --kernel and --initrd",
+                                  keys[k], theirs);
+        if (!under_asset_dir(theirs, dirs))
+            return vmsnap_err_set(err, EPERM,
+                                  "the snapshot names %s %s, which is not a file under the asset "
+                                  "directories %s: refusing it",
+                                  keys[k], theirs, dirs);
+    }
+    return 0;
+}
+
 int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const char *url,
                      struct vmsnap_vm_timing *t, struct vmsnap_err *err)
 {
@@ -988,7 +1077,8 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     struct vmctx c;
     json_object *cfg = NULL, *old = NULL;
     struct vmsnap_vmm *v = NULL;
-    bool created = false, ram_made = false, disk_made = false, restored = false;
+    bool created = false, ram_made = false, disk_made = false, restored = false, had_prev = false;
+    char disk_prev[PATH_LEN] = "";
     bool on_demand = o && o->on_demand;
     char src[PATH_LEN] = "", p[PATH_LEN];
     char *url_copy = NULL;
@@ -1019,6 +1109,14 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     rc = ctx_lock(&c, err);
     if (rc < 0)
         goto out;
+    if (stage_unsaved(&c)) {
+        rc = vmsnap_err_set(err, EEXIST,
+                            "VM '%s' has a snapshot that its last suspend could not store, only "
+                            "in %s: store it first with 'vmsnap vm suspend %s URL' (or remove "
+                            "that directory to discard it)",
+                            name, c.stage, name);
+        goto out;
+    }
     if (!created && cfg_load(c.cfgpath, &old, NULL) == 0) {
         enum vmsnap_vmm_state st;
         if (vm_state(&c, old, &st, NULL, err) == 0 && st != VMSNAP_VMM_DEAD) {
@@ -1062,14 +1160,53 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         rc = vmsnap_err_set(err, EINVAL, "%s: no memory size or kernel", p);
         goto out_src;
     }
+    if (url && (rc = trust_assets(&c, cfg, old, err)) < 0)
+        goto out_src;
+    const char *sacc = cfg_str(cfg, "accel");
+    if (sacc && strcmp(sacc, "kvm") && strcmp(sacc, "tcg")) {
+        rc = vmsnap_err_set(err, EINVAL, "%s: accelerator '%s' is neither kvm nor tcg", p, sacc);
+        goto out_src;
+    }
+    {
+        /* the memory image is the guest RAM file: exactly the VM's memory, or a set could
+         * leave a RAM file of any size on the tmpfs for the VM's life */
+        char mr[PATH_LEN];
+        struct stat ms;
+        rc = pjoin(mr, src, "memory-ranges", err);
+        if (rc == 0 && stat(mr, &ms) < 0)
+            rc = vmsnap_err_set(err, errno, "%s: %s", mr, strerror(errno));
+        if (rc == 0 && (uint64_t)ms.st_size != (uint64_t)cfg_int(cfg, "memory"))
+            rc = vmsnap_err_set(err, EINVAL,
+                                "%s: the memory image holds %llu bytes, the VM's memory is %llu: "
+                                "refusing it",
+                                mr, (unsigned long long)ms.st_size,
+                                (unsigned long long)cfg_int(cfg, "memory"));
+        if (rc < 0)
+            goto out_src;
+    }
 
-    /* Stage: clone the disk out, place the RAM, rewrite the node-local paths. */
-    rc = pjoin(p, src, DISK_CKPT, err);
-    if (rc == 0)
-        rc = sparse_copy(p, c.disk, err);
+    /* Stage: clone the disk out, place the RAM, rewrite the node-local paths. A live disk
+     * already there (a stopped VM's) is set aside and put back if this resume fails. */
+    rc = pcat(disk_prev, c.disk, ".prev") < 0 ? vmsnap_err_set(err, ENAMETOOLONG, "path too long")
+                                              : pjoin(p, src, DISK_CKPT, err);
     if (rc < 0)
         goto out_src;
+    if (exists(disk_prev) && rename(disk_prev, c.disk) < 0) { /* left by a crashed resume */
+        rc = vmsnap_err_set(err, errno, "rename %s to %s: %s", disk_prev, c.disk, strerror(errno));
+        goto out_src;
+    }
+    if (exists(c.disk)) {
+        if (rename(c.disk, disk_prev) < 0) {
+            rc = vmsnap_err_set(err, errno, "rename %s to %s: %s", c.disk, disk_prev,
+                                strerror(errno));
+            goto out_src;
+        }
+        had_prev = true;
+    }
     disk_made = true;
+    rc = sparse_copy(p, c.disk, err);
+    if (rc < 0)
+        goto out_src;
     char ram[PATH_LEN], img[PATH_LEN];
     rc = pjoin(img, src, "memory-ranges", err);
     if (rc < 0)
@@ -1124,7 +1261,6 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         }
         if (!on_demand)
             rm_rf(src);
-        rm_rf(c.ckpt); /* superseded by the store's snapshot */
     } else if (!(o && o->no_evict)) {
         struct vmsnap_err e2;
         if (vmsnap_pcache_evict(c.ckpt, NULL, NULL, &e2) < 0)
@@ -1138,6 +1274,10 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     if (rc < 0)
         goto out_src;
     step(t, "resume", &t0);
+    if (url)
+        rm_rf(c.ckpt); /* superseded by the store's snapshot, now that the VM runs from it */
+    if (had_prev)
+        unlink(disk_prev);
     json_object_object_del(cfg, "ram_in_state");
     cfg_set_str(cfg, "status", "running");
     cfg_set_str(cfg, "url", url ? url : (old ? cfg_str(old, "url") : NULL));
@@ -1148,9 +1288,11 @@ out_src:
         vmsnap_vmm_stop(v, NULL);
     if (ram_made)
         unlink(c.ram);
-    /* A disk clone made here is kept: it is a copy of the source snapshot's disk, which the
-     * next resume replaces anyway. */
-    (void)disk_made;
+    if (disk_made) { /* the live disk that was there before, if any, comes back */
+        unlink(c.disk);
+        if (had_prev && rename(disk_prev, c.disk) < 0)
+            vlog(VMSNAP_LOG_WARN, "put back %s as %s: %s", disk_prev, c.disk, strerror(errno));
+    }
     if (url)
         rm_rf(src);
 out:
@@ -1187,7 +1329,11 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
         if (cfg_bool(cfg, "ram_shared") && cfg_str(cfg, "ram_path"))
             unlink(cfg_str(cfg, "ram_path"));
         unlink(c.ram);
-        rm_rf(c.stage);
+        if (remove || !stage_unsaved(&c))
+            rm_rf(c.stage);
+        else
+            vlog(VMSNAP_LOG_WARN, "VM '%s': keeping %s, the only copy of its last snapshot", name,
+                 c.stage);
         const char *s = cfg_str(cfg, "status");
         if (s && !strcmp(s, "running")) {
             cfg_set_str(cfg, "status", "stopped");

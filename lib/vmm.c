@@ -125,6 +125,8 @@ int vmsnap_vmm_new(const char *driver, const struct vmsnap_vmm_config *cfg, stru
     if (cfg->mem == 0 || cfg->mem % (1u << 20))
         return vmsnap_err_set(err, EINVAL, "guest memory %llu is not a positive multiple of 1M",
                               (unsigned long long)cfg->mem);
+    if (strcmp(cfg->accel, "kvm") && strcmp(cfg->accel, "tcg"))
+        return vmsnap_err_set(err, EINVAL, "accelerator '%s' is neither kvm nor tcg", cfg->accel);
     if (cfg->cpus < 1 || cfg->cpus > 64)
         return vmsnap_err_set(err, EINVAL, "vCPUs %u out of range 1..64", cfg->cpus);
     struct vmsnap_vmm *v = calloc(1, sizeof(*v));

@@ -328,7 +328,9 @@ static bool pid_is_ours(struct vmsnap_vmm *v, pid_t pid)
                 if (!cl[i])
                     cl[i] = ' ';
             cl[r] = 0;
-            ours = strstr(cl, v->qmp_sock) != NULL;
+            /* as it appears in the -qmp option: commas doubled */
+            char qmp[300];
+            ours = qemu_opt_escape(v->qmp_sock, qmp, sizeof(qmp)) == 0 && strstr(cl, qmp);
         }
         free(cl);
     }

@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -1513,6 +1514,23 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
         created = true;
     } else {
         return vmsnap_err_set(err, errno, "%s: %s", dir, strerror(errno));
+    }
+    /* Fail before downloading anything when the set cannot fit (the manifest gives every
+     * file's populated bytes; the decoder writes those and leaves holes) */
+    uint64_t need = 0;
+    bool known = true;
+    for (size_t i = 0; i < m->n; i++) {
+        known = known && m->files[i].detail;
+        need += m->files[i].populated + 4096;
+    }
+    struct statvfs vs;
+    if (known && statvfs(dir, &vs) == 0 && need > (uint64_t)vs.f_bavail * vs.f_frsize) {
+        if (created)
+            rmdir(dir);
+        return vmsnap_err_set(err, ENOSPC,
+                              "%s: no space for the set: it needs %llu MiB, %llu MiB are free", dir,
+                              (unsigned long long)(need >> 20),
+                              (unsigned long long)(((uint64_t)vs.f_bavail * vs.f_frsize) >> 20));
     }
     struct down *ds = calloc(m->n ? m->n : 1, sizeof(*ds));
     if (!ds) {

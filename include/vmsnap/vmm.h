@@ -126,6 +126,13 @@ struct vmsnap_vm_opts {
     bool no_base;          /* suspend: do not use the set the VM came from as the push's base
                             * (see vmsnap_xfer_opts.base); an explicit xfer->base still applies */
     const struct vmsnap_xfer_opts *xfer; /* suspend/resume with a URL; NULL: defaults */
+    /* resume from a URL: a snapshot set comes from a store and is not trusted to name node
+     * files. Its kernel and initrd are used only when they resolve (symlinks followed) to
+     * regular files under one of `asset_dirs` (colon-separated; NULL: $VMSNAP_ASSET_DIRS).
+     * `kernel` / `initrd` override the set's (the caller vouches for them); a VM this node
+     * already has keeps the kernel and initrd of its own record. */
+    const char *asset_dirs;
+    const char *kernel, *initrd;
 };
 
 /* Step timings of one lifecycle call, in call order. */

@@ -3,7 +3,9 @@
 # Faults: QEMU killed mid-run (vm ls shows it dead, resume from the last checkpoint works); a
 # suspend whose upload fails keeps the local checkpoint and says so (a later suspend succeeds);
 # a corrupted object in the store makes resume refuse, naming the object, with the snapshot
-# untouched and nothing left on the resuming node.
+# untouched and nothing left on the resuming node; hostile sets (a node file as initrd, QEMU
+# options as accelerator, a memory image of the wrong size) refused; a failed resume keeps a
+# stopped VM's disk; a snapshot stored nowhere stays in the stage until a suspend stores it.
 . "$VMSNAP_SRC/tests/integration/vm_lib.sh"
 S=$T/state
 from_golden "$S"
@@ -39,6 +41,8 @@ resume_check "$S" golden "$r" "$d" || done_tests
 sleep 1
 STORE=$T/store
 vmc "$S" suspend golden "$STORE/set" || fail "suspend after a failed one"
+read -r gr gd <<<"$(last_counter "$S" golden)"
+cp -a "$STORE/set" "$STORE/good"
 obj=$STORE/set/memory-ranges.zstd
 size=$(stat -c %s "$obj")
 printf '\xff\xff\xff\xff' | dd of="$obj" bs=1 seek=$((size / 2)) conv=notrunc status=none
@@ -50,4 +54,76 @@ grep -q 'memory-ranges' "$T/err" || fail "corruption error does not name the obj
 (cd "$STORE/set" && md5sum -c --quiet "$T/store.md5") || fail "resume modified the snapshot"
 [ -z "$(vmc "$B" ls | tail -n +2)" ] || fail "failed resume left a VM record: $(vmc "$B" ls)"
 ls "$VMSNAP_RAM_DIR" | grep -q 'golden\.\(stage\|ram\)' && fail "failed resume left files on tmpfs"
+
+# A set is not trusted to name node files: QEMU would hand an initrd such as /etc/hostname to the
+# guest (fw_cfg). Its kernel and initrd must lie under the node's asset directories; its
+# accelerator must be kvm or tcg; its memory image must be the VM's memory size.
+G=$VMSNAP_ASSET_DIRS
+C=$T/node-c
+VM_DIRS+=("$C")
+"$VMSNAP" -q pull "$STORE/good" "$T/h" || fail "pull of the good set"
+hostile() { # NAME PYTHON: push the good set with config.json edited by PYTHON (on dict c)
+    rm -rf "$T/h2" && cp -a "$T/h" "$T/h2"
+    python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(c, open(sys.argv[1], "w"))' \
+        "$T/h2/config.json" "$2"
+    "$VMSNAP" -q push "$T/h2" "$STORE/$1" || fail "push of the edited set $1"
+}
+hostile h-initrd 'c["initrd"] = "/etc/hostname"'
+expect_fail "resume of a set naming a node file as its initrd" vmc "$C" resume golden "$STORE/h-initrd"
+grep -q "initrd /etc/hostname, which is not a file under the asset directories" "$T/err" ||
+    fail "node file as initrd: $(cat "$T/err")"
+mkdir -p "$T/assets" && ln -sf /etc/hostname "$T/assets/initrd"
+hostile h-link "c[\"initrd\"] = \"$T/assets/initrd\""
+VMSNAP_ASSET_DIRS="$G:$T/assets" expect_fail "resume of a set whose initrd is a symlink out of the asset directories" \
+    vmc "$C" resume golden "$STORE/h-link"
+grep -q "not a file under the asset directories" "$T/err" || fail "symlinked initrd: $(cat "$T/err")"
+hostile h-accel 'c["accel"] = "tcg,thread=single"'
+expect_fail "resume of a set with QEMU options as its accelerator" vmc "$C" resume golden "$STORE/h-accel"
+grep -q "accelerator 'tcg,thread=single' is neither kvm nor tcg" "$T/err" || fail "accel: $(cat "$T/err")"
+hostile h-mem 'c["memory"] = c["memory"] // 2'
+expect_fail "resume of a set whose memory image is not the VM's memory" vmc "$C" resume golden "$STORE/h-mem"
+grep -q "the memory image holds .* the VM's memory is" "$T/err" || fail "memory size: $(cat "$T/err")"
+VMSNAP_ASSET_DIRS= expect_fail "resume from a store with no asset directory" vmc "$C" resume golden "$STORE/good"
+grep -q "no asset directory" "$T/err" || fail "no asset directory: $(cat "$T/err")"
+[ -z "$(vmc "$C" ls | tail -n +2)" ] || fail "refused resumes left a VM record: $(vmc "$C" ls)"
+ls "$VMSNAP_RAM_DIR" | grep -q 'golden\.\(stage\|ram\)' && fail "refused resumes left files on tmpfs"
+# --kernel/--initrd: the caller vouches for them
+VMSNAP_ASSET_DIRS= resume_check "$C" golden "$gr" "$gd" "$STORE/good" --kernel "$G/vmlinux" \
+    --initrd "$G/initrd.cpio.gz" || done_tests
+
+# A resume that fails after staging leaves a stopped VM's own disk as it was
+vmc "$C" stop golden || fail "stop on node C"
+disk_md5=$(md5sum <"$C/vms/golden/disk-vda.ext4")
+rm -rf "$T/h2" && cp -a "$T/h" "$T/h2" && head -c 8192 /dev/urandom >"$T/h2/state"
+"$VMSNAP" -q push "$T/h2" "$STORE/h-state" || fail "push of the set with a bad device state"
+expect_fail "resume from a set with a corrupt device state" vmc "$C" resume golden "$STORE/h-state"
+[ "$(md5sum <"$C/vms/golden/disk-vda.ext4")" = "$disk_md5" ] ||
+    fail "a failed resume replaced the stopped VM's disk"
+[ -e "$C/vms/golden/disk-vda.ext4.prev" ] && fail "a failed resume left the disk's .prev"
+
+# A suspend that can store its snapshot neither in the store nor locally (the VM directory is
+# immutable) keeps it in the stage, marked: resume refuses while it is there, stop keeps it, and
+# the next suspend stores it
+resume_check "$C" golden "$gr" "$gd" "$STORE/good" || done_tests
+sleep 1
+if chattr +i "$C/vms/golden" 2>/dev/null; then
+    expect_fail "suspend that can store nothing" vmc "$C" suspend golden "$T/notadir/set"
+    chattr -i "$C/vms/golden"
+    grep -q "snapshot is left in" "$T/err" || fail "unsaved suspend: $(cat "$T/err")"
+    stage=$(ls -d "$VMSNAP_RAM_DIR"/vmsnap-*-golden.stage 2>/dev/null | while read -r d; do
+        [ -e "$d/.unsaved" ] && echo "$d"; done | head -n1)
+    [ -n "$stage" ] || fail "no marked stage after a suspend that stored nothing"
+    read -r ur ud <<<"$(last_counter "$C" golden)"
+    expect_fail "resume while the only copy is in the stage" vmc "$C" resume golden "$STORE/good"
+    grep -q "could not store" "$T/err" || fail "resume with an unsaved stage: $(cat "$T/err")"
+    vmc "$C" stop golden 2>/dev/null || true
+    [ -f "$stage/memory-ranges" ] || fail "vm stop removed the only copy of the snapshot"
+    vmc "$C" suspend golden "$STORE/saved" || fail "suspend of the unsaved snapshot"
+    [ -e "$stage" ] && fail "the stage is still there after it was stored"
+    D=$T/node-d
+    VM_DIRS+=("$D")
+    resume_check "$D" golden "$ur" "$ud" "$STORE/saved" || done_tests
+else
+    fail "chattr +i is not available on $T: the unsaved-stage case could not run"
+fi
 done_tests

@@ -9,6 +9,9 @@ command -v e2fsck >/dev/null || skip "e2fsck not installed"
 GOLDEN=${VMSNAP_BUILD:?}/vm-golden
 VM_DIRS=()
 export VMSNAP_RAM_DIR=${VMSNAP_RAM_DIR:-/dev/shm}
+# a resume from a store runs the set's kernel and initrd only from the node's asset directories:
+# here, the guest's build directory (guest/build.sh)
+export VMSNAP_ASSET_DIRS=${VMSNAP_ASSET_DIRS:-${VMSNAP_GUEST_DIR:-/var/cache/vmsnap-guest}}
 # QEMU and the guest run under TCG here: keep the guest small.
 VM_MEM=${VM_MEM:-256M}
 
