@@ -427,7 +427,8 @@ static void feature_string(const struct ext2_super_block *s, char *buf, size_t l
 static int open_ro(const char *path, ext2_filsys *fs, int *fd, struct vmsnap_err *err,
                    const char *verb)
 {
-    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below) */
+    *fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat st;
     if (*fd < 0 || fstat(*fd, &st) < 0) {
         int e = errno;
@@ -450,6 +451,20 @@ static int open_ro(const char *path, ext2_filsys *fs, int *fd, struct vmsnap_err
         *fd = -1;
         return vmsnap_err_set(err, disk_ext2_errno(e2), "disk %s %s: %s", verb, path,
                               disk_ext2_strerror(e2));
+    }
+    /* Only the superblock was read: a truncated image (or a superblock claiming more than the
+     * file holds) would otherwise pass, and a new UUID's backup superblocks would be written
+     * wherever its geometry says, far past the end of the file. */
+    off_t end = lseek(*fd, 0, SEEK_END);
+    uint64_t span = ext2fs_blocks_count((*fs)->super) * (uint64_t)(*fs)->blocksize;
+    if (end < 0 || span > (uint64_t)end) {
+        ext2fs_free(*fs);
+        close(*fd);
+        *fd = -1;
+        return vmsnap_err_set(err, EINVAL,
+                              "disk %s %s: the filesystem spans %llu bytes but the image holds "
+                              "%lld: truncated, or not this filesystem's image",
+                              verb, path, (unsigned long long)span, (long long)end);
     }
     return 0;
 }

@@ -335,7 +335,7 @@ int vmsnap_disk_clone(const char *src, const char *dst, const struct vmsnap_disk
                               "disk clone %s: --link and --new-uuid together would change the "
                               "source's UUID too",
                               src);
-    int sfd = open(src, O_RDONLY | O_CLOEXEC);
+    int sfd = open(src, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO is refused, not waited on */
     if (sfd < 0)
         return vmsnap_err_set(err, errno, "disk clone: source image %s: %s", src, strerror(errno));
     struct stat st, dst_st;

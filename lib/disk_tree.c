@@ -64,7 +64,11 @@ struct disk_tree {
     size_t hl_cap, hl_n;
     uint8_t *buf;
     uint64_t files;
+    unsigned depth; /* directories being copied, nested (copy_node recurses once per level) */
 };
+
+/* Deeper source trees are refused: the copy recurses (and holds a descriptor) per level. */
+#define TREE_DEPTH_MAX 1000
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
@@ -493,13 +497,23 @@ static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const 
         if (dfd < 0)
             return vmsnap_err_set(err, errno, "disk create %s: open directory %s: %s", t->image,
                                   hostpath, strerror(errno));
+        if (t->depth >= TREE_DEPTH_MAX) {
+            close(dfd);
+            return vmsnap_err_set(err, ELOOP,
+                                  "disk create %s: the source tree is more than %u directories "
+                                  "deep (at %s)",
+                                  t->image, TREE_DEPTH_MAX, hostpath);
+        }
         struct ddir *d;
         rc = new_dir(t, parent, imgname, mode, uid, gid, &st, hostpath, &d, err);
         if (rc < 0) {
             close(dfd);
             return rc;
         }
-        return copy_dir_contents(t, d, dfd, hostpath, false, err);
+        t->depth++;
+        rc = copy_dir_contents(t, d, dfd, hostpath, false, err);
+        t->depth--;
+        return rc;
     }
     if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) {
         const char *kind = S_ISFIFO(st.st_mode)   ? "a FIFO"
@@ -516,6 +530,11 @@ static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const 
     if (st.st_nlink > 1) {
         struct hlink *h = hl_find(t, st.st_dev, st.st_ino, false);
         if (h) {
+            if (h->links >= EXT2_LINK_MAX)
+                return vmsnap_err_set(err, EMLINK,
+                                      "disk create %s: %s: more than %u hard links to one file "
+                                      "(ext4's limit)",
+                                      t->image, hostpath, (unsigned)EXT2_LINK_MAX);
             h->links++;
             return add_dent(t, parent, imgname, h->e2,
                             S_ISLNK(st.st_mode) ? EXT2_FT_SYMLINK : EXT2_FT_REG_FILE, NULL, err);
@@ -523,18 +542,33 @@ static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const 
     }
     ext2_ino_t ino = 0;
     if (S_ISLNK(st.st_mode)) {
-        char target[PATH_MAX + 1];
-        ssize_t n = readlinkat(dirfd, name, target, sizeof(target) - 1);
-        if (n < 0)
+        char *target = malloc(PATH_MAX + 1); /* not on the stack: copy_node recurses */
+        if (!target)
+            return vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);
+        ssize_t n = readlinkat(dirfd, name, target, PATH_MAX);
+        if (n < 0) {
+            free(target);
             return vmsnap_err_set(err, errno, "disk create %s: read symlink %s: %s", t->image,
                                   hostpath, strerror(errno));
+        }
         target[n] = '\0';
         rc = add_symlink(t, parent, imgname, target, &st, uid, gid, hostpath, &ino, err);
+        free(target);
     } else {
-        int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        /* O_NONBLOCK, then the opened file must be the one looked at: a file swapped for a
+         * FIFO (or anything else) in between is refused, not waited on */
+        int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
         if (fd < 0)
             return vmsnap_err_set(err, errno, "disk create %s: open %s: %s", t->image, hostpath,
                                   strerror(errno));
+        struct stat ost;
+        if (fstat(fd, &ost) < 0 || !S_ISREG(ost.st_mode) || ost.st_ino != st.st_ino ||
+            ost.st_dev != st.st_dev) {
+            close(fd);
+            return vmsnap_err_set(err, EAGAIN,
+                                  "disk create %s: source %s changed while being copied", t->image,
+                                  hostpath);
+        }
         rc = add_regular(t, parent, imgname, fd, &st, mode, uid, gid, hostpath, &ino, err);
         close(fd);
     }

@@ -3,7 +3,9 @@
 # disk create at its limits: an image with exactly 65,536 inodes filled to the last one is
 # e2fsck-clean; one entry more fails with "out of inodes" and the numbers; a file larger than
 # the image fails with "out of space" and the numbers; neither leaves anything at the
-# destination (nor a temporary file beside it).
+# destination (nor a temporary file beside it). Hostile inputs: a FIFO (refused, not waited on),
+# truncated images and lying superblocks (refused; nothing written past the image), a tree
+# deeper than 1000 levels, more hard links than ext4 allows.
 . "$VMSNAP_SRC/tests/lib.sh"
 command -v e2fsck >/dev/null || skip "e2fsprogs not installed"
 
@@ -56,4 +58,55 @@ expect_fail "out of space over an existing image" "$VMSNAP" disk create --force 
 # the largest file that fits does fit (no off-by-one in the accounting): fill to the brim
 "$VMSNAP" disk create --size 16M --add "$T/big:/big" "$T/fits.img" || fail "6 MiB into 16 MiB"
 e2fsck -fn "$T/fits.img" >"$T/fsck" 2>&1 || fail "fits: e2fsck: $(tail "$T/fsck")"
+
+# hostile or broken inputs: refused clearly, never waited on, nothing written past the image
+mkfifo "$T/fifo"
+rc=0
+timeout 20 "$VMSNAP" disk info "$T/fifo" >"$T/out" 2>"$T/err" || rc=$?
+[ "$rc" = 1 ] && grep -q "not a regular file" "$T/err" || fail "disk info of a FIFO: exit $rc, $(cat "$T/err")"
+rc=0
+timeout 20 "$VMSNAP" disk clone "$T/fifo" "$T/fifo.img" >"$T/out" 2>"$T/err" || rc=$?
+[ "$rc" = 1 ] || fail "disk clone of a FIFO: exit $rc, $(cat "$T/err")"
+no_leftovers "$T/fifo.img" "clone of a FIFO"
+"$VMSNAP" disk create --size 64M "$T/g.img"
+head -c 1M "$T/g.img" >"$T/trunc.img"
+expect_fail "info of a truncated image" "$VMSNAP" disk info "$T/trunc.img"
+grep -q "truncated" "$T/err" || fail "truncated image: $(cat "$T/err")"
+expect_fail "clone --new-uuid of a truncated image" "$VMSNAP" disk clone --new-uuid "$T/trunc.img" "$T/trunc2.img"
+no_leftovers "$T/trunc2.img" "clone of a truncated image"
+# a superblock claiming 2^46 blocks: its backup superblocks would land petabytes past the end
+cp "$T/g.img" "$T/huge.img"
+printf 'ssv blocks_count 0x400000000000\nssv inodes_per_group 1\nssv inodes_count 0x80000000\n' >"$T/ssv"
+debugfs -w -f "$T/ssv" "$T/huge.img" >/dev/null 2>&1
+expect_fail "clone --new-uuid of an image with a lying superblock" "$VMSNAP" disk clone --new-uuid "$T/huge.img" "$T/huge2.img"
+no_leftovers "$T/huge2.img" "clone of a lying superblock"
+expect_fail "info of an image with a lying superblock" "$VMSNAP" disk info "$T/huge.img"
+# a source tree deeper than 1000 directories: refused (the copy recurses per level)
+deep() { python3 -c 'import os,sys
+os.mkdir(sys.argv[1]); os.chdir(sys.argv[1])
+for _ in range(int(sys.argv[2])): os.mkdir("d"); os.chdir("d")' "$@"; }
+deep "$T/deep" 1100
+expect_fail "a 1100-deep tree" "$VMSNAP" disk create --size 64M --from-dir "$T/deep" "$T/deep.img"
+grep -q "more than 1000 directories deep" "$T/err" || fail "deep tree: $(cat "$T/err")"
+no_leftovers "$T/deep.img" "deep tree"
+deep "$T/deep900" 900
+"$VMSNAP" disk create --size 64M --from-dir "$T/deep900" "$T/deep900.img" || fail "a 900-deep tree"
+e2fsck -fn "$T/deep900.img" >"$T/fsck" 2>&1 || fail "900-deep: e2fsck: $(tail "$T/fsck")"
+# more hard links to one file than ext4 allows (65,000; tmpfs has no such limit)
+if [ "$(id -u)" = 0 ] && mkdir -p "$T/hl" && mount -t tmpfs -o size=64m tmpfs "$T/hl"; then
+    python3 -c '
+import os, sys
+d = sys.argv[1]
+open(os.path.join(d, "f"), "w").close()
+for i in range(65001):
+    os.link(os.path.join(d, "f"), os.path.join(d, "l%d" % i))' "$T/hl"
+    expect_fail "65,002 hard links to one file" "$VMSNAP" disk create --size 256M --inodes 70000 \
+        --from-dir "$T/hl" "$T/hl.img"
+    grep -q "more than 65000 hard links" "$T/err" || fail "too many links: $(cat "$T/err")"
+    no_leftovers "$T/hl.img" "too many links"
+    umount "$T/hl"
+else
+    echo "note: the hard-link limit case needs root to mount a tmpfs; not run" >&2
+    [ "${VMSNAP_REQUIRE_ALL:-0}" = 1 ] && fail "hard-link limit case could not run"
+fi
 done_tests
