@@ -277,7 +277,10 @@ static int disk_info(int argc, char **argv)
     printf("allocated:    %s (%" PRIu64 " bytes)\n", cli_bytes(b, sizeof(b), in.allocated),
            in.allocated);
     printf("uuid:         %s\n", in.uuid_str);
-    printf("label:        %s\n", in.label);
+    char label[sizeof(in.label)];
+    for (size_t i = 0; i < sizeof(label); i++) /* bytes from the image: no terminal escapes */
+        label[i] = in.label[i] && (in.label[i] < 0x20 || in.label[i] == 0x7f) ? '?' : in.label[i];
+    printf("label:        %s\n", label);
     printf("features:     %s\n", in.features);
     printf("blocks:       %" PRIu64 " used, %" PRIu64 " free, %" PRIu64 " total (%u bytes each)\n",
            in.blocks_total - in.blocks_free, in.blocks_free, in.blocks_total, in.block_size);

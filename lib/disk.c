@@ -15,7 +15,10 @@
 #include "sys/sys.h"
 
 #include <errno.h>
+#include <et/com_err.h>
+#include <ext2fs/ext2_err.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,7 +69,7 @@ int disk_ext2_errno(errcode_t code)
 
 const char *disk_ext2_strerror(errcode_t code)
 {
-    static _Thread_local char buf[64];
+    static _Thread_local char buf[160];
     if (code > 0 && code < 4096)
         return strerror((int)code);
     switch (code) {
@@ -101,9 +104,13 @@ const char *disk_ext2_strerror(errcode_t code)
         return "short write";
     case EXT2_ET_INVALID_ARGUMENT:
         return "invalid argument";
-    default:
-        snprintf(buf, sizeof(buf), "libext2fs error %ld", (long)code);
+    default: {
+        /* libext2fs's own text for the rest (its com_err table, registered once) */
+        static pthread_once_t once = PTHREAD_ONCE_INIT;
+        pthread_once(&once, initialize_ext2_error_table);
+        snprintf(buf, sizeof(buf), "%s (libext2fs error %ld)", error_message(code), (long)code);
         return buf;
+    }
     }
 }
 

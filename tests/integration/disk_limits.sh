@@ -81,6 +81,12 @@ debugfs -w -f "$T/ssv" "$T/huge.img" >/dev/null 2>&1
 expect_fail "clone --new-uuid of an image with a lying superblock" "$VMSNAP" disk clone --new-uuid "$T/huge.img" "$T/huge2.img"
 no_leftovers "$T/huge2.img" "clone of a lying superblock"
 expect_fail "info of an image with a lying superblock" "$VMSNAP" disk info "$T/huge.img"
+# libext2fs's own words for its errors, not a number alone
+expect_fail "more inodes than 64M can hold" "$VMSNAP" disk create --size 64M --inodes 1000000 "$T/ino.img"
+grep -q "requested number of inodes" "$T/err" || fail "too many inodes: unclear error: $(cat "$T/err")"
+# a label is bytes from the image: printed without terminal escapes
+"$VMSNAP" disk create --size 64M --label "$(printf 'a\033[31mb')" "$T/lab.img" || fail "create with a label"
+"$VMSNAP" disk info "$T/lab.img" | grep -q "$(printf '\033')" && fail "disk info printed an escape from the label"
 # a source tree deeper than 1000 directories: refused (the copy recurses per level)
 deep() { python3 -c 'import os,sys
 os.mkdir(sys.argv[1]); os.chdir(sys.argv[1])
