@@ -15,7 +15,8 @@ J=${J:-8}
 for t in rclone zstd bc curl; do command -v $t >/dev/null || { echo "need $t (scripts/deps.sh bench s3)"; exit 1; }; done
 W=$(mktemp -d /dev/shm/vmsnap-xbench.XXXXXX)
 STATE=$(mktemp -d /tmp/vmsnap-xbench-rgw.XXXXXX)
-trap 'bash "$here/tests/rgw-down.sh" "$STATE" >/dev/null 2>&1; rm -rf "$W"' EXIT
+FPIDS=()
+trap '[ ${#FPIDS[@]} = 0 ] || kill "${FPIDS[@]}" 2>/dev/null; bash "$here/tests/rgw-down.sh" "$STATE" >/dev/null 2>&1; rm -rf "$W"' EXIT
 bash "$here/tests/rgw-up.sh" "$STATE" >/dev/null 2>&1
 . "$STATE/env"
 SIZE_MIB=${SIZE_MIB:-2048}
@@ -60,6 +61,28 @@ bench_run "vmsnap push (same, no base) s3" "'$VMSNAP' -q push -j $J mr2 s3://$B/
 row "vmsnap push -j$J of the same without a base (RGW)" "$WALL" "$CPU" "$RSS_MIB" "$OBJB"
 "$VMSNAP" -q pull -j $J s3://$B/v/mr2 out.b && cmp -s mr2 out.b || { echo "pull of the base push differs" >&2; exit 1; }
 rm -f out.b
+# a VM-like set (the image and four small files) pulled through tests/faultproxy adding 0 ms and
+# 20 ms to every request, as an S3 endpoint's first-byte latency would: the difference is what
+# the request round trips cost (opening the set's files in parallel keeps it to a few)
+FPX=$(dirname "$VMSNAP")/tests/vmsnap_faultproxy
+LAT=()
+if [ -x "$FPX" ]; then
+    mkdir -p set && ln -f memory-ranges set/memory-ranges
+    head -c 60000 /dev/urandom >set/state && echo '{"vcpus":1}' >set/config.json && echo lineage >set/base-id
+    "$VMSNAP" disk create --size 1G set/rootfs-disk-vda.ext4
+    "$VMSNAP" -q push -j $J set s3://$B/set
+    for ms in 0 20; do
+        rm -f "$W/fp$ms.port"
+        "$FPX" "$W/fp$ms.port" "$VMSNAP_RGW_PORT" "1+:delay$ms" >/dev/null 2>&1 &
+        FPIDS+=($!)
+        for _ in $(seq 50); do [ -s "$W/fp$ms.port" ] && break; sleep 0.1; done
+        BENCH_BEFORE='rm -rf outset'
+        bench_run "vmsnap pull set +${ms}ms" "AWS_ENDPOINT_URL=http://127.0.0.1:$(cat "$W/fp$ms.port") '$VMSNAP' -q pull -j $J s3://$B/set outset"
+        LAT+=("$WALL")
+        row "vmsnap pull -j$J of a 5-file set through a proxy adding $ms ms per request" "$WALL" "$CPU" "$RSS_MIB" "-"
+    done
+    BENCH_BEFORE='rm -rf out*'
+fi
 bench_run "vmsnap push local" "'$VMSNAP' -q push -j $J memory-ranges $W/store/mr"
 row "vmsnap push -j$J (local store, tmpfs)" "$WALL" "$CPU" "$RSS_MIB" "$OBJ"
 bench_run "vmsnap pull local" "'$VMSNAP' -q pull -j $J $W/store/mr out.l"
@@ -88,6 +111,7 @@ echo "| tool | wall s | client CPU s | CPU s / populated GiB | peak RSS MiB | by
 echo "|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 echo
+[ ${#LAT[@]} = 2 ] && printf 'set pull: 20 ms per request cost %.3f s over the proxy without delay\n' "$(echo "${LAT[1]} - ${LAT[0]}" | bc -l)"
 printf 'push --base vs the same push without a base: %.2fx (bytes sent %s of %s)\n' "$(echo "$VNB / $VB" | bc -l)" "$SENT" "$OBJB"
 printf 'push vs rclone copyto: %.2fx, vs zstd|rclone rcat: %.2fx; pull vs rclone copyto: %.2fx, vs rclone cat|zstd: %.2fx; push CPU / pack CPU: %.2f\n' \
     "$(echo "$RP / $VP" | bc -l)" "$(echo "$ZP / $VP" | bc -l)" "$(echo "$RG / $VG" | bc -l)" "$(echo "$ZG / $VG" | bc -l)" "$(echo "$VPC / $PACK_CPU" | bc -l)"

@@ -139,6 +139,7 @@ static void hex32(const unsigned char *md, char out[65])
  * its first read, and a pull then decodes its frame group from that copy too. One GET instead of
  * three for a small file of a set, two instead of three for a large one. */
 #define TAIL_READ (64u << 10)
+#define PRE_READ 64u /* covers the image header and info frame (44 bytes) */
 struct tail_src {
     struct vmsnap_store_conn *c;
     const char *key;
@@ -146,6 +147,8 @@ struct tail_src {
     uint8_t *buf; /* bytes [boff, boff + blen) of the object, or NULL */
     uint64_t boff;
     size_t blen;
+    const uint8_t *pre; /* bytes [0, plen) of the object, or NULL */
+    size_t plen;
 };
 
 static int tail_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err)
@@ -167,6 +170,10 @@ static int tail_pread(void *arg, void *buf, size_t len, uint64_t off, struct vms
     }
     if (t->buf && off >= t->boff && len <= t->blen && off - t->boff <= t->blen - len) {
         memcpy(buf, t->buf + (off - t->boff), len);
+        return 0;
+    }
+    if (t->pre && len <= t->plen && off <= t->plen - len) {
+        memcpy(buf, t->pre + off, len);
         return 0;
     }
     return vmsnap_store_get(t->c, t->key, off, len, buf, err);
@@ -561,7 +568,7 @@ static int open_base(const struct xfer *x, struct vmsnap_store_conn *ctl, const 
     int rc = vmsnap_store_head_etag(ctl, bkey, &size, etag, &e);
     if (rc == 0 && !etag[0])
         rc = vmsnap_err_set(&e, EPROTO, "%s: no ETag", bkey);
-    struct tail_src ts = {ctl, bkey, size, NULL, 0, 0};
+    struct tail_src ts = {ctl, bkey, size, NULL, 0, 0, NULL, 0};
     struct vmsnap_source src = {tail_pread, &ts, size, bkey};
     if (rc == 0)
         rc = vmsnap_image_open(&src, 0, img, &e);
@@ -1085,6 +1092,9 @@ struct down {
     int start_rc;         /* what opening/dispatching returned (a set's pull finishes every file) */
     struct vmsnap_err open_err; /* the error of an open that ran on a pool thread */
     bool inited, opened, sequential;
+    uint8_t *pre; /* the object's first PRE_READ bytes, fetched beside its tail */
+    int pre_rc;
+    bool pre_done;
     struct vmsnap_image_stats stats;
     struct vmsnap_seqdec *seq;
 };
@@ -1262,7 +1272,25 @@ static void down_init(struct down *d)
  * last TAIL_READ bytes (size, footer and seek table; a small object whole), its first bytes when
  * larger, the checks against the manifest, the frame groups. Nothing is dispatched yet. Runs on
  * the caller's thread or on a pool thread (a set's files open in parallel). */
-static int down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst,
+struct pre_task {
+    struct xtask t;
+    struct down *d;
+};
+
+static void pre_run(struct xtask *t, struct vmsnap_store_conn *c)
+{
+    struct down *d = ((struct pre_task *)t)->d;
+    struct vmsnap_err e = {0};
+    int rc = vmsnap_store_get(c, d->key, 0, PRE_READ, d->pre, &e);
+    pthread_mutex_lock(&d->mu);
+    d->pre_rc = rc;
+    d->pre_done = true;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    free(t);
+}
+
+static int down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst, bool prefetch,
                      struct vmsnap_err *err)
 {
     d->sha = EVP_MD_CTX_new();
@@ -1272,8 +1300,24 @@ static int down_open(struct down *d, struct vmsnap_store_conn *c, const char *ds
     uint8_t *tb = malloc(TAIL_READ);
     if (!tb)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
+    /* A large object's first bytes are read next; fetched on a pool connection meanwhile, they
+     * cost no round trip of their own. Only from the calling thread (`prefetch`): a pool thread
+     * waiting for another pool task could wait for ever. */
+    struct pre_task *pt = NULL;
+    if (prefetch && d->mf && d->mf->detail && d->mf->object_size > TAIL_READ &&
+        (d->pre = malloc(PRE_READ)) && (pt = calloc(1, sizeof(*pt)))) {
+        pt->t.run = pre_run;
+        pt->d = d;
+        xpool_submit(&d->x->pool, &pt->t);
+    }
     size_t got = 0;
     int rc = vmsnap_store_get_tail(c, d->key, TAIL_READ, tb, &got, &d->osize, err);
+    if (pt) {
+        pthread_mutex_lock(&d->mu);
+        while (!d->pre_done)
+            pthread_cond_wait(&d->cv, &d->mu);
+        pthread_mutex_unlock(&d->mu);
+    }
     if (rc < 0 || got == 0) {
         free(tb);
         tb = NULL;
@@ -1281,7 +1325,11 @@ static int down_open(struct down *d, struct vmsnap_store_conn *c, const char *ds
         uint8_t *t2 = realloc(tb, got); /* a small object, kept until its group is decoded */
         tb = t2 ? t2 : tb;
     }
-    d->tail = (struct tail_src){c, d->key, d->osize, tb, d->osize - got, got};
+    d->tail = (struct tail_src){c, d->key, d->osize, tb, d->osize - got, got, NULL, 0};
+    if (pt && d->pre_rc == 0 && d->osize >= PRE_READ) { /* else: read as usual */
+        d->tail.pre = d->pre;
+        d->tail.plen = PRE_READ;
+    }
     if (rc == -ENOENT && d->mf)
         return vmsnap_err_set(err, ENOENT, "the manifest lists '%s' but %s is missing", d->mf->name,
                               d->url);
@@ -1401,7 +1449,7 @@ static void open_run(struct xtask *t, struct vmsnap_store_conn *c)
     struct open_task *ot = (struct open_task *)t;
     struct down *d = ot->d;
     struct vmsnap_err e = {0};
-    int rc = down_open(d, c, ot->dst, &e);
+    int rc = down_open(d, c, ot->dst, false, &e);
     pthread_mutex_lock(&d->mu);
     d->start_rc = rc;
     if (rc < 0)
@@ -1448,6 +1496,7 @@ static void down_free(struct down *d, bool keep)
         sys_atomic_abort(&d->af);
     vmsnap_image_free(d->img);
     free(d->tail.buf);
+    free(d->pre);
     free(d->g);
     EVP_MD_CTX_free(d->sha);
     free(d->key);
@@ -1584,7 +1633,7 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
             break;
         int r;
         if (k == 0) {
-            r = rc == 0 ? down_open(d, ctl, path0, err) : -ECANCELED;
+            r = rc == 0 ? down_open(d, ctl, path0, true, err) : -ECANCELED;
             d->opened = true;
         } else {
             pthread_mutex_lock(&d->mu);
@@ -1700,7 +1749,7 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
         goto out;
     }
     down_init(&d);
-    rc = down_open(&d, ctl, path, err);
+    rc = down_open(&d, ctl, path, false, err);
     if (rc == 0)
         rc = down_submit(&d, err);
     rc = down_finish(&d, rc, err);
