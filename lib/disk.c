@@ -462,8 +462,19 @@ static int open_ro(const char *path, ext2_filsys *fs, int *fd, struct vmsnap_err
     /* Only the superblock was read: a truncated image (or a superblock claiming more than the
      * file holds) would otherwise pass, and a new UUID's backup superblocks would be written
      * wherever its geometry says, far past the end of the file. */
+    struct ext2_super_block *sb = (*fs)->super;
+    if (ext2fs_free_blocks_count(sb) > ext2fs_blocks_count(sb) ||
+        sb->s_free_inodes_count > sb->s_inodes_count) {
+        ext2fs_free(*fs);
+        close(*fd);
+        *fd = -1;
+        return vmsnap_err_set(err, EINVAL,
+                              "disk %s %s: corrupt superblock (more free blocks or inodes than "
+                              "the filesystem has)",
+                              verb, path);
+    }
     off_t end = lseek(*fd, 0, SEEK_END);
-    uint64_t span = ext2fs_blocks_count((*fs)->super) * (uint64_t)(*fs)->blocksize;
+    uint64_t span = ext2fs_blocks_count(sb) * (uint64_t)(*fs)->blocksize;
     if (end < 0 || span > (uint64_t)end) {
         ext2fs_free(*fs);
         close(*fd);

@@ -394,6 +394,16 @@ int vmsnap_disk_clone(const char *src, const char *dst, const struct vmsnap_disk
             vmsnap_err_wrap(err, "disk clone %s to %s: ", src, dst);
             goto fail;
         }
+        /* the copy followed the size seen at the start: a source that changed size meanwhile
+         * (an image still in use) gave a copy of neither state */
+        struct stat st2;
+        if (fstat(sfd, &st2) == 0 && st2.st_size != st.st_size) {
+            rc = vmsnap_err_set(err, EAGAIN,
+                                "disk clone %s to %s: the source changed size while being copied "
+                                "(%lld -> %lld bytes): is it in use?",
+                                src, dst, (long long)st.st_size, (long long)st2.st_size);
+            goto fail;
+        }
     }
     if (o->new_uuid) {
         rc = vmsnap_disk_set_uuid(af.tmp, NULL, o->force, err);

@@ -682,6 +682,29 @@ int disk_tree_apply(struct disk_tree *t, const struct vmsnap_disk_entry *e, stru
                                 e->dest);
             goto out;
         }
+        if (e->mode < 0 && e->uid < 0 && e->gid < 0)
+            goto out;
+        struct ddir *r = t->root;
+        if (!r->has_meta) { /* start from the root inode as created */
+            errcode_t e2 = ext2fs_read_inode_full(t->fs, EXT2_ROOT_INO,
+                                                  (struct ext2_inode *)&r->meta, sizeof(r->meta));
+            if (e2) {
+                rc = e2err(t, e2, err, "reading", "the root directory");
+                goto out;
+            }
+            r->has_meta = true;
+        }
+        r->changed = true;
+        if (e->mode >= 0)
+            r->meta.i_mode = (uint16_t)(LINUX_S_IFDIR | (uint32_t)e->mode);
+        if (e->uid >= 0) {
+            r->meta.i_uid = (uint16_t)e->uid;
+            r->meta.osd2.linux2.l_i_uid_high = (uint16_t)((uint64_t)e->uid >> 16);
+        }
+        if (e->gid >= 0) {
+            r->meta.i_gid = (uint16_t)e->gid;
+            r->meta.osd2.linux2.l_i_gid_high = (uint16_t)((uint64_t)e->gid >> 16);
+        }
         goto out;
     }
     struct dent *de = lookup(d, last);

@@ -81,6 +81,11 @@ debugfs -w -f "$T/ssv" "$T/huge.img" >/dev/null 2>&1
 expect_fail "clone --new-uuid of an image with a lying superblock" "$VMSNAP" disk clone --new-uuid "$T/huge.img" "$T/huge2.img"
 no_leftovers "$T/huge2.img" "clone of a lying superblock"
 expect_fail "info of an image with a lying superblock" "$VMSNAP" disk info "$T/huge.img"
+cp "$T/g.img" "$T/free.img"
+printf 'ssv free_blocks_count 0x7fffffff\n' >"$T/ssv"
+debugfs -w -f "$T/ssv" "$T/free.img" >/dev/null 2>&1
+expect_fail "info of an image with more free blocks than blocks" "$VMSNAP" disk info --json "$T/free.img"
+grep -q "corrupt superblock" "$T/err" || fail "free > total: $(cat "$T/err")"
 # libext2fs's own words for its errors, not a number alone
 expect_fail "more inodes than 64M can hold" "$VMSNAP" disk create --size 64M --inodes 1000000 "$T/ino.img"
 grep -q "requested number of inodes" "$T/err" || fail "too many inodes: unclear error: $(cat "$T/err")"

@@ -81,6 +81,13 @@ mount -o loop,ro "$T/seeded.img" "$MNT"
 [ "$(stat -c '%a %u %g' "$MNT/home/u")" = "700 1000 1000" ] || fail "/home/u mode/owner"
 [ "$(stat -c '%Y' "$MNT/etc/hosts")" = "$(stat -c '%Y' "$T/hosts")" ] || fail "hosts mtime"
 umount "$MNT"
+# --mkdir / with a mode and owner applies them to the root (it used to be ignored)
+"$VMSNAP" disk create --size 64M --mkdir /:0700:5:6 --mkdir /x "$T/root.img" || fail "create with --mkdir /"
+fsck_clean "$T/root.img" "--mkdir /"
+mount -o loop,ro "$T/root.img" "$MNT"
+[ "$(stat -c '%a %u %g' "$MNT")" = "700 5 6" ] || fail "--mkdir /: root is $(stat -c '%a %u %g' "$MNT")"
+[ -d "$MNT/lost+found" ] && [ -d "$MNT/x" ] || fail "--mkdir /: root entries: $(ls -a "$MNT")"
+umount "$MNT"
 
 # 4. the kernel mounts it read-write, writes, unmounts, e2fsck stays clean
 mount -o loop "$T/tree1.img" "$MNT"
