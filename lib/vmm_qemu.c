@@ -7,8 +7,10 @@
  *
  * Control is QMP over run_dir/qmp.sock, one short connection per operation (greeting,
  * qmp_capabilities, commands, replies one JSON object per line; events are skipped). Snapshot
- * and restore are migrations with the x-ignore-shared capability to and from an exec: pipe, so a
- * share=on RAM file is left out of the state and is itself the memory image.
+ * and restore are migrations with the x-ignore-shared capability to and from the state file,
+ * whose descriptor vmsnap opens and passes over QMP (getfd, URI fd:), so a share=on RAM file is
+ * left out of the state and is itself the memory image. QEMU runs under -sandbox (seccomp: no
+ * spawning, no privilege changes, no obsolete or resource-control syscalls).
  *
  * A process is identified by the pid file and confirmed through /proc/<pid>/cmdline naming our
  * QMP socket, so a recycled pid is never signalled.
@@ -180,8 +182,9 @@ static int qmp_readline(struct qmp *q, double deadline, char **line, struct vmsn
     }
 }
 
-static int qmp_exec(struct qmp *q, const char *cmd, json_object *args, json_object **ret,
-                    struct vmsnap_err *err)
+/* Send one command; `pass_fd` >= 0 travels with its first bytes (SCM_RIGHTS), as getfd wants. */
+static int qmp_exec_fd(struct qmp *q, const char *cmd, json_object *args, int pass_fd,
+                       json_object **ret, struct vmsnap_err *err)
 {
     json_object *req = json_object_new_object();
     if (!req)
@@ -189,11 +192,39 @@ static int qmp_exec(struct qmp *q, const char *cmd, json_object *args, json_obje
     json_object_object_add(req, "execute", json_object_new_string(cmd));
     if (args)
         json_object_object_add(req, "arguments", json_object_get(args));
-    const char *s = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
-    size_t n = strlen(s);
+    const char *js = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
+    size_t n = strlen(js) + 1;
+    char *s = malloc(n);
+    if (!s) {
+        json_object_put(req);
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    }
+    memcpy(s, js, n - 1);
+    s[n - 1] = '\n';
+    json_object_put(req);
     int rc = 0;
     for (size_t off = 0; off < n;) {
-        ssize_t w = send(q->fd, s + off, n - off, MSG_NOSIGNAL);
+        ssize_t w;
+        if (off == 0 && pass_fd >= 0) {
+            union {
+                char buf[CMSG_SPACE(sizeof(int))];
+                struct cmsghdr align;
+            } u;
+            memset(&u, 0, sizeof(u));
+            struct iovec iov = {s, n};
+            struct msghdr mh = {.msg_iov = &iov,
+                                .msg_iovlen = 1,
+                                .msg_control = u.buf,
+                                .msg_controllen = sizeof(u.buf)};
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+            cm->cmsg_level = SOL_SOCKET;
+            cm->cmsg_type = SCM_RIGHTS;
+            cm->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(cm), &pass_fd, sizeof(int));
+            w = sendmsg(q->fd, &mh, MSG_NOSIGNAL);
+        } else {
+            w = send(q->fd, s + off, n - off, MSG_NOSIGNAL);
+        }
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0) {
@@ -202,11 +233,9 @@ static int qmp_exec(struct qmp *q, const char *cmd, json_object *args, json_obje
         }
         off += (size_t)w;
     }
-    json_object_put(req);
+    free(s);
     if (rc < 0)
         return rc;
-    if (send(q->fd, "\n", 1, MSG_NOSIGNAL) != 1)
-        return vmsnap_err_set(err, errno, "QMP %s: send %s: %s", q->sock, cmd, strerror(errno));
     double deadline = now() + QMP_TIMEOUT;
     for (;;) {
         char *line;
@@ -217,6 +246,12 @@ static int qmp_exec(struct qmp *q, const char *cmd, json_object *args, json_obje
         if (rc != 0)
             return rc < 0 ? rc : 0;
     }
+}
+
+static int qmp_exec(struct qmp *q, const char *cmd, json_object *args, json_object **ret,
+                    struct vmsnap_err *err)
+{
+    return qmp_exec_fd(q, cmd, args, -1, ret, err);
 }
 
 static int qmp_open(struct vmsnap_vmm *v, struct qmp *q, double timeout, struct vmsnap_err *err)
@@ -408,6 +443,8 @@ static int build_argv(struct vmsnap_vmm *v, bool incoming, char **argv, char *po
         ARG("-append");
         ARG("%s", v->cmdline);
     }
+    ARG("-sandbox");
+    ARG("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
     ARG("-nodefaults");
     ARG("-no-user-config");
     ARG("-display");
@@ -597,25 +634,30 @@ static int wait_migration(struct qmp *q, const char *what, struct vmsnap_err *er
     }
 }
 
-/* The exec: URI runs through /bin/sh: the path is single-quoted, so it must not hold one. */
-static int exec_uri(char *out, size_t len, bool write, const char *dir, struct vmsnap_err *err)
+/* Hand QEMU an open descriptor of the state file under the name "vmsnap-state" (getfd); the
+ * migration then uses the URI "fd:vmsnap-state": QEMU reads or writes the file itself, with no
+ * shell and no cat between (and -sandbox can forbid QEMU to spawn anything). */
+#define STATE_FD_NAME "vmsnap-state"
+static int pass_state_fd(struct qmp *q, const char *path, bool write, struct vmsnap_err *err)
 {
-    if (strchr(dir, '\''))
-        return vmsnap_err_set(err, EINVAL, "snapshot directory %s contains a single quote", dir);
-    int w = write ? snprintf(out, len, "exec:umask 077 && cat > '%s/state'", dir)
-                  : snprintf(out, len, "exec:cat '%s/state'", dir);
-    if (w < 0 || (size_t)w >= len)
-        return vmsnap_err_set(err, ENAMETOOLONG, "snapshot directory %s too long", dir);
-    return 0;
+    int fd = write ? open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)
+                   : open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return vmsnap_err_set(err, errno, "%s: %s", path, strerror(errno));
+    json_object *args = json_object_new_object();
+    json_object_object_add(args, "fdname", json_object_new_string(STATE_FD_NAME));
+    int rc = qmp_exec_fd(q, "getfd", args, fd, NULL, err);
+    json_object_put(args);
+    close(fd); /* QEMU holds its own copy now */
+    return rc;
 }
 
 static int qemu_restore(struct vmsnap_vmm *v, const char *dir, struct vmsnap_err *err)
 {
-    char uri[4200], path[4200];
-    int rc = exec_uri(uri, sizeof(uri), false, dir, err);
-    if (rc < 0)
-        return rc;
-    snprintf(path, sizeof(path), "%s/state", dir);
+    char path[4200];
+    int rc = 0;
+    if (snprintf(path, sizeof(path), "%s/state", dir) >= (int)sizeof(path))
+        return vmsnap_err_set(err, ENAMETOOLONG, "snapshot directory %s too long", dir);
     if (access(path, R_OK) < 0)
         return vmsnap_err_set(err, errno, "restore: %s: %s", path, strerror(errno));
     rc = qemu_boot(v, true, err);
@@ -628,9 +670,11 @@ static int qemu_restore(struct vmsnap_vmm *v, const char *dir, struct vmsnap_err
     /* Both sides must agree on x-ignore-shared: it is set only when the RAM stayed out of the
      * state (taken from a shared RAM file). */
     rc = set_ignore_shared(&q, !v->state_has_ram, err);
+    if (rc == 0)
+        rc = pass_state_fd(&q, path, false, err);
     if (rc == 0) {
         json_object *args = json_object_new_object();
-        json_object_object_add(args, "uri", json_object_new_string(uri));
+        json_object_object_add(args, "uri", json_object_new_string("fd:" STATE_FD_NAME));
         rc = qmp_exec(&q, "migrate-incoming", args, NULL, err);
         json_object_put(args);
     }
@@ -660,18 +704,19 @@ static int qemu_resume(struct vmsnap_vmm *v, struct vmsnap_err *err)
 
 static int qemu_snapshot(struct vmsnap_vmm *v, const char *dir, struct vmsnap_err *err)
 {
-    char uri[4200];
-    int rc = exec_uri(uri, sizeof(uri), true, dir, err);
-    if (rc < 0)
-        return rc;
+    char path[4200];
+    if (snprintf(path, sizeof(path), "%s/state", dir) >= (int)sizeof(path))
+        return vmsnap_err_set(err, ENAMETOOLONG, "snapshot directory %s too long", dir);
     struct qmp q;
-    rc = qmp_open(v, &q, 2.0, err);
+    int rc = qmp_open(v, &q, 2.0, err);
     if (rc < 0)
         return rc;
     rc = set_ignore_shared(&q, v->ram_shared, err);
+    if (rc == 0)
+        rc = pass_state_fd(&q, path, true, err);
     if (rc == 0) {
         json_object *args = json_object_new_object();
-        json_object_object_add(args, "uri", json_object_new_string(uri));
+        json_object_object_add(args, "uri", json_object_new_string("fd:" STATE_FD_NAME));
         rc = qmp_exec(&q, "migrate", args, NULL, err);
         json_object_put(args);
     }

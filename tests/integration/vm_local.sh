@@ -2,12 +2,15 @@
 # SPDX-License-Identifier: Apache-2.0
 # pause -> resume on the same node: both counters continue and the RAM blob's md5 is intact
 # (eager and on-demand), twice in a row; the upper disk is e2fsck-clean once the guest
-# unmounted it, and holds the guest's last file counter.
+# unmounted it, and holds the guest's last file counter. QEMU runs under -sandbox.
 . "$VMSNAP_SRC/tests/integration/vm_lib.sh"
 S=$T/state
 from_golden "$S"
 resume_check "$S" golden "$golden_ram" "$golden_data" || done_tests
 [ "$(blob_md5 "$S" golden)" = "$boot_md5" ] || fail "RAM blob md5 changed across pause/resume"
+# QEMU runs under its seccomp sandbox (-sandbox: no spawning; state moves through a passed fd)
+grep -q '^Seccomp:[[:space:]]*2' "/proc/$(cat "$S/vms/golden/pid")/status" ||
+    fail "QEMU is not running under seccomp: $(grep Seccomp "/proc/$(cat "$S/vms/golden/pid")/status")"
 C=$S/vms/golden/checkpoint
 [ -d "$C" ] || fail "the local checkpoint is gone after resume (it must be preserved)"
 # page-cache hygiene: the checkpoint's memory image is not left cached next to the guest
