@@ -225,6 +225,13 @@ if [ "$(id -u)" = 0 ] && mkdir "$T/small" && mount -t tmpfs -o size=16m tmpfs "$
     expect_fail "unpack from stdin onto a full disk" sh -c "'$VMSNAP' unpack - '$T/small/s40' <'$T/f40.vs'"
     grep -q "$T/small/s40: write .*: No space" "$T/err" || fail "stdin unpack disk full: $(cat "$T/err")"
     [ -n "$(ls -A "$T/small")" ] && fail "unpack disk full: left $(ls -A "$T/small")"
+    # a set that cannot fit is refused before any byte is fetched (the manifest's populated
+    # bytes against the free space), naming the space; nothing is left
+    mkdir -p "$T/bigset" && ln -f "$T/f40" "$T/bigset/memory-ranges" && echo x >"$T/bigset/state"
+    "$VMSNAP" -q push "$T/bigset" "$S/bigset" || fail "push bigset"
+    expect_fail "pull of a set larger than the free space" "$VMSNAP" pull "$S/bigset" "$T/small/set"
+    grep -q "no space for the set: it needs 40 MiB" "$T/err" || fail "set disk full: $(cat "$T/err")"
+    [ -n "$(ls -A "$T/small")" ] && fail "set disk full: left $(ls -A "$T/small")"
     umount "$T/small"
 else
     echo "note: disk-full case needs root to mount a tmpfs; not run" >&2
