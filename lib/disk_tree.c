@@ -634,6 +634,34 @@ int disk_tree_from_dir(struct disk_tree *t, const char *dir, struct vmsnap_err *
     return copy_dir_contents(t, t->root, dfd, dir, true, err);
 }
 
+/* --mkdir of a directory that exists (the root, lost+found, one made as a parent): set the
+ * mode and owner asked for, starting from its inode as it is when it has no pending meta. */
+static int mkdir_meta(struct disk_tree *t, struct ddir *x, const struct vmsnap_disk_entry *e,
+                      struct vmsnap_err *err)
+{
+    if (e->mode < 0 && e->uid < 0 && e->gid < 0)
+        return 0;
+    if (!x->has_meta) {
+        errcode_t e2 =
+            ext2fs_read_inode_full(t->fs, x->ino, (struct ext2_inode *)&x->meta, sizeof(x->meta));
+        if (e2)
+            return e2err(t, e2, err, "reading", e->dest);
+        x->has_meta = true;
+    }
+    x->changed = true;
+    if (e->mode >= 0)
+        x->meta.i_mode = (uint16_t)(LINUX_S_IFDIR | (uint32_t)e->mode);
+    if (e->uid >= 0) {
+        x->meta.i_uid = (uint16_t)e->uid;
+        x->meta.osd2.linux2.l_i_uid_high = (uint16_t)((uint64_t)e->uid >> 16);
+    }
+    if (e->gid >= 0) {
+        x->meta.i_gid = (uint16_t)e->gid;
+        x->meta.osd2.linux2.l_i_gid_high = (uint16_t)((uint64_t)e->gid >> 16);
+    }
+    return 0;
+}
+
 int disk_tree_apply(struct disk_tree *t, const struct vmsnap_disk_entry *e, struct vmsnap_err *err)
 {
     /* Walk dest's parents, creating missing ones (0755 root:root, like mkdir -p). */
@@ -682,53 +710,22 @@ int disk_tree_apply(struct disk_tree *t, const struct vmsnap_disk_entry *e, stru
                                 e->dest);
             goto out;
         }
-        if (e->mode < 0 && e->uid < 0 && e->gid < 0)
-            goto out;
-        struct ddir *r = t->root;
-        if (!r->has_meta) { /* start from the root inode as created */
-            errcode_t e2 = ext2fs_read_inode_full(t->fs, EXT2_ROOT_INO,
-                                                  (struct ext2_inode *)&r->meta, sizeof(r->meta));
-            if (e2) {
-                rc = e2err(t, e2, err, "reading", "the root directory");
-                goto out;
-            }
-            r->has_meta = true;
-        }
-        r->changed = true;
-        if (e->mode >= 0)
-            r->meta.i_mode = (uint16_t)(LINUX_S_IFDIR | (uint32_t)e->mode);
-        if (e->uid >= 0) {
-            r->meta.i_uid = (uint16_t)e->uid;
-            r->meta.osd2.linux2.l_i_uid_high = (uint16_t)((uint64_t)e->uid >> 16);
-        }
-        if (e->gid >= 0) {
-            r->meta.i_gid = (uint16_t)e->gid;
-            r->meta.osd2.linux2.l_i_gid_high = (uint16_t)((uint64_t)e->gid >> 16);
-        }
+        rc = mkdir_meta(t, t->root, e, err);
         goto out;
     }
     struct dent *de = lookup(d, last);
     if (e->op == VMSNAP_DISK_MKDIR) {
         if (de && de->sub) /* already there (e.g. made as a parent): set what was asked */
         {
-            struct ddir *x = de->sub;
-            if (!x->has_meta)
-                goto out;
-            if (e->mode >= 0)
-                x->meta.i_mode = (uint16_t)(LINUX_S_IFDIR | (uint32_t)e->mode);
-            if (e->uid >= 0) {
-                x->meta.i_uid = (uint16_t)e->uid;
-                x->meta.osd2.linux2.l_i_uid_high = (uint16_t)((uint64_t)e->uid >> 16);
-            }
-            if (e->gid >= 0) {
-                x->meta.i_gid = (uint16_t)e->gid;
-                x->meta.osd2.linux2.l_i_gid_high = (uint16_t)((uint64_t)e->gid >> 16);
-            }
+            rc = mkdir_meta(t, de->sub, e, err);
             goto out;
         }
         if (de) {
             rc = vmsnap_err_set(err, EEXIST,
-                                "disk create %s: --mkdir %s: exists and is not a directory",
+                                de->ftype == EXT2_FT_DIR
+                                    ? "disk create %s: --mkdir %s: a directory vmsnap keeps as "
+                                      "made (lost+found) cannot be changed"
+                                    : "disk create %s: --mkdir %s: exists and is not a directory",
                                 t->image, e->dest);
             goto out;
         }
