@@ -428,14 +428,16 @@ static void feature_string(const struct ext2_super_block *s, char *buf, size_t l
     }
 }
 
-/* Open an image read-only through the write-back io manager on our own descriptor (libext2fs's
- * unix io manager fsyncs the file on open, which costs milliseconds we don't need). *fd is
- * closed by the caller after ext2fs_free. */
-static int open_ro(const char *path, ext2_filsys *fs, int *fd, struct vmsnap_err *err,
-                   const char *verb)
+/* Open an image (read-only, or read-write for the caller's own writes) and read its superblock
+ * through the write-back io manager on our own descriptor (libext2fs's unix io manager fsyncs
+ * the file on open, which costs milliseconds we don't need). *fd is closed by the caller after
+ * ext2fs_free. */
+static int open_img(const char *path, bool rw, ext2_filsys *fs, int *fd, struct vmsnap_err *err,
+                    const char *verb)
 {
-    /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below) */
-    *fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below). The
+     * caller reads and writes through this same descriptor: what was checked is what changes. */
+    *fd = open(path, (rw ? O_RDWR : O_RDONLY) | O_NONBLOCK | O_CLOEXEC);
     struct stat st;
     if (*fd < 0 || fstat(*fd, &st) < 0) {
         int e = errno;
@@ -474,15 +476,18 @@ static int open_ro(const char *path, ext2_filsys *fs, int *fd, struct vmsnap_err
                               verb, path);
     }
     off_t end = lseek(*fd, 0, SEEK_END);
-    uint64_t span = ext2fs_blocks_count(sb) * (uint64_t)(*fs)->blocksize;
+    uint64_t span;
+    if (__builtin_mul_overflow(ext2fs_blocks_count(sb), (uint64_t)(*fs)->blocksize, &span))
+        span = UINT64_MAX;
     if (end < 0 || span > (uint64_t)end) {
         ext2fs_free(*fs);
         close(*fd);
         *fd = -1;
         return vmsnap_err_set(err, EINVAL,
-                              "disk %s %s: the filesystem spans %llu bytes but the image holds "
-                              "%lld: truncated, or not this filesystem's image",
-                              verb, path, (unsigned long long)span, (long long)end);
+                              "disk %s %s: the filesystem claims %llu blocks of %u bytes but the "
+                              "image holds %lld bytes: truncated, or not this filesystem's image",
+                              verb, path, (unsigned long long)ext2fs_blocks_count(sb),
+                              (unsigned)(*fs)->blocksize, (long long)end);
     }
     return 0;
 }
@@ -495,7 +500,7 @@ int vmsnap_disk_info(const char *path, struct vmsnap_disk_info *info, struct vms
         return vmsnap_err_set(err, errno, "disk info %s: %s", path, strerror(errno));
     ext2_filsys fs;
     int rofd;
-    int rc = open_ro(path, &fs, &rofd, err, "info");
+    int rc = open_img(path, false, &fs, &rofd, err, "info");
     if (rc < 0)
         return rc;
     struct ext2_super_block *s = fs->super;
@@ -526,18 +531,14 @@ int vmsnap_disk_set_uuid(const char *path, const uint8_t *uuid, bool force, stru
 {
     ext2_filsys fs;
     int rofd;
-    int rc = open_ro(path, &fs, &rofd, err, "set-uuid");
+    int rc = open_img(path, true, &fs, &rofd, err, "set-uuid");
     if (rc < 0)
         return rc;
     /* The primary superblock exactly as on disk: only the UUID (and, when forced, the seed
      * feature) changes; everything else is copied to the backups unchanged. */
     struct ext2_super_block sb;
     _Static_assert(sizeof(sb) == SUPERBLOCK_SIZE, "superblock size");
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
-        rc = vmsnap_err_set(err, errno, "disk set-uuid %s: open: %s", path, strerror(errno));
-        goto out;
-    }
+    int fd = rofd;
     ssize_t n = sys_pread_full(fd, &sb, sizeof(sb), SUPERBLOCK_OFFSET);
     if (n != (ssize_t)sizeof(sb)) {
         rc = vmsnap_err_set(err, n < 0 ? (int)-n : EIO, "disk set-uuid %s: read superblock: %s",
@@ -587,9 +588,8 @@ int vmsnap_disk_set_uuid(const char *path, const uint8_t *uuid, bool force, stru
     }
     rc = 0;
 out:
-    if (fd >= 0 && close(fd) < 0 && rc == 0)
-        rc = vmsnap_err_set(err, errno, "disk set-uuid %s: close: %s", path, strerror(errno));
     ext2fs_free(fs);
-    close(rofd);
+    if (close(rofd) < 0 && rc == 0)
+        rc = vmsnap_err_set(err, errno, "disk set-uuid %s: close: %s", path, strerror(errno));
     return rc;
 }

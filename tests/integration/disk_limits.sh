@@ -81,6 +81,19 @@ debugfs -w -f "$T/ssv" "$T/huge.img" >/dev/null 2>&1
 expect_fail "clone --new-uuid of an image with a lying superblock" "$VMSNAP" disk clone --new-uuid "$T/huge.img" "$T/huge2.img"
 no_leftovers "$T/huge2.img" "clone of a lying superblock"
 expect_fail "info of an image with a lying superblock" "$VMSNAP" disk info "$T/huge.img"
+# a block count whose size in bytes wraps around 2^64 (bigalloc lets libext2fs accept it)
+truncate -s 64M "$T/wrap.img"
+mke2fs -q -F -t ext4 -b 4096 -O bigalloc,64bit,sparse_super2,^metadata_csum,^has_journal,^resize_inode,^uninit_bg \
+    -C 65536 "$T/wrap.img"
+printf '%s\n' 'ssv log_cluster_size 18' 'ssv blocks_per_group 2147483648' 'ssv clusters_per_group 32768' \
+    'ssv inodes_per_group 16' 'ssv inodes_count 33554448' 'ssv blocks_count 4503599627370512' \
+    'ssv free_blocks_count 0' 'ssv free_inodes_count 0' 'ssv backup_bgs[0] 1' 'ssv backup_bgs[1] 0' >"$T/ssv"
+debugfs -w -f "$T/ssv" "$T/wrap.img" >/dev/null 2>&1
+truncate -s 1M "$T/wrap.img"
+expect_fail "info of an image whose size wraps 2^64" "$VMSNAP" disk info "$T/wrap.img"
+grep -q "claims 45035996273705[0-9]* blocks of 4096 bytes but the image holds 1048576" "$T/err" || fail "wrapping size: $(cat "$T/err")"
+expect_fail "clone --new-uuid of an image whose size wraps 2^64" "$VMSNAP" disk clone --new-uuid --force "$T/wrap.img" "$T/wrap2.img"
+no_leftovers "$T/wrap2.img" "clone of a wrapping size"
 cp "$T/g.img" "$T/free.img"
 printf 'ssv free_blocks_count 0x7fffffff\n' >"$T/ssv"
 debugfs -w -f "$T/ssv" "$T/free.img" >/dev/null 2>&1
