@@ -869,6 +869,43 @@ static struct vmsnap_xfer_opts suspend_push_opts(const struct vmsnap_vm_opts *o,
     return x;
 }
 
+/* A suspend could store its staged snapshot neither in the store nor as a local checkpoint
+ * (`why`): the stage is the only copy of the VM. Complete (memory image, device state, config),
+ * it is marked (UNSAVED_MARK), so that nothing removes it and the next suspend pushes it;
+ * incomplete, it is only left in place. Either way the error says where it is. */
+static void keep_stage(struct vmctx *c, json_object *cfg, const char *why, struct vmsnap_err *err)
+{
+    char p[PATH_LEN];
+    bool complete = true;
+    static const char *const need[] = {"memory-ranges", "state", "config.json"};
+    for (size_t i = 0; i < 3; i++)
+        complete = complete && pjoin(p, c->stage, need[i], NULL) == 0 && exists(p);
+    int fd = -1;
+    if (complete && pcat(p, c->stage, "/" UNSAVED_MARK) == 0)
+        fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    int merr = errno;
+    if (fd >= 0)
+        close(fd);
+    cfg_set_str(cfg, "status", "stopped");
+    cfg_save(c->cfgpath, cfg, NULL);
+    if (fd >= 0)
+        vmsnap_err_wrap(err,
+                        "the local checkpoint failed too (%s); the snapshot is left in %s (run "
+                        "'vmsnap vm suspend %s URL' again to store it): ",
+                        why, c->stage, c->name);
+    else if (complete)
+        vmsnap_err_wrap(err,
+                        "the local checkpoint failed too (%s); the snapshot is left in %s but "
+                        "could not be marked as unsaved (%s): copy it away before any 'vmsnap vm "
+                        "stop' or resume of this VM, which would remove it: ",
+                        why, c->stage, strerror(merr));
+    else
+        vmsnap_err_wrap(err,
+                        "the local checkpoint failed too (%s); what was taken of the VM (its "
+                        "memory image, incomplete) is left in %s: ",
+                        why, c->stage);
+}
+
 int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const char *url,
                       struct vmsnap_vm_timing *t, struct vmsnap_err *err)
 {
@@ -937,10 +974,17 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
         json_object_put(ck);
     }
     if (rc < 0) {
-        /* Nothing was uploaded; keep what exists as a local checkpoint if the RAM made it. */
+        /* Nothing was uploaded; keep what exists as a local checkpoint if the RAM made it, and
+         * if even that fails, the stage holds the only copy of the VM's memory: keep it. */
         struct vmsnap_err e2;
-        if (exists(p) && finish_local(&c, cfg, c.stage, false, NULL, &t0, &e2) == 0)
-            vmsnap_err_wrap(err, "the VM is stopped with a local checkpoint in %s: ", c.ckpt);
+        if (exists(p)) {
+            if (finish_local(&c, cfg, c.stage, false, NULL, &t0, &e2) == 0) {
+                vmsnap_err_wrap(err, "the VM is stopped with a local checkpoint in %s: ", c.ckpt);
+                goto out_stage;
+            }
+            keep_stage(&c, cfg, e2.msg, err);
+            goto out;
+        }
         goto out_stage;
     }
     step(t, "stage", &t0);
@@ -965,21 +1009,8 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
                             "%s'): ",
                             c.ckpt, name, name);
         } else {
-            /* keep the stage: it is the only copy. Marked, so that nothing removes it and
-             * the next suspend pushes it (resume refuses while it is there). */
-            char mark[PATH_LEN];
-            int fd = pcat(mark, c.stage, "/" UNSAVED_MARK) == 0
-                         ? open(mark, O_WRONLY | O_CREAT | O_CLOEXEC, 0600)
-                         : -1;
-            if (fd >= 0)
-                close(fd);
-            cfg_set_str(cfg, "status", "stopped");
-            cfg_save(c.cfgpath, cfg, NULL);
-            vmsnap_err_wrap(err,
-                            "upload failed and the local checkpoint failed too (%s); the "
-                            "snapshot is left in %s (run 'vmsnap vm suspend %s URL' again to "
-                            "store it): ",
-                            e2.msg, c.stage, name);
+            vmsnap_err_wrap(err, "upload failed: ");
+            keep_stage(&c, cfg, e2.msg, err);
             goto out;
         }
         goto out_stage;
@@ -1008,12 +1039,14 @@ out:
 
 /* ---- resume ---- */
 
-/* `path` resolved is a regular file under one of the colon-separated directories `dirs`. */
-static bool under_asset_dir(const char *path, const char *dirs)
+/* `path` (absolute) resolved is a regular file under one of the colon-separated directories
+ * `dirs`; its resolved form in rp (PATH_MAX bytes), which is what QEMU gets and vm.json keeps,
+ * so no later change of a symlink on the way redirects it. */
+static bool under_asset_dir(const char *path, const char *dirs, char *rp)
 {
-    char rp[PATH_MAX], rd[PATH_MAX];
+    char rd[PATH_MAX];
     struct stat sb;
-    if (!realpath(path, rp) || stat(rp, &sb) < 0 || !S_ISREG(sb.st_mode))
+    if (path[0] != '/' || !realpath(path, rp) || stat(rp, &sb) < 0 || !S_ISREG(sb.st_mode))
         return false;
     for (const char *d = dirs; d && *d;) {
         const char *e = strchr(d, ':');
@@ -1061,11 +1094,13 @@ static int trust_assets(const struct vmctx *c, json_object *cfg, json_object *ol
                                   "to trust it under: set VMSNAP_ASSET_DIRS (or --asset-dir), or "
                                   "give --kernel and --initrd",
                                   keys[k], theirs);
-        if (!under_asset_dir(theirs, dirs))
+        char rp[PATH_MAX];
+        if (!under_asset_dir(theirs, dirs, rp))
             return vmsnap_err_set(err, EPERM,
                                   "the snapshot names %s %s, which is not a file under the asset "
                                   "directories %s: refusing it",
                                   keys[k], theirs, dirs);
+        cfg_set_str(cfg, keys[k], rp);
     }
     return 0;
 }

@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -1094,7 +1095,7 @@ struct down {
     bool inited, opened, sequential;
     uint8_t *pre; /* the object's first PRE_READ bytes, fetched beside its tail */
     int pre_rc;
-    bool pre_done;
+    bool pre_submitted, pre_done;
     struct vmsnap_image_stats stats;
     struct vmsnap_seqdec *seq;
 };
@@ -1290,7 +1291,23 @@ static void pre_run(struct xtask *t, struct vmsnap_store_conn *c)
     free(t);
 }
 
-static int down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst, bool prefetch,
+/* A large object's first bytes are read right after its tail; fetched on a pool connection
+ * meanwhile, they cost no round trip of their own. Submitted before any other task of the pull,
+ * so a busy pool does not delay it; only for a download whose down_open runs on the calling
+ * thread (a pool thread waiting for another pool task could wait for ever). */
+static void down_prefetch(struct down *d)
+{
+    struct pre_task *pt = NULL;
+    if (!d->mf || !d->mf->detail || d->mf->object_size <= TAIL_READ ||
+        !(d->pre = malloc(PRE_READ)) || !(pt = calloc(1, sizeof(*pt))))
+        return;
+    pt->t.run = pre_run;
+    pt->d = d;
+    d->pre_submitted = true;
+    xpool_submit(&d->x->pool, &pt->t);
+}
+
+static int down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst,
                      struct vmsnap_err *err)
 {
     d->sha = EVP_MD_CTX_new();
@@ -1300,19 +1317,9 @@ static int down_open(struct down *d, struct vmsnap_store_conn *c, const char *ds
     uint8_t *tb = malloc(TAIL_READ);
     if (!tb)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
-    /* A large object's first bytes are read next; fetched on a pool connection meanwhile, they
-     * cost no round trip of their own. Only from the calling thread (`prefetch`): a pool thread
-     * waiting for another pool task could wait for ever. */
-    struct pre_task *pt = NULL;
-    if (prefetch && d->mf && d->mf->detail && d->mf->object_size > TAIL_READ &&
-        (d->pre = malloc(PRE_READ)) && (pt = calloc(1, sizeof(*pt)))) {
-        pt->t.run = pre_run;
-        pt->d = d;
-        xpool_submit(&d->x->pool, &pt->t);
-    }
     size_t got = 0;
     int rc = vmsnap_store_get_tail(c, d->key, TAIL_READ, tb, &got, &d->osize, err);
-    if (pt) {
+    if (d->pre_submitted) {
         pthread_mutex_lock(&d->mu);
         while (!d->pre_done)
             pthread_cond_wait(&d->cv, &d->mu);
@@ -1326,7 +1333,7 @@ static int down_open(struct down *d, struct vmsnap_store_conn *c, const char *ds
         tb = t2 ? t2 : tb;
     }
     d->tail = (struct tail_src){c, d->key, d->osize, tb, d->osize - got, got, NULL, 0};
-    if (pt && d->pre_rc == 0 && d->osize >= PRE_READ) { /* else: read as usual */
+    if (d->pre_submitted && d->pre_rc == 0 && d->osize >= PRE_READ) { /* else: read as usual */
         d->tail.pre = d->pre;
         d->tail.plen = PRE_READ;
     }
@@ -1449,7 +1456,7 @@ static void open_run(struct xtask *t, struct vmsnap_store_conn *c)
     struct open_task *ot = (struct open_task *)t;
     struct down *d = ot->d;
     struct vmsnap_err e = {0};
-    int rc = down_open(d, c, ot->dst, false, &e);
+    int rc = down_open(d, c, ot->dst, &e);
     pthread_mutex_lock(&d->mu);
     d->start_rc = rc;
     if (rc < 0)
@@ -1464,7 +1471,7 @@ static void open_run(struct xtask *t, struct vmsnap_store_conn *c)
 static int down_finish(struct down *d, int rc, struct vmsnap_err *err)
 {
     pthread_mutex_lock(&d->mu);
-    while (d->pending)
+    while (d->pending || (d->pre_submitted && !d->pre_done)) /* a prefetch never waited for */
         pthread_cond_wait(&d->cv, &d->mu);
     pthread_mutex_unlock(&d->mu);
     /* groups never dispatched (an error stopped the loop) still hold no memory */
@@ -1581,6 +1588,22 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
                               (unsigned long long)(need >> 20),
                               (unsigned long long)(((uint64_t)vs.f_bavail * vs.f_frsize) >> 20));
     }
+    /* every file's temporary stays open until the set is published: a set of more files than
+     * the soft descriptor limit (often 1024) needs it raised, within the hard limit */
+    struct rlimit rl;
+    const rlim_t want = (rlim_t)m->n + 64;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && want > rl.rlim_cur) {
+        if (rl.rlim_max != RLIM_INFINITY && want > rl.rlim_max) {
+            if (created)
+                rmdir(dir);
+            return vmsnap_err_set(err, EMFILE,
+                                  "a set of %zu files needs %llu open files; the hard limit is "
+                                  "%llu (ulimit -Hn)",
+                                  m->n, (unsigned long long)want, (unsigned long long)rl.rlim_max);
+        }
+        rl.rlim_cur = want;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+    }
     struct down *ds = calloc(m->n ? m->n : 1, sizeof(*ds));
     if (!ds) {
         if (created)
@@ -1614,6 +1637,8 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
             struct open_task *ot = started ? calloc(1, sizeof(*ot)) : NULL;
             if (!d->key || (started && !ot)) {
                 free(ot);
+                free(d->key);
+                d->key = NULL;
                 rc = vmsnap_err_set(err, ENOMEM, "out of memory");
                 break;
             }
@@ -1621,6 +1646,7 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
             d->x = x; /* marks it started: finished and freed below */
             if (started++ == 0) {
                 snprintf(path0, sizeof(path0), "%s/%s", dir, m->files[i].name);
+                down_prefetch(d);
                 continue;
             }
             snprintf(ot->dst, sizeof(ot->dst), "%s/%s", dir, m->files[i].name);
@@ -1633,7 +1659,7 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
             break;
         int r;
         if (k == 0) {
-            r = rc == 0 ? down_open(d, ctl, path0, true, err) : -ECANCELED;
+            r = rc == 0 ? down_open(d, ctl, path0, err) : -ECANCELED;
             d->opened = true;
         } else {
             pthread_mutex_lock(&d->mu);
@@ -1749,7 +1775,7 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
         goto out;
     }
     down_init(&d);
-    rc = down_open(&d, ctl, path, false, err);
+    rc = down_open(&d, ctl, path, err);
     if (rc == 0)
         rc = down_submit(&d, err);
     rc = down_finish(&d, rc, err);

@@ -77,6 +77,9 @@ hostile h-link "c[\"initrd\"] = \"$T/assets/initrd\""
 VMSNAP_ASSET_DIRS="$G:$T/assets" expect_fail "resume of a set whose initrd is a symlink out of the asset directories" \
     vmc "$C" resume golden "$STORE/h-link"
 grep -q "not a file under the asset directories" "$T/err" || fail "symlinked initrd: $(cat "$T/err")"
+hostile h-rel 'c["initrd"] = "initrd.cpio.gz"'
+(cd "$G" && expect_fail "resume of a set naming a relative initrd" vmc "$C" resume golden "$STORE/h-rel")
+grep -q "not a file under the asset directories" "$T/err" || fail "relative initrd: $(cat "$T/err")"
 hostile h-accel 'c["accel"] = "tcg,thread=single"'
 expect_fail "resume of a set with QEMU options as its accelerator" vmc "$C" resume golden "$STORE/h-accel"
 grep -q "accelerator 'tcg,thread=single' is neither kvm nor tcg" "$T/err" || fail "accel: $(cat "$T/err")"

@@ -80,6 +80,17 @@ expect_fail "pull of an incomplete set" "$VMSNAP" pull "$S/sets/inc" "$T/incout"
 grep -q "incomplete snapshot: no manifest at" "$T/err" || fail "incomplete: message: $(cat "$T/err")"
 [ -e "$T/incout" ] && fail "pull of an incomplete set created $T/incout"
 
+# a set of more files than the soft descriptor limit: every temporary stays open until the set
+# is published, so pull raises the limit (within the hard one) instead of failing at file 1000
+mkdir "$T/many"
+for i in $(seq 1 1100); do echo "$i" >"$T/many/f$i"; done
+"$VMSNAP" -q push -j 4 "$T/many" "$S/sets/many" || fail "push of a 1100-file set"
+[ "$(ulimit -Hn)" = unlimited ] || [ "$(ulimit -Hn)" -ge 1200 ] || skip "hard descriptor limit $(ulimit -Hn) < 1200"
+(ulimit -Sn 1024 && "$VMSNAP" -q pull -j 4 "$S/sets/many" "$T/manyout") 2>"$T/err" ||
+    fail "pull of a 1100-file set under ulimit -n 1024: $(tail -2 "$T/err")"
+diff -r "$T/many" "$T/manyout" >/dev/null || fail "1100-file set round trip differs"
+rm -rf "$T/many" "$T/manyout"
+
 # hostile manifests
 hostile() { # DESC JSON EXPECTED-WORDS
     rm -rf "$S/sets/h" "$T/hout"
