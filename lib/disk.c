@@ -476,18 +476,20 @@ static int open_img(const char *path, bool rw, ext2_filsys *fs, int *fd, struct 
                               verb, path);
     }
     off_t end = lseek(*fd, 0, SEEK_END);
+    const uint64_t blocks = ext2fs_blocks_count(sb);
+    const unsigned bsize = (*fs)->blocksize;
     uint64_t span;
-    if (__builtin_mul_overflow(ext2fs_blocks_count(sb), (uint64_t)(*fs)->blocksize, &span))
+    if (__builtin_mul_overflow(blocks, (uint64_t)bsize, &span))
         span = UINT64_MAX;
     if (end < 0 || span > (uint64_t)end) {
         ext2fs_free(*fs);
+        *fs = NULL;
         close(*fd);
         *fd = -1;
         return vmsnap_err_set(err, EINVAL,
                               "disk %s %s: the filesystem claims %llu blocks of %u bytes but the "
                               "image holds %lld bytes: truncated, or not this filesystem's image",
-                              verb, path, (unsigned long long)ext2fs_blocks_count(sb),
-                              (unsigned)(*fs)->blocksize, (long long)end);
+                              verb, path, (unsigned long long)blocks, bsize, (long long)end);
     }
     return 0;
 }
