@@ -273,9 +273,13 @@ int vmsnap_disk_create(const char *path, const struct vmsnap_disk_create_opts *o
         return vmsnap_err_set(err, EINVAL, "disk create %s: label '%s' longer than 16 bytes", path,
                               o->label);
     struct stat st;
-    if (!o->force && lstat(path, &st) == 0)
-        return vmsnap_err_set(err, EEXIST,
-                              "disk create %s: already exists (use --force to replace)", path);
+    if (lstat(path, &st) == 0) {
+        if (!o->force)
+            return vmsnap_err_set(err, EEXIST,
+                                  "disk create %s: already exists (use --force to replace)", path);
+        if (S_ISDIR(st.st_mode))
+            return vmsnap_err_set(err, EISDIR, "disk create %s: is a directory", path);
+    }
     int rc = check_sources(path, o, err);
     if (rc < 0)
         return rc;
@@ -340,7 +344,7 @@ int vmsnap_disk_create(const char *path, const struct vmsnap_disk_create_opts *o
         goto out;
 
     if (o->from_dir || o->n_entries) {
-        rc = disk_tree_new(fs, path, &tree, err);
+        rc = disk_tree_new(fs, path, af.fd, &tree, err);
         if (rc < 0)
             goto out;
         if (o->from_dir && (rc = disk_tree_from_dir(tree, o->from_dir, err)) < 0)

@@ -40,7 +40,7 @@ void disk_format_uuid(const uint8_t uuid[16], char *buf);
 struct disk_tree;
 
 /* Start a builder on `fs` (root and lost+found already exist); `image` names errors. */
-int disk_tree_new(ext2_filsys fs, const char *image, struct disk_tree **out,
+int disk_tree_new(ext2_filsys fs, const char *image, int image_fd, struct disk_tree **out,
                   struct vmsnap_err *err);
 /* Copy the host directory `dir` into the image root (root takes dir's mode, owner, times). */
 int disk_tree_from_dir(struct disk_tree *t, const char *dir, struct vmsnap_err *err);

@@ -65,6 +65,8 @@ struct disk_tree {
     uint8_t *buf;
     uint64_t files;
     unsigned depth; /* directories being copied, nested (copy_node recurses once per level) */
+    dev_t self_dev; /* the image being written (its temporary file), never copied into itself */
+    ino_t self_ino;
 };
 
 /* Deeper source trees are refused: the copy recurses (and holds a descriptor) per level. */
@@ -488,6 +490,8 @@ static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const 
     if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
         return vmsnap_err_set(err, errno, "disk create %s: source %s: %s", t->image, hostpath,
                               strerror(errno));
+    if (S_ISREG(st.st_mode) && t->self_ino && st.st_ino == t->self_ino && st.st_dev == t->self_dev)
+        return 0; /* --from-dir holding the destination: the image's own temporary file */
     uint16_t mode = (uint16_t)(mode_ovr >= 0 ? (uint32_t)mode_ovr : (st.st_mode & 07777));
     uint32_t uid = (uint32_t)(uid_ovr >= 0 ? (uint64_t)uid_ovr : st.st_uid);
     uint32_t gid = (uint32_t)(gid_ovr >= 0 ? (uint64_t)gid_ovr : st.st_gid);
@@ -584,7 +588,8 @@ static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const 
 
 /* ---- public (module) entry points --------------------------------------------------------- */
 
-int disk_tree_new(ext2_filsys fs, const char *image, struct disk_tree **out, struct vmsnap_err *err)
+int disk_tree_new(ext2_filsys fs, const char *image, int image_fd, struct disk_tree **out,
+                  struct vmsnap_err *err)
 {
     struct disk_tree *t = calloc(1, sizeof(*t));
     if (!t || !(t->buf = malloc(COPY_BUF))) {
@@ -593,6 +598,11 @@ int disk_tree_new(ext2_filsys fs, const char *image, struct disk_tree **out, str
     }
     t->fs = fs;
     t->image = image;
+    struct stat ist;
+    if (image_fd >= 0 && fstat(image_fd, &ist) == 0) {
+        t->self_dev = ist.st_dev;
+        t->self_ino = ist.st_ino;
+    }
     t->root = ddir_new(t, EXT2_ROOT_INO, EXT2_ROOT_INO);
     ext2_ino_t lpf;
     errcode_t e2 = ext2fs_lookup(fs, EXT2_ROOT_INO, "lost+found", 10, NULL, &lpf);

@@ -443,8 +443,11 @@ static int build_argv(struct vmsnap_vmm *v, bool incoming, char **argv, char *po
         ARG("-append");
         ARG("%s", v->cmdline);
     }
-    ARG("-sandbox");
-    ARG("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
+    const char *sbx = getenv("VMSNAP_QEMU_SANDBOX"); /* "0": for a QEMU built without seccomp */
+    if (!sbx || strcmp(sbx, "0")) {
+        ARG("-sandbox");
+        ARG("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
+    }
     ARG("-nodefaults");
     ARG("-no-user-config");
     ARG("-display");

@@ -99,6 +99,15 @@ printf 'ssv free_blocks_count 0x7fffffff\n' >"$T/ssv"
 debugfs -w -f "$T/ssv" "$T/free.img" >/dev/null 2>&1
 expect_fail "info of an image with more free blocks than blocks" "$VMSNAP" disk info --json "$T/free.img"
 grep -q "corrupt superblock" "$T/err" || fail "free > total: $(cat "$T/err")"
+# --from-dir holding the destination: the image does not copy its own temporary file
+mkdir "$T/self" && echo x >"$T/self/a"
+"$VMSNAP" disk create --size 64M --from-dir "$T/self" "$T/self/out.img" || fail "create into its --from-dir"
+debugfs -R 'ls /' "$T/self/out.img" 2>/dev/null | grep -q 'out\.img' && fail "the image holds its own temporary file"
+debugfs -R 'ls /' "$T/self/out.img" 2>/dev/null | grep -q ' a ' || fail "the image lacks its --from-dir file"
+# a directory in the way is refused before any work, even with --force
+mkdir "$T/adir"
+expect_fail "create over a directory" "$VMSNAP" disk create --force --size 64M "$T/adir"
+grep -q "is a directory" "$T/err" || fail "create over a directory: $(cat "$T/err")"
 # libext2fs's own words for its errors, not a number alone
 expect_fail "more inodes than 64M can hold" "$VMSNAP" disk create --size 64M --inodes 1000000 "$T/ino.img"
 grep -q "requested number of inodes" "$T/err" || fail "too many inodes: unclear error: $(cat "$T/err")"
