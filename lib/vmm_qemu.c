@@ -715,6 +715,14 @@ static int qemu_snapshot(struct vmsnap_vmm *v, const char *dir, struct vmsnap_er
     if (rc < 0)
         return rc;
     rc = set_ignore_shared(&q, v->ram_shared, err);
+    if (rc == 0) {
+        /* QEMU throttles a migration to 32 MiB/s by default: nothing to share bandwidth with
+         * here, and a VM whose RAM is not shared (restored on demand) sends all of it */
+        json_object *args = json_object_new_object();
+        json_object_object_add(args, "max-bandwidth", json_object_new_int64(INT64_MAX / 2));
+        rc = qmp_exec(&q, "migrate-set-parameters", args, NULL, err);
+        json_object_put(args);
+    }
     if (rc == 0)
         rc = pass_state_fd(&q, path, true, err);
     if (rc == 0) {
