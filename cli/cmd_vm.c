@@ -18,7 +18,7 @@ static const char *const sub_usage =
     "       vm pause NAME\n"
     "       vm suspend NAME URL [--base URL | --no-base]\n"
     "       vm resume NAME [URL] [--on-demand] [--asset-dir DIR[:DIR...]] [--kernel K]\n"
-    "                 [--initrd I]\n"
+    "                 [--initrd I] [--force]\n"
     "       vm ls [--json]\n"
     "       vm stop NAME [--rm]\n"
     "       vm console NAME [--send LINE] [--lines N]\n"
@@ -45,6 +45,7 @@ enum {
     OPT_BASE,
     OPT_NO_BASE,
     OPT_ASSET_DIR,
+    OPT_FORCE,
 };
 
 static const struct option lopts[] = {
@@ -67,6 +68,7 @@ static const struct option lopts[] = {
     {"base", required_argument, NULL, OPT_BASE},
     {"no-base", no_argument, NULL, OPT_NO_BASE},
     {"asset-dir", required_argument, NULL, OPT_ASSET_DIR},
+    {"force", no_argument, NULL, OPT_FORCE},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -143,6 +145,9 @@ static int parse(const char *verb, int argc, char **argv, struct args *a)
             break;
         case OPT_ASSET_DIR:
             a->o.asset_dirs = optarg;
+            break;
+        case OPT_FORCE:
+            a->o.force = true;
             break;
         case OPT_JSON:
             a->json = true;

@@ -695,6 +695,10 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
     if (rc < 0)
         goto fail;
     step(t, "snapshot", t0);
+    /* every checkpoint of a VM's lineage (base_id) gets the next generation: a resume can tell
+     * a stale snapshot from a newer local checkpoint */
+    int64_t gen = cfg_int(cfg, "generation");
+    json_object_object_add(cfg, "generation", json_object_new_int64(gen > 0 ? gen + 1 : 1));
     rc = vmsnap_vmm_stop(v, err);
     if (rc < 0)
         goto fail;
@@ -1197,6 +1201,24 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     }
     if (url && (rc = trust_assets(&c, cfg, old, err)) < 0)
         goto out_src;
+    if (url && exists(c.ckpt) && !(o && o->force)) {
+        /* the local checkpoint is superseded (removed) by this resume: not if it is newer */
+        json_object *lc = NULL;
+        char lp[PATH_LEN];
+        if (pjoin(lp, c.ckpt, "config.json", NULL) == 0 && cfg_load(lp, &lc, NULL) == 0) {
+            const char *lb = cfg_str(lc, "base_id"), *sb = cfg_str(cfg, "base_id");
+            int64_t lg = cfg_int(lc, "generation"), sg = cfg_int(cfg, "generation");
+            if (lb && sb && !strcmp(lb, sb) && lg > sg)
+                rc = vmsnap_err_set(err, EEXIST,
+                                    "the local checkpoint %s is newer than the snapshot at %s "
+                                    "(generation %lld > %lld of the same VM) and this resume "
+                                    "would replace it: resume without a URL, or give --force",
+                                    c.ckpt, url, (long long)lg, (long long)(sg > 0 ? sg : 0));
+        }
+        json_object_put(lc);
+        if (rc < 0)
+            goto out_src;
+    }
     const char *sacc = cfg_str(cfg, "accel");
     if (sacc && strcmp(sacc, "kvm") && strcmp(sacc, "tcg")) {
         rc = vmsnap_err_set(err, EINVAL, "%s: accelerator '%s' is neither kvm nor tcg", p, sacc);

@@ -133,6 +133,9 @@ struct vmsnap_vm_opts {
      * already has keeps the kernel and initrd of its own record. */
     const char *asset_dirs;
     const char *kernel, *initrd;
+    /* resume from a URL: replace a local checkpoint even when it is newer than the snapshot
+     * (a later generation of the same VM); without it such a resume is refused */
+    bool force;
 };
 
 /* Step timings of one lifecycle call, in call order. */

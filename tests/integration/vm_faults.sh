@@ -126,6 +126,17 @@ if chattr +i "$C/vms/golden" 2>/dev/null; then
     D=$T/node-d
     VM_DIRS+=("$D")
     resume_check "$D" golden "$ur" "$ud" "$STORE/saved" || done_tests
+    # a local checkpoint newer than the snapshot a resume names is not replaced without --force
+    sleep 1
+    vmc "$D" pause golden || fail "pause on node D"
+    read -r pr pd <<<"$(last_counter "$D" golden)"
+    expect_fail "resume from an older snapshot over a newer local checkpoint" vmc "$D" resume golden "$STORE/saved"
+    grep -q "is newer than the snapshot at" "$T/err" || fail "newer local checkpoint: $(cat "$T/err")"
+    [ -f "$D/vms/golden/checkpoint/memory-ranges" ] || fail "the refused resume removed the newer checkpoint"
+    resume_check "$D" golden "$pr" "$pd" || done_tests
+    sleep 1
+    vmc "$D" pause golden || fail "second pause on node D"
+    resume_check "$D" golden "$ur" "$ud" "$STORE/saved" --force || done_tests
 else
     fail "chattr +i is not available on $T: the unsaved-stage case could not run"
 fi
