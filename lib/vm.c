@@ -1148,12 +1148,17 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     rc = ctx_lock(&c, err);
     if (rc < 0)
         goto out;
-    if (stage_unsaved(&c)) {
+    /* A snapshot only in the stage (its suspend could store it nowhere) is the VM's latest:
+     * a resume without a URL restores it (its image renamed into place as RAM), one with a URL
+     * would lose it. */
+    const bool from_stage = stage_unsaved(&c);
+    if (from_stage && (url || on_demand)) {
         rc = vmsnap_err_set(err, EEXIST,
                             "VM '%s' has a snapshot that its last suspend could not store, only "
-                            "in %s: store it first with 'vmsnap vm suspend %s URL' (or remove "
-                            "that directory to discard it)",
-                            name, c.stage, name);
+                            "in %s: resume it from there ('vmsnap vm resume %s', eagerly) or store "
+                            "it with 'vmsnap vm suspend %s URL' (or remove that directory to "
+                            "discard it)",
+                            name, c.stage, name, name);
         goto out;
     }
     if (!created && cfg_load(c.cfgpath, &old, NULL) == 0) {
@@ -1165,12 +1170,14 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         }
         /* No local checkpoint but a known store URL (suspended, or resumed from a store): the
          * last checkpoint is there. */
-        if (!url && !exists(c.ckpt) && cfg_str(old, "url")) {
+        if (!url && !from_stage && !exists(c.ckpt) && cfg_str(old, "url")) {
             url_copy = strdup(cfg_str(old, "url"));
             url = url_copy;
         }
     }
-    if (!url) {
+    if (from_stage) {
+        snprintf(src, sizeof(src), "%s", c.stage);
+    } else if (!url) {
         snprintf(src, sizeof(src), "%s", c.ckpt);
         if (!exists(c.ckpt)) {
             rc = vmsnap_err_set(err, ENOENT, "VM '%s' has no local checkpoint in %s", name, c.ckpt);
@@ -1273,7 +1280,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         snprintf(ram, sizeof(ram), "%s", img);
     } else {
         snprintf(ram, sizeof(ram), "%s", c.ram);
-        if (url && same_fs(img, c.ram_dir)) {
+        if ((url || from_stage) && same_fs(img, c.ram_dir)) {
             if (rename(img, c.ram) < 0) {
                 rc = vmsnap_err_set(err, errno, "rename %s to %s: %s", img, c.ram, strerror(errno));
                 goto out_src;
@@ -1333,6 +1340,8 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     step(t, "resume", &t0);
     if (url)
         rm_rf(c.ckpt); /* superseded by the store's snapshot, now that the VM runs from it */
+    if (from_stage)
+        rm_rf(c.stage); /* its image is the RAM file now; the VM runs */
     if (had_prev)
         unlink(disk_prev);
     json_object_object_del(cfg, "ram_in_state");
@@ -1343,8 +1352,13 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
 out_src:
     if (restored && v)
         vmsnap_vmm_stop(v, NULL);
-    if (ram_made)
+    if (ram_made && from_stage && same_fs(c.ram, c.stage)) {
+        char back[PATH_LEN]; /* the stage's image is the only copy: it goes back */
+        if (pjoin(back, c.stage, "memory-ranges", NULL) == 0 && rename(c.ram, back) < 0)
+            vlog(VMSNAP_LOG_WARN, "put back %s as %s: %s", c.ram, back, strerror(errno));
+    } else if (ram_made) {
         unlink(c.ram);
+    }
     if (disk_made) { /* the live disk that was there before, if any, comes back */
         unlink(c.disk);
         if (had_prev && rename(disk_prev, c.disk) < 0)

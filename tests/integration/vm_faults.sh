@@ -105,8 +105,8 @@ expect_fail "resume from a set with a corrupt device state" vmc "$C" resume gold
 [ -e "$C/vms/golden/disk-vda.ext4.prev" ] && fail "a failed resume left the disk's .prev"
 
 # A suspend that can store its snapshot neither in the store nor locally (the VM directory is
-# immutable) keeps it in the stage, marked: resume refuses while it is there, stop keeps it, and
-# the next suspend stores it
+# immutable) keeps it in the stage, marked: resume from a URL refuses while it is there, stop keeps
+# it, a resume without a URL restores it, and the next suspend stores it
 resume_check "$C" golden "$gr" "$gd" "$STORE/good" || done_tests
 sleep 1
 if chattr +i "$C/vms/golden" 2>/dev/null; then
@@ -117,10 +117,20 @@ if chattr +i "$C/vms/golden" 2>/dev/null; then
         [ -e "$d/.unsaved" ] && echo "$d"; done | head -n1)
     [ -n "$stage" ] || fail "no marked stage after a suspend that stored nothing"
     read -r ur ud <<<"$(last_counter "$C" golden)"
-    expect_fail "resume while the only copy is in the stage" vmc "$C" resume golden "$STORE/good"
+    expect_fail "resume from a URL while the only copy is in the stage" vmc "$C" resume golden "$STORE/good"
     grep -q "could not store" "$T/err" || fail "resume with an unsaved stage: $(cat "$T/err")"
     vmc "$C" stop golden 2>/dev/null || true
     [ -f "$stage/memory-ranges" ] || fail "vm stop removed the only copy of the snapshot"
+    # a resume without a URL restores it from the stage (the store may be down for long)
+    resume_check "$C" golden "$ur" "$ud" || done_tests
+    [ -e "$stage" ] && fail "the stage is still there after the VM resumed from it"
+    # again, and this time the next suspend stores it
+    sleep 1
+    chattr +i "$C/vms/golden"
+    expect_fail "second suspend that can store nothing" vmc "$C" suspend golden "$T/notadir/set"
+    chattr -i "$C/vms/golden"
+    [ -e "$stage/.unsaved" ] || fail "no marked stage after the second suspend that stored nothing"
+    read -r ur ud <<<"$(last_counter "$C" golden)"
     vmc "$C" suspend golden "$STORE/saved" || fail "suspend of the unsaved snapshot"
     [ -e "$stage" ] && fail "the stage is still there after it was stored"
     D=$T/node-d
