@@ -1478,7 +1478,9 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
             status = "?";
         if (vm_state(&vc, cfg, &st, &pid, &e2) < 0)
             st = VMSNAP_VMM_OTHER;
-        if (st == VMSNAP_VMM_DEAD && !strcmp(status, "running"))
+        if (st == VMSNAP_VMM_DEAD && stage_unsaved(&vc))
+            status = "unsaved"; /* its snapshot is only in the stage */
+        else if (st == VMSNAP_VMM_DEAD && !strcmp(status, "running"))
             status = "dead";
         else if (st != VMSNAP_VMM_DEAD)
             status = vmsnap_vmm_state_name(st);

@@ -195,8 +195,10 @@ VMSNAP_API int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, 
 struct vmsnap_vm_info {
     const char *name;
     const char *status; /* "running", "paused" (checkpointed), "suspended", "stopped", "dead"
-                         * (the process vanished without a checkpoint being taken since), or the
-                         * VMM's own state when it is alive but not running */
+                         * (the process vanished without a checkpoint being taken since),
+                         * "unsaved" (its last snapshot is only in the staging directory: a
+                         * suspend could store it nowhere), or the VMM's own state when it is
+                         * alive but not running */
     pid_t pid;          /* 0 when no process */
     const char *accel;
     uint64_t mem;

@@ -116,6 +116,7 @@ if chattr +i "$C/vms/golden" 2>/dev/null; then
     stage=$(ls -d "$VMSNAP_RAM_DIR"/vmsnap-*-golden.stage 2>/dev/null | while read -r d; do
         [ -e "$d/.unsaved" ] && echo "$d"; done | head -n1)
     [ -n "$stage" ] || fail "no marked stage after a suspend that stored nothing"
+    vmc "$C" ls | grep -Eq '^golden +unsaved' || fail "vm ls of an unsaved VM: $(vmc "$C" ls)"
     read -r ur ud <<<"$(last_counter "$C" golden)"
     expect_fail "resume from a URL while the only copy is in the stage" vmc "$C" resume golden "$STORE/good"
     grep -q "could not store" "$T/err" || fail "resume with an unsaved stage: $(cat "$T/err")"
