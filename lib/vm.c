@@ -1161,7 +1161,13 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
                             name, c.stage, name, name);
         goto out;
     }
-    if (!created && cfg_load(c.cfgpath, &old, NULL) == 0) {
+    if (!created && exists(c.cfgpath) && (rc = cfg_load(c.cfgpath, &old, err)) < 0) {
+        /* without the record it cannot tell whether the VM's QEMU still runs */
+        vmsnap_err_wrap(err, "VM '%s' has an unreadable record (restore or remove %s): ", name,
+                        c.vmdir);
+        goto out;
+    }
+    if (old) {
         enum vmsnap_vmm_state st;
         if (vm_state(&c, old, &st, NULL, err) == 0 && st != VMSNAP_VMM_DEAD) {
             rc = vmsnap_err_set(err, EBUSY, "VM '%s' is %s: pause, suspend or stop it first", name,

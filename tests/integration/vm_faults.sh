@@ -53,6 +53,12 @@ expect_fail "resume from a corrupted snapshot" vmc "$B" resume golden "$STORE/se
 grep -q 'memory-ranges' "$T/err" || fail "corruption error does not name the object: $(cat "$T/err")"
 (cd "$STORE/set" && md5sum -c --quiet "$T/store.md5") || fail "resume modified the snapshot"
 [ -z "$(vmc "$B" ls | tail -n +2)" ] || fail "failed resume left a VM record: $(vmc "$B" ls)"
+# a VM whose record is unreadable is not resumed (it could not tell whether its QEMU still runs)
+cp "$S/vms/golden/vm.json" "$T/vm.json.bak"
+echo '{ broken' >"$S/vms/golden/vm.json"
+expect_fail "resume with an unreadable vm.json" vmc "$S" resume golden
+grep -q "unreadable record" "$T/err" || fail "unreadable vm.json: $(cat "$T/err")"
+cp "$T/vm.json.bak" "$S/vms/golden/vm.json"
 ls "$VMSNAP_RAM_DIR" | grep -q 'golden\.\(stage\|ram\)' && fail "failed resume left files on tmpfs"
 
 # A set is not trusted to name node files: QEMU would hand an initrd such as /etc/hostname to the
