@@ -586,9 +586,18 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
         if (r->cb_err == -EFBIG)
             return vmsnap_err_set(err, EFBIG, "%s %s/%s: answer larger than %u bytes", r->method,
                                   cfg->bucket, r->key, RESP_CAP);
+        if (r->dst && r->status == 200)
+            return vmsnap_err_set(err, EPROTO,
+                                  "GET %s://%s/%s: the server ignored the Range header (HTTP 200 "
+                                  "with more than the %llu bytes asked for); vmsnap needs a store "
+                                  "that serves byte ranges%s",
+                                  cfg->url_scheme, cfg->bucket, r->key,
+                                  (unsigned long long)r->range_len,
+                                  r->suffix ? ", including suffix ranges (bytes=-N)" : "");
         if (r->dst)
-            return vmsnap_err_set(err, EIO, "GET %s/%s: more bytes than the %llu requested",
-                                  cfg->bucket, r->key, (unsigned long long)r->range_len);
+            return vmsnap_err_set(err, EIO, "GET %s://%s/%s: more bytes than the %llu requested",
+                                  cfg->url_scheme, cfg->bucket, r->key,
+                                  (unsigned long long)r->range_len);
         return r->cb_err; /* stream_fn filled err */
     }
     if (cc != CURLE_OK) {

@@ -1538,16 +1538,16 @@ static int read_manifest(struct vmsnap_store_conn *c, const char *mkey, const ch
     if (rc == 0 && size > VMSNAP_XFER_MANIFEST_MAX)
         rc = vmsnap_err_set(err, EFBIG, "%s: manifest of %llu bytes is too large", murl,
                             (unsigned long long)size);
-    if (rc == 0 && got < size) { /* larger than TAIL_READ: fetch the rest in front of it */
-        char *all = malloc(size + 1);
-        if (!all)
+    if (rc == 0 && got < size) {
+        /* larger than TAIL_READ: read it whole in one more GET rather than splicing the front
+         * onto the tail, so a manifest replaced between the two requests cannot be half one
+         * version and half the other (a longer replacement arrives truncated and fails to parse) */
+        free(buf);
+        buf = malloc(size + 1);
+        if (!buf)
             rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-        else {
-            memcpy(all + (size - got), buf, got);
-            free(buf);
-            buf = all;
-            rc = vmsnap_store_get(c, mkey, 0, size - got, buf, err);
-        }
+        else
+            rc = vmsnap_store_get(c, mkey, 0, size, buf, err);
     }
     if (rc == 0)
         rc = manifest_parse(buf, size, murl, max_size, m, err);

@@ -6,6 +6,8 @@
  *
  *   faultproxy PORTFILE TARGET_PORT [RULE,RULE...]
  *   RULE:  N:503   N:412   N:reset   N:delayMS   N+:reset (request N and every later one)
+ *          N:norange (the Range header is blanked: the server answers as if ranges were not
+ *          supported, a 200 with the whole object)
  *          mN:503 ... (N counts only requests whose first line contains "partNumber=")
  *          cN:412 ... (N counts only UploadPartCopy requests: an x-amz-copy-source header)
  *
@@ -25,7 +27,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-enum action { NONE, E503, E412, RESET, DELAY };
+enum action { NONE, E503, E412, RESET, DELAY, NORANGE };
 struct rule {
     bool parts_only;
     bool copies_only;
@@ -140,11 +142,12 @@ static void *serve(void *arg)
         long ms = 0;
         enum action act = pick(n, pn, cn, &ms);
         fprintf(stderr, "faultproxy: #%ld %.*s%s\n", n, eol ? (int)(eol - buf - 1) : 0, buf,
-                act == E503    ? " -> 503"
-                : act == E412  ? " -> 412"
-                : act == RESET ? " -> reset"
-                : act == DELAY ? " -> delay"
-                               : "");
+                act == E503      ? " -> 503"
+                : act == E412    ? " -> 412"
+                : act == RESET   ? " -> reset"
+                : act == DELAY   ? " -> delay"
+                : act == NORANGE ? " -> no range"
+                                 : "");
         if (act == RESET) {
             shutdown(k->s, SHUT_RDWR);
             reset_close(k->c);
@@ -153,6 +156,9 @@ static void *serve(void *arg)
         }
         if (act == DELAY)
             usleep((useconds_t)ms * 1000);
+        if (act == NORANGE) /* same length, so nothing moves */
+            for (char *p = buf; (p = memmem(p, hl - (size_t)(p - buf), "\r\nRange:", 8));)
+                memcpy(p + 2, "X-Nop", 5);
         /* forward (or swallow, for a 503) the headers and the body */
         size_t have = len - hl;
         bool swallow = act == E503 || act == E412;
@@ -225,6 +231,8 @@ static int parse_rules(const char *spec)
             x->a = E503;
         else if (!strcmp(e, "412"))
             x->a = E412;
+        else if (!strcmp(e, "norange"))
+            x->a = NORANGE;
         else if (!strcmp(e, "reset"))
             x->a = RESET;
         else if (!strncmp(e, "delay", 5)) {
@@ -240,10 +248,9 @@ static int parse_rules(const char *spec)
 int main(int argc, char **argv)
 {
     if (argc < 3 || (argc > 3 && parse_rules(argv[3]) < 0)) {
-        fprintf(
-            stderr,
-            "usage: faultproxy PORTFILE TARGET_PORT [N:503|N:412|N:reset|N:delayMS|N+:reset|mN:...|"
-            "cN:...]\n");
+        fprintf(stderr,
+                "usage: faultproxy PORTFILE TARGET_PORT [N:503|N:412|N:reset|N:delayMS|N:norange|"
+                "N+:reset|mN:...|cN:...]\n");
         return 2;
     }
     target_port = atoi(argv[2]);

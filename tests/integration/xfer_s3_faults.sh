@@ -59,6 +59,18 @@ grep -q "gave up after 3 attempts" "$T/err" || fail "pull: not a bounded-retry e
 [ -e "$T/gone" ] && fail "a file was left at the destination"
 ls -A "$T" | grep -q '^\.gone' && fail "a temporary file was left"
 
+# a server that ignores Range (answers the first GET, the object's tail, with all 17 MiB): a clear
+# error naming the object, nothing at the destination
+start_proxy "1+:norange"
+expect_fail "pull from a server without ranges" \
+    "$VMSNAP" pull -j 2 --endpoint "$PEP" "s3://$BUCKET/f" "$T/norange"
+grep -q "ignored the Range header.*including suffix ranges" "$T/err" ||
+    fail "no range support: message: $(cat "$T/err")"
+grep -q " -> no range" "$T/proxy.log" ||
+    fail "the norange rule did not hit"
+[ -e "$T/norange" ] && fail "a file was left at the destination"
+ls -A "$T" | grep -q '^\.norange' && fail "a temporary file was left"
+
 # a base that changes during the push: the first UploadPartCopy is answered 412 (the ETag guard);
 # the file goes again without the base and the object is still right
 head -c $((24 * M)) /dev/urandom >"$T/b1"
