@@ -39,6 +39,11 @@ if [ -d /sys/fs/cgroup/memory ]; then
 elif grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
     CGV=2
     CGROOT=/sys/fs/cgroup
+    # children get the memory (and io, for cgroup writeback) controllers only when enabled here
+    for c in memory io; do
+        grep -qw $c "$CGROOT/cgroup.subtree_control" || echo "+$c" >"$CGROOT/cgroup.subtree_control" ||
+            { echo "pcache bench: cannot enable the $c controller in $CGROOT" >&2; exit 1; }
+    done
 else
     echo "pcache bench: no memory cgroup controller" >&2
     exit 1
