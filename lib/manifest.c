@@ -106,6 +106,11 @@ int manifest_parse(const char *buf, size_t len, const char *where, uint64_t max_
         goto out;
     }
     size_t n = json_object_array_length(sf);
+    if (n == 0) {
+        rc = vmsnap_err_set(err, EINVAL, "%s: snapshotFiles is empty (a set has at least one file)",
+                            where);
+        goto out;
+    }
     if (n > VMSNAP_XFER_MAX_FILES) {
         rc = vmsnap_err_set(err, EINVAL, "%s: %zu files (at most %u)", where, n,
                             VMSNAP_XFER_MAX_FILES);

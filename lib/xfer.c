@@ -817,8 +817,12 @@ static int scan_set(const char *dir, struct mf_file **out, size_t *n, struct vms
     struct dirent *de;
     while (rc == 0 && (de = readdir(d))) {
         const char *name = de->d_name;
-        if (name[0] == '.')
+        if (!strcmp(name, ".") || !strcmp(name, ".."))
             continue;
+        if (name[0] == '.') { /* hidden: a temporary (vmsnap's own are ".NAME.XXXXXX") */
+            vlog(VMSNAP_LOG_WARN, "skipping %s/%s: hidden files are not part of a set", dir, name);
+            continue;
+        }
         struct stat sb;
         if (fstatat(dirfd(d), name, &sb, AT_SYMLINK_NOFOLLOW) < 0) {
             rc = vmsnap_err_set(err, errno, "stat %s/%s: %s", dir, name, strerror(errno));
@@ -1589,9 +1593,11 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
                               (unsigned long long)(((uint64_t)vs.f_bavail * vs.f_frsize) >> 20));
     }
     /* every file's temporary stays open until the set is published: a set of more files than
-     * the soft descriptor limit (often 1024) needs it raised, within the hard limit */
+     * the soft descriptor limit (often 1024) needs it raised, within the hard limit, for the
+     * temporaries, every pool connection (a socket and curl's own descriptors: up to 4 each),
+     * stdio and the libraries' own */
     struct rlimit rl;
-    const rlim_t want = (rlim_t)m->n + 64;
+    const rlim_t want = (rlim_t)m->n + 4 * (rlim_t)(x->pool.n + 1) + 64;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && want > rl.rlim_cur) {
         if (rl.rlim_max != RLIM_INFINITY && want > rl.rlim_max) {
             if (created)
@@ -1690,9 +1696,20 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
                 *err = e;
         }
     }
-    /* all verified: publish every file (all were started when rc is 0) */
+    /* all verified: publish every file (all were started when rc is 0). What can fail is
+     * tried for every file before the first rename, so a failure leaves the directory as it
+     * was rather than half one set and half another: a directory in a file's place, and the
+     * fsync of each file's data (the renames then need only the directory's, once). */
     for (size_t i = 0; i < m->n && rc == 0; i++) {
-        rc = sys_atomic_commit(&ds[i].af, !x->o.no_fsync, err);
+        struct stat db;
+        if (lstat(ds[i].af.path, &db) == 0 && S_ISDIR(db.st_mode))
+            rc = vmsnap_err_set(err, EISDIR, "%s is a directory: cannot put the set's file there",
+                                ds[i].af.path);
+        else if (!x->o.no_fsync && fsync(ds[i].af.fd) < 0)
+            rc = vmsnap_err_set(err, errno, "fsync %s: %s", ds[i].af.path, strerror(errno));
+    }
+    for (size_t i = 0; i < m->n && rc == 0; i++) {
+        rc = sys_atomic_commit(&ds[i].af, false, err);
         ds[i].af_open = false;
         if (rc == 0 && stats) {
             stats->files++;
@@ -1700,6 +1717,13 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
             stats->populated += ds[i].stats.populated;
             stats->object_bytes += ds[i].osize;
         }
+    }
+    if (rc == 0 && !x->o.no_fsync) {
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0 || fsync(dfd) < 0)
+            rc = vmsnap_err_set(err, errno, "fsync directory %s: %s", dir, strerror(errno));
+        if (dfd >= 0)
+            close(dfd);
     }
     for (size_t i = 0; i < m->n; i++)
         if (ds[i].x)

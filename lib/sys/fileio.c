@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,7 +96,12 @@ int sys_atomic_open(struct sys_atomic_file *af, const char *path, mode_t mode,
     }
     const char *dir = dirname(dup);
     const char *base = basename(dup2);
-    snprintf(af->tmp, n, "%s/.%s.XXXXXX", dir, base);
+    /* ".NAME.XXXXXX" shows whose temporary it is; a name too long for that (NAME_MAX 255
+     * with the 8 bytes added) gets a generic one */
+    if (strlen(base) + 8 <= NAME_MAX)
+        snprintf(af->tmp, n, "%s/.%s.XXXXXX", dir, base);
+    else
+        snprintf(af->tmp, n, "%s/.vmsnap-tmp.XXXXXX", dir);
     free(dup2);
     free(dup);
     af->fd = mkostemp(af->tmp, O_CLOEXEC);

@@ -111,6 +111,7 @@ hostile "dot name" '{"snapshotFiles":[".."]}' "not a plain file name"
 hostile "NUL name" '{"snapshotFiles":["a\u0000b"]}' "not a plain file name"
 hostile "missing file" '{"snapshotFiles":["nothere"]}' "missing"
 hostile "duplicate" '{"snapshotFiles":["base-id","base-id"]}' "twice"
+hostile "no files" '{"snapshotFiles":[]}' "snapshotFiles is empty"
 hostile "not json" '{"snapshotFiles":' "JSON"
 hostile "huge size" "$(sed 's/"size":[0-9]*/"size":9223372036854775807/' "$S/sets/a/manifest.json")" "impossible sizes"
 hostile "wrong digest" "$(sed '0,/"tableSha256":"[0-9a-f]/s//"tableSha256":"0/' "$S/sets/a/manifest.json" | sed 's/"tableSha256":"00/"tableSha256":"01/')" "tableSha256 [0-9a-f]* does not match"
@@ -136,6 +137,23 @@ rm -rf "$S/sets/sw" "$T/hout" && cp -r "$S/sets/a" "$S/sets/sw" && cp "$S/sets/a
 expect_fail "pull with a swapped object" "$VMSNAP" pull "$S/sets/sw" "$T/hout"
 grep -q "state.json.zstd: tableSha256 .* does not match the manifest" "$T/err" || fail "swapped object: message: $(cat "$T/err")"
 [ -e "$T/hout" ] && fail "swapped object: left $T/hout"
+# a pull into a directory where one file's place is taken by a directory: refused before any
+# file is replaced (not half one set and half the other)
+rm -rf "$T/mix" && mkdir -p "$T/mix/memory-ranges"
+for n in state.json config.json base-id; do echo OLD >"$T/mix/$n"; done
+expect_fail "pull over a directory in a file's place" "$VMSNAP" pull "$S/sets/a" "$T/mix"
+grep -q "memory-ranges is a directory" "$T/err" || fail "dir in the way: message: $(cat "$T/err")"
+for n in state.json config.json base-id; do
+    [ "$(cat "$T/mix/$n")" = OLD ] || fail "dir in the way: $n was replaced before the failure"
+done
+[ -z "$(ls -A "$T/mix" | grep '^\.')" ] || fail "dir in the way: temporaries left: $(ls -A "$T/mix")"
+rm -rf "$T/mix"
+# hidden files are left out of a set, with a warning naming them
+mkdir "$T/hid" && echo a >"$T/hid/visible" && echo s >"$T/hid/.hidden-state"
+"$VMSNAP" push "$T/hid" "$S/sets/hid" 2>"$T/err" || fail "push of a set with a hidden file"
+grep -q "skipping $T/hid/.hidden-state: hidden" "$T/err" || fail "no warning for a hidden file: $(cat "$T/err")"
+grep -q hidden-state "$S/sets/hid/manifest.json" && fail "a hidden file went into the manifest"
+rm -rf "$T/hid"
 hostile "wrong object size" "$(sed '0,/"objectSize":/s//"objectSize":1/' "$S/sets/a/manifest.json")" "manifest says"
 
 # a reference-style manifest (snapshotFiles only) is accepted

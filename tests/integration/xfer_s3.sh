@@ -145,6 +145,24 @@ grep -q "copied by the store" "$T/log" || fail "set over its own base: no copies
 [ "$(uploads_left)" = 0 ] || fail "uploads left after the set pushes"
 "$VMSNAP" -q rm "s3://$BUCKET/b/s" && "$VMSNAP" -q rm "s3://$BUCKET/b/v2" || fail "rm base objects"
 
+# a file name of 249 bytes (its temporary on pull cannot be ".NAME.XXXXXX": 257 bytes)
+mkdir "$T/lset" && long=$(printf 'a%.0s' $(seq 1 249)) && echo hi >"$T/lset/$long"
+"$VMSNAP" -q push "$T/lset" "s3://$BUCKET/lset" || fail "push of a set with a 249-byte name"
+"$VMSNAP" -q pull "s3://$BUCKET/lset" "$T/lset.out" || fail "pull of a set with a 249-byte name"
+diff -r "$T/lset" "$T/lset.out" >/dev/null || fail "249-byte name: round trip differs"
+"$VMSNAP" -q rm "s3://$BUCKET/lset" || fail "rm lset"
+
+# a set of more files than the soft descriptor limit, pulled over many connections: the raised
+# limit counts the connections' descriptors too
+mkdir "$T/many" && for i in $(seq 1 1000); do echo "$i" >"$T/many/f$i"; done
+"$VMSNAP" -q push -j 16 "$T/many" "s3://$BUCKET/many" || fail "push of a 1000-file set"
+if [ "$(ulimit -Hn)" = unlimited ] || [ "$(ulimit -Hn)" -ge 1300 ]; then
+    (ulimit -Sn 1024 && "$VMSNAP" -q pull -j 32 "s3://$BUCKET/many" "$T/many.out") 2>"$T/err" ||
+        fail "pull -j 32 of a 1000-file set under ulimit -n 1024: $(tail -2 "$T/err")"
+    diff -r "$T/many" "$T/many.out" >/dev/null || fail "1000-file set round trip differs"
+fi
+"$VMSNAP" -q rm "s3://$BUCKET/many" || fail "rm many"
+
 # clean the bucket
 "$VMSNAP" -q rm "s3://$BUCKET/sets/k" || fail "rm k"
 done_tests
