@@ -100,6 +100,19 @@ int manifest_parse(const char *buf, size_t len, const char *where, uint64_t max_
         }
         m->format_version = 2;
     }
+    json_object *pid;
+    if (json_object_object_get_ex(root, "pushId", &pid)) {
+        const char *ps = json_object_get_string(pid);
+        size_t pl = ps ? strlen(ps) : 0;
+        bool ok = json_object_is_type(pid, json_type_string) && pl > 0 && pl < sizeof(m->push_id) &&
+                  strspn(ps, "0123456789abcdef") == pl;
+        if (!ok) {
+            rc = vmsnap_err_set(err, EINVAL, "%s: \"pushId\" is not 1-32 lowercase hex digits",
+                                where);
+            goto out;
+        }
+        memcpy(m->push_id, ps, pl + 1);
+    }
     if (json_object_object_get_ex(root, "files", &files) &&
         !json_object_is_type(files, json_type_object)) {
         rc = vmsnap_err_set(err, EINVAL, "%s: \"files\" is not an object", where);
@@ -204,6 +217,8 @@ char *manifest_build(const struct manifest *m)
     json_object_object_add(root, "formatVersion", json_object_new_int(2));
     json_object_object_add(root, "tool", json_object_new_string("vmsnap"));
     json_object_object_add(root, "toolVersion", json_object_new_string(vmsnap_version()));
+    if (m->push_id[0])
+        json_object_object_add(root, "pushId", json_object_new_string(m->push_id));
     json_object_object_add(root, "files", files);
     for (size_t i = 0; i < m->n; i++) {
         const struct mf_file *f = &m->files[i];

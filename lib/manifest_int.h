@@ -33,12 +33,17 @@ struct mf_file {
     char sha256[65];   /* hex digest: of the whole object, or tableSha256 (table_digest) */
     bool table_digest; /* sha256 holds the tableSha256 digest */
     uint64_t copied;   /* push only (not serialised): bytes the store copied from a base */
+    /* push only (not serialised): the object's first bytes as pushed, for checking the stored
+     * object after the commit without reading them back */
+    uint8_t prefix[44];
+    bool have_prefix;
 };
 
 struct manifest {
     struct mf_file *files;
     size_t n;
     int64_t format_version; /* 0 if absent */
+    char push_id[33];       /* "pushId": which push wrote it (hex), "" if absent */
 };
 
 /* A plain file name: not empty, not "." or "..", no '/', no NUL (len given), no control bytes,

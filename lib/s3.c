@@ -414,7 +414,10 @@ static int http_error(const struct s3_config *cfg, const struct req *r, struct v
             return vmsnap_err_set(err, ENOENT, "%s %s: no such bucket '%s'", r->method, where,
                                   cfg->bucket);
         if (!strcmp(code, "NoSuchUpload"))
-            return vmsnap_err_set(err, ENOENT, "%s %s: no such multipart upload", r->method, where);
+            return vmsnap_err_set(err, ENOENT,
+                                  "%s %s: no such multipart upload (aborted meanwhile: by "
+                                  "'vmsnap gc', or by another push to the same place)",
+                                  r->method, where);
         return vmsnap_err_set(err, ENOENT, "%s %s: no such object", r->method, where);
     }
     if (r->status == 416)

@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -199,6 +200,7 @@ struct up {
     uint64_t off;
     uint32_t nparts;
     EVP_MD_CTX *sha; /* tableSha256: the first 44 bytes, then the seek table */
+    uint8_t prefix[VMSNAP_IMAGE_PREFIX_LEN]; /* those first bytes */
     bool table_seen;
     uint64_t total;
     /* with a base object: frames reused from it, not yet placed (a run of adjacent frames) */
@@ -491,8 +493,11 @@ static int sink_write(void *arg, const void *buf, size_t len, struct vmsnap_err 
         return rc;
     if (u->run_n && (rc = place_run(u, err)) < 0)
         return rc;
-    if (u->total < VMSNAP_IMAGE_PREFIX_LEN)
-        EVP_DigestUpdate(u->sha, buf, VMSNAP_MIN(len, VMSNAP_IMAGE_PREFIX_LEN - u->total));
+    if (u->total < VMSNAP_IMAGE_PREFIX_LEN) {
+        size_t n = VMSNAP_MIN(len, VMSNAP_IMAGE_PREFIX_LEN - u->total);
+        EVP_DigestUpdate(u->sha, buf, n);
+        memcpy(u->prefix + u->total, buf, n);
+    }
     if (vmsnap_image_is_seek_table(buf, len)) {
         EVP_DigestUpdate(u->sha, buf, len);
         u->table_seen = true;
@@ -677,6 +682,9 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
         mf->table_digest = true;
         mf->copied = u.copied;
         hex32(md, mf->sha256);
+        _Static_assert(sizeof(mf->prefix) == VMSNAP_IMAGE_PREFIX_LEN, "prefix length");
+        memcpy(mf->prefix, u.prefix, sizeof(mf->prefix));
+        mf->have_prefix = u.total >= VMSNAP_IMAGE_PREFIX_LEN;
     }
     if (rc == 0 && base)
         vlog(VMSNAP_LOG_INFO,
@@ -863,7 +871,7 @@ static int scan_set(const char *dir, struct mf_file **out, size_t *n, struct vms
     if (rc == 0 && *n == 0)
         rc = vmsnap_err_set(err, ENOENT, "%s: no regular files to push", dir);
     if (rc < 0) {
-        struct manifest m = {v, *n, 0};
+        struct manifest m = {v, *n, 0, ""};
         manifest_fini(&m);
         *n = 0;
         return rc;
@@ -871,6 +879,200 @@ static int scan_set(const char *dir, struct mf_file **out, size_t *n, struct vms
     qsort(v, *n, sizeof(*v), cmp_name);
     *out = v;
     return 0;
+}
+
+static int read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                         uint64_t max_size, struct manifest *m, struct vmsnap_err *err);
+
+/*
+ * After the commit: is what the store holds this push's set? Two pushes to one prefix at the
+ * same time (a split brain: two nodes suspending one sandbox) write the same keys; the manifest
+ * of one can end up over objects of the other, and both would report success. Each manifest
+ * carries its push's id, so: the manifest read back must be ours, and every object's tableSha256
+ * (its first bytes, which the push keeps, and its seek table, read back with one GET of its
+ * tail) must be what we stored. All of it runs in parallel on the pool's connections: one round
+ * trip for most sets. A push that fails this reports that the snapshot is not stored.
+ */
+struct check {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t left;
+    int rc;
+    struct vmsnap_err err;
+};
+
+struct check_task {
+    struct xtask t;
+    struct check *k;
+    struct xfer *x;
+    char *key;
+    const struct mf_file *f; /* NULL: the manifest */
+    const char *push_id;
+};
+
+static int new_push_id(char out[33], struct vmsnap_err *err)
+{
+    uint8_t id[16];
+    if (getrandom(id, sizeof(id), 0) != (ssize_t)sizeof(id))
+        return vmsnap_err_set(err, EIO, "getrandom: %s", strerror(errno));
+    for (size_t i = 0; i < sizeof(id); i++)
+        snprintf(out + 2 * i, 3, "%02x", id[i]);
+    return 0;
+}
+
+static int check_object(struct xfer *x, struct vmsnap_store_conn *c, const char *key,
+                        const struct mf_file *f, struct vmsnap_err *err)
+{
+    char url[1200];
+    vmsnap_store_url(x->st, key, url, sizeof(url));
+    struct tail_src t = {.c = c, .key = key};
+    t.buf = malloc(TAIL_READ);
+    if (!t.buf)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    size_t got = 0;
+    int rc = vmsnap_store_get_tail(c, key, TAIL_READ, t.buf, &got, &t.size, err);
+    if (rc == 0 && t.size != f->object_size)
+        rc = vmsnap_err_set(err, ESTALE, "%s holds %llu bytes, this push stored %llu", url,
+                            (unsigned long long)t.size, (unsigned long long)f->object_size);
+    struct vmsnap_image *img = NULL;
+    if (rc == 0) {
+        t.boff = t.size - got;
+        t.blen = got;
+        if (f->have_prefix) {
+            t.pre = f->prefix;
+            t.plen = sizeof(f->prefix);
+        }
+        struct vmsnap_source src = {tail_pread, &t, t.size, url};
+        rc = vmsnap_image_open(&src, x->o.max_size, &img, err);
+        if (rc == 0)
+            rc = vmsnap_err_set(err, ESTALE, "%s has no seek table", url);
+    }
+    if (rc > 0) {
+        const void *pre, *tab;
+        size_t pl, tl;
+        vmsnap_image_raw(img, &pre, &pl, &tab, &tl);
+        unsigned char md[32];
+        unsigned mdl = 0;
+        char hx[65];
+        EVP_MD_CTX *sha = EVP_MD_CTX_new();
+        if (!sha || !EVP_DigestInit_ex(sha, EVP_sha256(), NULL) ||
+            !EVP_DigestUpdate(sha, pre, pl) || !EVP_DigestUpdate(sha, tab, tl) ||
+            !EVP_DigestFinal_ex(sha, md, &mdl))
+            rc = vmsnap_err_set(err, ENOMEM, "sha256 context");
+        else {
+            hex32(md, hx);
+            rc = strcmp(hx, f->sha256)
+                     ? vmsnap_err_set(err, ESTALE, "%s is not the object this push stored", url)
+                     : 0;
+        }
+        EVP_MD_CTX_free(sha);
+    }
+    vmsnap_image_free(img);
+    free(t.buf);
+    return rc;
+}
+
+static void check_run(struct xtask *xt, struct vmsnap_store_conn *c)
+{
+    struct check_task *t = (struct check_task *)xt;
+    struct vmsnap_err e = {0};
+    int rc;
+    if (t->f) {
+        rc = check_object(t->x, c, t->key, t->f, &e);
+    } else {
+        char murl[1200];
+        vmsnap_store_url(t->x->st, t->key, murl, sizeof(murl));
+        struct manifest m;
+        rc = read_manifest(c, t->key, murl, t->x->o.max_size, &m, &e);
+        if (rc == 0) {
+            if (strcmp(m.push_id, t->push_id))
+                rc = vmsnap_err_set(&e, ESTALE, "%s is from another push (%s)", murl,
+                                    m.push_id[0] ? m.push_id : "without a push id");
+            manifest_fini(&m);
+        }
+    }
+    pthread_mutex_lock(&t->k->mu);
+    if (rc < 0 && t->k->rc == 0) {
+        t->k->rc = rc;
+        t->k->err = e;
+    }
+    if (--t->k->left == 0)
+        pthread_cond_signal(&t->k->cv);
+    pthread_mutex_unlock(&t->k->mu);
+    free(t->key);
+    free(t);
+}
+
+static int check_committed(struct xfer *x, const char *prefix, const char *mkey,
+                           const struct manifest *m, const char *url, struct vmsnap_err *err)
+{
+    struct check k = {.left = 0};
+    pthread_mutex_init(&k.mu, NULL);
+    pthread_cond_init(&k.cv, NULL);
+    int rc = 0;
+    for (size_t i = 0; i <= m->n && rc == 0; i++) {
+        struct check_task *t = calloc(1, sizeof(*t));
+        char obj[300];
+        if (i < m->n)
+            snprintf(obj, sizeof(obj), "%s.zstd", m->files[i].name);
+        if (t)
+            t->key = i < m->n ? join_key(prefix, obj) : strdup(mkey);
+        if (!t || !t->key) {
+            free(t);
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+            break;
+        }
+        t->t.run = check_run;
+        t->k = &k;
+        t->x = x;
+        t->f = i < m->n ? &m->files[i] : NULL;
+        t->push_id = m->push_id;
+        pthread_mutex_lock(&k.mu);
+        k.left++;
+        pthread_mutex_unlock(&k.mu);
+        xpool_submit(&x->pool, &t->t);
+    }
+    pthread_mutex_lock(&k.mu);
+    while (k.left)
+        pthread_cond_wait(&k.cv, &k.mu);
+    pthread_mutex_unlock(&k.mu);
+    pthread_mutex_destroy(&k.mu);
+    pthread_cond_destroy(&k.cv);
+    if (rc == 0 && k.rc < 0) {
+        rc = vmsnap_err_set(err, EBUSY,
+                            "%s: another push to the same place ran at the same time: after this "
+                            "one committed, %s; this snapshot is NOT stored there",
+                            url, k.err.msg);
+    }
+    return rc;
+}
+
+/* A failed push removes what it stored, unless another push committed a set there meanwhile
+ * (the objects may be that push's now). */
+static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
+                          const struct set_push *s)
+{
+    char probe[1];
+    size_t got = 0;
+    uint64_t msize = 0;
+    struct vmsnap_err e = {0};
+    int rc = vmsnap_store_get_tail(ctl, mkey, sizeof(probe), probe, &got, &msize, &e);
+    if (rc != -ENOENT) {
+        vlog(VMSNAP_LOG_WARN, "%s: %s: leaving the objects this push stored in place", mkey,
+             rc == 0 ? "another push committed a set there meanwhile"
+                     : "cannot tell whether another push committed there");
+        return;
+    }
+    for (size_t i = 0; i < s->n; i++) {
+        if (!s->pushed[i])
+            continue;
+        char obj[300];
+        snprintf(obj, sizeof(obj), "%s.zstd", s->files[i].name);
+        char *k = join_key(prefix, obj);
+        if (k)
+            vmsnap_store_delete(ctl, k, NULL);
+        free(k);
+    }
 }
 
 static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir,
@@ -924,19 +1126,12 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         if (err)
             *err = s.err;
         /* no manifest: the set is incomplete; remove what this push stored (best effort) */
-        for (size_t i = 0; i < s.n; i++) {
-            if (!s.pushed[i])
-                continue;
-            char obj[300];
-            snprintf(obj, sizeof(obj), "%s.zstd", s.files[i].name);
-            char *k = join_key(prefix, obj);
-            if (k)
-                vmsnap_store_delete(ctl, k, NULL);
-            free(k);
-        }
+        remove_pushed(ctl, prefix, mkey, &s);
         goto out;
     }
-    struct manifest m = {s.files, s.n, 2};
+    struct manifest m = {s.files, s.n, 2, ""};
+    if ((rc = new_push_id(m.push_id, err)) < 0)
+        goto out;
     json = manifest_build(&m);
     if (!json) {
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
@@ -946,6 +1141,8 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         vmsnap_err_wrap(err, "commit %s/%s: ", url, VMSNAP_XFER_MANIFEST);
         goto out;
     }
+    if ((rc = check_committed(x, prefix, mkey, &m, url, err)) < 0)
+        goto out;
     if (stats) {
         stats->files = s.n;
         for (size_t i = 0; i < s.n; i++) {
@@ -961,7 +1158,7 @@ out:
     free(mkey);
     free(s.order);
     free(s.pushed);
-    struct manifest m2 = {s.files, s.n, 0};
+    struct manifest m2 = {s.files, s.n, 0, ""};
     manifest_fini(&m2);
     return rc;
 }

@@ -18,7 +18,7 @@ start_proxy() { # RULES
     PEP=http://127.0.0.1:$(cat "$T/port")
 }
 stop_proxy() {
-    if [ -n "$PROXY_PID" ]; then kill "$PROXY_PID" 2>/dev/null; wait "$PROXY_PID" 2>/dev/null || true; fi
+    if [ -n "$PROXY_PID" ]; then kill "$PROXY_PID" 2>/dev/null || fail "the fault proxy died"; wait "$PROXY_PID" 2>/dev/null || true; fi
     PROXY_PID=
 }
 trap 'stop_proxy; t_cleanup' EXIT
