@@ -33,6 +33,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,7 @@
 #define CID "vda"
 #define DISK_CKPT "rootfs-disk-" CID ".ext4"
 #define DISK_LIVE "disk-" CID ".ext4"
+#define COMPLETE_MARK ".vmsnap-complete"
 #define PATH_LEN 4096
 
 static double now(void)
@@ -148,13 +150,50 @@ static bool exists(const char *p)
     return lstat(p, &st) == 0;
 }
 
-/* The staging directory holds the only copy of a snapshot: a suspend could store it neither in
- * the store nor as a local checkpoint. Marked by a hidden file (a push skips hidden names). */
-#define UNSAVED_MARK ".unsaved"
+/* The staging directory holds the only copy of a snapshot: from the moment a suspend has it
+ * complete until the store has it (a suspend killed meanwhile, or one that could store it
+ * neither in the store nor as a local checkpoint). Marked by a hidden file (a push skips
+ * vmsnap's own ".vmsnap-" names). */
+#define UNSAVED_MARK ".vmsnap-unsaved"
 static bool stage_unsaved(const struct vmctx *c)
 {
     char p[PATH_LEN];
     return pcat(p, c->stage, "/" UNSAVED_MARK) == 0 && exists(p);
+}
+
+/* Test hook: VMSNAP_FAILPOINT=NAME kills the process at the point of that name, with SIGKILL
+ * (no cleanup runs), as a crash or the OOM killer would. The crash-recovery tests use it. */
+static void vm_failpoint(const char *name)
+{
+    const char *f = getenv("VMSNAP_FAILPOINT");
+    if (f && !strcmp(f, name))
+        raise(SIGKILL);
+}
+
+/* Everything a snapshot directory needs to restore the VM. */
+static const char *const snapshot_files[] = {"memory-ranges", "state", "config.json", DISK_CKPT};
+#define N_SNAPSHOT_FILES (sizeof(snapshot_files) / sizeof(snapshot_files[0]))
+
+/* NULL when `dir` holds every snapshot file, else the first missing one. */
+static const char *snapshot_missing(const char *dir)
+{
+    char p[PATH_LEN];
+    for (size_t i = 0; i < N_SNAPSHOT_FILES; i++)
+        if (pjoin(p, dir, snapshot_files[i], NULL) < 0 || !exists(p))
+            return snapshot_files[i];
+    return NULL;
+}
+
+static int mark_unsaved(const struct vmctx *c, struct vmsnap_err *err)
+{
+    char p[PATH_LEN];
+    if (pcat(p, c->stage, "/" UNSAVED_MARK) < 0)
+        return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c->stage);
+    int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return vmsnap_err_set(err, errno, "create %s: %s", p, strerror(errno));
+    close(fd);
+    return 0;
 }
 
 static uint32_t fnv1a(const char *s)
@@ -250,9 +289,16 @@ static int check_ram_dir(struct vmctx *c, struct vmsnap_err *err)
 static int cfg_load(const char *path, json_object **out, struct vmsnap_err *err)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK and the type check: a FIFO or a device planted as a record must not hang the
+     * command or be read as one */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
         return vmsnap_err_set(err, errno, "%s: %s", path, strerror(errno));
+    struct stat fs;
+    if (fstat(fd, &fs) < 0 || !S_ISREG(fs.st_mode)) {
+        close(fd);
+        return vmsnap_err_set(err, EINVAL, "%s: not a regular file", path);
+    }
     char *buf = malloc(1 << 20);
     if (!buf) {
         close(fd);
@@ -477,6 +523,66 @@ static int swap_checkpoint(struct vmctx *c, const char *newdir, struct vmsnap_er
     return 0;
 }
 
+/* This boot's id (a host that rebooted has lost its tmpfs, and what it was writing may be torn).
+ */
+static int boot_id(char out[64], struct vmsnap_err *err)
+{
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, out, 63) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (n <= 0)
+        return vmsnap_err_set(err, errno ? errno : EIO, "read the boot id: %s", strerror(errno));
+    out[n] = 0;
+    return 0;
+}
+
+/* A checkpoint directory whose COMPLETE_MARK holds this boot's id: every file was written, by a
+ * process of this boot (a later crash of that process lost nothing in the page cache). */
+static bool complete_this_boot(const char *dir)
+{
+    char p[PATH_LEN], want[64], have[64] = "";
+    if (pjoin(p, dir, COMPLETE_MARK, NULL) < 0 || boot_id(want, NULL) < 0)
+        return false;
+    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    ssize_t n = fd >= 0 ? read(fd, have, sizeof(have) - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (n <= 0)
+        return false;
+    have[n] = 0;
+    return !strcmp(have, want) && !snapshot_missing(dir);
+}
+
+/* A pause killed after its checkpoint was complete and QEMU stopped, but before the swap:
+ * checkpoint.new is the VM's latest state, newer than the checkpoint. Finish the swap (the
+ * caller holds the lock and found no QEMU). Anything else there is a torn attempt: left for the
+ * next checkpoint to replace. */
+static void recover_new_checkpoint(struct vmctx *c)
+{
+    char newdir[PATH_LEN], p[PATH_LEN];
+    if (pcat(newdir, c->ckpt, ".new") < 0 || !exists(newdir) || !complete_this_boot(newdir))
+        return;
+    json_object *nc = NULL, *oc = NULL;
+    if (pjoin(p, newdir, "config.json", NULL) < 0 || cfg_load(p, &nc, NULL) < 0)
+        return;
+    if (exists(c->ckpt) && pjoin(p, c->ckpt, "config.json", NULL) == 0)
+        cfg_load(p, &oc, NULL);
+    const char *nb = cfg_str(nc, "base_id"), *ob = oc ? cfg_str(oc, "base_id") : NULL;
+    bool newer = !oc || (nb && ob && !strcmp(nb, ob) &&
+                         cfg_int(nc, "generation") > cfg_int(oc, "generation"));
+    struct vmsnap_err e = {0};
+    if (newer && swap_checkpoint(c, newdir, &e) == 0)
+        vlog(VMSNAP_LOG_WARN,
+             "VM '%s': completed a checkpoint whose pause was interrupted (generation %lld)",
+             c->name, (long long)cfg_int(nc, "generation"));
+    else if (newer)
+        vlog(VMSNAP_LOG_ERROR, "VM '%s': cannot complete the interrupted checkpoint %s: %s",
+             c->name, newdir, e.msg);
+    json_object_put(nc);
+    json_object_put(oc);
+}
+
 /* Fill `dir` with config.json, base-id and the disk (hard link from the live disk when
  * `link_disk`, else a sparse copy). memory-ranges and state are the caller's. */
 static int ckpt_meta(struct vmctx *c, json_object *cfg, const char *dir, bool link_disk,
@@ -501,9 +607,14 @@ static int ckpt_meta(struct vmctx *c, json_object *cfg, const char *dir, bool li
     if (link_disk) {
         if (link(c->disk, p) < 0)
             return vmsnap_err_set(err, errno, "link %s to %s: %s", c->disk, p, strerror(errno));
-        return 0;
+    } else if ((rc = sparse_copy(c->disk, p, err)) < 0) {
+        return rc;
     }
-    return sparse_copy(c->disk, p, err);
+    /* last: the directory is a whole snapshot, written during this boot */
+    char boot[64];
+    if ((rc = pjoin(p, dir, COMPLETE_MARK, err)) == 0 && (rc = boot_id(boot, err)) == 0)
+        rc = write_small(p, boot, err);
+    return rc;
 }
 
 /* Put the RAM image at `dst`: a rename when on the same filesystem (zero copy), else a sparse
@@ -523,9 +634,13 @@ static int ckpt_ram(struct vmctx *c, json_object *cfg, const char *dst, bool *ra
             return vmsnap_err_set(err, -rc, "truncate %s: %s", dst, strerror(-rc));
         return 0;
     }
-    const char *ram = cfg_str(cfg, "ram_path");
-    if (!ram)
-        return vmsnap_err_set(err, EINVAL, "VM '%s': config has no ram_path", c->name);
+    /* the VM's own RAM file, whatever its record says (a record is not trusted to name a
+     * file to move into a snapshot) */
+    const char *ram = c->ram;
+    const char *rec = cfg_str(cfg, "ram_path");
+    if (rec && strcmp(rec, ram))
+        return vmsnap_err_set(err, EINVAL, "VM '%s': its record names %s as its RAM, not %s",
+                              c->name, rec, ram);
     char dir[PATH_LEN];
     snprintf(dir, sizeof(dir), "%s", dst);
     char *slash = strrchr(dir, '/');
@@ -539,7 +654,7 @@ static int ckpt_ram(struct vmctx *c, json_object *cfg, const char *dst, bool *ra
     int rc = image_copy(c, ram, dst, err);
     if (rc < 0)
         return vmsnap_err_wrap(err, "copy guest RAM: ");
-    unlink(ram);
+    /* the RAM file stays until the checkpoint holding its copy is in place (finish_local) */
     return 0;
 }
 
@@ -752,6 +867,8 @@ static int finish_local(struct vmctx *c, json_object *cfg, const char *sdir, boo
         json_object_put(ck);
     }
     if (rc == 0)
+        vm_failpoint("checkpoint-before-swap");
+    if (rc == 0)
         rc = swap_checkpoint(c, newdir, err);
     if (rc < 0) {
         rm_rf(newdir);
@@ -759,9 +876,8 @@ static int finish_local(struct vmctx *c, json_object *cfg, const char *sdir, boo
     }
     /* The live disk lives on as the checkpoint's hard link; resume clones it out again. */
     unlink(c->disk);
-    const char *ram = cfg_str(cfg, "ram_path");
-    if (ram && cfg_bool(cfg, "ram_shared"))
-        unlink(ram);
+    if (cfg_bool(cfg, "ram_shared"))
+        unlink(c->ram);
     rm_rf(c->ondemand);
     step(t, "checkpoint", t0);
     if (evict) {
@@ -879,20 +995,18 @@ static struct vmsnap_xfer_opts suspend_push_opts(const struct vmsnap_vm_opts *o,
  * incomplete, it is only left in place. Either way the error says where it is. */
 static void keep_stage(struct vmctx *c, json_object *cfg, const char *why, struct vmsnap_err *err)
 {
-    char p[PATH_LEN];
-    bool complete = true;
-    static const char *const need[] = {"memory-ranges", "state", "config.json"};
-    for (size_t i = 0; i < 3; i++)
-        complete = complete && pjoin(p, c->stage, need[i], NULL) == 0 && exists(p);
-    int fd = -1;
-    if (complete && pcat(p, c->stage, "/" UNSAVED_MARK) == 0)
-        fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-    int merr = errno;
-    if (fd >= 0)
-        close(fd);
+    const char *missing = snapshot_missing(c->stage);
+    bool complete = !missing;
+    struct vmsnap_err me = {0};
+    bool marked = complete && (stage_unsaved(c) || mark_unsaved(c, &me) == 0);
+    if (!complete) { /* not a snapshot: nothing may take it for one */
+        char p[PATH_LEN];
+        if (pcat(p, c->stage, "/" UNSAVED_MARK) == 0)
+            unlink(p);
+    }
     cfg_set_str(cfg, "status", "stopped");
     cfg_save(c->cfgpath, cfg, NULL);
-    if (fd >= 0)
+    if (marked)
         vmsnap_err_wrap(err,
                         "the local checkpoint failed too (%s); the snapshot is left in %s (run "
                         "'vmsnap vm suspend %s URL' again to store it): ",
@@ -902,12 +1016,12 @@ static void keep_stage(struct vmctx *c, json_object *cfg, const char *why, struc
                         "the local checkpoint failed too (%s); the snapshot is left in %s but "
                         "could not be marked as unsaved (%s): copy it away before any 'vmsnap vm "
                         "stop' or resume of this VM, which would remove it: ",
-                        why, c->stage, strerror(merr));
+                        why, c->stage, me.msg);
     else
         vmsnap_err_wrap(err,
-                        "the local checkpoint failed too (%s); what was taken of the VM (its "
-                        "memory image, incomplete) is left in %s: ",
-                        why, c->stage);
+                        "the local checkpoint failed too (%s); what was taken of the VM is left "
+                        "in %s, incomplete (no %s): ",
+                        why, c->stage, missing);
 }
 
 int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const char *url,
@@ -930,7 +1044,16 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
          * nowhere): push that as it is. */
         enum vmsnap_vmm_state st;
         rc = vmsnap_vmm_state(v, &st, NULL, err);
+        if (rc == 0 && st == VMSNAP_VMM_DEAD)
+            recover_new_checkpoint(&c);
         const bool unsaved = rc == 0 && st == VMSNAP_VMM_DEAD && stage_unsaved(&c);
+        const char *missing = unsaved ? snapshot_missing(c.stage) : NULL;
+        if (missing) {
+            rc = vmsnap_err_set(err, EIO,
+                                "the snapshot kept in %s is incomplete (no %s): not pushing it",
+                                c.stage, missing);
+            goto out;
+        }
         if (rc == 0 && st == VMSNAP_VMM_DEAD && (unsaved || exists(c.ckpt))) {
             struct vmsnap_xfer_stats xs = {0};
             struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
@@ -991,6 +1114,19 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
         }
         goto out_stage;
     }
+    /* From here until the store has it, the stage is the VM's only copy: marked, so that a
+     * suspend killed during the upload leaves a snapshot the next command finds (a resume
+     * restores it, a suspend pushes it, a stop keeps it) instead of an older checkpoint. */
+    if ((rc = mark_unsaved(&c, err)) < 0) {
+        struct vmsnap_err e2;
+        if (finish_local(&c, cfg, c.stage, false, NULL, &t0, &e2) == 0) {
+            vmsnap_err_wrap(err, "the VM is stopped with a local checkpoint in %s: ", c.ckpt);
+            goto out_stage;
+        }
+        keep_stage(&c, cfg, e2.msg, err);
+        goto out;
+    }
+    vm_failpoint("suspend-staged");
     step(t, "stage", &t0);
     struct vmsnap_xfer_stats xs = {0};
     struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
@@ -1020,7 +1156,10 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
         goto out_stage;
     }
     /* The manifest is written: only now remove the VM's local state. */
+    if (pcat(p, c.stage, "/" UNSAVED_MARK) == 0)
+        unlink(p);
     unlink(c.disk);
+    unlink(c.ram);
     rm_rf(c.ckpt);
     rm_rf(c.ondemand);
     cfg_set_str(cfg, "status", "suspended");
@@ -1117,6 +1256,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     json_object *cfg = NULL, *old = NULL;
     struct vmsnap_vmm *v = NULL;
     bool created = false, ram_made = false, disk_made = false, restored = false, had_prev = false;
+    bool provisional = false;
     char disk_prev[PATH_LEN] = "";
     bool on_demand = o && o->on_demand;
     char src[PATH_LEN] = "", p[PATH_LEN];
@@ -1148,6 +1288,15 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     rc = ctx_lock(&c, err);
     if (rc < 0)
         goto out;
+    if (!created && exists(c.cfgpath)) {
+        /* a pause killed between its complete checkpoint and the swap (QEMU stopped) */
+        json_object *rec = NULL;
+        enum vmsnap_vmm_state st0;
+        if (cfg_load(c.cfgpath, &rec, NULL) == 0 && vm_state(&c, rec, &st0, NULL, NULL) == 0 &&
+            st0 == VMSNAP_VMM_DEAD)
+            recover_new_checkpoint(&c);
+        json_object_put(rec);
+    }
     /* A snapshot only in the stage (its suspend could store it nowhere) is the VM's latest:
      * a resume without a URL restores it (its image renamed into place as RAM), one with a URL
      * would lose it. */
@@ -1183,6 +1332,14 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     }
     if (from_stage) {
         snprintf(src, sizeof(src), "%s", c.stage);
+        const char *missing = snapshot_missing(c.stage);
+        if (missing) {
+            rc = vmsnap_err_set(err, EIO,
+                                "VM '%s': the snapshot kept in %s is incomplete (no %s): it "
+                                "cannot be restored",
+                                name, c.stage, missing);
+            goto out;
+        }
     } else if (!url) {
         snprintf(src, sizeof(src), "%s", c.ckpt);
         if (!exists(c.ckpt)) {
@@ -1286,7 +1443,13 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         snprintf(ram, sizeof(ram), "%s", img);
     } else {
         snprintf(ram, sizeof(ram), "%s", c.ram);
-        if ((url || from_stage) && same_fs(img, c.ram_dir)) {
+        if (from_stage && same_fs(img, c.ram_dir)) {
+            /* a second name: the stage stays whole (its only copy) until the VM runs */
+            if (link(img, c.ram) < 0) {
+                rc = vmsnap_err_set(err, errno, "link %s to %s: %s", img, c.ram, strerror(errno));
+                goto out_src;
+            }
+        } else if (url && same_fs(img, c.ram_dir)) {
             if (rename(img, c.ram) < 0) {
                 rc = vmsnap_err_set(err, errno, "rename %s to %s: %s", img, c.ram, strerror(errno));
                 goto out_src;
@@ -1312,12 +1475,22 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     }
     step(t, "stage", &t0);
 
+    if (created || !old) {
+        /* a record before QEMU starts, so that a resume killed from here on leaves a VM that
+         * 'vm ls' shows and 'vm stop' can stop */
+        cfg_set_str(cfg, "status", "restoring");
+        if ((rc = cfg_save(c.cfgpath, cfg, err)) < 0)
+            goto out_src;
+        provisional = true;
+    }
+    vm_failpoint("resume-before-restore");
     rc = vmm_from_cfg(&c, cfg, &v, err);
     if (rc == 0)
         rc = vmsnap_vmm_restore(v, src, err);
     if (rc < 0)
         goto out_src;
     restored = true;
+    vm_failpoint("resume-restored");
     step(t, "restore", &t0);
 
     /* Release the restore files: pulled ones are truncated (the privately mapped image of an
@@ -1340,9 +1513,16 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         rm_rf(c.ondemand);
     step(t, "evict", &t0);
 
+    /* The guest is about to run on the stage's image: from here the stage is no snapshot. */
+    char mark[PATH_LEN] = "";
+    if (from_stage && pcat(mark, c.stage, "/" UNSAVED_MARK) == 0)
+        unlink(mark);
     rc = vmsnap_vmm_resume(v, err);
-    if (rc < 0)
+    if (rc < 0) {
+        if (mark[0])
+            mark_unsaved(&c, NULL); /* it did not run: the stage is the snapshot again */
         goto out_src;
+    }
     step(t, "resume", &t0);
     if (url)
         rm_rf(c.ckpt); /* superseded by the store's snapshot, now that the VM runs from it */
@@ -1358,13 +1538,8 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
 out_src:
     if (restored && v)
         vmsnap_vmm_stop(v, NULL);
-    if (ram_made && from_stage && same_fs(c.ram, c.stage)) {
-        char back[PATH_LEN]; /* the stage's image is the only copy: it goes back */
-        if (pjoin(back, c.stage, "memory-ranges", NULL) == 0 && rename(c.ram, back) < 0)
-            vlog(VMSNAP_LOG_WARN, "put back %s as %s: %s", c.ram, back, strerror(errno));
-    } else if (ram_made) {
+    if (ram_made) /* from the stage, a second name of its image, which stays there */
         unlink(c.ram);
-    }
     if (disk_made) { /* the live disk that was there before, if any, comes back */
         unlink(c.disk);
         if (had_prev && rename(disk_prev, c.disk) < 0)
@@ -1372,6 +1547,8 @@ out_src:
     }
     if (url)
         rm_rf(src);
+    if (provisional && !created)
+        unlink(c.cfgpath);
 out:
     if (rc < 0 && created)
         rm_rf(c.vmdir);
@@ -1403,8 +1580,8 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
     if (rc == 0)
         rc = vmsnap_vmm_stop(v, err);
     if (rc == 0) {
-        if (cfg_bool(cfg, "ram_shared") && cfg_str(cfg, "ram_path"))
-            unlink(cfg_str(cfg, "ram_path"));
+        /* the RAM file is always the one this VM's name gives (c.ram): a record naming
+         * another path is not followed (an on-demand VM maps its image from its directory) */
         unlink(c.ram);
         if (remove || !stage_unsaved(&c))
             rm_rf(c.stage);
@@ -1412,7 +1589,7 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
             vlog(VMSNAP_LOG_WARN, "VM '%s': keeping %s, the only copy of its last snapshot", name,
                  c.stage);
         const char *s = cfg_str(cfg, "status");
-        if (s && !strcmp(s, "running")) {
+        if (s && (!strcmp(s, "running") || !strcmp(s, "restoring"))) {
             cfg_set_str(cfg, "status", "stopped");
             rc = cfg_save(c.cfgpath, cfg, err);
         }
@@ -1486,8 +1663,9 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
             st = VMSNAP_VMM_OTHER;
         if (st == VMSNAP_VMM_DEAD && stage_unsaved(&vc))
             status = "unsaved"; /* its snapshot is only in the stage */
-        else if (st == VMSNAP_VMM_DEAD && !strcmp(status, "running"))
-            status = "dead";
+        else if (st == VMSNAP_VMM_DEAD &&
+                 (!strcmp(status, "running") || !strcmp(status, "restoring")))
+            status = "dead"; /* gone, or a resume killed before its QEMU ran */
         else if (st != VMSNAP_VMM_DEAD)
             status = vmsnap_vmm_state_name(st);
         int64_t mem = cfg_int(cfg, "memory");

@@ -19,6 +19,7 @@
 
 #include "util/util.h"
 
+#include <limits.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -318,14 +319,19 @@ static int qmp_once(struct vmsnap_vmm *v, const char *cmd, json_object *args, js
 
 static pid_t read_pid(struct vmsnap_vmm *v)
 {
-    FILE *f = fopen(v->pidfile, "re");
-    if (!f)
+    /* a regular file only, opened without blocking: a FIFO planted there must not hang us */
+    int fd = open(v->pidfile, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
         return 0;
-    long pid = 0;
-    if (fscanf(f, "%ld", &pid) != 1)
-        pid = 0;
-    fclose(f);
-    return pid > 1 ? (pid_t)pid : 0;
+    struct stat sb;
+    char buf[32];
+    ssize_t n = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) ? read(fd, buf, sizeof(buf) - 1) : -1;
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    long pid = strtol(buf, NULL, 10);
+    return pid > 1 && pid < INT_MAX ? (pid_t)pid : 0;
 }
 
 /* The process exists and is not a zombie. */

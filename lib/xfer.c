@@ -827,8 +827,10 @@ static int scan_set(const char *dir, struct mf_file **out, size_t *n, struct vms
         const char *name = de->d_name;
         if (!strcmp(name, ".") || !strcmp(name, ".."))
             continue;
-        if (name[0] == '.') { /* hidden: a temporary (vmsnap's own are ".NAME.XXXXXX") */
-            vlog(VMSNAP_LOG_WARN, "skipping %s/%s: hidden files are not part of a set", dir, name);
+        if (name[0] == '.') { /* hidden: vmsnap's own marks (".vmsnap-*"), or a user's */
+            if (strncmp(name, ".vmsnap-", 8))
+                vlog(VMSNAP_LOG_WARN, "skipping %s/%s: hidden files are not part of a set", dir,
+                     name);
             continue;
         }
         struct stat sb;

@@ -120,7 +120,7 @@ if chattr +i "$C/vms/golden" 2>/dev/null; then
     chattr -i "$C/vms/golden"
     grep -q "snapshot is left in" "$T/err" || fail "unsaved suspend: $(cat "$T/err")"
     stage=$(ls -d "$VMSNAP_RAM_DIR"/vmsnap-*-golden.stage 2>/dev/null | while read -r d; do
-        [ -e "$d/.unsaved" ] && echo "$d"; done | head -n1)
+        [ -e "$d/.vmsnap-unsaved" ] && echo "$d"; done | head -n1)
     [ -n "$stage" ] || fail "no marked stage after a suspend that stored nothing"
     vmc "$C" ls | grep -Eq '^golden +unsaved' || fail "vm ls of an unsaved VM: $(vmc "$C" ls)"
     read -r ur ud <<<"$(last_counter "$C" golden)"
@@ -136,7 +136,7 @@ if chattr +i "$C/vms/golden" 2>/dev/null; then
     chattr +i "$C/vms/golden"
     expect_fail "second suspend that can store nothing" vmc "$C" suspend golden "$T/notadir/set"
     chattr -i "$C/vms/golden"
-    [ -e "$stage/.unsaved" ] || fail "no marked stage after the second suspend that stored nothing"
+    [ -e "$stage/.vmsnap-unsaved" ] || fail "no marked stage after the second suspend that stored nothing"
     read -r ur ud <<<"$(last_counter "$C" golden)"
     vmc "$C" suspend golden "$STORE/saved" || fail "suspend of the unsaved snapshot"
     [ -e "$stage" ] && fail "the stage is still there after it was stored"
