@@ -1241,8 +1241,27 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
             rc = vmsnap_err_set(err, errno, "open %s: %s", path, strerror(errno));
             goto out;
         }
+        /* a set under KEY/ would shadow this object: pull KEY prefers the set */
+        char *mk = join_key(key, VMSNAP_XFER_MANIFEST);
+        char probe[1];
+        size_t pgot = 0;
+        uint64_t psize = 0;
+        rc = mk ? vmsnap_store_get_tail(ctl, mk, sizeof(probe), probe, &pgot, &psize, err)
+                : vmsnap_err_set(err, ENOMEM, "out of memory");
+        free(mk);
+        if (rc == 0)
+            rc = vmsnap_err_set(err, EEXIST,
+                                "%s holds a snapshot set (%s/%s): a file pushed there would be "
+                                "hidden by it; remove the set first ('vmsnap rm %s') or push "
+                                "elsewhere",
+                                url, url, VMSNAP_XFER_MANIFEST, url);
+        else if (rc == -ENOENT) {
+            vmsnap_err_clear(err);
+            rc = 0;
+        }
         struct leftover_ctx l = {.exact = key, .c = ctl};
-        rc = vmsnap_store_list_uploads(ctl, key, abort_leftover, &l, err);
+        if (rc == 0)
+            rc = vmsnap_store_list_uploads(ctl, key, abort_leftover, &l, err);
         struct mf_file mf = {0};
         if (rc == 0)
             rc = push_fd(&x, ctl, fd, path, key, x.base_key, &mf, err);

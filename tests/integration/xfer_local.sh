@@ -148,6 +148,13 @@ for n in state.json config.json base-id; do
 done
 [ -z "$(ls -A "$T/mix" | grep '^\.')" ] || fail "dir in the way: temporaries left: $(ls -A "$T/mix")"
 rm -rf "$T/mix"
+# a file pushed where a set is would be hidden by it (pull prefers the set): refused
+echo one >"$T/onefile"
+expect_fail "push of a file over a set" "$VMSNAP" push "$T/onefile" "$S/sets/a"
+grep -q "holds a snapshot set" "$T/err" || fail "file over a set: message: $(cat "$T/err")"
+"$VMSNAP" -q pull "$S/sets/a" "$T/still" && diff -r "$T/set" "$T/still" >/dev/null ||
+    fail "the set changed after a refused push of a file over it"
+rm -rf "$T/still" "$T/onefile"
 # hidden files are left out of a set, with a warning naming them
 mkdir "$T/hid" && echo a >"$T/hid/visible" && echo s >"$T/hid/.hidden-state"
 "$VMSNAP" push "$T/hid" "$S/sets/hid" 2>"$T/err" || fail "push of a set with a hidden file"
