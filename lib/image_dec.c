@@ -132,6 +132,14 @@ int img_table_parse(const uint8_t *t, size_t tsize, uint64_t toff, uint64_t max_
                         i, ULL(fi->csize), ULL(eoff), ULL(frames_end));
             goto fail;
         }
+        /* a frame no encoder could have made that large: pull allocates csize bytes for it */
+        if (fi->csize > ZSTD_compressBound(fi->dsize) + 1024) {
+            img_corrupt(err, name,
+                        "frame %u (entry at byte %llu): compressed size %llu exceeds the bound "
+                        "for %llu decoded bytes",
+                        i, ULL(eoff), ULL(fi->csize), ULL(fi->dsize));
+            goto fail;
+        }
         off += fi->csize;
         if (i == 0 || i == n - 1) {
             uint64_t at = i == 0 ? 0 : img->total_size;

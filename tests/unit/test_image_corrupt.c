@@ -229,6 +229,28 @@ int main(void)
         forge_table(data, len, big, 1, f1.dsize + 16, "decoded size off by a record");
         forge_table(data, len, big, 4, f1.populated - 1, "populated bytes off by one");
         forge_table(data, len, big, 5, f1.checksum ^ 1, "content checksum changed");
+        /* 64 KiB of padding after the sentinel frame's bytes, its compressed size grown to
+         * match: every offset stays consistent, but no encoder makes an 8-byte frame that large
+         * (a pull would allocate the declared size before it could tell) */
+        {
+            struct vmsnap_frame_info fs;
+            vmsnap_image_frame(img, nf - 1, &fs);
+            const size_t pad = 64 * 1024, at = (size_t)(fs.offset + fs.csize);
+            uint8_t *p = calloc(1, len + pad);
+            REQUIRE(p != NULL);
+            memcpy(p, data, at);
+            memcpy(p + at + pad, data + at, len - at);
+            uint32_t tsize = get_le32(p + len + pad - SEEK_FOOTER_LEN + 12);
+            uint8_t *h = p + len + pad - tsize + 8;
+            uint32_t nt = get_le32(h + 56);
+            put64(h + SEEK_HDR_LEN + (nf - 1) * SEEK_ENTRY_LEN, fs.csize + pad);
+            put64(h + 48, get_le64(h + 48) + pad); /* the frames' end */
+            put64(p + len + pad - SEEK_FOOTER_LEN,
+                  XXH64(h, SEEK_HDR_LEN + (size_t)nt * SEEK_ENTRY_LEN, 0));
+            expect_reject("a frame padded past any compressed size", p, len + pad, false, "",
+                          "exceeds the bound");
+            free(p);
+        }
         vmsnap_image_free(img);
         free(data);
     }
