@@ -542,6 +542,7 @@ static void up_wait(struct up *u)
 
 struct leftover_ctx {
     const char *exact; /* abort uploads of this key only; NULL: every upload listed */
+    const char *under; /* or: of this key and the keys under it ("K/..."), not "K1/..." */
     struct vmsnap_store_conn *c;
     unsigned n;
 };
@@ -551,6 +552,11 @@ static int abort_leftover(void *arg, const char *key, const char *id)
     struct leftover_ctx *l = arg;
     if (l->exact && strcmp(l->exact, key))
         return 0;
+    if (l->under && *l->under) {
+        size_t ul = strlen(l->under);
+        if (strncmp(key, l->under, ul) || (key[ul] && key[ul] != '/' && l->under[ul - 1] != '/'))
+            return 0;
+    }
     struct vmsnap_err e = {0};
     if (vmsnap_store_mpu_abort(l->c, key, id, &e) == 0) {
         l->n++;
@@ -2151,7 +2157,7 @@ int vmsnap_xfer_gc(const char *url, const struct vmsnap_xfer_opts *opts, unsigne
     if (rc < 0)
         return rc;
     struct vmsnap_store_conn *c = NULL;
-    struct leftover_ctx l = {0};
+    struct leftover_ctx l = {.under = key};
     rc = vmsnap_store_conn_new(x.st, &c, err);
     l.c = c;
     if (rc == 0)

@@ -180,6 +180,14 @@ echo "race: $ok_rounds of 4 rounds had a push succeed" >&2
 [ "$(uploads_left)" = 0 ] || fail "uploads left after the racing pushes"
 "$VMSNAP" -q rm "s3://$BUCKET/race" 2>/dev/null || true
 
+# gc of a prefix aborts uploads of that key and under "key/", not of "key0/..." next to it
+[ "$(uploads_left)" = 0 ] || fail "uploads left before the gc boundary case"
+[ "$(s3curl POST "$BUCKET/vm10/x.zstd?uploads=")" = 200 ] || fail "start an upload under vm10/"
+"$VMSNAP" -q gc "s3://$BUCKET/vm1" || fail "gc vm1"
+[ "$(uploads_left)" = 1 ] || fail "gc s3://$BUCKET/vm1 aborted the upload under vm10/"
+"$VMSNAP" -q gc "s3://$BUCKET/vm10" || fail "gc vm10"
+[ "$(uploads_left)" = 0 ] || fail "gc s3://$BUCKET/vm10 left its upload"
+
 # a file name of 249 bytes (its temporary on pull cannot be ".NAME.XXXXXX": 257 bytes)
 mkdir "$T/lset" && long=$(printf 'a%.0s' $(seq 1 249)) && echo hi >"$T/lset/$long"
 "$VMSNAP" -q push "$T/lset" "s3://$BUCKET/lset" || fail "push of a set with a 249-byte name"
