@@ -255,9 +255,18 @@ static int cache_evict(int argc, char **argv)
         printf("still dirty: %llu files\n", (unsigned long long)still_dirty);
         if (rep.kicked)
             printf("writeback started: %llu files\n", (unsigned long long)rep.kicked);
+        if (rep.busy_files)
+            printf("not removed (in use elsewhere): %llu files\n",
+                   (unsigned long long)rep.busy_files);
+        if (rep.readonly_files)
+            printf("not removed (not writable): %llu files\n",
+                   (unsigned long long)rep.readonly_files);
         if (rep.unknown_files)
             printf("skipped (cachestat unavailable): %llu files\n",
                    (unsigned long long)rep.unknown_files);
+        if (rep.skipped_mounts)
+            printf("skipped (other mounts): %llu directories\n",
+                   (unsigned long long)rep.skipped_mounts);
     }
     return rc;
 }

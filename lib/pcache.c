@@ -9,16 +9,18 @@
  * every chunk that cachestat shows free of dirty and writeback pages is dropped. A file with no
  * dirty page at all takes one cachestat and one fadvise.
  *
- * Why truncate before unlink on the staged path: unlink alone keeps the inode (and its dirty
- * pages, which may then be written back) while anything holds it open; truncation drops the pages
- * without writeback at once.
+ * Why truncate on the staged path: unlink alone keeps the inode (and its dirty pages, which may
+ * then be written back) while anything holds it open; truncation drops the pages without writeback
+ * at once. Why unlink first: only an inode with no link left is certainly ours alone (nothing can
+ * link it again), so the link count is read after the unlink, and the file is truncated only at 0.
  */
 #include "pcache_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <fts.h>
+#include <dirent.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,12 +54,14 @@ struct cs_result {
 static atomic_int cs_state;
 static atomic_flag logged_unavailable = ATOMIC_FLAG_INIT;
 static atomic_flag logged_other = ATOMIC_FLAG_INIT;
+static atomic_flag logged_lease = ATOMIC_FLAG_INIT;
 
 void pcache_reset_probe(void)
 {
     atomic_store(&cs_state, 0);
     atomic_flag_clear(&logged_unavailable);
     atomic_flag_clear(&logged_other);
+    atomic_flag_clear(&logged_lease);
 }
 
 static uint32_t page_size(void)
@@ -214,10 +218,10 @@ struct preserve_set {
     size_t n;
 };
 
-static bool in_set(const struct preserve_set *ps, dev_t dev, ino_t ino)
+static bool in_set(const struct devino *v, size_t n, dev_t dev, ino_t ino)
 {
-    for (size_t i = 0; i < ps->n; i++)
-        if (ps->v[i].dev == dev && ps->v[i].ino == ino)
+    for (size_t i = 0; i < n; i++)
+        if (v[i].dev == dev && v[i].ino == ino)
             return true;
     return false;
 }
@@ -264,7 +268,7 @@ static int preserve_init(struct preserve_set *ps, const char *base, const char *
 /* Whether `path` or a directory above it is preserved (for the roots of a walk). */
 static bool root_preserved(const struct preserve_set *ps, const char *path)
 {
-    if (ps->n == 0)
+    if (!ps || ps->n == 0)
         return false;
     char *real = realpath(path, NULL);
     if (!real)
@@ -272,7 +276,7 @@ static bool root_preserved(const struct preserve_set *ps, const char *path)
     bool found = false;
     for (;;) {
         struct stat sb;
-        if (stat(real[0] ? real : "/", &sb) == 0 && in_set(ps, sb.st_dev, sb.st_ino)) {
+        if (stat(real[0] ? real : "/", &sb) == 0 && in_set(ps->v, ps->n, sb.st_dev, sb.st_ino)) {
             found = true;
             break;
         }
@@ -296,12 +300,349 @@ static void note_err(int *first, struct vmsnap_err *err, int code, const char *o
         vlog(VMSNAP_LOG_WARN, "%s %s: %s%s", op, path, what, strerror(code));
 }
 
-static int open_file(const char *path, int flags)
+/* Open `name` in the directory `dfd`, never following a symlink and never blocking (a FIFO, a
+ * lease held elsewhere). */
+static int open_at(int dfd, const char *name, int flags)
 {
-    int fd = open(path, flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_NOATIME);
+    flags |= O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY;
+    int fd = openat(dfd, name, flags | O_NOATIME);
     if (fd < 0 && errno == EPERM) /* O_NOATIME needs ownership */
-        fd = open(path, flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+        fd = openat(dfd, name, flags);
     return fd;
+}
+
+static bool same_inode(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
+}
+
+/*
+ * The walker. Every directory is opened relative to its parent's descriptor with O_NOFOLLOW, so
+ * a name swapped for a symlink during the walk is never followed, and every file is opened,
+ * checked and removed relative to its directory's descriptor. The walk never leaves the mount
+ * of its root: a directory on another mount (another file system, or a bind mount of the same
+ * one, which has the same st_dev) is reported and not entered. Mounts are told apart by statx's
+ * mount id (Linux 5.8+); without it, by st_dev plus the mount points listed in
+ * /proc/self/mountinfo (matched by device+inode), and a staged walk that can read neither enters
+ * no subdirectory at all.
+ */
+
+static atomic_bool force_mountinfo;
+
+void pcache_force_mountinfo(bool on)
+{
+    atomic_store(&force_mountinfo, on);
+}
+
+static int mount_id(int fd, uint64_t *id)
+{
+    if (atomic_load(&force_mountinfo))
+        return -ENOSYS;
+    struct statx sx;
+    if (statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, STATX_MNT_ID, &sx) != 0)
+        return -errno;
+    if (!(sx.stx_mask & STATX_MNT_ID))
+        return -ENOSYS;
+    *id = sx.stx_mnt_id;
+    return 0;
+}
+
+struct walk;
+/* A regular file `name` in the directory `dfd` (w->path names it); `sb` from fstatat. A negative
+ * return stops the walk. */
+typedef int (*walk_file_fn)(struct walk *w, int dfd, const char *name, const struct stat *sb,
+                            bool preserved);
+/* After a directory's entries (its descriptor closed): `pfd` and `name` locate it (pfd -1 and the
+ * path as given for the root). */
+typedef void (*walk_dir_fn)(struct walk *w, int pfd, const char *name, const struct stat *sb,
+                            bool preserved);
+
+struct walk {
+    const char *op;     /* "stat", "evict", "release": the first word of messages */
+    bool follow_root;   /* a symlink given as the root is followed (never for staged walks) */
+    bool strict_mounts; /* staged: without any way to tell mounts apart, enter no subdirectory */
+    bool dir_only;      /* the root must be a directory (release) */
+    const struct preserve_set *ps; /* may be NULL */
+    walk_file_fn file;
+    walk_dir_fn dir_done; /* may be NULL */
+    void *arg;
+    int first;
+    struct vmsnap_err *err;
+    uint64_t skipped_mounts;
+    bool stopped;
+    /* the root's mount */
+    dev_t root_dev;
+    uint64_t root_mnt;
+    enum { MNT_DEV_ONLY, MNT_ID, MNT_MOUNTINFO } mnt_mode; /* how mounts are told apart */
+    struct devino *mpoints;
+    size_t nmpoints;
+    /* the current path, for messages and the retrier */
+    char *path;
+    size_t len, cap;
+};
+
+static void walk_fini(struct walk *w)
+{
+    free(w->mpoints);
+    free(w->path);
+}
+
+static int path_set(struct walk *w, size_t at, const char *name)
+{
+    size_t n = strlen(name), need = at + 1 + n + 1;
+    if (need > w->cap) {
+        size_t cap = VMSNAP_MAX(need, w->cap * 2);
+        char *p = realloc(w->path, cap);
+        if (!p)
+            return -ENOMEM;
+        w->path = p;
+        w->cap = cap;
+    }
+    size_t len = at;
+    if (at > 0 && w->path[at - 1] != '/')
+        w->path[len++] = '/';
+    memcpy(w->path + len, name, n + 1);
+    w->len = len + n;
+    return 0;
+}
+
+/* Decode the octal escapes (\040) of a mountinfo field in place. */
+static void unescape(char *s)
+{
+    char *o = s;
+    for (char *p = s; *p; p++) {
+        if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] >= '0' && p[2] <= '7' &&
+            p[3] >= '0' && p[3] <= '7') {
+            *o++ = (char)((p[1] - '0') * 64 + (p[2] - '0') * 8 + (p[3] - '0'));
+            p += 3;
+        } else {
+            *o++ = *p;
+        }
+    }
+    *o = '\0';
+}
+
+/* The mount points on the root's device, for kernels without statx mount ids. */
+static int load_mount_points(struct walk *w)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    if (!f)
+        return -errno;
+    char *line = NULL;
+    size_t lcap = 0, cap = 0;
+    int rc = 0;
+    while (getline(&line, &lcap, f) > 0) {
+        /* ID PARENT MAJ:MIN ROOT MOUNTPOINT ... */
+        char *p = line;
+        for (int i = 0; i < 4 && p; i++) {
+            p = strchr(p, ' ');
+            if (p)
+                p++;
+        }
+        if (!p)
+            continue;
+        p[strcspn(p, " \n")] = '\0';
+        unescape(p);
+        struct stat sb;
+        if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode) || sb.st_dev != w->root_dev)
+            continue;
+        if (w->nmpoints == cap) {
+            cap = cap ? cap * 2 : 16;
+            struct devino *v = realloc(w->mpoints, cap * sizeof(*v));
+            if (!v) {
+                rc = -ENOMEM;
+                break;
+            }
+            w->mpoints = v;
+        }
+        w->mpoints[w->nmpoints++] = (struct devino){sb.st_dev, sb.st_ino};
+    }
+    free(line);
+    fclose(f);
+    return rc;
+}
+
+static void mount_init(struct walk *w, int dfd, const struct stat *sb)
+{
+    w->root_dev = sb->st_dev;
+    if (mount_id(dfd, &w->root_mnt) == 0) {
+        w->mnt_mode = MNT_ID;
+        return;
+    }
+    int rc = load_mount_points(w);
+    w->mnt_mode = rc == 0 ? MNT_MOUNTINFO : MNT_DEV_ONLY;
+    const char *how = rc == 0            ? "bind mounts found through /proc/self/mountinfo"
+                      : w->strict_mounts ? "nor /proc/self/mountinfo: subdirectories not entered"
+                                         : "nor /proc/self/mountinfo: bind mounts not detected";
+    vlog(rc == 0 ? VMSNAP_LOG_DEBUG : VMSNAP_LOG_WARN, "%s %s: statx gives no mount id; %s", w->op,
+         w->path, how);
+}
+
+/* Whether the directory open at `fd` is on the root's mount. */
+static bool on_root_mount(struct walk *w, int fd, const struct stat *sb)
+{
+    if (sb->st_dev != w->root_dev)
+        return false;
+    uint64_t id;
+    switch (w->mnt_mode) {
+    case MNT_ID:
+        return mount_id(fd, &id) == 0 && id == w->root_mnt;
+    case MNT_MOUNTINFO:
+        return !in_set(w->mpoints, w->nmpoints, sb->st_dev, sb->st_ino);
+    default:
+        return !w->strict_mounts;
+    }
+}
+
+static void walk_dir(struct walk *w, int dfd, bool preserved)
+{
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        note_err(&w->first, w->err, errno, w->op, w->path, "opendir: ");
+        close(dfd);
+        return;
+    }
+    size_t at = w->len;
+    for (;;) {
+        errno = 0;
+        struct dirent *de = readdir(d);
+        if (!de) {
+            if (errno != 0)
+                note_err(&w->first, w->err, errno, w->op, w->path, "readdir: ");
+            break;
+        }
+        const char *name = de->d_name;
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+            continue;
+        if (path_set(w, at, name) < 0) {
+            note_err(&w->first, w->err, ENOMEM, w->op, w->path, "");
+            break;
+        }
+        struct stat sb;
+        if (fstatat(dfd, name, &sb, AT_SYMLINK_NOFOLLOW) != 0) {
+            if (errno != ENOENT)
+                note_err(&w->first, w->err, errno, w->op, w->path, "");
+            continue;
+        }
+        bool pres = preserved || (w->ps && in_set(w->ps->v, w->ps->n, sb.st_dev, sb.st_ino));
+        if (S_ISREG(sb.st_mode)) {
+            if (w->file(w, dfd, name, &sb, pres) < 0)
+                w->stopped = true;
+        } else if (S_ISDIR(sb.st_mode)) {
+            int cfd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            struct stat csb;
+            if (cfd < 0) {
+                /* gone, or swapped for a symlink or a file meanwhile: not ours to follow */
+                if (errno != ENOENT && errno != ENOTDIR && errno != ELOOP)
+                    note_err(&w->first, w->err, errno, w->op, w->path, "open: ");
+            } else if (fstat(cfd, &csb) != 0 || !same_inode(&csb, &sb)) {
+                close(cfd);
+            } else if (!on_root_mount(w, cfd, &csb)) {
+                close(cfd);
+                w->skipped_mounts++;
+                vlog(w->strict_mounts ? VMSNAP_LOG_WARN : VMSNAP_LOG_INFO,
+                     "%s %s: on another mount (a bind mount or another file system); not entered",
+                     w->op, w->path);
+            } else {
+                walk_dir(w, cfd, pres); /* takes cfd; leaves w->path naming this directory */
+                if (w->dir_done && !w->stopped)
+                    w->dir_done(w, dfd, name, &csb, pres);
+            }
+        }
+        /* Anything else (symlinks, FIFOs, devices, sockets) inside a tree is skipped. */
+        if (w->stopped)
+            break;
+    }
+    w->len = at;
+    w->path[at] = '\0';
+    closedir(d);
+}
+
+/* Walk `path`: a directory, or a regular file. The root is opened once (O_PATH, with O_NOFOLLOW
+ * unless w->follow_root) and everything else is reached from that descriptor. */
+static int walk_root(struct walk *w, const char *path)
+{
+    /* Trailing slashes would make the kernel follow a symlink despite O_NOFOLLOW. */
+    char *p = strdup(path);
+    if (!p)
+        return vmsnap_err_set(w->err, ENOMEM, "%s %s: out of memory", w->op, path);
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/')
+        p[--n] = '\0';
+    int rc = path_set(w, 0, p);
+    int pfd = -1, dfd = -1;
+    char *real = NULL;
+    if (rc < 0) {
+        rc = vmsnap_err_set(w->err, ENOMEM, "%s %s: out of memory", w->op, path);
+        goto out;
+    }
+    pfd = open(w->follow_root ? path : p, O_PATH | O_CLOEXEC | (w->follow_root ? 0 : O_NOFOLLOW));
+    struct stat sb;
+    if (pfd < 0 || fstat(pfd, &sb) != 0) {
+        rc = vmsnap_err_set(w->err, errno, "%s %s: %s", w->op, path, strerror(errno));
+        goto out;
+    }
+    if (S_ISLNK(sb.st_mode)) {
+        rc = vmsnap_err_set(w->err, ELOOP,
+                            "%s %s: is a symbolic link, which a staged walk does not follow "
+                            "(give the directory it points to)",
+                            w->op, path);
+    } else if (S_ISDIR(sb.st_mode)) {
+        dfd = openat(pfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        struct stat dsb;
+        if (dfd < 0 || fstat(dfd, &dsb) != 0) {
+            rc = vmsnap_err_set(w->err, errno, "%s %s: %s", w->op, path, strerror(errno));
+            goto out;
+        }
+        bool preserved = root_preserved(w->ps, p);
+        mount_init(w, dfd, &dsb);
+        walk_dir(w, dfd, preserved); /* takes dfd */
+        dfd = -1;
+        if (w->dir_done && !w->stopped)
+            w->dir_done(w, -1, p, &dsb, preserved);
+        rc = w->first;
+    } else if (w->dir_only) {
+        rc = vmsnap_err_set(w->err, ENOTDIR, "%s %s: not a directory", w->op, path);
+    } else if (S_ISREG(sb.st_mode)) {
+        /* Reach the file as a name in its directory, like the files of a tree. The final
+         * component is the file itself (O_NOFOLLOW above) or, when following, its target. */
+        const char *file = p;
+        if (w->follow_root) {
+            real = realpath(path, NULL);
+            if (!real) {
+                rc = vmsnap_err_set(w->err, errno, "%s %s: %s", w->op, path, strerror(errno));
+                goto out;
+            }
+            file = real;
+        }
+        char *slash = strrchr(file, '/');
+        const char *base = slash ? slash + 1 : file;
+        char *dir = slash ? strndup(file, slash == file ? 1 : (size_t)(slash - file)) : NULL;
+        errno = ENOMEM;
+        dfd = slash && !dir ? -1 : open(slash ? dir : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        int e = errno;
+        free(dir);
+        struct stat fsb;
+        if (dfd < 0) {
+            rc = vmsnap_err_set(w->err, e, "%s %s: parent directory: %s", w->op, path, strerror(e));
+        } else if (fstatat(dfd, base, &fsb, AT_SYMLINK_NOFOLLOW) != 0 || !same_inode(&fsb, &sb)) {
+            rc = vmsnap_err_set(w->err, EAGAIN, "%s %s: replaced while being opened; try again",
+                                w->op, path);
+        } else {
+            w->file(w, dfd, base, &fsb, root_preserved(w->ps, file));
+            rc = w->first;
+        }
+    } else {
+        rc = vmsnap_err_set(w->err, EINVAL, "%s %s: not a regular file or directory", w->op, path);
+    }
+out:
+    if (dfd >= 0)
+        close(dfd);
+    if (pfd >= 0)
+        close(pfd);
+    free(real);
+    free(p);
+    return rc;
 }
 
 /* ---- stat ---- */
@@ -319,66 +660,57 @@ static void add_stat(struct vmsnap_pcache_stat *t, const struct vmsnap_pcache_st
     t->mincore |= s->mincore;
 }
 
+struct stat_ctx {
+    vmsnap_pcache_stat_fn fn;
+    void *arg;
+    struct vmsnap_pcache_stat sum;
+};
+
+static int stat_file(struct walk *w, int dfd, const char *name, const struct stat *wsb,
+                     bool preserved)
+{
+    (void)preserved;
+    struct stat_ctx *s = w->arg;
+    int fd = open_at(dfd, name, O_RDONLY);
+    if (fd < 0) {
+        if (errno != ENOENT)
+            note_err(&w->first, w->err, errno, "stat", w->path, "open: ");
+        return 0;
+    }
+    struct stat sb;
+    struct vmsnap_pcache_stat st;
+    struct vmsnap_err ferr;
+    int rc = 0;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || !same_inode(&sb, wsb))
+        goto out; /* replaced meanwhile */
+    rc = vmsnap_pcache_stat_fd(fd, &st, &ferr);
+    if (rc < 0) {
+        if (w->first == 0)
+            w->first = vmsnap_err_set(w->err, -rc, "stat %s: %s", w->path, ferr.msg);
+        rc = 0;
+        goto out;
+    }
+    add_stat(&s->sum, &st);
+    if (s->fn) {
+        rc = s->fn(s->arg, w->path, &st);
+        if (rc < 0 && w->first == 0)
+            w->first = vmsnap_err_set(w->err, -rc, "stat %s: stopped by the caller", w->path);
+    }
+out:
+    close(fd);
+    return rc;
+}
+
 int vmsnap_pcache_stat_path(const char *path, vmsnap_pcache_stat_fn fn, void *arg,
                             struct vmsnap_pcache_stat *total, struct vmsnap_err *err)
 {
-    struct vmsnap_pcache_stat sum = {.page_size = page_size()};
-    char *argv[] = {(char *)path, NULL};
-    FTS *fts = fts_open(argv, FTS_PHYSICAL | FTS_NOCHDIR | FTS_XDEV | FTS_COMFOLLOW, NULL);
-    if (!fts)
-        return vmsnap_err_set(err, errno, "stat %s: %s", path, strerror(errno));
-    int first = 0;
-    FTSENT *e;
-    while ((e = fts_read(fts)) != NULL) {
-        switch (e->fts_info) {
-        case FTS_NS:
-        case FTS_DNR:
-        case FTS_ERR:
-            if (e->fts_errno == ENOENT && e->fts_level > 0)
-                break;
-            note_err(&first, err, e->fts_errno, "stat", e->fts_path, "");
-            break;
-        case FTS_F: {
-            if (!S_ISREG(e->fts_statp->st_mode))
-                break;
-            int fd = open_file(e->fts_path, O_RDONLY);
-            if (fd < 0) {
-                if (errno != ENOENT)
-                    note_err(&first, err, errno, "stat", e->fts_path, "open: ");
-                break;
-            }
-            struct vmsnap_pcache_stat st;
-            struct vmsnap_err ferr;
-            int rc = vmsnap_pcache_stat_fd(fd, &st, &ferr);
-            close(fd);
-            if (rc < 0) {
-                if (first == 0)
-                    first = vmsnap_err_set(err, -rc, "stat %s: %s", e->fts_path, ferr.msg);
-                break;
-            }
-            add_stat(&sum, &st);
-            if (fn) {
-                rc = fn(arg, e->fts_path, &st);
-                if (rc < 0) {
-                    if (first == 0)
-                        first =
-                            vmsnap_err_set(err, -rc, "stat %s: stopped by the caller", e->fts_path);
-                    goto out;
-                }
-            }
-            break;
-        }
-        default:
-            break;
-        }
-    }
-    if (errno != 0 && first == 0)
-        first = vmsnap_err_set(err, errno, "stat %s: walk: %s", path, strerror(errno));
-out:
-    fts_close(fts);
+    struct stat_ctx s = {.fn = fn, .arg = arg, .sum = {.page_size = page_size()}};
+    struct walk w = {.op = "stat", .follow_root = true, .file = stat_file, .arg = &s, .err = err};
+    int rc = walk_root(&w, path);
+    walk_fini(&w);
     if (total)
-        *total = sum;
-    return first;
+        *total = s.sum;
+    return rc;
 }
 
 /* ---- evict ---- */
@@ -386,10 +718,7 @@ out:
 struct evict_ctx {
     const struct vmsnap_pcache_evict_opts *opts;
     struct vmsnap_pcache_report *rep;
-    struct preserve_set ps;
-    bool remove_dirs;
-    int first;
-    struct vmsnap_err *err;
+    struct walk *w;
 };
 
 /* The preserve treatment of an open file. */
@@ -404,7 +733,7 @@ static int preserve_fd(struct evict_ctx *c, int fd, const char *path, const stru
         return 0;
     }
     if (rc < 0) {
-        note_err(&c->first, c->err, -rc, "evict", path, "fadvise: ");
+        note_err(&c->w->first, c->w->err, -rc, "evict", path, "fadvise: ");
         return rc;
     }
     if (dropped) {
@@ -431,109 +760,182 @@ static int preserve_fd(struct evict_ctx *c, int fd, const char *path, const stru
     return 0;
 }
 
-/* The staged treatment of an open, single-link, unpreserved regular file. */
-static int truncate_unlink(struct evict_ctx *c, int fd, const char *path, const struct stat *sb)
+/* A staged file that turned out not to be ours alone: counted, said, and only evicted. */
+static void keep_file(struct evict_ctx *c, int fd, const char *path, const struct stat *sb,
+                      bool busy, const char *why)
 {
+    if (busy)
+        c->rep->busy_files++;
+    else
+        c->rep->readonly_files++;
+    vlog(busy ? VMSNAP_LOG_WARN : VMSNAP_LOG_INFO, "evict %s: %s; not removed, only evicted", path,
+         why);
+    preserve_fd(c, fd, path, sb);
+}
+
+/* A write lease on `fd` (the only descriptor this process has on the file): 1 taken, 0 the file
+ * is open or mapped elsewhere (or being executed), -errno leases unavailable here. The kernel
+ * signals a lease's owner when another open breaks it, with SIGIO by default, which would end the
+ * process; so the signal is first set to SIGURG (ignored by default) and the owner is cleared
+ * right after, from when on nothing is signalled. An open that breaks the lease waits (or fails
+ * with EWOULDBLOCK) until the lease is released, and we notice it through F_GETLEASE. */
+static int take_lease(int fd)
+{
+    if (fcntl(fd, F_SETSIG, SIGURG) != 0)
+        return -errno;
+    if (fcntl(fd, F_SETLEASE, F_WRLCK) != 0)
+        return errno == EAGAIN ? 0 : -errno;
+    (void)fcntl(fd, F_SETOWN, 0);
+    return 1;
+}
+
+static bool lease_broken(int fd)
+{
+    return fcntl(fd, F_GETLEASE) != F_WRLCK;
+}
+
+/*
+ * The staged treatment of `name` in `dfd`, open for writing at `fd` (`sb` from fstat), a
+ * single-link unpreserved regular file when the walk saw it. It is removed only when nothing else
+ * holds it: a write lease proves no other descriptor or mapping exists and holds off new opens
+ * while we act; the name is checked to still be this file and unlinked first, and the file is
+ * truncated only if its link count is then 0 (an unlinked inode cannot gain a link, so a link
+ * made at any moment before is seen). Otherwise it gets the preserve treatment.
+ */
+static void stage_file(struct evict_ctx *c, int dfd, const char *name, int fd, const char *path,
+                       const struct stat *sb)
+{
+    int lease = take_lease(fd);
+    if (lease == 0) {
+        keep_file(c, fd, path, sb, true, "open or mapped by another process");
+        return;
+    }
+    if (lease < 0 && !atomic_flag_test_and_set(&logged_lease))
+        vlog(VMSNAP_LOG_WARN,
+             "evict %s: file leases unavailable (%s): staged files other processes have open "
+             "cannot be detected and are removed anyway",
+             path, strerror(-lease));
+    struct stat now;
+    if (fstatat(dfd, name, &now, AT_SYMLINK_NOFOLLOW) != 0 || !same_inode(&now, sb)) {
+        vlog(VMSNAP_LOG_WARN, "evict %s: replaced while being released; left in place", path);
+        goto out;
+    }
+    if (lease > 0 && lease_broken(fd)) {
+        keep_file(c, fd, path, sb, true, "opened by another process meanwhile");
+        goto out;
+    }
+    if (unlinkat(dfd, name, 0) != 0) {
+        int e = errno;
+        if (e != ENOENT) {
+            note_err(&c->w->first, c->w->err, e, "evict", path, "unlink: ");
+            preserve_fd(c, fd, path, sb);
+        }
+        goto out;
+    }
+    struct stat after;
+    if (fstat(fd, &after) != 0) {
+        note_err(&c->w->first, c->w->err, errno, "evict", path, "fstat: ");
+        goto out;
+    }
+    if (after.st_nlink != 0) {
+        keep_file(c, fd, path, sb, true, "another link to it exists (name removed, content kept)");
+        goto out;
+    }
+    if (lease > 0 && lease_broken(fd)) {
+        keep_file(c, fd, path, sb, true,
+                  "opened by another process meanwhile (name removed, content kept)");
+        goto out;
+    }
     struct vmsnap_pcache_stat cs;
     uint64_t pages = pcache_cachestat(fd, 0, 0, &cs) == 0 ? cs.cached : 0;
     if (ftruncate(fd, 0) != 0) {
-        int e = errno;
-        note_err(&c->first, c->err, e, "evict", path, "truncate: ");
-        return -e;
-    }
-    /* Unlink only the file we truncated: the name may have been replaced meanwhile. */
-    struct stat now;
-    if (lstat(path, &now) != 0 || now.st_dev != sb->st_dev || now.st_ino != sb->st_ino) {
-        vlog(VMSNAP_LOG_WARN, "evict %s: replaced while being released; left in place", path);
-        return 0;
-    }
-    if (unlink(path) != 0 && errno != ENOENT) {
-        int e = errno;
-        note_err(&c->first, c->err, e, "evict", path, "unlink: ");
-        return -e;
+        note_err(&c->w->first, c->w->err, errno, "evict", path, "truncate: ");
+        goto out;
     }
     c->rep->removed_files++;
     c->rep->removed_bytes += (uint64_t)sb->st_size;
     c->rep->removed_pages += pages;
-    return 0;
+out:
+    if (lease > 0)
+        (void)fcntl(fd, F_SETLEASE, F_UNLCK);
 }
 
-static void evict_file(struct evict_ctx *c, const FTSENT *e, bool preserved)
+/* Open failures for writing that mean "not ours to remove" rather than an error. */
+static bool write_refused(int e, bool *busy)
 {
-    const struct stat *wsb = e->fts_statp;
-    if (!S_ISREG(wsb->st_mode))
-        return;
+    *busy = e == ETXTBSY || e == EAGAIN; /* being executed; a lease held elsewhere */
+    return *busy || e == EROFS || e == EPERM;
+}
+
+static int evict_file(struct walk *w, int dfd, const char *name, const struct stat *wsb,
+                      bool preserved)
+{
+    struct evict_ctx *c = w->arg;
     bool stage = c->opts->staged && !preserved && wsb->st_nlink == 1;
-    int fd = open_file(e->fts_path, stage ? O_WRONLY : O_RDONLY);
-    if (fd < 0) {
-        if (errno != ENOENT)
-            note_err(&c->first, c->err, errno, "evict", e->fts_path, "open: ");
-        return;
+    int fd = -1, refused = 0;
+    bool busy = false;
+    if (stage) {
+        fd = open_at(dfd, name, O_WRONLY);
+        if (fd < 0 && write_refused(errno, &busy)) {
+            refused = errno;
+            stage = false;
+        } else if (fd < 0) {
+            if (errno != ENOENT)
+                note_err(&w->first, w->err, errno, "evict", w->path, "open: ");
+            return 0;
+        }
+    }
+    if (!stage) {
+        fd = open_at(dfd, name, O_RDONLY);
+        if (fd < 0) {
+            if (errno != ENOENT)
+                note_err(&w->first, w->err, errno, "evict", w->path, "open: ");
+            return 0;
+        }
     }
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
-        note_err(&c->first, c->err, errno, "evict", e->fts_path, "fstat: ");
+        note_err(&w->first, w->err, errno, "evict", w->path, "fstat: ");
         goto out;
     }
     /* Act only on the file the walk saw: a name replaced meanwhile is left alone. */
-    if (!S_ISREG(sb.st_mode) || sb.st_dev != wsb->st_dev || sb.st_ino != wsb->st_ino)
+    if (!S_ISREG(sb.st_mode) || !same_inode(&sb, wsb))
         goto out;
     c->rep->files++;
-    if (stage && sb.st_nlink == 1)
-        truncate_unlink(c, fd, e->fts_path, &sb);
-    else
-        preserve_fd(c, fd, e->fts_path, &sb);
+    if (stage) {
+        stage_file(c, dfd, name, fd, w->path, &sb);
+    } else if (refused) {
+        char why[128];
+        snprintf(why, sizeof(why), "cannot be opened for writing (%s)", strerror(refused));
+        keep_file(c, fd, w->path, &sb, busy, why);
+    } else {
+        preserve_fd(c, fd, w->path, &sb);
+    }
 out:
     close(fd);
+    return 0;
 }
 
-static int evict_walk(struct evict_ctx *c, const char *path)
+/* release: remove the directories left empty (`name` in `pfd`, or the root by its path). */
+static void release_dir_done(struct walk *w, int pfd, const char *name, const struct stat *sb,
+                             bool preserved)
 {
-    char *argv[] = {(char *)path, NULL};
-    int flags = FTS_PHYSICAL | FTS_NOCHDIR | FTS_XDEV;
-    if (!c->opts->staged)
-        flags |= FTS_COMFOLLOW;
-    FTS *fts = fts_open(argv, flags, NULL);
-    if (!fts)
-        return vmsnap_err_set(c->err, errno, "evict %s: %s", path, strerror(errno));
-    FTSENT *e;
-    while ((e = fts_read(fts)) != NULL) {
-        bool preserved;
-        if (e->fts_level == FTS_ROOTLEVEL)
-            preserved = root_preserved(&c->ps, e->fts_path);
-        else
-            preserved = e->fts_parent->fts_number ||
-                        in_set(&c->ps, e->fts_statp->st_dev, e->fts_statp->st_ino);
-        switch (e->fts_info) {
-        case FTS_D:
-            e->fts_number = preserved;
-            break;
-        case FTS_DP:
-            if (c->remove_dirs && !e->fts_number) {
-                if (rmdir(e->fts_path) == 0)
-                    c->rep->removed_dirs++;
-                else if (errno != ENOTEMPTY && errno != EEXIST && errno != ENOENT)
-                    note_err(&c->first, c->err, errno, "release", e->fts_path, "rmdir: ");
-            }
-            break;
-        case FTS_NS:
-        case FTS_DNR:
-        case FTS_ERR:
-            if (e->fts_errno == ENOENT && e->fts_level > 0)
-                break;
-            note_err(&c->first, c->err, e->fts_errno, "evict", e->fts_path, "");
-            break;
-        case FTS_F:
-            evict_file(c, e, preserved);
-            break;
-        default:
-            break;
-        }
+    struct evict_ctx *c = w->arg;
+    if (preserved)
+        return;
+    int rc;
+    if (pfd >= 0) {
+        rc = unlinkat(pfd, name, AT_REMOVEDIR);
+    } else {
+        struct stat now;
+        if (lstat(name, &now) != 0 || !same_inode(&now, sb))
+            return;
+        rc = rmdir(name);
     }
-    if (errno != 0 && c->first == 0)
-        c->first = vmsnap_err_set(c->err, errno, "evict %s: walk: %s", path, strerror(errno));
-    fts_close(fts);
-    return c->first;
+    if (rc == 0)
+        c->rep->removed_dirs++;
+    else if (errno != ENOTEMPTY && errno != EEXIST && errno != ENOENT)
+        note_err(&w->first, w->err, errno, "release", w->path, "rmdir: ");
 }
 
 static int evict_common(const char *path, const char *base, const char *const *preserve,
@@ -542,17 +944,27 @@ static int evict_common(const char *path, const char *base, const char *const *p
 {
     static const struct vmsnap_pcache_evict_opts defaults = {0};
     struct vmsnap_pcache_report scratch = {0};
-    struct evict_ctx c = {
-        .opts = opts ? opts : &defaults,
-        .rep = rep ? rep : &scratch,
-        .remove_dirs = remove_dirs,
-        .err = err,
-    };
-    int rc = preserve_init(&c.ps, base, preserve, err);
+    struct preserve_set ps;
+    int rc = preserve_init(&ps, base, preserve, err);
     if (rc < 0)
         return rc;
-    rc = evict_walk(&c, path);
-    free(c.ps.v);
+    struct evict_ctx c = {.opts = opts ? opts : &defaults, .rep = rep ? rep : &scratch};
+    struct walk w = {
+        .op = remove_dirs ? "release" : "evict",
+        .follow_root = !c.opts->staged,
+        .strict_mounts = c.opts->staged,
+        .ps = &ps,
+        .file = evict_file,
+        .dir_only = remove_dirs,
+        .dir_done = remove_dirs ? release_dir_done : NULL,
+        .arg = &c,
+        .err = err,
+    };
+    c.w = &w;
+    rc = walk_root(&w, path);
+    c.rep->skipped_mounts += w.skipped_mounts;
+    walk_fini(&w);
+    free(ps.v);
     return rc;
 }
 
@@ -566,10 +978,12 @@ int vmsnap_pcache_release_dir(const char *dir, const char *const *preserve,
                               struct vmsnap_pcache_retrier *retrier,
                               struct vmsnap_pcache_report *rep, struct vmsnap_err *err)
 {
+    /* Only a check for a clear message: the walk opens `dir` itself, once, without following
+     * a symlink, and refuses anything but a directory there too. */
     struct stat sb;
     if (lstat(dir, &sb) != 0)
         return vmsnap_err_set(err, errno, "release %s: %s", dir, strerror(errno));
-    if (!S_ISDIR(sb.st_mode))
+    if (!S_ISDIR(sb.st_mode) && !S_ISLNK(sb.st_mode))
         return vmsnap_err_set(err, ENOTDIR, "release %s: not a directory", dir);
     struct vmsnap_pcache_evict_opts opts = {.staged = true, .retrier = retrier};
     return evict_common(dir, dir, preserve, &opts, true, rep, err);

@@ -34,4 +34,8 @@ static inline bool pcache_same_file(const struct stat *a, const struct stat *b)
 /* Forget the cachestat probe and the log-once flags (tests only). */
 void pcache_reset_probe(void);
 
+/* Make walks behave as on a kernel whose statx gives no mount id, finding bind mounts through
+ * /proc/self/mountinfo instead (tests only). */
+void pcache_force_mountinfo(bool on);
+
 #endif

@@ -10,10 +10,16 @@
  *   POSIX_FADV_DONTNEED, and only when cachestat reports no dirty and no writeback page in it
  *   (DONTNEED on dirty pages starts writeback and drops nothing). A file still dirty is handed to
  *   a background retrier (default 0.5 s, 1.5 s and 3 s later) when one is given.
- * - evict, staged treatment: a regular file with a single link that is not preserved is
- *   truncated to zero and unlinked, so the kernel drops its pages without writing them back.
- *   Multi-link files and preserved paths get the preserve treatment. Preservation is explicit
- *   (a list of paths), never inferred from the link count.
+ * - evict, staged treatment: a regular file that is ours alone (a single link, not preserved, no
+ *   other descriptor or mapping open on it) is unlinked and then, once its link count is 0,
+ *   truncated to zero, so the kernel drops its pages without writing them back. Multi-link files,
+ *   preserved paths, files open elsewhere or being executed, and files that cannot be opened for
+ *   writing (read-only file system) get the preserve treatment. Preservation is explicit (a list
+ *   of paths), never inferred from the link count, which only adds protection.
+ * - walks: a tree is walked through directory descriptors, never following a symlink below the
+ *   root and never leaving the root's mount (another file system or a bind mount is reported and
+ *   not entered). A staged walk does not follow a symlink given as the root either (trailing
+ *   slashes included).
  * - cachestat failing (ENOSYS on an old kernel, EPERM from a seccomp filter, anything else) is
  *   logged once per process and the preserve treatment becomes a no-op; truncation still works.
  *
@@ -57,10 +63,12 @@ VMSNAP_API int vmsnap_pcache_stat_fd(int fd, struct vmsnap_pcache_stat *st, stru
 typedef int (*vmsnap_pcache_stat_fn)(void *arg, const char *path,
                                      const struct vmsnap_pcache_stat *st);
 
-/* Stat `path`, a file or a directory walked recursively (symlinks below it are not followed,
- * other file systems are not entered). `fn` (may be NULL) gets every regular file; `total` (may
- * be NULL) is overwritten with the sum. Files that vanish during the walk are skipped. Returns 0,
- * or the first -errno met (the walk continues past per-file errors; `err` names the file). */
+/* Stat `path`, a file or a directory walked recursively (a symlink given as `path` is followed,
+ * those below it are not; other mounts are not entered). `fn` (may be NULL) gets every regular
+ * file; `total` (may be NULL) is overwritten with the sum. Files that vanish during the walk and
+ * special files inside the tree are skipped. Returns 0, or the first -errno met (the walk continues
+ * past per-file errors; `err` names the file); `path` itself being something else than a regular
+ * file or a directory is -EINVAL, a symlink loop -ELOOP. */
 VMSNAP_API int vmsnap_pcache_stat_path(const char *path, vmsnap_pcache_stat_fn fn, void *arg,
                                        struct vmsnap_pcache_stat *total, struct vmsnap_err *err);
 
@@ -109,7 +117,7 @@ VMSNAP_API void vmsnap_pcache_retrier_get_stats(struct vmsnap_pcache_retrier *r,
 VMSNAP_API void vmsnap_pcache_retrier_free(struct vmsnap_pcache_retrier *r);
 
 struct vmsnap_pcache_evict_opts {
-    bool staged; /* truncate and unlink single-link regular files that are not preserved */
+    bool staged; /* unlink and truncate regular files that are ours alone (see above) */
     /* start writeback of dirty files with sync_file_range(SYNC_FILE_RANGE_WRITE), which does
      * not wait, so that retries find clean pages sooner */
     bool kick_writeback;
@@ -134,20 +142,32 @@ struct vmsnap_pcache_report {
     uint64_t kicked;        /* files whose writeback was started */
     uint64_t unknown_files; /* preserve treatment skipped: cachestat unavailable */
     uint64_t removed_dirs;  /* directories removed (vmsnap_pcache_release_dir only) */
+    /* staged files not removed, only evicted, because something else holds them: open or mapped
+     * by another process, being executed, or linked elsewhere meanwhile (then the name is gone,
+     * the content kept) */
+    uint64_t busy_files;
+    /* staged files not removed, only evicted: not writable (read-only file system or mount,
+     * immutable file) */
+    uint64_t readonly_files;
+    uint64_t skipped_mounts; /* directories not entered: on another mount */
 };
 
 /* Evict the page cache of `path` (a file, or a directory walked recursively without following
- * symlinks or crossing file systems) as `opts` says (NULL: preserve treatment, no retrier). Adds
- * to `rep` (may be NULL). Per-file failures do not stop the walk: the first is returned as -errno
- * with `err` naming the file; files that vanish are skipped. Never modifies a file unless
- * opts->staged and the file is a single-link regular file outside every preserved path. The
- * caller must not evict staged files something still maps (a VMM's file-backed guest RAM). */
+ * symlinks below it or leaving its mount) as `opts` says (NULL: preserve treatment, no retrier).
+ * With opts->staged a symlink given as `path` is refused (-ELOOP); otherwise it is followed.
+ * Adds to `rep` (may be NULL). Per-file failures do not stop the walk: the first is returned as
+ * -errno with `err` naming the file; files that vanish and special files inside the tree are
+ * skipped; `path` itself being something else than a regular file or a directory is -EINVAL.
+ * Never modifies a file unless opts->staged and the file is a single-link regular file outside
+ * every preserved path that no other process has open or mapped (checked with a write lease where
+ * the file system supports leases; where it does not, this is logged once and not checked). */
 VMSNAP_API int vmsnap_pcache_evict(const char *path, const struct vmsnap_pcache_evict_opts *opts,
                                    struct vmsnap_pcache_report *rep, struct vmsnap_err *err);
 
 /* Release a restore directory once the guest has loaded it: staged eviction of `dir` with the
  * paths in `preserve` (NULL-terminated, relative to `dir`, may be NULL) kept, then removal of
- * every directory left empty, `dir` included, unless preserved. Dirty preserved files go to
+ * every directory left empty, `dir` included, unless preserved. `dir` must be a directory, not a
+ * symlink to one (-ENOTDIR, -ELOOP); the walk stays on its mount. Dirty preserved files go to
  * `retrier` (may be NULL). Returns 0 or the first -errno, like vmsnap_pcache_evict(). */
 VMSNAP_API int vmsnap_pcache_release_dir(const char *dir, const char *const *preserve,
                                          struct vmsnap_pcache_retrier *retrier,

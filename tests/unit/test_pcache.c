@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Page-cache hygiene: stat accuracy, preserve and staged eviction, release of a restore
  * directory, and the background retrier (stops when clean, when the schedule ends, never touches
- * a replaced or modified file, cancels cleanly). Needs cachestat (Linux 6.5+) and a file system
- * with a page cache that tracks dirty pages (not tmpfs). */
+ * a replaced or modified file, cancels cleanly). The staged walk leaves alone a file open or
+ * mapped elsewhere, a symlink root and, as root, a bind mount below the root (found by mount id
+ * and by the mountinfo fallback). Needs cachestat (Linux 6.5+) and a file system with a page cache
+ * that tracks dirty pages (not tmpfs). */
 #include "t.h"
 #include "pcache_int.h"
 
@@ -10,6 +12,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <time.h>
@@ -245,6 +248,96 @@ static void test_release_dir(void)
     free(buf);
 }
 
+/* A file with another descriptor or a mapping open on it is not ours alone: only evicted. */
+static void test_staged_busy(void)
+{
+    REQUIRE(t_sh("mkdir -p '%s'", t_path("busy")) == 0);
+    uint8_t *buf = random_buf(LEN / 8);
+    const char *p = t_path("busy/mem.img");
+    write_file(p, buf, LEN / 8, true);
+    struct vmsnap_pcache_evict_opts opts = {.staged = true};
+    struct vmsnap_pcache_report rep;
+
+    int fd = open(p, O_RDONLY);
+    REQUIRE(fd >= 0);
+    evict(t_path("busy"), &opts, &rep);
+    CHECK(rep.files == 1 && rep.removed_files == 0 && rep.busy_files == 1);
+    CHECK(content_is(p, buf, LEN / 8));
+
+    void *map = mmap(NULL, LEN / 8, PROT_READ, MAP_SHARED, fd, 0);
+    REQUIRE(map != MAP_FAILED);
+    close(fd);
+    evict(t_path("busy"), &opts, &rep);
+    CHECK(rep.removed_files == 0 && rep.busy_files == 1);
+    CHECK(content_is(p, buf, LEN / 8));
+    munmap(map, LEN / 8);
+
+    /* Nothing else holds it any more: removed. */
+    evict(t_path("busy"), &opts, &rep);
+    CHECK(rep.removed_files == 1 && rep.busy_files == 0 && !t_exists(p));
+    free(buf);
+}
+
+/* A symlink given as the root of a staged walk is refused, trailing slashes or not. */
+static void test_symlink_root(void)
+{
+    REQUIRE(t_sh("mkdir -p '%s' && echo precious > '%s' && ln -s '%s' '%s'", t_path("sl-target"),
+                 t_path("sl-target/keep"), t_path("sl-target"), t_path("sl-link")) == 0);
+    char slash[600];
+    snprintf(slash, sizeof(slash), "%s/", t_path("sl-link"));
+    const char *roots[] = {t_path("sl-link"), slash};
+    struct vmsnap_pcache_evict_opts opts = {.staged = true};
+    for (size_t i = 0; i < 2; i++) {
+        struct vmsnap_pcache_report rep = {0};
+        struct vmsnap_err err = {0};
+        CHECKF(vmsnap_pcache_evict(roots[i], &opts, &rep, &err) == -ELOOP, "evict %s: %s", roots[i],
+               err.msg);
+        CHECK(strstr(err.msg, "symbolic link") != NULL);
+        CHECKF(vmsnap_pcache_release_dir(roots[i], NULL, NULL, &rep, &err) == -ELOOP,
+               "release %s: %s", roots[i], err.msg);
+        CHECK(rep.files == 0 && t_exists(t_path("sl-target/keep")));
+        CHECK(t_exists(t_path("sl-link")));
+    }
+    /* A regular file is not a restore directory. */
+    struct vmsnap_err err = {0};
+    CHECK(vmsnap_pcache_release_dir(t_path("sl-target/keep"), NULL, NULL, NULL, &err) == -ENOTDIR);
+    CHECK(t_exists(t_path("sl-target/keep")));
+}
+
+/* Release of a directory with a bind mount of an outside directory below it: the mount is not
+ * entered, by statx mount id and by the /proc/self/mountinfo fallback. */
+static void test_bind_mount(void)
+{
+    if (geteuid() != 0) {
+        CHECKF(!getenv("VMSNAP_REQUIRE_ALL") || strcmp(getenv("VMSNAP_REQUIRE_ALL"), "1") != 0,
+               "bind mount test needs root");
+        fprintf(stderr, "SKIP part: bind mount test needs root\n");
+        return;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        pcache_force_mountinfo(pass == 1);
+        REQUIRE(t_sh("mkdir -p '%s' '%s' && echo precious > '%s' && echo mine > '%s'",
+                     t_path("bm-out"), t_path("bm-rel/sub"), t_path("bm-out/keep"),
+                     t_path("bm-rel/own")) == 0);
+        if (t_sh("mount --bind '%s' '%s'", t_path("bm-out"), t_path("bm-rel/sub")) != 0) {
+            CHECKF(!getenv("VMSNAP_REQUIRE_ALL") || strcmp(getenv("VMSNAP_REQUIRE_ALL"), "1") != 0,
+                   "cannot bind mount");
+            fprintf(stderr, "SKIP part: cannot bind mount\n");
+            break;
+        }
+        struct vmsnap_pcache_report rep = {0};
+        struct vmsnap_err err = {0};
+        int rc = vmsnap_pcache_release_dir(t_path("bm-rel"), NULL, NULL, &rep, &err);
+        REQUIRE(t_sh("umount '%s'", t_path("bm-rel/sub")) == 0);
+        CHECKF(rc == 0, "pass %d: %s", pass, err.msg);
+        CHECKF(t_exists(t_path("bm-out/keep")), "pass %d: deleted through a bind mount", pass);
+        CHECK(!t_exists(t_path("bm-rel/own")) && t_exists(t_path("bm-rel/sub")));
+        CHECK(rep.skipped_mounts == 1 && rep.removed_files == 1 && rep.removed_dirs == 0);
+        REQUIRE(t_sh("rm -rf '%s' '%s'", t_path("bm-out"), t_path("bm-rel")) == 0);
+    }
+    pcache_force_mountinfo(false);
+}
+
 static struct vmsnap_pcache_retrier *retrier(const double *d, size_t n)
 {
     struct vmsnap_pcache_retrier *r;
@@ -422,6 +515,9 @@ int main(void)
     test_dirty_preserve();
     test_staged();
     test_release_dir();
+    test_staged_busy();
+    test_symlink_root();
+    test_bind_mount();
     test_retry_stops_when_clean();
     test_retry_schedule_ends();
     test_retry_replaced();
