@@ -1389,6 +1389,23 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         if (rc < 0)
             goto out_src;
     }
+    if (url && old && !(o && o->force)) {
+        /* the node's record of this VM names a later checkpoint of the same lineage (it was
+         * suspended or paused after the snapshot at `url` was taken): resuming would go back */
+        const char *rb = cfg_str(old, "base_id"), *sb = cfg_str(cfg, "base_id");
+        int64_t rg = cfg_int(old, "generation"), sg = cfg_int(cfg, "generation");
+        const char *ru = cfg_str(old, "url");
+        if (rb && sb && !strcmp(rb, sb) && rg > sg) {
+            rc = vmsnap_err_set(err, EEXIST,
+                                "VM '%s' has a later checkpoint (generation %lld%s%s) than the "
+                                "snapshot at %s (generation %lld): resuming it would go back; "
+                                "resume %s, or give --force",
+                                name, (long long)rg, ru ? ", at " : "", ru ? ru : "", url,
+                                (long long)(sg > 0 ? sg : 0),
+                                ru ? "from that URL" : "without a URL");
+            goto out_src;
+        }
+    }
     const char *sacc = cfg_str(cfg, "accel");
     if (sacc && strcmp(sacc, "kvm") && strcmp(sacc, "tcg")) {
         rc = vmsnap_err_set(err, EINVAL, "%s: accelerator '%s' is neither kvm nor tcg", p, sacc);
@@ -1517,10 +1534,21 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     char mark[PATH_LEN] = "";
     if (from_stage && pcat(mark, c.stage, "/" UNSAVED_MARK) == 0)
         unlink(mark);
+    /* The record describes the QEMU that now holds the VM (RAM file, on-demand or not): it is
+     * saved before the guest runs, so a resume killed from here on leaves a record that a later
+     * pause can trust (an old record of an eager VM would make it look for a RAM file an
+     * on-demand one does not have, after QEMU was stopped). */
+    json_object_object_del(cfg, "ram_in_state");
+    cfg_set_str(cfg, "status", "running");
+    cfg_set_str(cfg, "url", url ? url : (old ? cfg_str(old, "url") : NULL));
+    if ((rc = cfg_save(c.cfgpath, cfg, err)) < 0)
+        goto out_src;
     rc = vmsnap_vmm_resume(v, err);
     if (rc < 0) {
         if (mark[0])
             mark_unsaved(&c, NULL); /* it did not run: the stage is the snapshot again */
+        if (old)
+            cfg_save(c.cfgpath, old, NULL);
         goto out_src;
     }
     step(t, "resume", &t0);
@@ -1530,10 +1558,6 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         rm_rf(c.stage); /* its image is the RAM file now; the VM runs */
     if (had_prev)
         unlink(disk_prev);
-    json_object_object_del(cfg, "ram_in_state");
-    cfg_set_str(cfg, "status", "running");
-    cfg_set_str(cfg, "url", url ? url : (old ? cfg_str(old, "url") : NULL));
-    rc = cfg_save(c.cfgpath, cfg, err);
     goto out;
 out_src:
     if (restored && v)

@@ -66,6 +66,14 @@ state=$(sed 's/.*) \(.\).*/\1/' "/proc/$pid/stat" 2>/dev/null || true)
 [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ] &&
     fail "vm stop left the QEMU of a killed resume running (state $state)"
 resume_check "$N" golden "$r" "$d" "$STORE/s2" || done_tests
+# its record now knows a later checkpoint than s2 once it is suspended again: going back to s2
+# needs --force
+sleep 1
+vmc "$N" suspend golden "$STORE/s3" || fail "suspend to s3"
+read -r r d <<<"$(last_counter "$N" golden)"
+expect_fail "resume from an older snapshot of the same VM" vmc "$N" resume golden "$STORE/s2"
+grep -q "has a later checkpoint" "$T/err" || fail "older snapshot over a newer record: $(cat "$T/err")"
+resume_check "$N" golden "$r" "$d" "$STORE/s3" || done_tests
 
 # a record naming another file as its RAM: stop does not delete that file
 mkdir -p "$S/vms/evil"
