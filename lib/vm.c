@@ -53,6 +53,7 @@
 #define DISK_CKPT "rootfs-disk-" CID ".ext4"
 #define DISK_LIVE "disk-" CID ".ext4"
 #define COMPLETE_MARK ".vmsnap-complete"
+#define TAKING_MARK ".vmsnap-taking"
 #define PATH_LEN 4096
 
 static double now(void)
@@ -155,10 +156,31 @@ static bool exists(const char *p)
  * neither in the store nor as a local checkpoint). Marked by a hidden file (a push skips
  * vmsnap's own ".vmsnap-" names). */
 #define UNSAVED_MARK ".vmsnap-unsaved"
+/* The stage lives in the RAM directory, often world-writable (/dev/shm), under a name anyone can
+ * compute: only a directory of ours (not a link, owned by us, 0700) is ever taken for one. */
+static bool stage_ok(const struct vmctx *c)
+{
+    struct stat sb;
+    return lstat(c->stage, &sb) == 0 && S_ISDIR(sb.st_mode) && sb.st_uid == geteuid() &&
+           (sb.st_mode & 077) == 0;
+}
+
+/* Remove the stage, its unsaved mark first: a process killed half way leaves no marked stage
+ * that lacks files. */
+static void unstage(const struct vmctx *c)
+{
+    char p[PATH_LEN];
+    if (pcat(p, c->stage, "/" UNSAVED_MARK) == 0)
+        unlink(p);
+    rm_rf(c->stage);
+}
+
 static bool stage_unsaved(const struct vmctx *c)
 {
     char p[PATH_LEN];
-    return pcat(p, c->stage, "/" UNSAVED_MARK) == 0 && exists(p);
+    struct stat sb;
+    return stage_ok(c) && pcat(p, c->stage, "/" UNSAVED_MARK) == 0 && lstat(p, &sb) == 0 &&
+           S_ISREG(sb.st_mode);
 }
 
 /* Test hook: VMSNAP_FAILPOINT=NAME kills the process at the point of that name, with SIGKILL
@@ -539,10 +561,54 @@ static int boot_id(char out[64], struct vmsnap_err *err)
 
 /* A checkpoint directory whose COMPLETE_MARK holds this boot's id: every file was written, by a
  * process of this boot (a later crash of that process lost nothing in the page cache). */
+static bool mark_this_boot(const char *dir, const char *mark);
 static bool complete_this_boot(const char *dir)
 {
+    return mark_this_boot(dir, COMPLETE_MARK) && !snapshot_missing(dir);
+}
+
+static int ckpt_meta(struct vmctx *c, json_object *cfg, const char *dir, bool link_disk,
+                     struct vmsnap_err *err);
+static int ckpt_ram(struct vmctx *c, json_object *cfg, const char *dst, bool *ram_in_state,
+                    struct vmsnap_err *err);
+
+/* The config a checkpoint of the VM described by `cfg` gets (without status and URL; whether its
+ * RAM is in the device state). NULL on ENOMEM. */
+static json_object *ckpt_config(json_object *cfg)
+{
+    json_object *ck = NULL;
+    if (json_object_deep_copy(cfg, &ck, NULL) != 0 || !ck)
+        return NULL;
+    json_object_object_del(ck, "status");
+    json_object_object_del(ck, "url");
+    json_object_object_add(ck, "ram_in_state",
+                           json_object_new_boolean(!cfg_bool(cfg, "ram_shared")));
+    return ck;
+}
+
+static int write_taking(struct vmctx *c, json_object *cfg, const char *sdir, struct vmsnap_err *err)
+{
+    (void)c;
+    char p[PATH_LEN], boot[64];
+    json_object *ck = ckpt_config(cfg);
+    int rc = ck ? pjoin(p, sdir, "config.json", err) : vmsnap_err_set(err, ENOMEM, "out of memory");
+    if (rc == 0)
+        rc = cfg_save(p, ck, err);
+    json_object_put(ck);
+    if (rc == 0)
+        rc = pjoin(p, sdir, TAKING_MARK, err);
+    if (rc == 0)
+        rc = boot_id(boot, err);
+    if (rc == 0)
+        rc = write_small(p, boot, err);
+    return rc;
+}
+
+/* A mark file in `dir` holding this boot's id. */
+static bool mark_this_boot(const char *dir, const char *mark)
+{
     char p[PATH_LEN], want[64], have[64] = "";
-    if (pjoin(p, dir, COMPLETE_MARK, NULL) < 0 || boot_id(want, NULL) < 0)
+    if (pjoin(p, dir, mark, NULL) < 0 || boot_id(want, NULL) < 0)
         return false;
     int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     ssize_t n = fd >= 0 ? read(fd, have, sizeof(have) - 1) : -1;
@@ -551,7 +617,66 @@ static bool complete_this_boot(const char *dir)
     if (n <= 0)
         return false;
     have[n] = 0;
-    return !strcmp(have, want) && !snapshot_missing(dir);
+    return !strcmp(have, want);
+}
+
+/*
+ * A pause or suspend killed between stopping QEMU and completing its checkpoint in `dir`
+ * (checkpoint.new, or the stage): the device state and config are there (TAKING_MARK, this
+ * boot), the RAM is still the VM's RAM file (or already renamed into `dir`), the disk is the live
+ * disk. Redo the rest (RAM into the directory, disk, base-id, COMPLETE_MARK), so the directory is
+ * the snapshot it was meant to be. The caller holds the lock and found no QEMU.
+ */
+static void finish_taken(struct vmctx *c, const char *dir, bool link_disk)
+{
+    char p[PATH_LEN];
+    if (!exists(dir) || !mark_this_boot(dir, TAKING_MARK) || mark_this_boot(dir, COMPLETE_MARK))
+        return;
+    json_object *ck = NULL;
+    struct vmsnap_err e = {0};
+    if (pjoin(p, dir, "config.json", NULL) < 0 || cfg_load(p, &ck, NULL) < 0 ||
+        pjoin(p, dir, "state", NULL) < 0 || !exists(p)) {
+        json_object_put(ck);
+        return;
+    }
+    int rc = pjoin(p, dir, "memory-ranges", &e);
+    bool ris = false;
+    if (rc == 0 && (cfg_bool(ck, "ram_in_state") || exists(c->ram)))
+        rc = ckpt_ram(c, ck, p, &ris, &e); /* again from the RAM file: a copy may be torn */
+    else if (rc == 0 && !exists(p))
+        rc = vmsnap_err_set(&e, ENOENT, "neither %s nor %s exists", c->ram, p);
+    if (rc == 0 && !exists(c->disk))
+        rc = vmsnap_err_set(&e, ENOENT, "%s is gone", c->disk);
+    if (rc == 0 && pjoin(p, dir, DISK_CKPT, &e) == 0)
+        unlink(p);
+    if (rc == 0)
+        rc = ckpt_meta(c, ck, dir, link_disk, &e);
+    if (rc == 0)
+        vlog(VMSNAP_LOG_WARN,
+             "VM '%s': completed the checkpoint in %s that an interrupted pause or suspend left "
+             "(generation %lld)",
+             c->name, dir, (long long)cfg_int(ck, "generation"));
+    else
+        vlog(VMSNAP_LOG_ERROR,
+             "VM '%s': %s holds the state of an interrupted pause or suspend that cannot be "
+             "completed: %s",
+             c->name, dir, e.msg);
+    json_object_put(ck);
+}
+
+/* The record after a recovered checkpoint: its generation, the status it would have had. */
+static void record_recovered(struct vmctx *c, const char *dir, const char *status)
+{
+    char p[PATH_LEN];
+    json_object *rec = NULL, *ck = NULL;
+    if (cfg_load(c->cfgpath, &rec, NULL) == 0 && pjoin(p, dir, "config.json", NULL) == 0 &&
+        cfg_load(p, &ck, NULL) == 0) {
+        json_object_object_add(rec, "generation", json_object_new_int64(cfg_int(ck, "generation")));
+        cfg_set_str(rec, "status", status);
+        cfg_save(c->cfgpath, rec, NULL);
+    }
+    json_object_put(rec);
+    json_object_put(ck);
 }
 
 /* A pause killed after its checkpoint was complete and QEMU stopped, but before the swap:
@@ -561,7 +686,10 @@ static bool complete_this_boot(const char *dir)
 static void recover_new_checkpoint(struct vmctx *c)
 {
     char newdir[PATH_LEN], p[PATH_LEN];
-    if (pcat(newdir, c->ckpt, ".new") < 0 || !exists(newdir) || !complete_this_boot(newdir))
+    if (pcat(newdir, c->ckpt, ".new") < 0 || !exists(newdir))
+        return;
+    finish_taken(c, newdir, true);
+    if (!complete_this_boot(newdir))
         return;
     json_object *nc = NULL, *oc = NULL;
     if (pjoin(p, newdir, "config.json", NULL) < 0 || cfg_load(p, &nc, NULL) < 0)
@@ -572,15 +700,36 @@ static void recover_new_checkpoint(struct vmctx *c)
     bool newer = !oc || (nb && ob && !strcmp(nb, ob) &&
                          cfg_int(nc, "generation") > cfg_int(oc, "generation"));
     struct vmsnap_err e = {0};
-    if (newer && swap_checkpoint(c, newdir, &e) == 0)
+    if (newer && swap_checkpoint(c, newdir, &e) == 0) {
         vlog(VMSNAP_LOG_WARN,
              "VM '%s': completed a checkpoint whose pause was interrupted (generation %lld)",
              c->name, (long long)cfg_int(nc, "generation"));
-    else if (newer)
+        /* as finish_local would have: the checkpoint holds the disk and the RAM now */
+        unlink(c->disk);
+        if (!cfg_bool(nc, "ram_in_state"))
+            unlink(c->ram);
+        rm_rf(c->ondemand);
+        record_recovered(c, c->ckpt, "paused");
+    } else if (newer)
         vlog(VMSNAP_LOG_ERROR, "VM '%s': cannot complete the interrupted checkpoint %s: %s",
              c->name, newdir, e.msg);
     json_object_put(nc);
     json_object_put(oc);
+}
+
+static bool stage_ok(const struct vmctx *c);
+
+/* Everything a killed pause or suspend may have left, completed (the caller holds the lock and
+ * found no QEMU): checkpoint.new swapped in when newer, a taken stage made a marked snapshot. */
+static void recover_interrupted(struct vmctx *c)
+{
+    recover_new_checkpoint(c);
+    if (!stage_ok(c) || stage_unsaved(c))
+        return;
+    finish_taken(c, c->stage, false);
+    if (mark_this_boot(c->stage, COMPLETE_MARK) && !snapshot_missing(c->stage) &&
+        mark_unsaved(c, NULL) == 0)
+        record_recovered(c, c->stage, "stopped");
 }
 
 /* Fill `dir` with config.json, base-id and the disk (hard link from the live disk when
@@ -799,6 +948,13 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
     if (st != VMSNAP_VMM_RUNNING && st != VMSNAP_VMM_PAUSED)
         return vmsnap_err_set(err, EINVAL, "VM '%s' is %s, not running", c->name,
                               vmsnap_vmm_state_name(st));
+    /* checked while the VM still runs: the checkpoint takes the RAM from c->ram */
+    const char *rec = cfg_str(cfg, "ram_path");
+    if (cfg_bool(cfg, "ram_shared") && rec && strcmp(rec, c->ram))
+        return vmsnap_err_set(err, EINVAL,
+                              "VM '%s' keeps its RAM in %s, not %s: give the --ram-dir "
+                              "(VMSNAP_RAM_DIR) it was started with",
+                              c->name, rec, c->ram);
     rm_rf(sdir);
     if (mkdir(sdir, 0700) < 0)
         return vmsnap_err_set(err, errno, "mkdir %s: %s", sdir, strerror(errno));
@@ -814,6 +970,11 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
      * a stale snapshot from a newer local checkpoint */
     int64_t gen = cfg_int(cfg, "generation");
     json_object_object_add(cfg, "generation", json_object_new_int64(gen > 0 ? gen + 1 : 1));
+    /* From the stop on, `sdir` (the device state) and the RAM file and live disk are the VM's
+     * newest state, until the checkpoint is complete: the config and a mark saying so go in
+     * first, so a process killed meanwhile leaves what finish_taken() completes. */
+    if ((rc = write_taking(c, cfg, sdir, err)) < 0)
+        goto fail;
     rc = vmsnap_vmm_stop(v, err);
     if (rc < 0)
         goto fail;
@@ -918,6 +1079,8 @@ int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name, struct vms
         newdir[0] = 0;
     if (rc == 0)
         rc = take_state(&c, cfg, v, newdir, t, &t0, err);
+    if (rc == 0)
+        vm_failpoint("pause-taken");
     if (rc == 0) {
         rc = finish_local(&c, cfg, newdir, !(o && o->no_evict), t, &t0, err);
         if (rc < 0)
@@ -1045,7 +1208,7 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
         enum vmsnap_vmm_state st;
         rc = vmsnap_vmm_state(v, &st, NULL, err);
         if (rc == 0 && st == VMSNAP_VMM_DEAD)
-            recover_new_checkpoint(&c);
+            recover_interrupted(&c);
         const bool unsaved = rc == 0 && st == VMSNAP_VMM_DEAD && stage_unsaved(&c);
         const char *missing = unsaved ? snapshot_missing(c.stage) : NULL;
         if (missing) {
@@ -1069,14 +1232,18 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
                                 unsaved ? "snapshot in" : "local checkpoint", from);
                 goto out;
             }
+            /* the record first: a suspend killed during the teardown leaves a record naming the
+             * snapshot just stored, not the previous one */
+            cfg_set_str(cfg, "status", "suspended");
+            cfg_set_str(cfg, "url", url);
+            rc = cfg_save(c.cfgpath, cfg, err);
+            if (rc < 0)
+                goto out;
             unlink(c.disk);
             rm_rf(c.ckpt);
             rm_rf(c.ondemand);
             if (unsaved)
-                rm_rf(c.stage);
-            cfg_set_str(cfg, "status", "suspended");
-            cfg_set_str(cfg, "url", url);
-            rc = cfg_save(c.cfgpath, cfg, err);
+                unstage(&c);
             step(t, "teardown-local", &t0);
             goto out;
         }
@@ -1086,6 +1253,7 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
         rc = take_state(&c, cfg, v, c.stage, t, &t0, err);
     if (rc < 0)
         goto out;
+    vm_failpoint("suspend-taken");
     char p[PATH_LEN];
     bool ram_in_state = false;
     rc = pjoin(p, c.stage, "memory-ranges", err);
@@ -1155,20 +1323,28 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
         }
         goto out_stage;
     }
-    /* The manifest is written: only now remove the VM's local state. */
+    /* The manifest is written: only now remove the VM's local state, the record first (a
+     * suspend killed during the teardown leaves a record naming the snapshot just stored). */
+    cfg_set_str(cfg, "status", "suspended");
+    cfg_set_str(cfg, "url", url);
+    json_object_object_del(cfg, "ram_in_state");
+    rc = cfg_save(c.cfgpath, cfg, err);
+    if (rc < 0) {
+        vmsnap_err_wrap(err,
+                        "the snapshot is stored at %s, but the VM's record could not be "
+                        "updated (its stage %s is kept): ",
+                        url, c.stage);
+        goto out;
+    }
     if (pcat(p, c.stage, "/" UNSAVED_MARK) == 0)
         unlink(p);
     unlink(c.disk);
     unlink(c.ram);
     rm_rf(c.ckpt);
     rm_rf(c.ondemand);
-    cfg_set_str(cfg, "status", "suspended");
-    cfg_set_str(cfg, "url", url);
-    json_object_object_del(cfg, "ram_in_state");
-    rc = cfg_save(c.cfgpath, cfg, err);
     step(t, "teardown-local", &t0);
 out_stage:
-    rm_rf(c.stage);
+    unstage(&c);
 out:
     if (rc < 0)
         vmsnap_err_wrap(err, "vm suspend %s: ", name);
@@ -1260,6 +1436,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     char disk_prev[PATH_LEN] = "";
     bool on_demand = o && o->on_demand;
     char src[PATH_LEN] = "", p[PATH_LEN];
+    char mark[PATH_LEN] = ""; /* the stage's unsaved mark, once removed for the guest to run */
     char *url_copy = NULL;
     int rc = ctx_init(&c, o, name, err);
     if (rc < 0)
@@ -1294,7 +1471,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         enum vmsnap_vmm_state st0;
         if (cfg_load(c.cfgpath, &rec, NULL) == 0 && vm_state(&c, rec, &st0, NULL, NULL) == 0 &&
             st0 == VMSNAP_VMM_DEAD)
-            recover_new_checkpoint(&c);
+            recover_interrupted(&c);
         json_object_put(rec);
     }
     /* A snapshot only in the stage (its suspend could store it nowhere) is the VM's latest:
@@ -1350,8 +1527,14 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         /* Eager: decode straight into tmpfs, where memory-ranges becomes guest RAM by a rename.
          * On demand: the image stays mapped for the VM's life, so it goes to disk. */
         snprintf(src, sizeof(src), "%s", on_demand ? c.ondemand : c.stage);
-        /* An old on-demand image there belongs to a dead process: replacing it is safe. */
+        /* An old on-demand image there belongs to a dead process: replacing it is safe. The
+         * directory is made here, 0700: the stage's name in a world-writable RAM directory is
+         * predictable, and a directory someone else made in its place is refused. */
         rm_rf(src);
+        if (mkdir(src, 0700) < 0) {
+            rc = vmsnap_err_set(err, errno, "mkdir %s: %s", src, strerror(errno));
+            goto out;
+        }
         rc = vmsnap_xfer_pull(url, src, o ? o->xfer : NULL, NULL, err);
         if (rc < 0) {
             rm_rf(src);
@@ -1531,7 +1714,6 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     step(t, "evict", &t0);
 
     /* The guest is about to run on the stage's image: from here the stage is no snapshot. */
-    char mark[PATH_LEN] = "";
     if (from_stage && pcat(mark, c.stage, "/" UNSAVED_MARK) == 0)
         unlink(mark);
     /* The record describes the QEMU that now holds the VM (RAM file, on-demand or not): it is
@@ -1545,8 +1727,6 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         goto out_src;
     rc = vmsnap_vmm_resume(v, err);
     if (rc < 0) {
-        if (mark[0])
-            mark_unsaved(&c, NULL); /* it did not run: the stage is the snapshot again */
         if (old)
             cfg_save(c.cfgpath, old, NULL);
         goto out_src;
@@ -1562,7 +1742,9 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
 out_src:
     if (restored && v)
         vmsnap_vmm_stop(v, NULL);
-    if (ram_made) /* from the stage, a second name of its image, which stays there */
+    if (mark[0])
+        mark_unsaved(&c, NULL); /* the guest did not run: the stage is the snapshot again */
+    if (ram_made)               /* from the stage, a second name of its image, which stays there */
         unlink(c.ram);
     if (disk_made) { /* the live disk that was there before, if any, comes back */
         unlink(c.disk);
@@ -1603,12 +1785,20 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
         rc = vmm_from_cfg(&c, cfg, &v, err);
     if (rc == 0)
         rc = vmsnap_vmm_stop(v, err);
+    if (rc == 0 && !remove)
+        recover_interrupted(&c); /* before the RAM file goes: it may be the newest state */
     if (rc == 0) {
         /* the RAM file is always the one this VM's name gives (c.ram): a record naming
          * another path is not followed (an on-demand VM maps its image from its directory) */
+        const char *rec = cfg_str(cfg, "ram_path");
+        if (cfg_bool(cfg, "ram_shared") && rec && strcmp(rec, c.ram))
+            vlog(VMSNAP_LOG_WARN,
+                 "VM '%s': its record names %s as its RAM; not removed (give the --ram-dir it "
+                 "was started with)",
+                 name, rec);
         unlink(c.ram);
         if (remove || !stage_unsaved(&c))
-            rm_rf(c.stage);
+            unstage(&c);
         else
             vlog(VMSNAP_LOG_WARN, "VM '%s': keeping %s, the only copy of its last snapshot", name,
                  c.stage);

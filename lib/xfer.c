@@ -1012,13 +1012,14 @@ static void check_run(struct xtask *xt, struct vmsnap_store_conn *c)
 }
 
 static int check_committed(struct xfer *x, const char *prefix, const char *mkey,
-                           const struct manifest *m, const char *url, struct vmsnap_err *err)
+                           const struct manifest *m, const char *url, bool committed,
+                           struct vmsnap_err *err)
 {
     struct check k = {.left = 0};
     pthread_mutex_init(&k.mu, NULL);
     pthread_cond_init(&k.cv, NULL);
     int rc = 0;
-    for (size_t i = 0; i <= m->n && rc == 0; i++) {
+    for (size_t i = 0; i < m->n + (committed ? 1 : 0) && rc == 0; i++) {
         struct check_task *t = calloc(1, sizeof(*t));
         char obj[300];
         if (i < m->n)
@@ -1046,12 +1047,18 @@ static int check_committed(struct xfer *x, const char *prefix, const char *mkey,
     pthread_mutex_unlock(&k.mu);
     pthread_mutex_destroy(&k.mu);
     pthread_cond_destroy(&k.cv);
-    if (rc == 0 && k.rc < 0) {
+    if (rc == 0 && k.rc < 0 && k.rc != -ESTALE && k.rc != -ENOENT)
+        rc = vmsnap_err_set(err, -k.rc,
+                            "%s: cannot read the set back to check it %s: %s; this snapshot is "
+                            "NOT known to be stored there",
+                            url, committed ? "after the commit" : "before the commit", k.err.msg);
+    else if (rc == 0 && k.rc < 0)
         rc = vmsnap_err_set(err, EBUSY,
-                            "%s: another push to the same place ran at the same time: after this "
-                            "one committed, %s; this snapshot is NOT stored there",
-                            url, k.err.msg);
-    }
+                            "%s: another push to the same place ran at the same time: %s, %s; "
+                            "this snapshot is NOT stored there",
+                            url,
+                            committed ? "after this one committed" : "before this one could commit",
+                            k.err.msg);
     return rc;
 }
 
@@ -1145,11 +1152,15 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
         goto out;
     }
+    /* objects first (a push racing this one may have replaced some: then nothing is
+     * committed over them), then the commit, then all of it again */
+    if ((rc = check_committed(x, prefix, mkey, &m, url, false, err)) < 0)
+        goto out;
     if ((rc = vmsnap_store_put(ctl, mkey, json, strlen(json), err)) < 0) {
         vmsnap_err_wrap(err, "commit %s/%s: ", url, VMSNAP_XFER_MANIFEST);
         goto out;
     }
-    if ((rc = check_committed(x, prefix, mkey, &m, url, err)) < 0)
+    if ((rc = check_committed(x, prefix, mkey, &m, url, true, err)) < 0)
         goto out;
     if (stats) {
         stats->files = s.n;

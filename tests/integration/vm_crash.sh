@@ -49,6 +49,46 @@ resume_check "$S" golden "$r" "$d" || done_tests
 grep -q "completed a checkpoint whose pause was interrupted" "$T/resume.out" ||
     fail "resume after a killed pause did not say it completed the checkpoint: $(cat "$T/resume.out")"
 
+# a pause killed right after QEMU stopped (its RAM not yet copied), and a suspend killed there
+# (its RAM not yet in the stage): the next command completes the checkpoint from the RAM file
+for fp in pause-taken suspend-taken; do
+    sleep 2
+    read -r r0 _ <<<"$(last_counter "$S" golden)"
+    rc=0
+    if [ $fp = pause-taken ]; then
+        VMSNAP_FAILPOINT=$fp vmc "$S" pause golden 2>"$T/err" || rc=$?
+    else
+        VMSNAP_FAILPOINT=$fp vmc "$S" suspend golden "$STORE/taken" 2>"$T/err" || rc=$?
+    fi
+    [ "$rc" = 137 ] || fail "$fp failpoint: exit $rc: $(cat "$T/err")"
+    read -r r d <<<"$(last_counter "$S" golden)"
+    [ "$r" -ge "$r0" ] || fail "$fp: counter went back before the kill ($r < $r0)"
+    resume_check "$S" golden "$r" "$d" || done_tests
+    grep -q "completed the checkpoint in .* that an interrupted pause or suspend left" \
+        "$T/resume.out" || fail "$fp: resume did not complete the interrupted checkpoint: $(cat "$T/resume.out")"
+done
+
+# the VM's RAM directory is part of its identity: a pause under another one is refused while
+# the VM still runs (it used to stop QEMU first and then fail, losing the newest state)
+other=$VMSNAP_RAM_DIR/vmsnap-test-other.$$
+mkdir "$other"
+VMSNAP_RAM_DIR=$other expect_fail "pause under another RAM directory" vmc "$S" pause golden
+rmdir "$other"
+grep -q "keeps its RAM in" "$T/err" || fail "pause under another RAM directory: $(cat "$T/err")"
+vmc "$S" ls | grep -Eq '^golden +running' || fail "the refused pause stopped the VM: $(vmc "$S" ls)"
+
+# a stage planted by another user in the world-writable RAM directory is not the VM's
+vmc "$S" pause golden || fail "pause before the planted stage"
+read -r r d <<<"$(last_counter "$S" golden)"
+rm -rf "$stage" && mkdir -m 0777 "$stage"
+for f in memory-ranges state config.json rootfs-disk-vda.ext4 .vmsnap-unsaved; do
+    echo planted >"$stage/$f"
+done
+chown -R nobody "$stage"
+vmc "$S" ls | grep -Eq '^golden +unsaved' && fail "vm ls took a planted stage for the VM's"
+resume_check "$S" golden "$r" "$d" || done_tests
+rm -rf "$stage"
+
 # a resume of a VM new to this node killed after QEMU restored it: vm ls shows it, stop stops it
 sleep 1
 vmc "$S" suspend golden "$STORE/s2" || fail "suspend to the store"
