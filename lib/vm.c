@@ -559,9 +559,24 @@ static int boot_id(char out[64], struct vmsnap_err *err)
     return 0;
 }
 
+/* A mark file in `dir` holding this boot's id. */
+static bool mark_this_boot(const char *dir, const char *mark)
+{
+    char p[PATH_LEN], want[64], have[64] = "";
+    if (pjoin(p, dir, mark, NULL) < 0 || boot_id(want, NULL) < 0)
+        return false;
+    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    ssize_t n = fd >= 0 ? read(fd, have, sizeof(have) - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (n <= 0)
+        return false;
+    have[n] = 0;
+    return !strcmp(have, want);
+}
+
 /* A checkpoint directory whose COMPLETE_MARK holds this boot's id: every file was written, by a
  * process of this boot (a later crash of that process lost nothing in the page cache). */
-static bool mark_this_boot(const char *dir, const char *mark);
 static bool complete_this_boot(const char *dir)
 {
     return mark_this_boot(dir, COMPLETE_MARK) && !snapshot_missing(dir);
@@ -586,9 +601,8 @@ static json_object *ckpt_config(json_object *cfg)
     return ck;
 }
 
-static int write_taking(struct vmctx *c, json_object *cfg, const char *sdir, struct vmsnap_err *err)
+static int write_taking(json_object *cfg, const char *sdir, struct vmsnap_err *err)
 {
-    (void)c;
     char p[PATH_LEN], boot[64];
     json_object *ck = ckpt_config(cfg);
     int rc = ck ? pjoin(p, sdir, "config.json", err) : vmsnap_err_set(err, ENOMEM, "out of memory");
@@ -602,22 +616,6 @@ static int write_taking(struct vmctx *c, json_object *cfg, const char *sdir, str
     if (rc == 0)
         rc = write_small(p, boot, err);
     return rc;
-}
-
-/* A mark file in `dir` holding this boot's id. */
-static bool mark_this_boot(const char *dir, const char *mark)
-{
-    char p[PATH_LEN], want[64], have[64] = "";
-    if (pjoin(p, dir, mark, NULL) < 0 || boot_id(want, NULL) < 0)
-        return false;
-    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    ssize_t n = fd >= 0 ? read(fd, have, sizeof(have) - 1) : -1;
-    if (fd >= 0)
-        close(fd);
-    if (n <= 0)
-        return false;
-    have[n] = 0;
-    return !strcmp(have, want);
 }
 
 /*
@@ -973,7 +971,7 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
     /* From the stop on, `sdir` (the device state) and the RAM file and live disk are the VM's
      * newest state, until the checkpoint is complete: the config and a mark saying so go in
      * first, so a process killed meanwhile leaves what finish_taken() completes. */
-    if ((rc = write_taking(c, cfg, sdir, err)) < 0)
+    if ((rc = write_taking(cfg, sdir, err)) < 0)
         goto fail;
     rc = vmsnap_vmm_stop(v, err);
     if (rc < 0)
@@ -1020,10 +1018,7 @@ static int finish_local(struct vmctx *c, json_object *cfg, const char *sdir, boo
         json_object_object_add(cfg, "ram_in_state", json_object_new_boolean(ram_in_state));
     }
     if (rc == 0) {
-        json_object *ck = NULL;
-        json_object_deep_copy(cfg, &ck, NULL);
-        json_object_object_del(ck, "status");
-        json_object_object_del(ck, "url");
+        json_object *ck = ckpt_config(cfg);
         rc = ck ? ckpt_meta(c, ck, newdir, true, err) : vmsnap_err_set(err, ENOMEM, "oom");
         json_object_put(ck);
     }
@@ -1261,11 +1256,8 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
         rc = ckpt_ram(&c, cfg, p, &ram_in_state, err);
     json_object_object_add(cfg, "ram_in_state", json_object_new_boolean(ram_in_state));
     if (rc == 0) {
-        json_object *ck = NULL;
-        json_object_deep_copy(cfg, &ck, NULL);
-        json_object_object_del(ck, "status");
-        json_object_object_del(ck, "url");
-        rc = ckpt_meta(&c, ck, c.stage, false, err);
+        json_object *ck = ckpt_config(cfg);
+        rc = ck ? ckpt_meta(&c, ck, c.stage, false, err) : vmsnap_err_set(err, ENOMEM, "oom");
         json_object_put(ck);
     }
     if (rc < 0) {

@@ -893,13 +893,14 @@ static int read_manifest(struct vmsnap_store_conn *c, const char *mkey, const ch
                          uint64_t max_size, struct manifest *m, struct vmsnap_err *err);
 
 /*
- * After the commit: is what the store holds this push's set? Two pushes to one prefix at the
- * same time (a split brain: two nodes suspending one sandbox) write the same keys; the manifest
- * of one can end up over objects of the other, and both would report success. Each manifest
- * carries its push's id, so: the manifest read back must be ours, and every object's tableSha256
- * (its first bytes, which the push keeps, and its seek table, read back with one GET of its
- * tail) must be what we stored. All of it runs in parallel on the pool's connections: one round
- * trip for most sets. A push that fails this reports that the snapshot is not stored.
+ * Is what the store holds this push's set? Two pushes to one prefix at the same time (a split
+ * brain: two nodes suspending one sandbox) write the same keys; the manifest of one can end up
+ * over objects of the other, and both would report success. Each manifest carries its push's id,
+ * so: before the commit every object's tableSha256 (its first bytes, which the push keeps, and
+ * its seek table, read back with one GET of its tail) must be what we stored (else nothing is
+ * committed over another push's objects); after it, the manifest read back must be ours and the
+ * objects still ours. Each round runs in parallel on the pool's connections: one round trip for
+ * most sets. A push that fails either reports that the snapshot is not stored.
  */
 struct check {
     pthread_mutex_t mu;
