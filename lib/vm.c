@@ -1087,6 +1087,10 @@ int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name, struct vms
         json_object_object_del(cfg, "ram_in_state");
         rc = cfg_save(c.cfgpath, cfg, err);
     }
+    /* A marked stage next to a live QEMU is the snapshot that QEMU was restored from (a resume
+     * from it killed before the guest ran): this checkpoint supersedes it. */
+    if (rc == 0 && stage_unsaved(&c))
+        unstage(&c);
     if (rc < 0)
         vmsnap_err_wrap(err, "vm pause %s: ", name);
     if (t)
@@ -1671,6 +1675,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         /* a record before QEMU starts, so that a resume killed from here on leaves a VM that
          * 'vm ls' shows and 'vm stop' can stop */
         cfg_set_str(cfg, "status", "restoring");
+        cfg_set_str(cfg, "url", url); /* where the VM is, should this resume be killed */
         if ((rc = cfg_save(c.cfgpath, cfg, err)) < 0)
             goto out_src;
         provisional = true;

@@ -32,8 +32,14 @@ for f in memory-ranges state config.json rootfs-disk-vda.ext4 .vmsnap-unsaved; d
     [ -e "$stage/$f" ] || fail "a resume killed before QEMU started took $f from the stage"
 done
 vmc "$S" ls | grep -Eq '^golden +unsaved' || fail "vm ls after a killed resume: $(vmc "$S" ls)"
+# ... and killed again after QEMU restored it (the guest never ran), then paused: the new
+# checkpoint supersedes the stage, which must not be preferred over it later
+rc=0 && VMSNAP_FAILPOINT=resume-restored vmc "$S" resume golden 2>"$T/err" || rc=$?
+[ "$rc" = 137 ] || fail "resume-restored failpoint (stage): exit $rc: $(cat "$T/err")"
+vmc "$S" pause golden || fail "pause of the VM a killed resume restored"
+[ -e "$stage" ] && fail "the stage outlived the checkpoint that superseded it"
+vmc "$S" ls | grep -Eq '^golden +paused' || fail "vm ls after that pause: $(vmc "$S" ls)"
 resume_check "$S" golden "$r" "$d" || done_tests
-[ -e "$stage" ] && fail "the stage is still there after the VM resumed from it"
 
 # a pause killed after its checkpoint is complete, before it replaced the previous one
 sleep 4
@@ -100,12 +106,14 @@ rc=0 && VMSNAP_FAILPOINT=resume-restored vmc "$N" resume golden "$STORE/s2" 2>"$
 pid=$(cat "$N/vms/golden/pid" 2>/dev/null || true)
 [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || fail "no QEMU after the killed resume (test setup)"
 vmc "$N" ls | grep -Eq '^golden ' || fail "vm ls does not show the VM of a killed resume: $(vmc "$N" ls)"
+vmc "$N" ls | grep -q "$STORE/s2" || fail "the record of a killed resume does not name its URL"
 vmc "$N" stop golden || fail "vm stop of the VM of a killed resume"
 # (a zombie until whoever inherited it reaps it: that is not running)
 state=$(sed 's/.*) \(.\).*/\1/' "/proc/$pid/stat" 2>/dev/null || true)
 [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ] &&
     fail "vm stop left the QEMU of a killed resume running (state $state)"
-resume_check "$N" golden "$r" "$d" "$STORE/s2" || done_tests
+# resume without a URL: the record names where the VM is
+resume_check "$N" golden "$r" "$d" || done_tests
 # its record now knows a later checkpoint than s2 once it is suspended again: going back to s2
 # needs --force
 sleep 1
