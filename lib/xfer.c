@@ -1063,20 +1063,30 @@ static int check_committed(struct xfer *x, const char *prefix, const char *mkey,
     return rc;
 }
 
+/* 1 when `key` exists, 0 when it does not, < 0 on an error (one GET of its last byte). */
+static int key_exists(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err)
+{
+    char probe[1];
+    size_t got = 0;
+    uint64_t size = 0;
+    int rc = vmsnap_store_get_tail(c, key, sizeof(probe), probe, &got, &size, err);
+    if (rc == -ENOENT) {
+        vmsnap_err_clear(err);
+        return 0;
+    }
+    return rc < 0 ? rc : 1;
+}
+
 /* A failed push removes what it stored, unless another push committed a set there meanwhile
  * (the objects may be that push's now). */
 static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
                           const struct set_push *s)
 {
-    char probe[1];
-    size_t got = 0;
-    uint64_t msize = 0;
-    struct vmsnap_err e = {0};
-    int rc = vmsnap_store_get_tail(ctl, mkey, sizeof(probe), probe, &got, &msize, &e);
-    if (rc != -ENOENT) {
+    int rc = key_exists(ctl, mkey, NULL);
+    if (rc != 0) {
         vlog(VMSNAP_LOG_WARN, "%s: %s: leaving the objects this push stored in place", mkey,
-             rc == 0 ? "another push committed a set there meanwhile"
-                     : "cannot tell whether another push committed there");
+             rc > 0 ? "another push committed a set there meanwhile"
+                    : "cannot tell whether another push committed there");
         return;
     }
     for (size_t i = 0; i < s->n; i++) {
@@ -1261,22 +1271,14 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
         }
         /* a set under KEY/ would shadow this object: pull KEY prefers the set */
         char *mk = join_key(key, VMSNAP_XFER_MANIFEST);
-        char probe[1];
-        size_t pgot = 0;
-        uint64_t psize = 0;
-        rc = mk ? vmsnap_store_get_tail(ctl, mk, sizeof(probe), probe, &pgot, &psize, err)
-                : vmsnap_err_set(err, ENOMEM, "out of memory");
+        rc = mk ? key_exists(ctl, mk, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
         free(mk);
-        if (rc == 0)
+        if (rc > 0)
             rc = vmsnap_err_set(err, EEXIST,
                                 "%s holds a snapshot set (%s/%s): a file pushed there would be "
                                 "hidden by it; remove the set first ('vmsnap rm %s') or push "
                                 "elsewhere",
                                 url, url, VMSNAP_XFER_MANIFEST, url);
-        else if (rc == -ENOENT) {
-            vmsnap_err_clear(err);
-            rc = 0;
-        }
         struct leftover_ctx l = {.exact = key, .c = ctl};
         if (rc == 0)
             rc = vmsnap_store_list_uploads(ctl, key, abort_leftover, &l, err);
