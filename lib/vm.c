@@ -82,6 +82,7 @@ struct vmctx {
     char state[PATH_LEN], vmdir[PATH_LEN], cfgpath[PATH_LEN], ckpt[PATH_LEN], disk[PATH_LEN];
     char ram_dir[PATH_LEN], ram[PATH_LEN], stage[PATH_LEN], ondemand[PATH_LEN];
     int lockfd;
+    struct vmsnap_err rerr; /* why recover_interrupted() could not complete a checkpoint */
 };
 
 static int pjoin(char *out, const char *a, const char *b, struct vmsnap_err *err)
@@ -654,11 +655,13 @@ static void finish_taken(struct vmctx *c, const char *dir, bool link_disk)
              "VM '%s': completed the checkpoint in %s that an interrupted pause or suspend left "
              "(generation %lld)",
              c->name, dir, (long long)cfg_int(ck, "generation"));
-    else
+    else {
         vlog(VMSNAP_LOG_ERROR,
              "VM '%s': %s holds the state of an interrupted pause or suspend that cannot be "
              "completed: %s",
              c->name, dir, e.msg);
+        c->rerr = e;
+    }
     json_object_put(ck);
 }
 
@@ -708,9 +711,11 @@ static void recover_new_checkpoint(struct vmctx *c)
             unlink(c->ram);
         rm_rf(c->ondemand);
         record_recovered(c, c->ckpt, "paused");
-    } else if (newer)
+    } else if (newer) {
         vlog(VMSNAP_LOG_ERROR, "VM '%s': cannot complete the interrupted checkpoint %s: %s",
              c->name, newdir, e.msg);
+        c->rerr = e;
+    }
     json_object_put(nc);
     json_object_put(oc);
 }
@@ -728,6 +733,33 @@ static void recover_interrupted(struct vmctx *c)
     if (mark_this_boot(c->stage, COMPLETE_MARK) && !snapshot_missing(c->stage) &&
         mark_unsaved(c, NULL) == 0)
         record_recovered(c, c->stage, "stopped");
+}
+
+/* The directory (checkpoint.new or the stage) holding the state a pause or suspend of this boot
+ * took whose checkpoint is not complete (recover_interrupted could not complete it): with the RAM
+ * file, the VM's newest state. Nothing may replace that RAM file or resume an older checkpoint
+ * over it. NULL when there is none (`buf` holds the path otherwise). */
+static const char *taken_pending(const struct vmctx *c, char *buf)
+{
+    if (pcat(buf, c->ckpt, ".new") == 0 && exists(buf) && mark_this_boot(buf, TAKING_MARK) &&
+        !mark_this_boot(buf, COMPLETE_MARK))
+        return buf;
+    if (stage_ok(c) && mark_this_boot(c->stage, TAKING_MARK) &&
+        !mark_this_boot(c->stage, COMPLETE_MARK))
+        return strcpy(buf, c->stage);
+    return NULL;
+}
+
+/* The error for a command that would go past a taken_pending() directory. */
+static int pending_error(const struct vmctx *c, const char *dir, const char *what,
+                         struct vmsnap_err *err)
+{
+    return vmsnap_err_set(err, EBUSY,
+                          "VM '%s': the state its last pause or suspend took is in %s, but its "
+                          "checkpoint could not be completed (%s); fix that and run 'vmsnap vm "
+                          "resume %s', which completes it first%s",
+                          c->name, dir, c->rerr.code ? c->rerr.msg : "see the log above", c->name,
+                          what);
 }
 
 /* Fill `dir` with config.json, base-id and the disk (hard link from the live disk when
@@ -1027,7 +1059,11 @@ static int finish_local(struct vmctx *c, json_object *cfg, const char *sdir, boo
     if (rc == 0)
         rc = swap_checkpoint(c, newdir, err);
     if (rc < 0) {
-        rm_rf(newdir);
+        /* In place, checkpoint.new holds the state the pause took (the device state, maybe the
+         * RAM): with the RAM file and the live disk, the VM's newest state. It stays for
+         * recover_interrupted() to complete; from a stage, the stage still has it all. */
+        if (!in_place)
+            rm_rf(newdir);
         return rc;
     }
     /* The live disk lives on as the checkpoint's hard link; resume clones it out again. */
@@ -1079,8 +1115,11 @@ int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name, struct vms
     if (rc == 0) {
         rc = finish_local(&c, cfg, newdir, !(o && o->no_evict), t, &t0, err);
         if (rc < 0)
-            vmsnap_err_wrap(err, "VM stopped but its checkpoint could not be completed (the "
-                                 "previous checkpoint, if any, is intact): ");
+            vmsnap_err_wrap(err,
+                            "VM stopped; the state it took is kept in %s and becomes its "
+                            "checkpoint at the next 'vmsnap vm resume %s' once this is fixed "
+                            "(the previous checkpoint is intact): ",
+                            newdir, name);
     }
     if (rc == 0) {
         cfg_set_str(cfg, "status", "paused");
@@ -1206,8 +1245,14 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
          * nowhere): push that as it is. */
         enum vmsnap_vmm_state st;
         rc = vmsnap_vmm_state(v, &st, NULL, err);
-        if (rc == 0 && st == VMSNAP_VMM_DEAD)
+        char pend[PATH_LEN];
+        if (rc == 0 && st == VMSNAP_VMM_DEAD) {
             recover_interrupted(&c);
+            if (taken_pending(&c, pend)) {
+                rc = pending_error(&c, pend, "", err);
+                goto out;
+            }
+        }
         const bool unsaved = rc == 0 && st == VMSNAP_VMM_DEAD && stage_unsaved(&c);
         const char *missing = unsaved ? snapshot_missing(c.stage) : NULL;
         if (missing) {
@@ -1276,7 +1321,15 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
             keep_stage(&c, cfg, e2.msg, err);
             goto out;
         }
-        goto out_stage;
+        /* the RAM is still the RAM file (or in the device state): the stage's device state is
+         * half of the VM's newest state, completed by the next resume (recover_interrupted) */
+        cfg_set_str(cfg, "status", "stopped");
+        cfg_save(c.cfgpath, cfg, NULL);
+        vmsnap_err_wrap(err,
+                        "the VM is stopped; the state it took is kept in %s and becomes its "
+                        "checkpoint at the next 'vmsnap vm resume %s' once this is fixed: ",
+                        c.stage, name);
+        goto out;
     }
     /* From here until the store has it, the stage is the VM's only copy: marked, so that a
      * suspend killed during the upload leaves a snapshot the next command finds (a resume
@@ -1465,10 +1518,29 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         /* a pause killed between its complete checkpoint and the swap (QEMU stopped) */
         json_object *rec = NULL;
         enum vmsnap_vmm_state st0;
+        const char *pend = NULL;
         if (cfg_load(c.cfgpath, &rec, NULL) == 0 && vm_state(&c, rec, &st0, NULL, NULL) == 0 &&
-            st0 == VMSNAP_VMM_DEAD)
+            st0 == VMSNAP_VMM_DEAD) {
             recover_interrupted(&c);
+            pend = taken_pending(&c, p);
+        }
         json_object_put(rec);
+        if (pend && !(o && o->force)) {
+            rc = pending_error(&c, pend,
+                               ", or give --force to resume from the previous checkpoint and "
+                               "discard it",
+                               err);
+            goto out;
+        }
+        if (pend) { /* --force: the RAM file is about to be replaced, the state goes with it */
+            vlog(VMSNAP_LOG_WARN, "VM '%s': discarding the incomplete state in %s (--force)", name,
+                 pend);
+            if (!strcmp(pend, c.stage))
+                unstage(&c);
+            else
+                rm_rf(pend);
+            unlink(c.ram);
+        }
     }
     /* A snapshot only in the stage (its suspend could store it nowhere) is the VM's latest:
      * a resume without a URL restores it (its image renamed into place as RAM), one with a URL
@@ -1782,8 +1854,12 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
         rc = vmm_from_cfg(&c, cfg, &v, err);
     if (rc == 0)
         rc = vmsnap_vmm_stop(v, err);
-    if (rc == 0 && !remove)
+    char pend[PATH_LEN];
+    bool pending = false;
+    if (rc == 0 && !remove) {
         recover_interrupted(&c); /* before the RAM file goes: it may be the newest state */
+        pending = taken_pending(&c, pend) != NULL;
+    }
     if (rc == 0) {
         /* the RAM file is always the one this VM's name gives (c.ram): a record naming
          * another path is not followed (an on-demand VM maps its image from its directory) */
@@ -1793,8 +1869,17 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
                  "VM '%s': its record names %s as its RAM; not removed (give the --ram-dir it "
                  "was started with)",
                  name, rec);
-        unlink(c.ram);
-        if (remove || !stage_unsaved(&c))
+        if (pending) /* the RAM file, and the stage if that is where the state is, stay */
+            vlog(VMSNAP_LOG_WARN,
+                 "VM '%s': keeping %s and %s, the state of a pause or suspend whose checkpoint "
+                 "could not be completed (%s): 'vmsnap vm resume %s' completes it once that is "
+                 "fixed",
+                 name, pend, c.ram, c.rerr.code ? c.rerr.msg : "see above", name);
+        else
+            unlink(c.ram);
+        if (pending)
+            ;
+        else if (remove || !stage_unsaved(&c))
             unstage(&c);
         else
             vlog(VMSNAP_LOG_WARN, "VM '%s': keeping %s, the only copy of its last snapshot", name,
@@ -1872,7 +1957,10 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
             status = "?";
         if (vm_state(&vc, cfg, &st, &pid, &e2) < 0)
             st = VMSNAP_VMM_OTHER;
-        if (st == VMSNAP_VMM_DEAD && stage_unsaved(&vc))
+        char pend[PATH_LEN];
+        if (st == VMSNAP_VMM_DEAD && taken_pending(&vc, pend))
+            status = "interrupted"; /* its newest state waits for its checkpoint (resume) */
+        else if (st == VMSNAP_VMM_DEAD && stage_unsaved(&vc))
             status = "unsaved"; /* its snapshot is only in the stage */
         else if (st == VMSNAP_VMM_DEAD &&
                  (!strcmp(status, "running") || !strcmp(status, "restoring")))

@@ -197,7 +197,9 @@ struct vmsnap_vm_info {
     const char *status; /* "running", "paused" (checkpointed), "suspended", "stopped", "dead"
                          * (the process vanished without a checkpoint being taken since),
                          * "unsaved" (its last snapshot is only in the staging directory: a
-                         * suspend could store it nowhere), or the VMM's own state when it is
+                         * suspend could store it nowhere), "interrupted" (a pause or suspend
+                         * stopped it but could not complete its checkpoint: the next resume
+                         * does, or refuses until it can), or the VMM's own state when it is
                          * alive but not running */
     pid_t pid;          /* 0 when no process */
     const char *accel;

@@ -1,0 +1,71 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# A pause whose checkpoint cannot be written after QEMU stopped (the state directory's filesystem
+# is full: a real ENOSPC, on a small tmpfs): the VM's newest state (the device state in
+# checkpoint.new, the RAM file, the live disk) is kept, `vm ls` says so, a resume or suspend
+# refuses to go past it and names the cause, a stop keeps it; once there is room the next resume
+# completes the checkpoint and the guest continues from the pause. `resume --force` discards it
+# and resumes the previous checkpoint.
+. "$VMSNAP_SRC/tests/integration/vm_lib.sh"
+[ "$(id -u)" = 0 ] || skip "mounting a small tmpfs needs root"
+[ -f "$GOLDEN/golden.env" ] || skip "no golden checkpoint (vm_golden did not run or failed)"
+F=$(mktemp -d "${TMPDIR:-/tmp}/vmsnap-full.XXXXXX")
+eval "vm_lib_$(declare -f t_cleanup)"
+t_cleanup() {
+    vm_lib_t_cleanup
+    umount "$F" 2>/dev/null || true
+    rmdir "$F" 2>/dev/null || true
+}
+kib() { du -sk "$1" | cut -f1; }
+g=$GOLDEN/state/vms/golden/checkpoint
+ram_k=$(kib "$g/memory-ranges")
+# room for the golden state directory and the live disk cloned out of it, and half a RAM image:
+# the first resume fits, a pause's copy of the RAM (at least the golden's) does not
+size_k=$(($(kib "$GOLDEN/state") + $(kib "$g/rootfs-disk-vda.ext4") + ram_k / 2))
+mount -t tmpfs -o "size=${size_k}k,mode=0700" vmsnap-test-full "$F" ||
+    skip "cannot mount a tmpfs on $F"
+S=$F/state
+from_golden "$S"
+resume_check "$S" golden "$golden_ram" "$golden_data" || done_tests
+sleep 3
+
+expect_fail "pause into a full state directory" vmc "$S" pause golden
+grep -q "No space left on device" "$T/err" || fail "pause into a full directory: $(cat "$T/err")"
+grep -q "kept in $S/vms/golden/checkpoint.new" "$T/err" ||
+    fail "the failed pause does not say where the VM's state is: $(cat "$T/err")"
+read -r r d <<<"$(last_counter "$S" golden)"
+[ -e "$S/vms/golden/checkpoint.new/state" ] || fail "the failed pause deleted the device state it took"
+vmc "$S" ls | grep -Eq '^golden +interrupted' || fail "vm ls after the failed pause: $(vmc "$S" ls)"
+
+expect_fail "resume while the pause's checkpoint cannot be completed" vmc "$S" resume golden
+grep -q "could not be completed (.*No space left on device" "$T/err" ||
+    fail "resume past an interrupted pause: $(cat "$T/err")"
+expect_fail "suspend while the pause's checkpoint cannot be completed" \
+    vmc "$S" suspend golden "$T/store/x"
+grep -q "could not be completed" "$T/err" || fail "suspend past an interrupted pause: $(cat "$T/err")"
+[ -e "$T/store/x" ] && fail "suspend pushed the older checkpoint over the VM's newer state"
+vmc "$S" stop golden 2>"$T/err" || fail "vm stop: $(cat "$T/err")"
+grep -q "keeping" "$T/err" || fail "vm stop does not say it keeps the VM's state: $(cat "$T/err")"
+vmc "$S" ls | grep -Eq '^golden +interrupted' || fail "vm ls after vm stop: $(vmc "$S" ls)"
+
+# room again: the resume completes the checkpoint, then restores it (the guest goes on from the
+# pause, not from the golden)
+mount -o remount,size=$((size_k + 4 * ram_k))k "$F"
+resume_check "$S" golden "$r" "$d" || done_tests
+grep -q "completed the checkpoint in .*checkpoint.new" "$T/resume.out" ||
+    fail "resume did not complete the interrupted checkpoint: $(cat "$T/resume.out")"
+[ -e "$S/vms/golden/checkpoint.new" ] && fail "checkpoint.new outlived its completion"
+
+# full again: --force discards the state the failed pause took and resumes the checkpoint
+# completed above (the RAM counter continues from r, not from the discarded pause)
+sleep 3
+used_k=$(df -k --output=used "$F" | tail -n1 | tr -d ' ')
+mount -o remount,size=$((used_k + ram_k / 2))k "$F"
+expect_fail "second pause into a full state directory" vmc "$S" pause golden
+[ -d "$S/vms/golden/checkpoint.new" ] || fail "the second failed pause left no checkpoint.new"
+resume_check "$S" golden "$r" "$d" --force || done_tests
+grep -q "discarding the incomplete state" "$T/resume.out" ||
+    fail "resume --force does not say it discards the state: $(cat "$T/resume.out")"
+[ -e "$S/vms/golden/checkpoint.new" ] && fail "resume --force kept the discarded state"
+vmc "$S" ls | grep -Eq '^golden +running' || fail "vm ls after resume --force: $(vmc "$S" ls)"
+done_tests
