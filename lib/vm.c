@@ -83,6 +83,7 @@ struct vmctx {
     char ram_dir[PATH_LEN], ram[PATH_LEN], stage[PATH_LEN], ondemand[PATH_LEN];
     int lockfd;
     struct vmsnap_err rerr; /* why recover_interrupted() could not complete a checkpoint */
+    bool new_unswapped;     /* it completed checkpoint.new, newer, but could not swap it in */
 };
 
 static int pjoin(char *out, const char *a, const char *b, struct vmsnap_err *err)
@@ -715,6 +716,7 @@ static void recover_new_checkpoint(struct vmctx *c)
         vlog(VMSNAP_LOG_ERROR, "VM '%s': cannot complete the interrupted checkpoint %s: %s",
              c->name, newdir, e.msg);
         c->rerr = e;
+        c->new_unswapped = true;
     }
     json_object_put(nc);
     json_object_put(oc);
@@ -736,13 +738,14 @@ static void recover_interrupted(struct vmctx *c)
 }
 
 /* The directory (checkpoint.new or the stage) holding the state a pause or suspend of this boot
- * took whose checkpoint is not complete (recover_interrupted could not complete it): with the RAM
- * file, the VM's newest state. Nothing may replace that RAM file or resume an older checkpoint
- * over it. NULL when there is none (`buf` holds the path otherwise). */
+ * took whose checkpoint is not complete (recover_interrupted could not complete it, or could not
+ * swap a completed newer checkpoint.new in): with the RAM file, the VM's newest state. Nothing
+ * may replace that RAM file or resume an older checkpoint over it. NULL when there is none
+ * (`buf` holds the path otherwise). */
 static const char *taken_pending(const struct vmctx *c, char *buf)
 {
     if (pcat(buf, c->ckpt, ".new") == 0 && exists(buf) && mark_this_boot(buf, TAKING_MARK) &&
-        !mark_this_boot(buf, COMPLETE_MARK))
+        (c->new_unswapped || !mark_this_boot(buf, COMPLETE_MARK)))
         return buf;
     if (stage_ok(c) && mark_this_boot(c->stage, TAKING_MARK) &&
         !mark_this_boot(c->stage, COMPLETE_MARK))

@@ -51,6 +51,16 @@ rc=0 && VMSNAP_FAILPOINT=checkpoint-before-swap vmc "$S" pause golden 2>"$T/err"
 [ "$rc" = 137 ] || fail "checkpoint-before-swap failpoint: exit $rc: $(cat "$T/err")"
 read -r r d <<<"$(last_counter "$S" golden)"
 [ -d "$S/vms/golden/checkpoint.new" ] || fail "no checkpoint.new after the killed pause"
+# ... and the swap fails on the next resume too (the old checkpoint cannot be renamed: immutable,
+# where the filesystem has the flag): refused, never resumed from the older checkpoint
+if chattr +i "$S/vms/golden/checkpoint" 2>/dev/null; then
+    expect_fail "resume while the newer checkpoint cannot be swapped in" vmc "$S" resume golden
+    chattr -i "$S/vms/golden/checkpoint"
+    grep -q "could not be completed (.*checkpoint" "$T/err" ||
+        fail "resume past a checkpoint.new it could not swap in: $(cat "$T/err")"
+else
+    echo "note: chattr +i unsupported on $S: the failed-swap case is not exercised"
+fi
 resume_check "$S" golden "$r" "$d" || done_tests
 grep -q "completed a checkpoint whose pause was interrupted" "$T/resume.out" ||
     fail "resume after a killed pause did not say it completed the checkpoint: $(cat "$T/resume.out")"
