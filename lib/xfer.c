@@ -729,7 +729,9 @@ static int push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const 
                           &copy_failed, err);
     /* The base changed or went away (412, 404, a fetched frame that differs), the store could
      * not copy, or the runs needed too many parts: go again without it. */
-    if (base && rc < 0 && (copy_failed || rc == -ESTALE || rc == -ENOENT || rc == -EFBIG)) {
+    bool full = rc == -ENOSPC || rc == -EDQUOT || rc == -EROFS; /* would fail again */
+    if (base && rc < 0 && !full &&
+        (copy_failed || rc == -ESTALE || rc == -ENOENT || rc == -EFBIG)) {
         vlog(VMSNAP_LOG_WARN, "%s: the push with base %s failed (%s); pushing it whole", path,
              base_key, err ? err->msg : "");
         vmsnap_err_clear(err);
@@ -1169,6 +1171,9 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         goto out;
     if ((rc = vmsnap_store_put(ctl, mkey, json, strlen(json), err)) < 0) {
         vmsnap_err_wrap(err, "commit %s/%s: ", url, VMSNAP_XFER_MANIFEST);
+        /* not committed (a full store, a refused write): the objects are nobody's. When the
+         * answer was lost after the manifest was stored, it exists and they stay. */
+        remove_pushed(ctl, prefix, mkey, &s);
         goto out;
     }
     if ((rc = check_committed(x, prefix, mkey, &m, url, true, err)) < 0)
@@ -1797,6 +1802,94 @@ static int read_manifest(struct vmsnap_store_conn *c, const char *mkey, const ch
     return rc;
 }
 
+/* Rename every pulled file of a set into `dir`, all or nothing as far as the filesystem lets it:
+ * what can fail is tried for every file before the first rename (a directory in a file's place,
+ * each file's fsync and close, where a delayed write error shows; a hard link keeping each file
+ * the set replaces), so a failure leaves the directory as it was rather than half one set and
+ * half another; a rename failing half way (EIO, a quota, a directory block on a full disk) puts
+ * back what the earlier ones replaced. Then one fsync of the directory. */
+static int publish_set(struct xfer *x, const char *dir, struct down *ds, size_t n,
+                       struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
+{
+    struct pub {
+        char *path; /* the destination (the commit frees the atomic file's copy) */
+        char *old;  /* a link to the file it replaces, or NULL */
+        bool there; /* a file was there */
+    } *p = calloc(n, sizeof(*p));
+    if (!p)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        const char *path = ds[i].af.path;
+        struct stat db;
+        p[i].there = lstat(path, &db) == 0;
+        if (!(p[i].path = strdup(path)))
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        else if (p[i].there && S_ISDIR(db.st_mode))
+            rc = vmsnap_err_set(err, EISDIR, "%s is a directory: cannot put the set's file there",
+                                path);
+        else if (!x->o.no_fsync && fsync(ds[i].af.fd) < 0)
+            rc = vmsnap_err_set(err, errno, "fsync %s: %s", path, strerror(errno));
+        else
+            rc = sys_atomic_close(&ds[i].af, err);
+        if (rc < 0 || !p[i].there)
+            continue;
+        if (asprintf(&p[i].old, "%s/.vmsnap-old.%ld.%zu", dir, (long)getpid(), i) < 0) {
+            p[i].old = NULL;
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+            continue;
+        }
+        unlink(p[i].old); /* left by a killed pull that had this pid */
+        if (link(path, p[i].old) < 0) {
+            int e = errno;
+            free(p[i].old);
+            p[i].old = NULL;
+            /* a filesystem without hard links: published without a way back */
+            if (e != EPERM && e != ENOTSUP && e != EMLINK)
+                rc = vmsnap_err_set(err, e, "link %s (kept until the set is in place): %s", path,
+                                    strerror(e));
+        }
+    }
+    size_t done = 0; /* commits tried; the last one tried failed when rc < 0 */
+    for (; done < n && rc == 0; done++) {
+        rc = sys_atomic_commit(&ds[done].af, false, err);
+        ds[done].af_open = false;
+    }
+    if (rc < 0 && done > 1) { /* put back what the commits before the failed one replaced */
+        bool mixed = false;
+        for (size_t j = 0; j + 1 < done; j++) {
+            if (p[j].old ? rename(p[j].old, p[j].path) < 0 : p[j].there || unlink(p[j].path) < 0)
+                mixed = true;
+        }
+        if (mixed)
+            vmsnap_err_wrap(err, "%s may now hold files of two sets: ", dir);
+    }
+    for (size_t j = 0; j < n; j++) {
+        if (p[j].old)
+            unlink(p[j].old);
+        free(p[j].old);
+        free(p[j].path);
+    }
+    free(p);
+    if (rc == 0 && !x->o.no_fsync) {
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0 || fsync(dfd) < 0)
+            rc = vmsnap_err_set(err, errno,
+                                "fsync directory %s (the set is in place, but may not survive a "
+                                "crash): %s",
+                                dir, strerror(errno));
+        if (dfd >= 0)
+            close(dfd);
+    }
+    for (size_t j = 0; rc == 0 && stats && j < n; j++) {
+        stats->files++;
+        stats->logical += ds[j].stats.total_size;
+        stats->populated += ds[j].stats.populated;
+        stats->object_bytes += ds[j].osize;
+    }
+    return rc;
+}
+
 static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *prefix,
                     const struct manifest *m, const char *dir, struct vmsnap_xfer_stats *stats,
                     struct vmsnap_err *err)
@@ -1934,35 +2027,9 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
                 *err = e;
         }
     }
-    /* all verified: publish every file (all were started when rc is 0). What can fail is
-     * tried for every file before the first rename, so a failure leaves the directory as it
-     * was rather than half one set and half another: a directory in a file's place, and the
-     * fsync of each file's data (the renames then need only the directory's, once). */
-    for (size_t i = 0; i < m->n && rc == 0; i++) {
-        struct stat db;
-        if (lstat(ds[i].af.path, &db) == 0 && S_ISDIR(db.st_mode))
-            rc = vmsnap_err_set(err, EISDIR, "%s is a directory: cannot put the set's file there",
-                                ds[i].af.path);
-        else if (!x->o.no_fsync && fsync(ds[i].af.fd) < 0)
-            rc = vmsnap_err_set(err, errno, "fsync %s: %s", ds[i].af.path, strerror(errno));
-    }
-    for (size_t i = 0; i < m->n && rc == 0; i++) {
-        rc = sys_atomic_commit(&ds[i].af, false, err);
-        ds[i].af_open = false;
-        if (rc == 0 && stats) {
-            stats->files++;
-            stats->logical += ds[i].stats.total_size;
-            stats->populated += ds[i].stats.populated;
-            stats->object_bytes += ds[i].osize;
-        }
-    }
-    if (rc == 0 && !x->o.no_fsync) {
-        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd < 0 || fsync(dfd) < 0)
-            rc = vmsnap_err_set(err, errno, "fsync directory %s: %s", dir, strerror(errno));
-        if (dfd >= 0)
-            close(dfd);
-    }
+    /* all verified: publish every file (all were started when rc is 0) */
+    if (rc == 0)
+        rc = publish_set(x, dir, ds, m->n, stats, err);
     for (size_t i = 0; i < m->n; i++)
         if (ds[i].x)
             down_free(&ds[i], false);

@@ -133,27 +133,34 @@ int sys_fsync_parent(const char *path, struct vmsnap_err *err)
     return rc;
 }
 
+int sys_atomic_close(struct sys_atomic_file *af, struct vmsnap_err *err)
+{
+    if (af->fd < 0)
+        return 0;
+    int rc = close(af->fd) < 0
+                 ? vmsnap_err_set(err, errno, "close %s: %s", af->path, strerror(errno))
+                 : 0;
+    af->fd = -1;
+    return rc;
+}
+
 int sys_atomic_commit(struct sys_atomic_file *af, bool sync, struct vmsnap_err *err)
 {
     int rc = 0;
-    if (sync && fsync(af->fd) < 0) {
+    if (sync && af->fd >= 0 && fsync(af->fd) < 0) {
         rc = vmsnap_err_set(err, errno, "fsync %s: %s", af->path, strerror(errno));
         goto fail;
     }
-    if (close(af->fd) < 0) {
-        af->fd = -1;
-        rc = vmsnap_err_set(err, errno, "close %s: %s", af->path, strerror(errno));
+    if ((rc = sys_atomic_close(af, err)) < 0)
         goto fail;
-    }
-    af->fd = -1;
     if (rename(af->tmp, af->path) < 0) {
         rc = vmsnap_err_set(err, errno, "rename %s to %s: %s", af->tmp, af->path, strerror(errno));
         goto fail;
     }
     free(af->tmp);
     af->tmp = NULL;
-    if (sync)
-        rc = sys_fsync_parent(af->path, err);
+    if (sync && (rc = sys_fsync_parent(af->path, err)) < 0)
+        vmsnap_err_wrap(err, "%s is in place, but may not survive a crash: ", af->path);
     free(af->path);
     af->path = NULL;
     return rc;

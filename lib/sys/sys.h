@@ -28,8 +28,12 @@ struct sys_atomic_file {
 };
 int sys_atomic_open(struct sys_atomic_file *af, const char *path, mode_t mode,
                     struct vmsnap_err *err);
-/* fsync the file (if `sync`), rename onto the final path, fsync the directory (if `sync`). */
+/* fsync the file (if `sync`), rename onto the final path, fsync the directory (if `sync`; when
+ * only that fails, the file is in place and the error says so). */
 int sys_atomic_commit(struct sys_atomic_file *af, bool sync, struct vmsnap_err *err);
+/* Close the temporary file before the commit (a delayed write error shows here); the commit then
+ * only renames. */
+int sys_atomic_close(struct sys_atomic_file *af, struct vmsnap_err *err);
 void sys_atomic_abort(struct sys_atomic_file *af);
 
 /* fsync the directory holding `path`. */

@@ -148,6 +148,24 @@ for n in state.json config.json base-id; do
 done
 [ -z "$(ls -A "$T/mix" | grep '^\.')" ] || fail "dir in the way: temporaries left: $(ls -A "$T/mix")"
 rm -rf "$T/mix"
+# ... and where a rename fails half way (the last file cannot be replaced: immutable, where the
+# filesystem has the flag): the files renamed before it are put back
+mkdir -p "$T/mix"
+for n in base-id config.json memory-ranges state.json; do echo OLD >"$T/mix/$n"; done
+if chattr +i "$T/mix/state.json" 2>/dev/null; then
+    expect_fail "pull whose last rename fails" "$VMSNAP" pull "$S/sets/a" "$T/mix"
+    chattr -i "$T/mix/state.json"
+    grep -q "rename .* to $T/mix/state.json: Operation not permitted" "$T/err" ||
+        fail "failed rename: message: $(cat "$T/err")"
+    for n in base-id config.json memory-ranges state.json; do
+        [ "$(cat "$T/mix/$n")" = OLD ] || fail "failed rename: $n was left replaced"
+    done
+    [ -z "$(ls -A "$T/mix" | grep '^\.')" ] || fail "failed rename: left $(ls -A "$T/mix")"
+else
+    echo "note: chattr +i unsupported under $T: the failed-rename case is not run" >&2
+    [ "${VMSNAP_REQUIRE_ALL:-0}" = 1 ] && fail "failed-rename case could not run"
+fi
+rm -rf "$T/mix"
 # a file pushed where a set is would be hidden by it (pull prefers the set): refused
 echo one >"$T/onefile"
 expect_fail "push of a file over a set" "$VMSNAP" push "$T/onefile" "$S/sets/a"
@@ -270,6 +288,16 @@ if [ "$(id -u)" = 0 ] && mkdir "$T/small" && mount -t tmpfs -o size=16m tmpfs "$
     expect_fail "pull of a set larger than the free space" "$VMSNAP" pull "$S/bigset" "$T/small/set"
     grep -q "no space for the set: it needs 40 MiB" "$T/err" || fail "set disk full: $(cat "$T/err")"
     [ -n "$(ls -A "$T/small")" ] && fail "set disk full: left $(ls -A "$T/small")"
+    umount "$T/small"
+    # a store that has room for a set's objects but not for its manifest (out of inodes): the
+    # commit fails, and the objects it would have committed are removed, not left unlisted
+    mount -t tmpfs -o size=16m,nr_inodes=5 tmpfs "$T/small"
+    mkdir "$T/two" && echo one >"$T/two/a" && echo two >"$T/two/b"
+    expect_fail "push of a set whose manifest cannot be stored" "$VMSNAP" push "$T/two" "$T/small/st/two"
+    grep -q "commit $T/small/st/two/manifest.json: .*No space left" "$T/err" ||
+        fail "manifest store full: message: $(cat "$T/err")"
+    left=$(find "$T/small" -type f)
+    [ -z "$left" ] || fail "manifest store full: objects left: $left"
     umount "$T/small"
 else
     echo "note: disk-full case needs root to mount a tmpfs; not run" >&2
