@@ -1088,6 +1088,18 @@ static int finish_local(struct vmctx *c, json_object *cfg, const char *sdir, boo
     return 0;
 }
 
+/* The record of a VM whose local checkpoint was just swapped in (its generation is cfg's). */
+static int record_paused(struct vmctx *c, json_object *cfg, struct vmsnap_err *err)
+{
+    cfg_set_str(cfg, "status", "paused");
+    json_object_object_del(cfg, "ram_in_state");
+    int rc = cfg_save(c->cfgpath, cfg, err);
+    if (rc < 0)
+        vmsnap_err_wrap(
+            err, "the checkpoint %s is complete, but the VM's record is not updated: ", c->ckpt);
+    return rc;
+}
+
 static int load_vm(struct vmctx *c, json_object **cfg, struct vmsnap_err *err)
 {
     int rc = ctx_lock(c, err);
@@ -1124,11 +1136,8 @@ int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name, struct vms
                             "(the previous checkpoint is intact): ",
                             newdir, name);
     }
-    if (rc == 0) {
-        cfg_set_str(cfg, "status", "paused");
-        json_object_object_del(cfg, "ram_in_state");
-        rc = cfg_save(c.cfgpath, cfg, err);
-    }
+    if (rc == 0)
+        rc = record_paused(&c, cfg, err);
     /* A marked stage next to a live QEMU is the snapshot that QEMU was restored from (a resume
      * from it killed before the guest ran): this checkpoint supersedes it. */
     if (rc == 0 && stage_unsaved(&c))
@@ -1318,6 +1327,7 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
         struct vmsnap_err e2;
         if (exists(p)) {
             if (finish_local(&c, cfg, c.stage, false, NULL, &t0, &e2) == 0) {
+                record_paused(&c, cfg, NULL);
                 vmsnap_err_wrap(err, "the VM is stopped with a local checkpoint in %s: ", c.ckpt);
                 goto out_stage;
             }
@@ -1340,6 +1350,7 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
     if ((rc = mark_unsaved(&c, err)) < 0) {
         struct vmsnap_err e2;
         if (finish_local(&c, cfg, c.stage, false, NULL, &t0, &e2) == 0) {
+            record_paused(&c, cfg, NULL);
             vmsnap_err_wrap(err, "the VM is stopped with a local checkpoint in %s: ", c.ckpt);
             goto out_stage;
         }
@@ -1360,9 +1371,7 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
         struct vmsnap_err e2;
         int lrc = finish_local(&c, cfg, c.stage, !(o && o->no_evict), t, &t0, &e2);
         if (lrc == 0) {
-            cfg_set_str(cfg, "status", "paused");
-            json_object_object_del(cfg, "ram_in_state");
-            cfg_save(c.cfgpath, cfg, NULL);
+            record_paused(&c, cfg, NULL);
             vmsnap_err_wrap(err,
                             "upload failed; the VM is stopped and its checkpoint kept locally in "
                             "%s (run 'vmsnap vm suspend %s URL' again, or 'vmsnap vm resume "

@@ -21,7 +21,7 @@ extern "C" {
 
 #define VMSNAP_API __attribute__((visibility("default")))
 
-#define VMSNAP_ERR_MSG_MAX 512
+#define VMSNAP_ERR_MSG_MAX 1024
 
 /* An error: a positive errno in `code` and a human-readable message. Caller-owned. */
 struct vmsnap_err {

@@ -20,25 +20,38 @@ int vmsnap_err_set(struct vmsnap_err *err, int code, const char *fmt, ...)
     return -code;
 }
 
+/* Prefix the message. When the whole does not fit, its middle goes (" ... "): the outermost
+ * context stays at the start and the root cause (an errno string, last) at the end. */
 int vmsnap_err_wrap(struct vmsnap_err *err, const char *fmt, ...)
 {
     if (!err)
         return -EIO;
     if (err->code <= 0)
         err->code = EIO;
-    char prefix[VMSNAP_ERR_MSG_MAX];
+    char all[2 * VMSNAP_ERR_MSG_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(prefix, sizeof(prefix), fmt, ap);
+    int pl = vsnprintf(all, VMSNAP_ERR_MSG_MAX, fmt, ap);
     va_end(ap);
-    char old[VMSNAP_ERR_MSG_MAX];
-    memcpy(old, err->msg, sizeof(old));
-    old[sizeof(old) - 1] = '\0';
-    size_t pl = strnlen(prefix, sizeof(err->msg) - 1);
-    memcpy(err->msg, prefix, pl);
-    size_t ol = strnlen(old, sizeof(err->msg) - 1 - pl);
-    memcpy(err->msg + pl, old, ol);
-    err->msg[pl + ol] = '\0';
+    if (pl < 0)
+        pl = 0;
+    if (pl > VMSNAP_ERR_MSG_MAX - 1)
+        pl = VMSNAP_ERR_MSG_MAX - 1;
+    size_t ol = strnlen(err->msg, sizeof(err->msg) - 1);
+    memcpy(all + pl, err->msg, ol);
+    size_t n = (size_t)pl + ol;
+    const size_t cap = sizeof(err->msg) - 1;
+    if (n <= cap) {
+        memcpy(err->msg, all, n);
+        err->msg[n] = '\0';
+    } else {
+        static const char gap[] = " ... ";
+        size_t head = cap / 2, tail = cap - head - (sizeof(gap) - 1);
+        memcpy(err->msg, all, head);
+        memcpy(err->msg + head, gap, sizeof(gap) - 1);
+        memcpy(err->msg + head + sizeof(gap) - 1, all + n - tail, tail);
+        err->msg[cap] = '\0';
+    }
     return -err->code;
 }
 

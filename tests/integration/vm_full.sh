@@ -5,16 +5,19 @@
 # checkpoint.new, the RAM file, the live disk) is kept, `vm ls` says so, a resume or suspend
 # refuses to go past it and names the cause, a stop keeps it; once there is room the next resume
 # completes the checkpoint and the guest continues from the pause. `resume --force` discards it
-# and resumes the previous checkpoint.
+# and resumes the previous checkpoint. And a suspend whose stage cannot be written on the RAM
+# directory after QEMU stopped (out of inodes there): the checkpoint is kept locally instead and
+# the record says paused.
 . "$VMSNAP_SRC/tests/integration/vm_lib.sh"
 [ "$(id -u)" = 0 ] || skip "mounting a small tmpfs needs root"
 [ -f "$GOLDEN/golden.env" ] || skip "no golden checkpoint (vm_golden did not run or failed)"
 F=$(mktemp -d "${TMPDIR:-/tmp}/vmsnap-full.XXXXXX")
+R=$(mktemp -d "${TMPDIR:-/tmp}/vmsnap-fullram.XXXXXX")
 eval "vm_lib_$(declare -f t_cleanup)"
 t_cleanup() {
     vm_lib_t_cleanup
-    umount "$F" 2>/dev/null || true
-    rmdir "$F" 2>/dev/null || true
+    umount "$F" "$R" 2>/dev/null || true
+    rmdir "$F" "$R" 2>/dev/null || true
 }
 kib() { du -sk "$1" | cut -f1; }
 g=$GOLDEN/state/vms/golden/checkpoint
@@ -68,4 +71,25 @@ grep -q "discarding the incomplete state" "$T/resume.out" ||
     fail "resume --force does not say it discards the state: $(cat "$T/resume.out")"
 [ -e "$S/vms/golden/checkpoint.new" ] && fail "resume --force kept the discarded state"
 vmc "$S" ls | grep -Eq '^golden +running' || fail "vm ls after resume --force: $(vmc "$S" ls)"
+
+# a suspend whose stage on the RAM directory runs out of inodes after QEMU stopped
+mount -o remount,size=$((size_k + 4 * ram_k))k "$F"
+vmc "$S" pause golden || fail "pause before moving the VM to another RAM directory"
+mount -t tmpfs -o size=1g,mode=0700 vmsnap-test-fullram "$R" || fail "mount the RAM tmpfs"
+export VMSNAP_RAM_DIR=$R
+read -r r d <<<"$(last_counter "$S" golden)"
+resume_check "$S" golden "$r" "$d" || done_tests
+sleep 2
+used=$(df --output=iused "$R" | tail -n1 | tr -d " ")
+# room for the stage directory, the device state, the config and the taking mark: the stop
+# happens, the rest of the stage does not fit
+mount -o remount,nr_inodes=$((used + 4)) "$R"
+expect_fail "suspend whose stage runs out of inodes" vmc "$S" suspend golden "$T/store/y"
+grep -q "the VM is stopped with a local checkpoint in $S/vms/golden/checkpoint: .*No space left" \
+    "$T/err" || fail "stage out of inodes: $(cat "$T/err")"
+[ -e "$T/store/y" ] && fail "stage out of inodes: something was pushed"
+vmc "$S" ls | grep -Eq '^golden +paused' || fail "vm ls after the local checkpoint: $(vmc "$S" ls)"
+read -r r d <<<"$(last_counter "$S" golden)"
+mount -o remount,nr_inodes=100000 "$R"
+resume_check "$S" golden "$r" "$d" || done_tests
 done_tests
