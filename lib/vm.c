@@ -978,7 +978,9 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
                               "VM '%s' has no running QEMU (status %s): resume it from its last "
                               "checkpoint",
                               c->name, cfg_str(cfg, "status") ? cfg_str(cfg, "status") : "?");
-    if (st != VMSNAP_VMM_RUNNING && st != VMSNAP_VMM_PAUSED)
+    /* io-error: QEMU stopped the guest on a failed disk write (a full host filesystem); the
+     * device state keeps the request, which the restored guest retries */
+    if (st != VMSNAP_VMM_RUNNING && st != VMSNAP_VMM_PAUSED && st != VMSNAP_VMM_IO_ERROR)
         return vmsnap_err_set(err, EINVAL, "VM '%s' is %s, not running", c->name,
                               vmsnap_vmm_state_name(st));
     /* checked while the VM still runs: the checkpoint takes the RAM from c->ram */
@@ -1419,6 +1421,44 @@ out:
 
 /* ---- resume ---- */
 
+/* A live VM that QEMU stopped on a failed disk write (io-error): continue it, so the guest
+ * retries the write, once its disk's filesystem has room again. */
+static int resume_io_error(struct vmctx *c, json_object *rec, struct vmsnap_vm_timing *t,
+                           double *t0, struct vmsnap_err *err)
+{
+    struct vmsnap_vmm *v = NULL;
+    enum vmsnap_vmm_state st = VMSNAP_VMM_IO_ERROR;
+    int rc = vmm_from_cfg(c, rec, &v, err);
+    if (rc == 0)
+        rc = vmsnap_vmm_resume(v, err);
+    /* a write that fails again stops it again at once: give it a moment to show */
+    for (int i = 0; rc == 0 && i < 4 && st != VMSNAP_VMM_RUNNING; i++) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        rc = vmsnap_vmm_state(v, &st, NULL, err);
+        if (rc == 0 && st == VMSNAP_VMM_IO_ERROR)
+            break;
+    }
+    vmsnap_vmm_free(v);
+    if (rc == 0 && st == VMSNAP_VMM_IO_ERROR) {
+        struct statfs sf;
+        unsigned long long fk =
+            statfs(c->vmdir, &sf) == 0 ? (unsigned long long)sf.f_bavail * sf.f_bsize >> 10 : 0;
+        return vmsnap_err_set(err, ENOSPC,
+                              "VM '%s' stopped again on a failed write to its disk %s (%llu KiB "
+                              "free there): make room, then resume it again (or pause or suspend "
+                              "it: the checkpoint keeps the write)",
+                              c->name, c->disk, fk);
+    }
+    if (rc < 0)
+        return rc;
+    step(t, "resume", t0);
+    vlog(VMSNAP_LOG_WARN, "VM '%s': continued after a failed disk write (io-error), retried now",
+         c->name);
+    cfg_set_str(rec, "status", "running");
+    return cfg_save(c->cfgpath, rec, err);
+}
+
 /* `path` (absolute) resolved is a regular file under one of the colon-separated directories
  * `dirs`; its resolved form in rp (PATH_MAX bytes), which is what QEMU gets and vm.json keeps,
  * so no later change of a symlink on the way redirects it. */
@@ -1575,6 +1615,11 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     }
     if (old) {
         enum vmsnap_vmm_state st;
+        if (vm_state(&c, old, &st, NULL, err) == 0 && st == VMSNAP_VMM_IO_ERROR && !url &&
+            !on_demand) {
+            rc = resume_io_error(&c, old, t, &t0, err);
+            goto out;
+        }
         if (vm_state(&c, old, &st, NULL, err) == 0 && st != VMSNAP_VMM_DEAD) {
             rc = vmsnap_err_set(err, EBUSY, "VM '%s' is %s: pause, suspend or stop it first", name,
                                 vmsnap_vmm_state_name(st));

@@ -23,6 +23,8 @@ const char *vmsnap_vmm_state_name(enum vmsnap_vmm_state st)
         return "paused";
     case VMSNAP_VMM_INCOMING:
         return "incoming";
+    case VMSNAP_VMM_IO_ERROR:
+        return "io-error";
     default:
         return "other";
     }

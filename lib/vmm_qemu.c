@@ -76,6 +76,8 @@ enum vmsnap_vmm_state qmp_status_state(const char *status)
         return VMSNAP_VMM_PAUSED;
     if (!strcmp(status, "inmigrate") || !strcmp(status, "restore-vm"))
         return VMSNAP_VMM_INCOMING;
+    if (!strcmp(status, "io-error")) /* werror=enospc (the default) stops the VM */
+        return VMSNAP_VMM_IO_ERROR;
     return VMSNAP_VMM_OTHER;
 }
 

@@ -46,9 +46,12 @@ enum vmsnap_vmm_state {
     VMSNAP_VMM_PAUSED = 2,   /* vCPUs stopped (paused, or after a snapshot) */
     VMSNAP_VMM_INCOMING = 3, /* waiting for or loading a snapshot */
     VMSNAP_VMM_OTHER = 4,    /* alive, in some other state (shutdown, internal error) */
+    VMSNAP_VMM_IO_ERROR = 5, /* stopped by the VMM after a disk write failed (the host
+                              * filesystem under the disk image is full): a checkpoint keeps
+                              * the failed request, a resume retries it */
 };
 
-/* Name of a state: "dead", "running", "paused", "incoming", "other". */
+/* Name of a state: "dead", "running", "paused", "incoming", "io-error", "other". */
 VMSNAP_API const char *vmsnap_vmm_state_name(enum vmsnap_vmm_state st);
 
 /* What a driver needs to start a VM. Strings are copied by vmsnap_vmm_new(). */

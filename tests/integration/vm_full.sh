@@ -7,7 +7,9 @@
 # completes the checkpoint and the guest continues from the pause. `resume --force` discards it
 # and resumes the previous checkpoint. And a suspend whose stage cannot be written on the RAM
 # directory after QEMU stopped (out of inodes there): the checkpoint is kept locally instead and
-# the record says paused.
+# the record says paused. And the state directory filling up under a running guest: QEMU stops
+# it on the failed disk write (io-error); resume continues it once there is room, a pause
+# checkpoints it as it is.
 . "$VMSNAP_SRC/tests/integration/vm_lib.sh"
 [ "$(id -u)" = 0 ] || skip "mounting a small tmpfs needs root"
 [ -f "$GOLDEN/golden.env" ] || skip "no golden checkpoint (vm_golden did not run or failed)"
@@ -92,4 +94,43 @@ vmc "$S" ls | grep -Eq '^golden +paused' || fail "vm ls after the local checkpoi
 read -r r d <<<"$(last_counter "$S" golden)"
 mount -o remount,nr_inodes=100000 "$R"
 resume_check "$S" golden "$r" "$d" || done_tests
+
+# the disk's filesystem fills up under the running guest
+wait_status() { # STATUS SECONDS
+    local i
+    for ((i = 0; i < $2 * 5; i++)); do
+        vmc "$S" ls | grep -Eq "^golden +$1 " && return 0
+        sleep 0.2
+    done
+    return 1
+}
+# continued FROM_LINE RAM DATA: the guest prints counters past RAM and DATA after FROM_LINE (the
+# console log could not grow while the disk was full: RAM is a lower bound)
+continued() {
+    wait_console "$S" golden "$1" 'vmsnap-counter ram=.* data=[0-9]' 60 || return 1
+    local got
+    got=$(counter_after "$S" golden "$1")
+    [ "${got% *}" -gt "$2" ] && [ "${got#* }" -gt "$3" ] ||
+        fail "after the io-error: counters $got, not past $2 $3"
+}
+for how in resume pause; do
+    read -r r d <<<"$(last_counter "$S" golden)"
+    dd if=/dev/zero of="$F/filler" bs=64k 2>/dev/null || true
+    wait_status io-error 60 || { fail "the guest did not stop on its full disk: $(vmc "$S" ls)"; break; }
+    if [ $how = resume ]; then
+        expect_fail "resume while the disk is still full" vmc "$S" resume golden
+        grep -q "stopped again on a failed write to its disk" "$T/err" ||
+            fail "resume of an io-error VM on a full disk: $(cat "$T/err")"
+        rm -f "$F/filler"
+        from=$(con_lines "$S" golden)
+        vmc "$S" resume golden 2>"$T/err" || fail "resume of the io-error VM: $(cat "$T/err")"
+    else
+        rm -f "$F/filler"
+        vmc "$S" pause golden 2>"$T/err" || fail "pause of the io-error VM: $(cat "$T/err")"
+        from=$(con_lines "$S" golden)
+        vmc "$S" resume golden 2>"$T/err" || fail "resume after pausing an io-error VM: $(cat "$T/err")"
+    fi
+    continued "$from" "$r" "$d"
+    vmc "$S" ls | grep -Eq '^golden +running ' || fail "vm ls after the io-error $how: $(vmc "$S" ls)"
+done
 done_tests

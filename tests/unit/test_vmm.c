@@ -44,6 +44,8 @@ static void test_status(void)
     CHECK(qmp_status_state("postmigrate") == VMSNAP_VMM_PAUSED);
     CHECK(qmp_status_state("inmigrate") == VMSNAP_VMM_INCOMING);
     CHECK(qmp_status_state("internal-error") == VMSNAP_VMM_OTHER);
+    CHECK(qmp_status_state("io-error") == VMSNAP_VMM_IO_ERROR);
+    CHECK(!strcmp(vmsnap_vmm_state_name(VMSNAP_VMM_IO_ERROR), "io-error"));
     CHECK(!strcmp(vmsnap_vmm_state_name(VMSNAP_VMM_DEAD), "dead"));
 }
 
