@@ -15,6 +15,7 @@
 
 static const char *const sub_usage =
     "vm run NAME --kernel K [--initrd I] [--mem 512M] [--cpus 1] [--disk-size 4G] [--append A]\n"
+    "                 [--force]\n"
     "       vm pause NAME\n"
     "       vm suspend NAME URL [--base URL | --no-base]\n"
     "       vm resume NAME [URL] [--on-demand] [--asset-dir DIR[:DIR...]] [--kernel K]\n"

@@ -853,6 +853,29 @@ static int vm_state(struct vmctx *c, json_object *cfg, enum vmsnap_vmm_state *st
 
 /* ---- run ---- */
 
+/* A guest's RAM file grows as the guest touches its memory; when its tmpfs has no room left the
+ * guest dies (SIGBUS) with its newest state. Refused before QEMU starts, unless --force (the
+ * check sees this VM alone: several VMs starting at once share the room). */
+static int ram_room(const struct vmctx *c, int64_t mem, struct vmsnap_err *err)
+{
+    struct statfs sf;
+    struct stat sb;
+    if ((c->o && c->o->force) || mem <= 0 || statfs(c->ram_dir, &sf) < 0)
+        return 0;
+    uint64_t free_b = (uint64_t)sf.f_bavail * (uint64_t)sf.f_bsize;
+    uint64_t have = stat(c->ram, &sb) == 0 ? (uint64_t)sb.st_blocks * 512 : 0;
+    if (have >= (uint64_t)mem || free_b >= (uint64_t)mem - have)
+        return 0;
+    return vmsnap_err_set(
+        err, ENOSPC,
+        "the RAM directory %s has %llu MiB free, and the guest's RAM (%llu MiB, "
+        "%llu MiB of it written) would grow there by up to %llu MiB: a guest "
+        "whose RAM cannot grow dies. Make room, use another --ram-dir, or give "
+        "--force",
+        c->ram_dir, (unsigned long long)(free_b >> 20), (unsigned long long)((uint64_t)mem >> 20),
+        (unsigned long long)(have >> 20), (unsigned long long)(((uint64_t)mem - have) >> 20));
+}
+
 int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
                   const struct vmsnap_vm_run_args *a, struct vmsnap_vm_timing *t,
                   struct vmsnap_err *err)
@@ -929,6 +952,8 @@ int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
     cfg_set_str(cfg, "run_dir", c.vmdir);
 
     unlink(c.ram);
+    if ((rc = ram_room(&c, (int64_t)mem, err)) < 0)
+        goto out;
     int fd = open(c.ram, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0 || ftruncate(fd, (off_t)mem) < 0) {
         rc = vmsnap_err_set(err, errno, "create guest RAM file %s: %s", c.ram, strerror(errno));
@@ -1798,6 +1823,8 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
             goto out_src;
         cfg_set_str(cfg, "accel", accel);
     }
+    if (!on_demand && (rc = ram_room(&c, cfg_int(cfg, "memory"), err)) < 0)
+        goto out_src;
     step(t, "stage", &t0);
 
     if (created || !old) {

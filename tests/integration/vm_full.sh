@@ -9,7 +9,8 @@
 # directory after QEMU stopped (out of inodes there): the checkpoint is kept locally instead and
 # the record says paused. And the state directory filling up under a running guest: QEMU stops
 # it on the failed disk write (io-error); resume continues it once there is room, a pause
-# checkpoints it as it is.
+# checkpoints it as it is. And a RAM directory without room for the guest's memory to grow
+# (the guest would die of SIGBUS): run and resume refuse before QEMU starts.
 . "$VMSNAP_SRC/tests/integration/vm_lib.sh"
 [ "$(id -u)" = 0 ] || skip "mounting a small tmpfs needs root"
 [ -f "$GOLDEN/golden.env" ] || skip "no golden checkpoint (vm_golden did not run or failed)"
@@ -133,4 +134,21 @@ for how in resume pause; do
     continued "$from" "$r" "$d"
     vmc "$S" ls | grep -Eq '^golden +running ' || fail "vm ls after the io-error $how: $(vmc "$S" ls)"
 done
+
+# the RAM directory too small for the guest's memory to grow
+vmc "$S" pause golden || fail "pause before the small RAM directory"
+read -r r d <<<"$(last_counter "$S" golden)"
+mount -o remount,size=$((ram_k * 3 / 2))k "$R" # the RAM image fits, 256 MiB of RAM does not
+expect_fail "resume into a RAM directory too small for the guest's memory" vmc "$S" resume golden
+grep -q "the RAM directory $R has .* MiB free, and the guest's RAM (256 MiB" "$T/err" ||
+    fail "small RAM directory, resume: $(cat "$T/err")"
+[ -z "$(ls -A "$R")" ] || fail "the refused resume left $(ls -A "$R")"
+vmc "$S" ls | grep -Eq '^golden +paused ' || fail "vm ls after the refused resume: $(vmc "$S" ls)"
+expect_fail "run with more memory than the RAM directory has room for" vmc "$S" run small \
+    --kernel "$GUEST/vmlinux" --initrd "$GUEST/initrd.cpio.gz" --mem 256M
+grep -q "the RAM directory $R has" "$T/err" || fail "small RAM directory, run: $(cat "$T/err")"
+[ -e "$S/vms/small" ] && fail "the refused run left its VM directory"
+[ -z "$(ls -A "$R")" ] || fail "the refused run left $(ls -A "$R")"
+mount -o remount,size=1g "$R"
+resume_check "$S" golden "$r" "$d" || done_tests
 done_tests
