@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -585,9 +586,18 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
                 qemu_stop(v, NULL);
             char tail[400];
             log_tail(v, tail, sizeof(tail));
-            return vmsnap_err_set(err, EIO, "QEMU for %s %s: %s", v->run_dir,
+            /* a full run directory loses QEMU's pid file and log, and so its real error */
+            char hint[160] = "";
+            struct statfs sf;
+            if (statfs(v->run_dir, &sf) == 0 && (uint64_t)sf.f_bavail * sf.f_bsize < (1u << 20))
+                snprintf(hint, sizeof(hint),
+                         " (%s has %llu KiB free: QEMU may not have been able "
+                         "to write its files there)",
+                         v->run_dir,
+                         (unsigned long long)((uint64_t)sf.f_bavail * sf.f_bsize >> 10));
+            return vmsnap_err_set(err, EIO, "QEMU for %s %s: %s%s", v->run_dir,
                                   timeout ? "did not open its QMP socket in 30 s" : "exited",
-                                  tail[0] ? tail : e2.msg);
+                                  tail[0] ? tail : e2.msg, hint);
         }
         sleep_ms(20);
     }

@@ -1079,6 +1079,49 @@ static int key_exists(struct vmsnap_store_conn *c, const char *key, struct vmsna
     return rc < 0 ? rc : 1;
 }
 
+struct keys {
+    char **v;
+    size_t n, cap;
+    const char *suffix; /* keep keys ending with this ("" = all) */
+    const char *direct; /* keep only keys directly under this prefix (NULL = any depth) */
+    bool whole_name;    /* the suffix is a whole last component */
+};
+
+static int collect(void *arg, const char *key, uint64_t size)
+{
+    (void)size;
+    struct keys *k = arg;
+    size_t kl = strlen(key), sl = strlen(k->suffix);
+    if (kl < sl || strcmp(key + kl - sl, k->suffix))
+        return 0;
+    if (k->whole_name && kl > sl && key[kl - sl - 1] != '/')
+        return 0; /* "xmanifest.json" is not a manifest */
+    if (k->direct && strchr(key + strlen(k->direct), '/'))
+        return 0;
+    if (k->n >= 1000000)
+        return -E2BIG;
+    if (k->n == k->cap) {
+        size_t cap = k->cap ? k->cap * 2 : 16;
+        char **nv = realloc(k->v, cap * sizeof(*nv));
+        if (!nv)
+            return -ENOMEM;
+        k->v = nv;
+        k->cap = cap;
+    }
+    k->v[k->n] = strdup(key);
+    if (!k->v[k->n])
+        return -ENOMEM;
+    k->n++;
+    return 0;
+}
+
+static void keys_free(struct keys *k)
+{
+    for (size_t i = 0; i < k->n; i++)
+        free(k->v[i]);
+    free(k->v);
+}
+
 /* A failed push removes what it stored, unless another push committed a set there meanwhile
  * (the objects may be that push's now). */
 static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
@@ -1101,6 +1144,21 @@ static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, con
             vmsnap_store_delete(ctl, k, NULL);
         free(k);
     }
+    /* The set this push was replacing lost its manifest first: its other objects are dead too
+     * (left, unlisted, they kept a full store full, and the next push failed the same way). */
+    char *lp = join_key(prefix, "");
+    struct keys k = {.suffix = ".zstd", .direct = lp};
+    size_t gone = 0;
+    if (lp && vmsnap_store_list(ctl, lp, collect, &k, NULL) == 0)
+        for (size_t i = 0; i < k.n; i++)
+            gone += vmsnap_store_delete(ctl, k.v[i], NULL) == 0;
+    if (gone)
+        vlog(VMSNAP_LOG_WARN,
+             "%s: removed %zu object(s) of the set this push was replacing (its manifest was "
+             "already gone)",
+             lp, gone);
+    keys_free(&k);
+    free(lp);
 }
 
 static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir,
@@ -2134,49 +2192,6 @@ out:
 
 /* ---------------------------------------------------------------------------------------- */
 /* ls, rm, gc                                                                                */
-
-struct keys {
-    char **v;
-    size_t n, cap;
-    const char *suffix; /* keep keys ending with this ("" = all) */
-    const char *direct; /* keep only keys directly under this prefix (NULL = any depth) */
-    bool whole_name;    /* the suffix is a whole last component */
-};
-
-static int collect(void *arg, const char *key, uint64_t size)
-{
-    (void)size;
-    struct keys *k = arg;
-    size_t kl = strlen(key), sl = strlen(k->suffix);
-    if (kl < sl || strcmp(key + kl - sl, k->suffix))
-        return 0;
-    if (k->whole_name && kl > sl && key[kl - sl - 1] != '/')
-        return 0; /* "xmanifest.json" is not a manifest */
-    if (k->direct && strchr(key + strlen(k->direct), '/'))
-        return 0;
-    if (k->n >= 1000000)
-        return -E2BIG;
-    if (k->n == k->cap) {
-        size_t cap = k->cap ? k->cap * 2 : 16;
-        char **nv = realloc(k->v, cap * sizeof(*nv));
-        if (!nv)
-            return -ENOMEM;
-        k->v = nv;
-        k->cap = cap;
-    }
-    k->v[k->n] = strdup(key);
-    if (!k->v[k->n])
-        return -ENOMEM;
-    k->n++;
-    return 0;
-}
-
-static void keys_free(struct keys *k)
-{
-    for (size_t i = 0; i < k->n; i++)
-        free(k->v[i]);
-    free(k->v);
-}
 
 int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsnap_xfer_list_fn fn,
                      void *arg, struct vmsnap_err *err)

@@ -299,6 +299,20 @@ if [ "$(id -u)" = 0 ] && mkdir "$T/small" && mount -t tmpfs -o size=16m tmpfs "$
     left=$(find "$T/small" -type f)
     [ -z "$left" ] || fail "manifest store full: objects left: $left"
     umount "$T/small"
+    # a push over a set that fails for want of room: the replaced set's objects go too (its
+    # manifest went first), so a retry has the room
+    mount -t tmpfs -o size=16m tmpfs "$T/small"
+    mkdir "$T/re" && mk "$T/re/big" $((10 * 1024 * 1024)) && echo a >"$T/re/a"
+    "$VMSNAP" -q push "$T/re" "$T/small/re" || fail "push of the set to be replaced"
+    mk "$T/re/big" $((10 * 1024 * 1024))
+    expect_fail "push over a set on a full store" "$VMSNAP" push "$T/re" "$T/small/re"
+    grep -q "No space left" "$T/err" || fail "push over a set, full: message: $(cat "$T/err")"
+    left=$(find "$T/small" -type f)
+    [ -z "$left" ] || fail "push over a set, full: objects left: $left"
+    "$VMSNAP" -q push "$T/re" "$T/small/re" || fail "the retry of the push over a set"
+    "$VMSNAP" -q pull "$T/small/re" "$T/re.out" && diff -r "$T/re" "$T/re.out" >/dev/null ||
+        fail "the retried set does not round-trip"
+    umount "$T/small"
 else
     echo "note: disk-full case needs root to mount a tmpfs; not run" >&2
     [ "${VMSNAP_REQUIRE_ALL:-0}" = 1 ] && fail "disk-full case could not run"
