@@ -1456,13 +1456,10 @@ static int resume_io_error(struct vmctx *c, json_object *rec, struct vmsnap_vm_t
     int rc = vmm_from_cfg(c, rec, &v, err);
     if (rc == 0)
         rc = vmsnap_vmm_resume(v, err);
-    /* a write that fails again stops it again at once: give it a moment to show */
-    for (int i = 0; rc == 0 && i < 4 && st != VMSNAP_VMM_RUNNING; i++) {
-        struct timespec ts = {0, 50 * 1000 * 1000};
+    if (rc == 0) { /* a write that fails again stops it again at once (virtio-blk retries it) */
+        struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
         rc = vmsnap_vmm_state(v, &st, NULL, err);
-        if (rc == 0 && st == VMSNAP_VMM_IO_ERROR)
-            break;
     }
     vmsnap_vmm_free(v);
     if (rc == 0 && st == VMSNAP_VMM_IO_ERROR) {
@@ -1953,21 +1950,20 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
                  "VM '%s': its record names %s as its RAM; not removed (give the --ram-dir it "
                  "was started with)",
                  name, rec);
-        if (pending) /* the RAM file, and the stage if that is where the state is, stay */
+        if (pending) { /* the RAM file, and the stage if that is where the state is, stay */
             vlog(VMSNAP_LOG_WARN,
                  "VM '%s': keeping %s and %s, the state of a pause or suspend whose checkpoint "
                  "could not be completed (%s): 'vmsnap vm resume %s' completes it once that is "
                  "fixed",
                  name, pend, c.ram, c.rerr.code ? c.rerr.msg : "see above", name);
-        else
+        } else {
             unlink(c.ram);
-        if (pending)
-            ;
-        else if (remove || !stage_unsaved(&c))
-            unstage(&c);
-        else
-            vlog(VMSNAP_LOG_WARN, "VM '%s': keeping %s, the only copy of its last snapshot", name,
-                 c.stage);
+            if (remove || !stage_unsaved(&c))
+                unstage(&c);
+            else
+                vlog(VMSNAP_LOG_WARN, "VM '%s': keeping %s, the only copy of its last snapshot",
+                     name, c.stage);
+        }
         const char *s = cfg_str(cfg, "status");
         if (s && (!strcmp(s, "running") || !strcmp(s, "restoring"))) {
             cfg_set_str(cfg, "status", "stopped");
