@@ -233,7 +233,10 @@ static int cache_evict(int argc, char **argv)
     uint64_t dropped_pages = rep.dropped_pages, still_dirty = rep.dirty_files;
     uint64_t dropped_files = rep.dropped_files;
     if (retrier) {
-        vmsnap_pcache_retrier_wait(retrier, wait + 1.0);
+        if (vmsnap_pcache_retrier_wait(retrier, wait + 1.0) == -ECANCELED) {
+            cli_error("cache", "interrupted while waiting for writeback (--wait)");
+            rc = EXIT_FAIL;
+        }
         struct vmsnap_pcache_retrier_stats rs;
         vmsnap_pcache_retrier_get_stats(retrier, &rs);
         vmsnap_pcache_retrier_free(retrier);

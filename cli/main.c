@@ -2,8 +2,11 @@
 /* vmsnap: the verb table and global flags. */
 #include "cli.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static int cmd_help(int argc, char **argv);
 static int cmd_version(int argc, char **argv);
@@ -120,6 +123,49 @@ static void log_stderr(void *arg, enum vmsnap_log_level level, const char *msg)
     fprintf(stderr, "vmsnap: %s: %s\n", names[level], msg);
 }
 
+/* SIGINT, SIGTERM and SIGHUP are taken by one thread (blocked in every other, from before any
+ * is created): the first cancels what runs (it stops at the next frame or part and cleans up,
+ * exit 1), a second ends the process at once, as the signal's default would. */
+static sigset_t stop_sigs;
+
+static void *stop_main(void *arg)
+{
+    (void)arg;
+    for (int n = 0;; n++) {
+        int sig = 0;
+        if (sigwait(&stop_sigs, &sig) != 0)
+            continue;
+        if (n == 0) {
+            vmsnap_cancel(sig);
+            const char *name = sigabbrev_np(sig);
+            fprintf(stderr, "vmsnap: SIG%s: stopping and cleaning up (again to quit at once)\n",
+                    name ? name : "?");
+            continue;
+        }
+        signal(sig, SIG_DFL);
+        pthread_sigmask(SIG_UNBLOCK, &stop_sigs, NULL);
+        raise(sig);
+        _exit(128 + sig);
+    }
+    return NULL;
+}
+
+static void handle_stop_signals(void)
+{
+    sigemptyset(&stop_sigs);
+    sigaddset(&stop_sigs, SIGINT);
+    sigaddset(&stop_sigs, SIGTERM);
+    sigaddset(&stop_sigs, SIGHUP);
+    pthread_t t;
+    if (pthread_sigmask(SIG_BLOCK, &stop_sigs, NULL) != 0)
+        return;
+    if (pthread_create(&t, NULL, stop_main, NULL) != 0) {
+        pthread_sigmask(SIG_UNBLOCK, &stop_sigs, NULL);
+        return;
+    }
+    pthread_detach(t);
+}
+
 int main(int argc, char **argv)
 {
     int i = 1;
@@ -154,5 +200,6 @@ int main(int argc, char **argv)
         usage(stderr);
         return EXIT_USAGE;
     }
+    handle_stop_signals();
     return v->run(argc - i, argv + i);
 }

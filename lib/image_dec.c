@@ -483,7 +483,9 @@ static void *pdec_main(void *arg)
         uint32_t i = p->next++;
         pthread_mutex_unlock(&p->mu);
         uint64_t ext = 0;
-        int rc = decode_frame(p->img, i, p->src, 0, p->fd, dec, &ext, &err);
+        int rc = cancel_check(&err);
+        if (rc == 0)
+            rc = decode_frame(p->img, i, p->src, 0, p->fd, dec, &ext, &err);
         pthread_mutex_lock(&p->mu);
         if (rc < 0 && !p->failed) {
             p->failed = true;

@@ -761,6 +761,8 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
     uint32_t prev_run = 0;
     bool copying = false, prev_reused = false;
     for (uint64_t i = 0; rc == 0 && i < e.nranges; i++) {
+        if ((rc = cancel_check(err)) < 0)
+            break;
         struct slot *sl = &e.slots[i % e.window];
         pthread_mutex_lock(&e.mu);
         while (sl->state != SLOT_DONE && started > 0)

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -69,6 +70,12 @@ static int decode_sequential(int fd, uint64_t off, int dst_fd, uint64_t max_size
     }
     uint64_t done = 0;
     for (;;) {
+        /* a pipe may block: wait for it in steps, so that a cancel is seen */
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        while (off == UINT64_MAX && !vmsnap_cancelled() && poll(&pfd, 1, 200) == 0)
+            ;
+        if ((rc = cancel_check(err)) < 0)
+            break;
         ssize_t n = off == UINT64_MAX ? read(fd, buf, SEQ_CHUNK)
                                       : pread(fd, buf, SEQ_CHUNK, (off_t)(off + done));
         if (n < 0) {

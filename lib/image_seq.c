@@ -419,6 +419,9 @@ int vmsnap_seqdec_feed(struct vmsnap_seqdec *sd, const void *data, size_t len,
                        struct vmsnap_err *err)
 {
     const uint8_t *buf = data;
+    int crc = cancel_check(err);
+    if (crc < 0)
+        return crc;
     if (sd->mode == M_HEAD) {
         size_t n = VMSNAP_MIN(len, (size_t)(IMG_HEADER_LEN - sd->head_fill));
         memcpy(sd->head + sd->head_fill, buf, n);

@@ -255,15 +255,16 @@ int vmsnap_pcache_retrier_wait(struct vmsnap_pcache_retrier *r, double timeout)
     int rc = 0;
     pthread_mutex_lock(&r->mu);
     while ((r->n > 0 || r->busy) && !r->stop) {
-        if (timeout < 0) {
-            pthread_cond_wait(&r->idle, &r->mu);
-            continue;
+        if (vmsnap_cancelled()) { /* checked every 0.2 s */
+            rc = -ECANCELED;
+            break;
         }
-        if (mono_now() >= deadline) {
+        double t = mono_now();
+        if (timeout >= 0 && t >= deadline) {
             rc = -ETIMEDOUT;
             break;
         }
-        struct timespec ts = to_ts(deadline);
+        struct timespec ts = to_ts(timeout >= 0 ? VMSNAP_MIN(deadline, t + 0.2) : t + 0.2);
         pthread_cond_timedwait(&r->idle, &r->mu, &ts);
     }
     pthread_mutex_unlock(&r->mu);

@@ -448,6 +448,20 @@ static unsigned env_uint(const char *name, unsigned def)
     return def;
 }
 
+/* A cancel (vmsnap_cancel) aborts a request in flight and stops its retries, unless it is a
+ * DELETE (an abort of a multipart upload, a removal) or its thread holds the cancel off
+ * (cancel_hold: the clean-up of a failed transfer, a push past its commit): those still run. */
+static bool req_abortable(const struct req *r)
+{
+    return strcmp(r->method, "DELETE") != 0;
+}
+
+static int abort_cb(void *arg, curl_off_t dlt, curl_off_t dln, curl_off_t ult, curl_off_t uln)
+{
+    (void)dlt, (void)dln, (void)ult, (void)uln;
+    return req_abortable(arg) && cancel_pending();
+}
+
 /* One attempt. Returns 0 for a 2xx, 1 for "retry", <0 for a final error (err filled). */
 static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err *err)
 {
@@ -574,6 +588,9 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
     r->errbody.len = 0;
     if (r->resp)
         r->resp->len = 0;
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, req_abortable(r) ? 0L : 1L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, abort_cb);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, r);
     double t0 = now_s();
     CURLcode cc = curl_easy_perform(h);
     curl_slist_free_all(hl);
@@ -585,6 +602,8 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
          query[0] ? "?" : "", query, r->status, cc ? " curl: " : "",
          cc ? curl_easy_strerror(cc) : "", now_s() - t0);
 
+    if (cc == CURLE_ABORTED_BY_CALLBACK && cancel_check(err) < 0)
+        return -ECANCELED;
     if (r->cb_err) {
         if (r->cb_err == -EFBIG)
             return vmsnap_err_set(err, EFBIG, "%s %s/%s: answer larger than %u bytes", r->method,
@@ -650,6 +669,8 @@ static int perform(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
     for (unsigned a = 1;; a++) {
         rc = attempt(c, r, err);
         if (rc <= 0)
+            break;
+        if (req_abortable(r) && (rc = cancel_check(err)) < 0)
             break;
         if (a >= cfg->max_attempts) {
             vmsnap_err_wrap(err, "gave up after %u attempts: ", a);

@@ -530,7 +530,11 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
         return rc;
     }
     if (mid == 0) {
-        if (setsid() < 0)
+        /* QEMU gets the default signal mask (the caller's may block SIGTERM, as the CLI does
+         * to handle it on a thread: QEMU would not stop on it) */
+        sigset_t none;
+        sigemptyset(&none);
+        if (setsid() < 0 || sigprocmask(SIG_SETMASK, &none, NULL) < 0)
             _exit(127);
         pid_t q = fork();
         if (q != 0) {

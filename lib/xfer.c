@@ -256,6 +256,8 @@ static void part_run(struct xtask *t, struct vmsnap_store_conn *c)
     pthread_mutex_lock(&u->mu);
     bool skip = u->rc != 0;
     pthread_mutex_unlock(&u->mu);
+    if (!skip && (rc = cancel_check(&e)) < 0)
+        skip = true; /* queued parts do not go out after a cancel */
     if (!skip && !copy)
         rc = vmsnap_store_mpu_part(c, u->key, u->upload_id, pt->num, pt->off, pt->buf, pt->len,
                                    &u->parts[pt->num - 1], &e);
@@ -268,7 +270,7 @@ static void part_run(struct xtask *t, struct vmsnap_store_conn *c)
         xpool_mem_release(&u->x->pool, pt->cap);
     }
     if (rc < 0) {
-        if (copy) {
+        if (copy && rc != -ECANCELED) {
             pthread_mutex_lock(&u->mu);
             u->copy_failed = true;
             pthread_mutex_unlock(&u->mu);
@@ -641,8 +643,16 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
         }
     }
     up_wait(&u);
-    if (rc == 0 && u.rc == 0 && u.upload_id)
+    /* the completion is not cut short by a cancel: asked for, it runs to its answer */
+    if (rc == 0 && u.rc == 0 && u.upload_id && (rc = cancel_check(&ferr)) == 0) {
+        cancel_hold();
         rc = vmsnap_store_mpu_complete(ctl, key, u.upload_id, u.parts, u.nparts, &ferr);
+        cancel_release();
+        if (rc == -ENOENT) /* NoSuchUpload, or RGW's NoSuchKey: aborted or removed meanwhile */
+            vmsnap_err_wrap(&ferr,
+                            "the upload was aborted or removed while it completed (another push "
+                            "to the same place at the same time?); NOT stored there: ");
+    }
     if (u.rc < 0) { /* a part failed: that is the cause, whatever the encoder said */
         rc = u.rc;
         if (err)
@@ -663,9 +673,11 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
          * is complete or aborted by now, so it is not listed). */
         struct leftover_ctx l = {.exact = key, .c = ctl};
         struct vmsnap_err le = {0};
+        cancel_hold();
         if (vmsnap_store_list_uploads(ctl, key, abort_leftover, &l, &le) < 0)
             vlog(VMSNAP_LOG_WARN, "cannot list unfinished uploads of %s (run 'vmsnap gc'): %s", key,
                  le.msg);
+        cancel_release();
     }
     if (u.cur) {
         free(u.cur);
@@ -729,7 +741,8 @@ static int push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const 
                           &copy_failed, err);
     /* The base changed or went away (412, 404, a fetched frame that differs), the store could
      * not copy, or the runs needed too many parts: go again without it. */
-    bool full = rc == -ENOSPC || rc == -EDQUOT || rc == -EROFS; /* would fail again */
+    /* would fail again, or was cancelled */
+    bool full = rc == -ENOSPC || rc == -EDQUOT || rc == -EROFS || rc == -ECANCELED;
     if (base && rc < 0 && !full &&
         (copy_failed || rc == -ESTALE || rc == -ENOENT || rc == -EFBIG)) {
         vlog(VMSNAP_LOG_WARN, "%s: the push with base %s failed (%s); pushing it whole", path,
@@ -988,6 +1001,7 @@ static void check_run(struct xtask *xt, struct vmsnap_store_conn *c)
     struct check_task *t = (struct check_task *)xt;
     struct vmsnap_err e = {0};
     int rc;
+    cancel_hold(); /* a few small GETs; after the commit, what the push reports rests on them */
     if (t->f) {
         rc = check_object(t->x, c, t->key, t->f, &e);
     } else {
@@ -1012,6 +1026,7 @@ static void check_run(struct xtask *xt, struct vmsnap_store_conn *c)
     pthread_mutex_unlock(&t->k->mu);
     free(t->key);
     free(t);
+    cancel_release();
 }
 
 static int check_committed(struct xfer *x, const char *prefix, const char *mkey,
@@ -1124,8 +1139,19 @@ static void keys_free(struct keys *k)
 
 /* A failed push removes what it stored, unless another push committed a set there meanwhile
  * (the objects may be that push's now). */
+static void remove_pushed_held(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
+                               const struct set_push *s);
+
 static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
                           const struct set_push *s)
+{
+    cancel_hold(); /* clean-up, after a cancel too */
+    remove_pushed_held(ctl, prefix, mkey, s);
+    cancel_release();
+}
+
+static void remove_pushed_held(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
+                               const struct set_push *s)
 {
     int rc = key_exists(ctl, mkey, NULL);
     if (rc != 0) {
@@ -1227,14 +1253,23 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
      * committed over them), then the commit, then all of it again */
     if ((rc = check_committed(x, prefix, mkey, &m, url, false, err)) < 0)
         goto out;
-    if ((rc = vmsnap_store_put(ctl, mkey, json, strlen(json), err)) < 0) {
+    /* the commit: not after a cancel; once asked for, it runs to its answer and is checked */
+    if ((rc = cancel_check(err)) < 0) {
+        remove_pushed(ctl, prefix, mkey, &s);
+        goto out;
+    }
+    cancel_hold();
+    rc = vmsnap_store_put(ctl, mkey, json, strlen(json), err);
+    if (rc < 0) {
         vmsnap_err_wrap(err, "commit %s/%s: ", url, VMSNAP_XFER_MANIFEST);
         /* not committed (a full store, a refused write): the objects are nobody's. When the
          * answer was lost after the manifest was stored, it exists and they stay. */
         remove_pushed(ctl, prefix, mkey, &s);
-        goto out;
+    } else {
+        rc = check_committed(x, prefix, mkey, &m, url, true, err);
     }
-    if ((rc = check_committed(x, prefix, mkey, &m, url, true, err)) < 0)
+    cancel_release();
+    if (rc < 0)
         goto out;
     if (stats) {
         stats->files = s.n;
@@ -1446,6 +1481,8 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
     pthread_mutex_lock(&d->mu);
     bool skip = d->rc != 0;
     pthread_mutex_unlock(&d->mu);
+    if (!skip && (rc = cancel_check(&e)) < 0)
+        skip = true;
     uint8_t *buf = skip ? NULL : malloc(g->len ? g->len : 1);
     if (!skip && !buf)
         rc = vmsnap_err_set(&e, ENOMEM, "out of memory (%llu-byte group)",

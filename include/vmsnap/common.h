@@ -42,6 +42,16 @@ VMSNAP_API int vmsnap_err_wrap(struct vmsnap_err *err, const char *fmt, ...)
 /* Reset `err` to "no error". */
 VMSNAP_API void vmsnap_err_clear(struct vmsnap_err *err);
 
+/* Cancel the long operations running in this process (pack, unpack, inspect --verify, push,
+ * pull, and a VM's upload or download): they check between frames, parts and ranges (a request
+ * in flight completes), fail with ECANCELED ("interrupted (SIGINT)"), and clean up as on any
+ * other failure: temporary files removed, multipart uploads aborted, a half-stored set deleted,
+ * a suspend's checkpoint kept locally. `sig` names the cause in the message (a signal number, or
+ * -1); 0 clears it. Async-signal-safe: the CLI calls it on SIGINT, SIGTERM and SIGHUP. */
+VMSNAP_API void vmsnap_cancel(int sig);
+/* What vmsnap_cancel() was given (0: not cancelled). */
+VMSNAP_API int vmsnap_cancelled(void);
+
 enum vmsnap_log_level {
     VMSNAP_LOG_ERROR = 0,
     VMSNAP_LOG_WARN = 1,

@@ -105,7 +105,7 @@ VMSNAP_API int vmsnap_pcache_retrier_new(const double *delays, size_t ndelays,
                                          struct vmsnap_err *err);
 
 /* Wait until no file is queued or `timeout` seconds passed (< 0: no limit). Returns 0 when the
- * queue is empty, -ETIMEDOUT otherwise. */
+ * queue is empty, -ETIMEDOUT otherwise, -ECANCELED once vmsnap_cancel() was called. */
 VMSNAP_API int vmsnap_pcache_retrier_wait(struct vmsnap_pcache_retrier *r, double timeout);
 
 /* A snapshot of the counters. */

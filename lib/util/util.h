@@ -12,6 +12,15 @@
 void vlog(enum vmsnap_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 bool vlog_enabled(enum vmsnap_log_level level);
 
+/* 0, or -ECANCELED with "interrupted (SIGINT)" in err once vmsnap_cancel() was called (and
+ * this thread holds no cancel_hold()). */
+int cancel_check(struct vmsnap_err *err);
+bool cancel_pending(void);
+/* Between these, this thread's work is not cancelled: the clean-up of a failed or cancelled
+ * transfer (its requests must still run), and a push past its commit. Nested. */
+void cancel_hold(void);
+void cancel_release(void);
+
 #define VMSNAP_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define VMSNAP_MAX(a, b) ((a) > (b) ? (a) : (b))
 

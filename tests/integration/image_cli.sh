@@ -81,4 +81,18 @@ cmp -s "$T/src" "$T/pulled" || fail "pull --drop-cache output differs"
 # quiet means quiet; not a TTY means no progress line
 out=$("$VMSNAP" -q pack "$T/src" "$T/img3" 2>&1)
 [ -z "$out" ] || fail "-q printed: $out"
+
+# interrupted (SIGTERM) while waiting on a pipe that has sent half an object: exit 1 saying so,
+# nothing at the destination, no temporary file
+"$VMSNAP" -q pack "$T/src" "$T/img4"
+{ head -c $(($(stat -c %s "$T/img4") / 2)) "$T/img4"; sleep 5; } |
+    "$VMSNAP" unpack - "$T/uint" 2>"$T/err" &
+pid=$!
+sleep 1
+kill -TERM "$pid"
+rc=0 && wait "$pid" || rc=$?
+[ "$rc" = 1 ] || fail "interrupted unpack: exit $rc ($(cat "$T/err"))"
+grep -q "interrupted (SIGTERM)" "$T/err" || fail "interrupted unpack: message: $(cat "$T/err")"
+[ -e "$T/uint" ] && fail "the interrupted unpack left its destination"
+ls -A "$T" | grep -q '^\.uint' && fail "the interrupted unpack left a temporary file"
 done_tests
