@@ -1137,11 +1137,11 @@ static void keys_free(struct keys *k)
     free(k->v);
 }
 
-/* A failed push removes what it stored, unless another push committed a set there meanwhile
- * (the objects may be that push's now). */
 static void remove_pushed_held(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
                                const struct set_push *s);
 
+/* A failed push removes what it stored, unless another push committed a set there meanwhile
+ * (the objects may be that push's now). */
 static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
                           const struct set_push *s)
 {
