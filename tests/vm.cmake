@@ -16,7 +16,8 @@ endforeach()
 # xfer_rgw fixture (tests/xfer.cmake, included after this file: same state path).
 vmsnap_sh_test(vm_s3 tests/integration/vm_s3.sh TIMEOUT 400 LABELS vm RESOURCE_LOCK vm)
 set_tests_properties(vm_s3 PROPERTIES FIXTURES_REQUIRED "vm_golden;xfer_rgw")
-set_property(TEST vm_s3 APPEND PROPERTY ENVIRONMENT "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state")
+set_property(TEST vm_s3 APPEND PROPERTY ENVIRONMENT "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state"
+             "VMSNAP_FAULTPROXY=$<TARGET_FILE:vmsnap_faultproxy>")
 
 # The QMP reply parser on untrusted bytes (vmsnap_fuzz comes from tests/fuzz.cmake, included
 # before this file).

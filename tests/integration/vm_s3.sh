@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # suspend to a real Ceph RGW (the xfer_rgw fixture) -> resume under another state directory:
 # both counters continue. S3 down during suspend (the endpoint refuses connections): the local
-# checkpoint survives, the error says so, and a later suspend to the real RGW succeeds.
+# checkpoint survives, the error says so, and a later suspend to the real RGW succeeds. A suspend
+# interrupted during its upload keeps its checkpoint locally and leaves nothing in the bucket.
 . "$VMSNAP_SRC/tests/integration/vm_lib.sh"
 . "$VMSNAP_SRC/tests/integration/xfer_s3_lib.sh"
 A=$T/node-a
@@ -48,4 +49,27 @@ vmc "$B" stop --rm golden >/dev/null 2>&1 || true
 resume_check "$B" golden "$r" "$d" "s3://$BUCKET/vm1" || done_tests
 [ "$(blob_md5 "$B" golden)" = "$boot_md5" ] || fail "RAM blob md5 after a suspend over its own base"
 [ "$(uploads_left)" = 0 ] || fail "uploads left in the bucket after the VM suspends"
+
+# interrupted (SIGINT, a Ctrl-C) during its upload: the upload is aborted, nothing is stored,
+# the checkpoint is kept locally and the VM resumes from it (the proxy delays the upload's parts
+# and copies from the 2nd on, so the signal comes mid-way)
+"${VMSNAP_FAULTPROXY:?}" "$T/fport" "$VMSNAP_RGW_PORT" "m2+:delay5000,c2+:delay5000" \
+    2>>"$T/proxy.log" &
+fpid=$!
+for _ in $(seq 100); do [ -s "$T/fport" ] && break; sleep 0.05; done
+sleep 1
+AWS_ENDPOINT_URL=http://127.0.0.1:$(cat "$T/fport") "$VMSNAP" vm suspend golden \
+    "s3://$BUCKET/int" --state-dir "$B" 2>"$T/err" &
+spid=$!
+sleep 2.5
+kill -INT "$spid"
+rc=0 && wait "$spid" || rc=$?
+kill "$fpid" 2>/dev/null || true
+[ "$rc" = 1 ] || fail "interrupted suspend: exit $rc ($(cat "$T/err"))"
+grep -q "kept locally.*interrupted (SIGINT)" "$T/err" || fail "interrupted suspend: $(cat "$T/err")"
+[ "$(head_code int/manifest.json)" = 404 ] || fail "the interrupted suspend stored a manifest"
+[ "$(uploads_left)" = 0 ] || fail "the interrupted suspend left an upload"
+vmc "$B" ls | grep -Eq '^golden +paused .*checkpoint' || fail "ls after the interrupted suspend: $(vmc "$B" ls)"
+read -r r d <<<"$(last_counter "$B" golden)"
+resume_check "$B" golden "$r" "$d" || done_tests
 done_tests
