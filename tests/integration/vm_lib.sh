@@ -8,7 +8,13 @@ command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 not install
 command -v e2fsck >/dev/null || skip "e2fsck not installed"
 GOLDEN=${VMSNAP_BUILD:?}/vm-golden
 VM_DIRS=()
-export VMSNAP_RAM_DIR=${VMSNAP_RAM_DIR:-/dev/shm}
+# A RAM directory of this test's own on /dev/shm: the checks that a failure left nothing there
+# see this test's files only, not those of another test run on the machine.
+OWN_RAM_DIR=
+if [ -z "${VMSNAP_RAM_DIR:-}" ]; then
+    OWN_RAM_DIR=$(mktemp -d /dev/shm/vmsnap-test.XXXXXX)
+    export VMSNAP_RAM_DIR=$OWN_RAM_DIR
+fi
 # a resume from a store runs the set's kernel and initrd only from the node's asset directories:
 # here, the guest's build directory (guest/build.sh)
 export VMSNAP_ASSET_DIRS=${VMSNAP_ASSET_DIRS:-${VMSNAP_GUEST_DIR:-/var/cache/vmsnap-guest}}
@@ -24,6 +30,7 @@ t_cleanup() {
         done
     done
     [ -n "${VMSNAP_KEEP_TMP:-}" ] || rm -rf "$T"
+    [ -z "$OWN_RAM_DIR" ] || rm -rf "$OWN_RAM_DIR"
 }
 
 guest_dir() { # build (or reuse) the guest; skip when it cannot be built here
