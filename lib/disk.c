@@ -358,7 +358,7 @@ int vmsnap_disk_create(const char *path, const struct vmsnap_disk_create_opts *o
     E2(ext2fs_set_gdt_csum(fs), "update group descriptors");
     vlog(VMSNAP_LOG_DEBUG, "disk create %s: %u groups, %u inodes, %llu blocks", path,
          fs->group_desc_count, sb->s_inodes_count, (unsigned long long)ext2fs_blocks_count(sb));
-    E2(ext2fs_close_free(&fs), "write metadata");
+    E2(ext2fs_close_free(&fs), "write the image (its buffered blocks)");
     disk_tree_free(tree);
     tree = NULL;
     rc = sys_atomic_commit(&af, o->fsync, err);

@@ -255,7 +255,11 @@ static int copy_extents(const char *src, int sfd, int dfd, uint64_t size, bool d
         uint64_t end = VMSNAP_MIN((uint64_t)hole, size);
         rc = direct ? queue_range_direct(&d, sfd, dfd, (uint64_t)data, end, &use_cfr, &buf)
                     : copy_range(sfd, dfd, (uint64_t)data, end, &use_cfr, &buf);
-        if (rc < 0) {
+        if (rc == -ENOSPC || rc == -EDQUOT) { /* the copy's side (the caller names it) */
+            rc = vmsnap_err_set(err, -rc, "writing the copy at offset %lld: %s", (long long)data,
+                                strerror(-rc));
+            goto out;
+        } else if (rc < 0) {
             rc = vmsnap_err_set(err, -rc, "copy %s at offset %lld: %s", src, (long long)data,
                                 strerror(-rc));
             goto out;
@@ -263,7 +267,9 @@ static int copy_extents(const char *src, int sfd, int dfd, uint64_t size, bool d
         pos = end;
     }
     if (direct && d.n && (rc = run_direct(&d)) < 0) {
-        rc = vmsnap_err_set(err, -rc, "copy %s (direct I/O): %s", src, strerror(-rc));
+        rc = vmsnap_err_set(err, -rc, "%s %s (direct I/O): %s",
+                            rc == -ENOSPC || rc == -EDQUOT ? "writing the copy of" : "copy", src,
+                            strerror(-rc));
         goto out;
     }
     if (direct && d.cached) {

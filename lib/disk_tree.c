@@ -757,6 +757,32 @@ out:
     return rc;
 }
 
+/* The path of directory d inside the image, for messages ("/" for the root; only on error
+ * paths: found by walking up through the parents' entries). */
+static void dir_path(const struct disk_tree *t, const struct ddir *d, char *out, size_t n)
+{
+    char buf[1024];
+    size_t len = 0; /* the path is built backwards at the end of buf */
+    buf[sizeof(buf) - 1] = 0;
+    for (int depth = 0; d && d->ino != EXT2_ROOT_INO && depth < 256; depth++) {
+        const struct ddir *p = t->all;
+        while (p && p->ino != d->parent)
+            p = p->next;
+        const char *nm = NULL;
+        for (size_t i = 0; p && i < p->n && !nm; i++)
+            if (p->ents[i].ino == d->ino)
+                nm = p->ents[i].name;
+        size_t k = nm ? strlen(nm) : 0;
+        if (!nm || len + k + 2 >= sizeof(buf))
+            break;
+        memcpy(buf + sizeof(buf) - 1 - len - k, nm, k);
+        buf[sizeof(buf) - 2 - len - k] = '/';
+        len += k + 1;
+        d = p;
+    }
+    snprintf(out, n, "%s", len ? buf + sizeof(buf) - 1 - len : "/");
+}
+
 /* Lay out d's entries ("." and ".." first) in blocks and write them; then its inode. */
 static int write_dir(struct disk_tree *t, struct ddir *d, uint8_t *blk, struct vmsnap_err *err)
 {
@@ -765,8 +791,9 @@ static int write_dir(struct disk_tree *t, struct ddir *d, uint8_t *blk, struct v
     const unsigned usable = bs - (unsigned)sizeof(struct ext2_dir_entry_tail);
     struct ext2_inode_large in;
     errcode_t e2;
-    char where[64];
-    snprintf(where, sizeof(where), "directory inode %u", d->ino);
+    char where[1100], dp[1024];
+    dir_path(t, d, dp, sizeof(dp));
+    snprintf(where, sizeof(where), "directory %s", dp);
     if (d->is_new) {
         in = d->meta;
         init_extents(&in);

@@ -1260,8 +1260,9 @@ static void keep_stage(struct vmctx *c, json_object *cfg, const char *why, struc
     else
         vmsnap_err_wrap(err,
                         "the local checkpoint failed too (%s); what was taken of the VM is left "
-                        "in %s, incomplete (no %s): ",
-                        why, c->stage, missing);
+                        "in %s, incomplete (no %s), for the next 'vmsnap vm resume %s' to "
+                        "complete once this is fixed: ",
+                        why, c->stage, missing, c->name);
 }
 
 int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const char *url,

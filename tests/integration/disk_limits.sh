@@ -47,6 +47,16 @@ grep -q "out of space" "$T/err" && grep -q "blocks" "$T/err" && grep -q -- "--si
     fail "out of space: unclear error: $(cat "$T/err")"
 grep -q "$T/big" "$T/err" || fail "out of space: source not named: $(cat "$T/err")"
 no_leftovers "$T/small.img" "out of space"
+# ... and out of space for a directory's own blocks (4,000 long names in one directory): the
+# message names the directory inside the image
+mkdir -p "$T/longdir/tree/many"
+(cd "$T/longdir/tree/many" && for i in $(seq 1 4000); do : >"$(printf 'f%0200d' "$i")"; done)
+expect_fail "out of space for a directory" "$VMSNAP" disk create --size 1400K --inodes 4100 \
+    --from-dir "$T/longdir" "$T/dir.img"
+grep -q "out of space writing directory /tree/many: 0 of [0-9]* blocks" "$T/err" ||
+    fail "out of space for a directory: $(cat "$T/err")"
+no_leftovers "$T/dir.img" "out of space for a directory"
+rm -rf "$T/longdir"
 
 # an existing image is left untouched by a failing --force create
 "$VMSNAP" disk create --size 8M "$T/keep.img"
