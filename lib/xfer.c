@@ -2018,6 +2018,14 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
                               (unsigned long long)(need >> 20),
                               (unsigned long long)(((uint64_t)vs.f_bavail * vs.f_frsize) >> 20));
     }
+    /* an inode per file, for its temporary (f_files 0: the filesystem has no fixed count) */
+    if (statvfs(dir, &vs) == 0 && vs.f_files > 0 && (uint64_t)vs.f_favail < (uint64_t)m->n) {
+        if (created)
+            rmdir(dir);
+        return vmsnap_err_set(err, ENOSPC,
+                              "%s: no inodes for the set: its %zu files need %zu, %llu are free",
+                              dir, m->n, m->n, (unsigned long long)vs.f_favail);
+    }
     /* every file's temporary stays open until the set is published: a set of more files than
      * the soft descriptor limit (often 1024) needs it raised, within the hard limit, for the
      * temporaries, every pool connection (a socket and curl's own descriptors: up to 4 each),

@@ -299,6 +299,13 @@ if [ "$(id -u)" = 0 ] && mkdir "$T/small" && mount -t tmpfs -o size=16m tmpfs "$
     left=$(find "$T/small" -type f)
     [ -z "$left" ] || fail "manifest store full: objects left: $left"
     umount "$T/small"
+    # ... and a set whose files need more inodes than are free: refused before any fetch
+    mount -t tmpfs -o size=16m,nr_inodes=3 tmpfs "$T/small"
+    expect_fail "pull of a set into a filesystem out of inodes" "$VMSNAP" pull "$S/sets/a" "$T/small"
+    grep -q "no inodes for the set: its 4 files need 4, [0-9] are free" "$T/err" ||
+        fail "pull out of inodes: $(cat "$T/err")"
+    [ -z "$(ls -A "$T/small")" ] || fail "pull out of inodes: left $(ls -A "$T/small")"
+    umount "$T/small"
     # a push over a set that fails for want of room: the replaced set's objects go too (its
     # manifest went first), so a retry has the room
     mount -t tmpfs -o size=16m tmpfs "$T/small"
