@@ -458,6 +458,12 @@ int vmsnap_store_delete(struct vmsnap_store_conn *c, const char *key, struct vms
     return c->st->ops->del(c, key, err);
 }
 
+void vmsnap_store_tidy(struct vmsnap_store_conn *c, const char *prefix)
+{
+    if (c->st->ops->tidy && prefix && *prefix)
+        c->st->ops->tidy(c, prefix);
+}
+
 int vmsnap_store_list(struct vmsnap_store_conn *c, const char *prefix, vmsnap_store_list_fn fn,
                       void *arg, struct vmsnap_err *err)
 {

@@ -34,6 +34,7 @@ struct store_ops {
     int (*head)(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
                 char *etag /* NULL or VMSNAP_STORE_ETAG_MAX bytes */, struct vmsnap_err *err);
     int (*del)(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err);
+    void (*tidy)(struct vmsnap_store_conn *c, const char *prefix); /* optional */
     int (*list)(struct vmsnap_store_conn *c, const char *prefix, vmsnap_store_list_fn fn, void *arg,
                 struct vmsnap_err *err);
     int (*list_uploads)(struct vmsnap_store_conn *c, const char *prefix, vmsnap_store_upload_fn fn,

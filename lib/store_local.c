@@ -487,6 +487,14 @@ static int ldel(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err 
     return rc;
 }
 
+static void ltidy(struct vmsnap_store_conn *c, const char *prefix)
+{
+    char *p = store_local_path(c->st, prefix);
+    if (p && rmdir(p) == 0) /* only when empty */
+        (void)sys_fsync_parent(p, NULL);
+    free(p);
+}
+
 /* Directory walk shared by list and list_uploads. `dirkey` is the key of the directory ("" for
  * the root), `prefix` the full key prefix wanted. */
 struct walk {
@@ -608,6 +616,7 @@ const struct store_ops store_local_ops = {
     .get_tail = lget_tail,
     .head = lhead,
     .del = ldel,
+    .tidy = ltidy,
     .list = llist,
     .list_uploads = llist_uploads,
 };

@@ -1183,6 +1183,8 @@ static void remove_pushed_held(struct vmsnap_store_conn *ctl, const char *prefix
              "%s: removed %zu object(s) of the set this push was replacing (its manifest was "
              "already gone)",
              lp, gone);
+    if (lp)
+        vmsnap_store_tidy(ctl, lp);
     keys_free(&k);
     free(lp);
 }
@@ -2383,6 +2385,8 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
         struct leftover_ctx l = {.c = c};
         rc = vmsnap_store_list_uploads(c, lp, abort_leftover, &l, err);
     }
+    if (rc == 0)
+        vmsnap_store_tidy(c, lp);
 out:
     if (rc < 0 && err && !strstr(err->msg, url))
         vmsnap_err_wrap(err, "rm %s: ", url);

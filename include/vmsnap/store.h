@@ -146,6 +146,9 @@ VMSNAP_API int vmsnap_store_head_etag(struct vmsnap_store_conn *c, const char *k
 /* Delete `key`; a missing object is not an error. */
 VMSNAP_API int vmsnap_store_delete(struct vmsnap_store_conn *c, const char *key,
                                    struct vmsnap_err *err);
+/* After the objects under `prefix` ("KEY/") were deleted: drop what held them when it is empty
+ * (the local store: the directory, which a push created; S3 has nothing to drop). */
+VMSNAP_API void vmsnap_store_tidy(struct vmsnap_store_conn *c, const char *prefix);
 /* Every object whose key starts with `prefix`, in key order for S3 (directory order locally). */
 VMSNAP_API int vmsnap_store_list(struct vmsnap_store_conn *c, const char *prefix,
                                  vmsnap_store_list_fn fn, void *arg, struct vmsnap_err *err);

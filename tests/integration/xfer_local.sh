@@ -190,10 +190,10 @@ diff -r "$T/set" "$T/refout" >/dev/null || fail "reference manifest pull differs
 # rm: manifest first, then objects
 "$VMSNAP" rm "$S/sets/ref" || fail "rm"
 [ -e "$S/sets/ref/manifest.json" ] && fail "rm left the manifest"
-[ -n "$(ls -A "$S/sets/ref")" ] && fail "rm left objects: $(ls -A "$S/sets/ref")"
+[ -e "$S/sets/ref" ] && fail "rm left the set's directory: $(ls -A "$S/sets/ref")"
 expect_fail "rm of an incomplete set without --force" "$VMSNAP" rm "$S/sets/inc"
 "$VMSNAP" rm --force "$S/sets/inc" || fail "rm --force"
-[ -n "$(ls -A "$S/sets/inc")" ] && fail "rm --force left objects"
+[ -e "$S/sets/inc" ] && fail "rm --force left the set's directory: $(ls -A "$S/sets/inc")"
 
 # a push killed mid-upload leaves no manifest, pull refuses it, the next push cleans up
 mk "$T/kbig" $((64 * 1024 * 1024))
@@ -298,6 +298,7 @@ if [ "$(id -u)" = 0 ] && mkdir "$T/small" && mount -t tmpfs -o size=16m tmpfs "$
         fail "manifest store full: message: $(cat "$T/err")"
     left=$(find "$T/small" -type f)
     [ -z "$left" ] || fail "manifest store full: objects left: $left"
+    [ -e "$T/small/st/two" ] && fail "manifest store full: the set's directory was left"
     umount "$T/small"
     # ... and a set whose files need more inodes than are free: refused before any fetch
     mount -t tmpfs -o size=16m,nr_inodes=3 tmpfs "$T/small"
