@@ -123,39 +123,61 @@ static void log_stderr(void *arg, enum vmsnap_log_level level, const char *msg)
     fprintf(stderr, "vmsnap: %s: %s\n", names[level], msg);
 }
 
-/* SIGINT, SIGTERM and SIGHUP are taken by one thread (blocked in every other, from before any
- * is created): the first cancels what runs (it stops at the next frame or part and cleans up,
- * exit 1), a second ends the process at once, as the signal's default would. */
+/* The verbs that stop cleanly when cancelled (pack, unpack, inspect, push, pull, cache evict's
+ * wait, vm suspend and resume): SIGINT, SIGTERM and SIGHUP are taken by one thread (blocked in
+ * every other, from before any is created); the first cancels what runs (it stops at the next
+ * frame or part and cleans up, exit 1) and gives the signals their default action back, so a
+ * second one ends the process at once. A signal inherited as ignored (nohup, a background job
+ * of a script) stays ignored. Every other verb keeps the default: one signal ends it. */
 static sigset_t stop_sigs;
 
 static void *stop_main(void *arg)
 {
     (void)arg;
-    for (int n = 0;; n++) {
-        int sig = 0;
-        if (sigwait(&stop_sigs, &sig) != 0)
-            continue;
-        if (n == 0) {
-            vmsnap_cancel(sig);
-            const char *name = sigabbrev_np(sig);
-            fprintf(stderr, "vmsnap: SIG%s: stopping and cleaning up (again to quit at once)\n",
-                    name ? name : "?");
-            continue;
-        }
-        signal(sig, SIG_DFL);
-        pthread_sigmask(SIG_UNBLOCK, &stop_sigs, NULL);
-        raise(sig);
-        _exit(128 + sig);
-    }
+    int sig = 0;
+    while (sigwait(&stop_sigs, &sig) != 0)
+        ;
+    vmsnap_cancel(sig);
+    for (int s = 1; s < NSIG; s++)
+        if (sigismember(&stop_sigs, s) == 1)
+            signal(s, SIG_DFL);
+    /* unblocked here only: a second signal is delivered to this thread, with its default action,
+     * even while the message below waits on a blocked stderr */
+    pthread_sigmask(SIG_UNBLOCK, &stop_sigs, NULL);
+    char msg[96];
+    const char *name = sigabbrev_np(sig);
+    int n = snprintf(msg, sizeof(msg),
+                     "vmsnap: SIG%s: stopping and cleaning up (again to quit at once)\n",
+                     name ? name : "?");
+    if (n > 0 && write(STDERR_FILENO, msg, (size_t)n) < 0)
+        n = 0;
+    for (;;)
+        pause();
     return NULL;
+}
+
+static bool cancellable(int argc, char **argv)
+{
+    static const char *const plain[] = {"pack", "unpack", "inspect", "push", "pull"};
+    for (size_t i = 0; i < sizeof(plain) / sizeof(plain[0]); i++)
+        if (!strcmp(argv[0], plain[i]))
+            return true;
+    if (argc > 1 && !strcmp(argv[0], "cache"))
+        return !strcmp(argv[1], "evict");
+    if (argc > 1 && !strcmp(argv[0], "vm"))
+        return !strcmp(argv[1], "suspend") || !strcmp(argv[1], "resume");
+    return false;
 }
 
 static void handle_stop_signals(void)
 {
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
     sigemptyset(&stop_sigs);
-    sigaddset(&stop_sigs, SIGINT);
-    sigaddset(&stop_sigs, SIGTERM);
-    sigaddset(&stop_sigs, SIGHUP);
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+        struct sigaction old;
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+            sigaddset(&stop_sigs, sigs[i]);
+    }
     pthread_t t;
     if (pthread_sigmask(SIG_BLOCK, &stop_sigs, NULL) != 0)
         return;
@@ -200,6 +222,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return EXIT_USAGE;
     }
-    handle_stop_signals();
+    if (cancellable(argc - i, argv + i))
+        handle_stop_signals();
     return v->run(argc - i, argv + i);
 }

@@ -19,9 +19,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -384,8 +387,10 @@ static void *scan_main(void *arg)
             break;
         struct recs r = {0};
         struct vmsnap_err er = {0};
-        int rc = 0;
-        if (!e->plan[idx].base_frame) {
+        int rc = cancel_check(&er);
+        if (rc < 0) {
+            /* cancelled: reported below */
+        } else if (!e->plan[idx].base_frame) {
             /* nothing to compare with; note only whether the range has data (it breaks a run) */
             uint64_t start = idx * e->frame_size;
             size_t n = 0;
@@ -879,10 +884,43 @@ bool vmsnap_image_is_seek_table(const void *buf, size_t len)
            !memcmp(p + len - 8, SEEK_FOOTER_MAGIC, 8);
 }
 
+/* Write to a pipe without blocking on a stalled reader: wait for room in 0.2 s steps (a cancel
+ * is seen there) and write at most what fits. */
+static int pipe_write_full(int fd, const uint8_t *p, size_t len)
+{
+    while (len > 0) {
+        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+        int pr = poll(&pfd, 1, 200);
+        if (vmsnap_cancelled())
+            return -ECANCELED;
+        if (pr < 0 && errno != EINTR)
+            return -errno;
+        if (pr <= 0)
+            continue;
+        int used = 0, cap = fcntl(fd, F_GETPIPE_SZ);
+        if (ioctl(fd, FIONREAD, &used) < 0 || cap <= used)
+            used = cap = 0;
+        size_t n = VMSNAP_MIN(len, cap > used ? (size_t)(cap - used) : (size_t)PIPE_BUF);
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno != EINTR && errno != EAGAIN)
+            return -errno;
+        if (w > 0) {
+            p += w;
+            len -= (size_t)w;
+        }
+    }
+    return 0;
+}
+
 static int fd_sink_write(void *arg, const void *buf, size_t len, struct vmsnap_err *err)
 {
     const struct sys_atomic_file *af = arg;
-    int rc = sys_write_full(af->fd, buf, len);
+    struct stat sb;
+    int rc = !af->path && fstat(af->fd, &sb) == 0 && S_ISFIFO(sb.st_mode)
+                 ? pipe_write_full(af->fd, buf, len)
+                 : sys_write_full(af->fd, buf, len);
+    if (rc == -ECANCELED)
+        return cancel_check(err);
     if (rc < 0)
         return vmsnap_err_set(err, -rc, "write %s: %s", af->path ? af->path : "stdout",
                               strerror(-rc));

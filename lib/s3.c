@@ -458,7 +458,9 @@ static bool req_abortable(const struct req *r)
 
 static int abort_cb(void *arg, curl_off_t dlt, curl_off_t dln, curl_off_t ult, curl_off_t uln)
 {
-    (void)dlt, (void)dln, (void)ult, (void)uln;
+    (void)dlt, (void)dln;
+    if (ult > 0 && uln >= ult)
+        return 0; /* the body is sent: the server may have stored it; its answer says */
     return req_abortable(arg) && cancel_pending();
 }
 
@@ -685,7 +687,13 @@ static int perform(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
         unsigned j = delay / 2 + (unsigned)(rng_next(&sc->rng) % (delay / 2 + 1));
         vlog(VMSNAP_LOG_INFO, "s3: retry %u/%u of %s %s/%s in %u ms (%s)", a, cfg->max_attempts - 1,
              r->method, cfg->bucket, r->key, j, err ? err->msg : "");
-        sleep_ms(j);
+        for (unsigned left = j; left > 0 && !(req_abortable(r) && cancel_pending());) {
+            unsigned k = left < 100 ? left : 100; /* a cancel is seen within 0.1 s */
+            sleep_ms(k);
+            left -= k;
+        }
+        if (req_abortable(r) && (rc = cancel_check(err)) < 0)
+            break;
         delay = delay * 2 > BACKOFF_CAP_MS ? BACKOFF_CAP_MS : delay * 2;
     }
     free(r->errbody.p);

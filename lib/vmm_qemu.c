@@ -530,11 +530,20 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
         return rc;
     }
     if (mid == 0) {
-        /* QEMU gets the default signal mask (the caller's may block SIGTERM, as the CLI does
-         * to handle it on a thread: QEMU would not stop on it) */
+        /* QEMU gets the default signal mask and actions (the caller's may block SIGTERM, as
+         * the CLI does to handle it on a thread: QEMU would not stop on it). A signal sent to
+         * the caller's process group before setsid() is pending here: discarded (ignored, then
+         * default), or it would kill this child and the start would fail for no reason. */
         sigset_t none;
         sigemptyset(&none);
-        if (setsid() < 0 || sigprocmask(SIG_SETMASK, &none, NULL) < 0)
+        if (setsid() < 0)
+            _exit(127);
+        static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+        for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+            signal(sigs[i], SIG_IGN);
+            signal(sigs[i], SIG_DFL);
+        }
+        if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
             _exit(127);
         pid_t q = fork();
         if (q != 0) {

@@ -292,7 +292,10 @@ static int start_part(struct up *u, struct vmsnap_err *err)
         u->parts = calloc(VMSNAP_STORE_MAX_PARTS, sizeof(*u->parts));
         if (!u->parts)
             return vmsnap_err_set(err, ENOMEM, "out of memory");
+        /* not cut short by a cancel: an upload created unbeknownst to us would be left */
+        cancel_hold();
         int rc = vmsnap_store_mpu_create(u->ctl, u->key, &u->upload_id, err);
+        cancel_release();
         if (rc < 0)
             return rc;
     }
@@ -1209,8 +1212,9 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         s.order[i] = i;
     qsort_r(s.order, s.n, sizeof(*s.order), cmp_size_desc, s.files);
 
-    /* un-commit an existing set first, then clear the leftovers of killed pushes */
-    if ((rc = vmsnap_store_delete(ctl, mkey, err)) < 0)
+    /* un-commit an existing set first (not once cancelled: the set stays), then clear the
+     * leftovers of killed pushes (not cut short: the un-commit is done) */
+    if ((rc = cancel_check(err)) < 0 || (rc = vmsnap_store_delete(ctl, mkey, err)) < 0)
         goto out;
     char *lp = join_key(prefix, "");
     if (!lp) {
@@ -1218,10 +1222,14 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         goto out;
     }
     struct leftover_ctx l = {.c = ctl};
+    cancel_hold();
     rc = vmsnap_store_list_uploads(ctl, lp, abort_leftover, &l, err);
+    cancel_release();
     free(lp);
-    if (rc < 0)
+    if (rc < 0) {
+        remove_pushed(ctl, prefix, mkey, &s); /* the un-committed set's objects */
         goto out;
+    }
 
     pthread_mutex_init(&s.mu, NULL);
     unsigned np = (unsigned)VMSNAP_MIN(s.n, (size_t)MAX_PRODUCERS);
@@ -1507,6 +1515,8 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
         if (rc == 0)
             vmsnap_frame_decoder_set_dst(fd, d->af.path);
         for (uint32_t i = g->f0; i <= g->f1 && rc == 0; i++) {
+            if ((rc = cancel_check(&e)) < 0) /* a group waited for its turn to decode */
+                break;
             struct vmsnap_frame_info fi;
             vmsnap_image_frame(d->img, i, &fi);
             rc = vmsnap_image_decode_frame_mem(d->img, i, buf + (fi.offset - g->off), fi.csize,

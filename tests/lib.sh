@@ -21,6 +21,10 @@ expect_fail() {
     if [ "$rc" != 1 ]; then fail "$desc: exit $rc, expected 1 ($(head -c 300 "$T/err"))"; return; fi
     [ -s "$T/err" ] || fail "$desc: no error message"
 }
+# A script's background job has SIGINT ignored (POSIX, without job control), and vmsnap keeps a
+# signal it inherits as ignored, as nohup wants. A test standing for a terminal's Ctrl-C (which
+# reaches a foreground job) starts the job as `env --default-signal=INT CMD &` (a simple
+# command, so that $! is CMD itself).
 done_tests() {
     if [ "$fails" -ne 0 ]; then echo "FAILED: $fails" >&2; exit 1; fi
     echo ok

@@ -41,8 +41,10 @@ int cancel_check(struct vmsnap_err *err)
     int sig = held ? 0 : vmsnap_cancelled();
     if (!sig)
         return 0;
-    if (sig > 0 && sig < NSIG)
-        return vmsnap_err_set(err, ECANCELED, "interrupted (SIG%s)",
-                              sigabbrev_np(sig) ? sigabbrev_np(sig) : "signal");
+    const char *name = sig > 0 && sig < NSIG ? sigabbrev_np(sig) : NULL;
+    if (name)
+        return vmsnap_err_set(err, ECANCELED, "interrupted (SIG%s)", name);
+    if (sig > 0)
+        return vmsnap_err_set(err, ECANCELED, "interrupted (signal %d)", sig);
     return vmsnap_err_set(err, ECANCELED, "cancelled");
 }

@@ -95,4 +95,25 @@ rc=0 && wait "$pid" || rc=$?
 grep -q "interrupted (SIGTERM)" "$T/err" || fail "interrupted unpack: message: $(cat "$T/err")"
 [ -e "$T/uint" ] && fail "the interrupted unpack left its destination"
 ls -A "$T" | grep -q '^\.uint' && fail "the interrupted unpack left a temporary file"
+# ... a pack writing to a pipe nobody reads (a stalled consumer): the signal still stops it
+mkfifo "$T/fifo"
+exec 3<>"$T/fifo" # holds the pipe open, never reads
+"$VMSNAP" pack "$T/src" - >"$T/fifo" 2>"$T/err" &
+pid=$!
+sleep 1
+kill -TERM "$pid"
+rc=0 && wait "$pid" || rc=$?
+exec 3<&-
+[ "$rc" = 1 ] || fail "pack to a stalled pipe, interrupted: exit $rc ($(cat "$T/err"))"
+grep -q "interrupted (SIGTERM)" "$T/err" || fail "pack to a stalled pipe: message: $(cat "$T/err")"
+# ... and a signal inherited as ignored (nohup, a script's background job) stays ignored
+half=$(($(stat -c %s "$T/img4") / 2))
+{ head -c "$half" "$T/img4"; sleep 2; tail -c +"$((half + 1))" "$T/img4"; } |
+    sh -c 'trap "" HUP; exec "$0" -q unpack - "$1"' "$VMSNAP" "$T/uhup" 2>"$T/err" &
+pid=$!
+sleep 1
+kill -HUP "$pid"
+rc=0 && wait "$pid" || rc=$?
+[ "$rc" = 0 ] || fail "unpack with SIGHUP ignored: exit $rc ($(cat "$T/err"))"
+cmp -s "$T/src" "$T/uhup" || fail "unpack with SIGHUP ignored: output differs"
 done_tests

@@ -58,7 +58,7 @@ resume_check "$B" golden "$r" "$d" "s3://$BUCKET/vm1" || done_tests
 fpid=$!
 for _ in $(seq 100); do [ -s "$T/fport" ] && break; sleep 0.05; done
 sleep 1
-AWS_ENDPOINT_URL=http://127.0.0.1:$(cat "$T/fport") "$VMSNAP" vm suspend golden \
+AWS_ENDPOINT_URL=http://127.0.0.1:$(cat "$T/fport") env --default-signal=INT "$VMSNAP" vm suspend golden \
     "s3://$BUCKET/int" --state-dir "$B" 2>"$T/err" &
 spid=$!
 sleep 2.5

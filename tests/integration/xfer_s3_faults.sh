@@ -104,26 +104,26 @@ grep -q "gave up after 2 attempts" "$T/err" || fail "base push, server gone: not
 [ "$(head_code gone2)" = 404 ] || fail "an object is visible after the failed push with a base"
 [ "$(uploads_left)" = 0 ] || fail "the failed push with a base left its multipart upload"
 
-# interrupted (SIGINT, as a Ctrl-C): a push stops at its next part (those in flight aborted),
+# interrupted (SIGINT, as a Ctrl-C; SIGTERM, as a supervisor): a push stops at its next part (those in flight aborted),
 # aborts its multipart upload and leaves no object; a pull leaves no file and no temporary; both
 # exit 1 saying so. The delays keep each mid-way when the signal comes.
-interrupt() { # SECONDS CMD...: run CMD, SIGINT it after SECONDS; its exit status in $irc
-    "${@:2}" 2>"$T/err" &
+interrupt() { # SIGNAL SECONDS CMD...: run CMD, send it SIGNAL after SECONDS; its exit status in $irc
+    env --default-signal=INT "${@:3}" 2>"$T/err" &
     local pid=$!
-    sleep "$1"
-    kill -INT "$pid" 2>/dev/null || true
+    sleep "$2"
+    kill -"$1" "$pid" 2>/dev/null || true
     irc=0 && wait "$pid" || irc=$?
 }
 start_proxy "m3+:delay5000"
-interrupt 1.5 "$VMSNAP" push -j 2 --part-size 5M --endpoint "$PEP" "$T/r" "s3://$BUCKET/int"
+interrupt INT 1.5 "$VMSNAP" push -j 2 --part-size 5M --endpoint "$PEP" "$T/r" "s3://$BUCKET/int"
 [ "$irc" = 1 ] || fail "interrupted push: exit $irc ($(cat "$T/err"))"
 grep -q "interrupted (SIGINT)" "$T/err" || fail "interrupted push: message: $(cat "$T/err")"
 [ "$(head_code int)" = 404 ] || fail "an object is visible after the interrupted push"
 [ "$(uploads_left)" = 0 ] || fail "the interrupted push left its multipart upload"
 start_proxy "3+:delay5000"
-interrupt 1.5 "$VMSNAP" pull -j 2 --endpoint "$PEP" "s3://$BUCKET/f" "$T/pint"
+interrupt TERM 1.5 "$VMSNAP" pull -j 2 --endpoint "$PEP" "s3://$BUCKET/f" "$T/pint"
 [ "$irc" = 1 ] || fail "interrupted pull: exit $irc ($(cat "$T/err"))"
-grep -q "interrupted (SIGINT)" "$T/err" || fail "interrupted pull: message: $(cat "$T/err")"
+grep -q "interrupted (SIGTERM)" "$T/err" || fail "interrupted pull: message: $(cat "$T/err")"
 [ -e "$T/pint" ] && fail "the interrupted pull left its destination"
 ls -A "$T" | grep -q '^\.pint' && fail "the interrupted pull left a temporary file"
 stop_proxy
