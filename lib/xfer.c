@@ -1156,9 +1156,11 @@ static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, con
 static void remove_pushed_held(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
                                const struct set_push *s)
 {
+    char url[1200];
+    vmsnap_store_url(ctl->st, prefix, url, sizeof(url));
     int rc = key_exists(ctl, mkey, NULL);
     if (rc != 0) {
-        vlog(VMSNAP_LOG_WARN, "%s: %s: leaving the objects this push stored in place", mkey,
+        vlog(VMSNAP_LOG_WARN, "%s: %s: leaving the objects this push stored in place", url,
              rc > 0 ? "another push committed a set there meanwhile"
                     : "cannot tell whether another push committed there");
         return;
@@ -1185,7 +1187,7 @@ static void remove_pushed_held(struct vmsnap_store_conn *ctl, const char *prefix
         vlog(VMSNAP_LOG_WARN,
              "%s: removed %zu object(s) of the set this push was replacing (its manifest was "
              "already gone)",
-             lp, gone);
+             url, gone);
     if (lp)
         vmsnap_store_tidy(ctl, lp);
     keys_free(&k);
