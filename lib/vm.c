@@ -158,6 +158,8 @@ static bool exists(const char *p)
  * neither in the store nor as a local checkpoint). Marked by a hidden file (a push skips
  * vmsnap's own ".vmsnap-" names). */
 #define UNSAVED_MARK ".vmsnap-unsaved"
+/* In a stage whose set the store has (its URL): only the record could not say so. */
+#define STORED_MARK ".vmsnap-stored"
 /* The stage lives in the RAM directory, often world-writable (/dev/shm), under a name anyone can
  * compute: only a directory of ours (not a link, owned by us, 0700) is ever taken for one. */
 static bool stage_ok(const struct vmctx *c)
@@ -206,6 +208,22 @@ static const char *snapshot_missing(const char *dir)
         if (pjoin(p, dir, snapshot_files[i], NULL) < 0 || !exists(p))
             return snapshot_files[i];
     return NULL;
+}
+
+/* The stage's set is stored at `url` (STORED_MARK). */
+static bool stage_stored_at(const struct vmctx *c, const char *url)
+{
+    char p[PATH_LEN], have[PATH_LEN] = "";
+    if (pcat(p, c->stage, "/" STORED_MARK) < 0)
+        return false;
+    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    ssize_t n = fd >= 0 ? read(fd, have, sizeof(have) - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (n <= 0)
+        return false;
+    have[n] = 0;
+    return !strcmp(have, url);
 }
 
 static int mark_unsaved(const struct vmctx *c, struct vmsnap_err *err)
@@ -1419,10 +1437,15 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
     json_object_object_del(cfg, "ram_in_state");
     rc = cfg_save(c.cfgpath, cfg, err);
     if (rc < 0) {
+        /* the stage stays marked (resume NAME restores it, the newest state the record does not
+         * know) and says where its set is stored (resume NAME URL may go there) */
+        if (pcat(p, c.stage, "/" STORED_MARK) == 0)
+            write_small(p, url, NULL);
         vmsnap_err_wrap(err,
                         "the snapshot is stored at %s, but the VM's record could not be "
-                        "updated (its stage %s is kept): ",
-                        url, c.stage);
+                        "updated (its stage %s is kept: 'vmsnap vm resume %s' restores it, as "
+                        "does 'vmsnap vm resume %s %s'): ",
+                        url, c.stage, name, name, url);
         goto out;
     }
     if (pcat(p, c.stage, "/" UNSAVED_MARK) == 0)
@@ -1620,7 +1643,12 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     /* A snapshot only in the stage (its suspend could store it nowhere) is the VM's latest:
      * a resume without a URL restores it (its image renamed into place as RAM), one with a URL
      * would lose it. */
-    const bool from_stage = stage_unsaved(&c);
+    bool from_stage = stage_unsaved(&c);
+    if (from_stage && url && stage_stored_at(&c, url)) {
+        vlog(VMSNAP_LOG_INFO, "VM '%s': the snapshot in %s is stored at %s: resuming from there",
+             name, c.stage, url);
+        from_stage = false; /* the pull replaces the stage */
+    }
     if (from_stage && (url || on_demand)) {
         rc = vmsnap_err_set(err, EEXIST,
                             "VM '%s' has a snapshot that its last suspend could not store, only "

@@ -132,6 +132,20 @@ read -r r d <<<"$(last_counter "$N" golden)"
 expect_fail "resume from an older snapshot of the same VM" vmc "$N" resume golden "$STORE/s2"
 grep -q "has a later checkpoint" "$T/err" || fail "older snapshot over a newer record: $(cat "$T/err")"
 resume_check "$N" golden "$r" "$d" "$STORE/s3" || done_tests
+# a suspend whose set is stored but whose record cannot be written (the VM's directory immutable,
+# where the filesystem has the flag): the stage is kept, and a resume from the URL goes to the
+# stored set (it was refused: "a snapshot that its last suspend could not store")
+sleep 1
+if chattr +i "$N/vms/golden" 2>/dev/null; then
+    expect_fail "suspend whose record cannot be written" vmc "$N" suspend golden "$STORE/s4"
+    chattr -i "$N/vms/golden"
+    grep -q "the snapshot is stored at $STORE/s4, but the VM's record could not be updated" \
+        "$T/err" || fail "record not written: $(cat "$T/err")"
+    read -r r d <<<"$(last_counter "$N" golden)"
+    resume_check "$N" golden "$r" "$d" "$STORE/s4" || done_tests
+else
+    echo "note: chattr +i unsupported on $N: the unwritable-record case is not exercised"
+fi
 
 # a record naming another file as its RAM: stop does not delete that file
 mkdir -p "$S/vms/evil"
