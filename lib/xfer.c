@@ -764,7 +764,6 @@ struct set_push {
     struct mf_file *files; /* sorted by name (manifest order) */
     size_t *order;         /* largest first */
     size_t n, next;
-    bool *pushed;
     pthread_mutex_t mu;
     int rc;
     struct vmsnap_err err;
@@ -801,9 +800,7 @@ static void *producer(void *arg)
             rc = vmsnap_err_set(&e, errno, "open %s: %s", path, strerror(errno));
         else
             rc = push_fd(s->x, ctl, fd, path, key, bkey, f, &e);
-        if (rc == 0)
-            s->pushed[i] = true;
-        else
+        if (rc < 0)
             vmsnap_err_wrap(&e, "push %s: ", f->name);
         if (fd >= 0)
             close(fd);
@@ -1165,9 +1162,11 @@ static void remove_pushed_held(struct vmsnap_store_conn *ctl, const char *prefix
                     : "cannot tell whether another push committed there");
         return;
     }
+    /* Every object of the set's names, written by this push or not: what it did not replace
+     * yet belongs to the set it un-committed (dead, and left unlisted it kept a full store full
+     * and the next push failed the same way), or is an object the push would have replaced.
+     * Objects of other names are left alone. */
     for (size_t i = 0; i < s->n; i++) {
-        if (!s->pushed[i])
-            continue;
         char obj[300];
         snprintf(obj, sizeof(obj), "%s.zstd", s->files[i].name);
         char *k = join_key(prefix, obj);
@@ -1175,22 +1174,9 @@ static void remove_pushed_held(struct vmsnap_store_conn *ctl, const char *prefix
             vmsnap_store_delete(ctl, k, NULL);
         free(k);
     }
-    /* The set this push was replacing lost its manifest first: its other objects are dead too
-     * (left, unlisted, they kept a full store full, and the next push failed the same way). */
     char *lp = join_key(prefix, "");
-    struct keys k = {.suffix = ".zstd", .direct = lp};
-    size_t gone = 0;
-    if (lp && vmsnap_store_list(ctl, lp, collect, &k, NULL) == 0)
-        for (size_t i = 0; i < k.n; i++)
-            gone += vmsnap_store_delete(ctl, k.v[i], NULL) == 0;
-    if (gone)
-        vlog(VMSNAP_LOG_WARN,
-             "%s: removed %zu object(s) of the set this push was replacing (its manifest was "
-             "already gone)",
-             url, gone);
     if (lp)
         vmsnap_store_tidy(ctl, lp);
-    keys_free(&k);
     free(lp);
 }
 
@@ -1204,9 +1190,8 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         return rc;
     char *mkey = join_key(prefix, VMSNAP_XFER_MANIFEST);
     s.order = calloc(s.n, sizeof(*s.order));
-    s.pushed = calloc(s.n, sizeof(*s.pushed));
     char *json = NULL;
-    if (!mkey || !s.order || !s.pushed) {
+    if (!mkey || !s.order) {
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
         goto out;
     }
@@ -1254,11 +1239,10 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         goto out;
     }
     struct manifest m = {s.files, s.n, 2, ""};
-    if ((rc = new_push_id(m.push_id, err)) < 0)
-        goto out;
-    json = manifest_build(&m);
-    if (!json) {
+    if ((rc = new_push_id(m.push_id, err)) == 0 && !(json = manifest_build(&m)))
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    if (rc < 0) {
+        remove_pushed(ctl, prefix, mkey, &s);
         goto out;
     }
     /* objects first (a push racing this one may have replaced some: then nothing is
@@ -1297,7 +1281,6 @@ out:
     free(json);
     free(mkey);
     free(s.order);
-    free(s.pushed);
     struct manifest m2 = {s.files, s.n, 0, ""};
     manifest_fini(&m2);
     return rc;

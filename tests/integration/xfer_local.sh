@@ -313,10 +313,13 @@ if [ "$(id -u)" = 0 ] && mkdir "$T/small" && mount -t tmpfs -o size=16m tmpfs "$
     mkdir "$T/re" && mk "$T/re/big" $((10 * 1024 * 1024)) && echo a >"$T/re/a"
     "$VMSNAP" -q push "$T/re" "$T/small/re" || fail "push of the set to be replaced"
     mk "$T/re/big" $((10 * 1024 * 1024))
+    echo keep >"$T/small/re/other.zstd" # not a name of the set: left alone
     expect_fail "push over a set on a full store" "$VMSNAP" push "$T/re" "$T/small/re"
     grep -q "No space left" "$T/err" || fail "push over a set, full: message: $(cat "$T/err")"
-    left=$(find "$T/small" -type f)
+    left=$(find "$T/small" -type f ! -name other.zstd)
     [ -z "$left" ] || fail "push over a set, full: objects left: $left"
+    [ "$(cat "$T/small/re/other.zstd" 2>/dev/null)" = keep ] ||
+        fail "a failed push removed an object that is not one of its set's"
     "$VMSNAP" -q push "$T/re" "$T/small/re" || fail "the retry of the push over a set"
     "$VMSNAP" -q pull "$T/small/re" "$T/re.out" && diff -r "$T/re" "$T/re.out" >/dev/null ||
         fail "the retried set does not round-trip"
