@@ -783,6 +783,14 @@ static void dir_path(const struct disk_tree *t, const struct ddir *d, char *out,
     snprintf(out, n, "%s", len ? buf + sizeof(buf) - 1 - len : "/");
 }
 
+static const char *dir_where(const struct disk_tree *t, const struct ddir *d, char *out, size_t n)
+{
+    char dp[1024];
+    dir_path(t, d, dp, sizeof(dp));
+    snprintf(out, n, "directory %s", dp);
+    return out;
+}
+
 /* Lay out d's entries ("." and ".." first) in blocks and write them; then its inode. */
 static int write_dir(struct disk_tree *t, struct ddir *d, uint8_t *blk, struct vmsnap_err *err)
 {
@@ -791,19 +799,17 @@ static int write_dir(struct disk_tree *t, struct ddir *d, uint8_t *blk, struct v
     const unsigned usable = bs - (unsigned)sizeof(struct ext2_dir_entry_tail);
     struct ext2_inode_large in;
     errcode_t e2;
-    char where[1100], dp[1024];
-    dir_path(t, d, dp, sizeof(dp));
-    snprintf(where, sizeof(where), "directory %s", dp);
+    char where[1100]; /* filled only for an error (dir_path walks the tree) */
     if (d->is_new) {
         in = d->meta;
         init_extents(&in);
         e2 = ext2fs_write_inode_full(fs, d->ino, (struct ext2_inode *)&in, sizeof(in));
         if (e2)
-            return e2err(t, e2, err, "writing", where);
+            return e2err(t, e2, err, "writing", dir_where(t, d, where, sizeof(where)));
     }
     e2 = ext2fs_read_inode_full(fs, d->ino, (struct ext2_inode *)&in, sizeof(in));
     if (e2)
-        return e2err(t, e2, err, "reading", where);
+        return e2err(t, e2, err, "reading", dir_where(t, d, where, sizeof(where)));
 
     blk64_t lblk = 0;
     size_t i = 0; /* entry index; -2 and -1 are "." and ".." */
@@ -836,13 +842,13 @@ static int write_dir(struct disk_tree *t, struct ddir *d, uint8_t *blk, struct v
         if (!e2)
             e2 = ext2fs_write_dir_block4(fs, pblk, blk, 0, d->ino);
         if (e2)
-            return e2err(t, e2, err, "writing", where);
+            return e2err(t, e2, err, "writing", dir_where(t, d, where, sizeof(where)));
         lblk++;
     }
     /* bmap wrote the 128-byte inode; re-read the full one and finish it. */
     e2 = ext2fs_read_inode_full(fs, d->ino, (struct ext2_inode *)&in, sizeof(in));
     if (e2)
-        return e2err(t, e2, err, "reading", where);
+        return e2err(t, e2, err, "reading", dir_where(t, d, where, sizeof(where)));
     if (d->has_meta) {
         in.i_mode = d->meta.i_mode;
         in.i_uid = d->meta.i_uid;
@@ -866,7 +872,7 @@ static int write_dir(struct disk_tree *t, struct ddir *d, uint8_t *blk, struct v
     if (!e2)
         e2 = ext2fs_write_inode_full(fs, d->ino, (struct ext2_inode *)&in, sizeof(in));
     if (e2)
-        return e2err(t, e2, err, "writing", where);
+        return e2err(t, e2, err, "writing", dir_where(t, d, where, sizeof(where)));
     return 0;
 }
 
