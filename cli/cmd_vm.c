@@ -15,11 +15,11 @@
 
 static const char *const sub_usage =
     "vm run NAME --kernel K [--initrd I] [--mem 512M] [--cpus 1] [--disk-size 4G] [--append A]\n"
-    "                 [--force]\n"
+    "                 [--ram-overcommit]\n"
     "       vm pause NAME\n"
     "       vm suspend NAME URL [--base URL | --no-base]\n"
     "       vm resume NAME [URL] [--on-demand] [--asset-dir DIR[:DIR...]] [--kernel K]\n"
-    "                 [--initrd I] [--force]\n"
+    "                 [--initrd I] [--force] [--ram-overcommit]\n"
     "       vm ls [--json]\n"
     "       vm stop NAME [--rm]\n"
     "       vm console NAME [--send LINE] [--lines N]\n"
@@ -47,6 +47,7 @@ enum {
     OPT_NO_BASE,
     OPT_ASSET_DIR,
     OPT_FORCE,
+    OPT_RAM_OVERCOMMIT,
 };
 
 static const struct option lopts[] = {
@@ -70,6 +71,7 @@ static const struct option lopts[] = {
     {"no-base", no_argument, NULL, OPT_NO_BASE},
     {"asset-dir", required_argument, NULL, OPT_ASSET_DIR},
     {"force", no_argument, NULL, OPT_FORCE},
+    {"ram-overcommit", no_argument, NULL, OPT_RAM_OVERCOMMIT},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -149,6 +151,9 @@ static int parse(const char *verb, int argc, char **argv, struct args *a)
             break;
         case OPT_FORCE:
             a->o.force = true;
+            break;
+        case OPT_RAM_OVERCOMMIT:
+            a->o.ram_overcommit = true;
             break;
         case OPT_JSON:
             a->json = true;

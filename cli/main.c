@@ -123,12 +123,12 @@ static void log_stderr(void *arg, enum vmsnap_log_level level, const char *msg)
     fprintf(stderr, "vmsnap: %s: %s\n", names[level], msg);
 }
 
-/* The verbs that stop cleanly when cancelled (pack, unpack, inspect, push, pull, cache evict's
- * wait, vm suspend and resume): SIGINT, SIGTERM and SIGHUP are taken by one thread (blocked in
- * every other, from before any is created); the first cancels what runs (it stops at the next
- * frame or part and cleans up, exit 1) and gives the signals their default action back, so a
- * second one ends the process at once. A signal inherited as ignored (nohup, a background job
- * of a script) stays ignored. Every other verb keeps the default: one signal ends it. */
+/* The verbs that stop cleanly when cancelled (pack, unpack, inspect --verify, push, pull,
+ * cache evict --wait, vm suspend and resume): SIGINT, SIGTERM and SIGHUP are taken by one thread
+ * (blocked in every other, from before any is created); the first cancels what runs (it stops at
+ * the next frame or part and cleans up, exit 1) and gives the signals their default action back, so
+ * a second one ends the process at once. A signal inherited as ignored (nohup, a background job of
+ * a script) stays ignored. Every other verb keeps the default: one signal ends it. */
 static sigset_t stop_sigs;
 
 static void *stop_main(void *arg)
@@ -156,14 +156,24 @@ static void *stop_main(void *arg)
     return NULL;
 }
 
+static bool has_arg(int argc, char **argv, const char *opt)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], opt, strlen(opt)))
+            return true;
+    return false;
+}
+
 static bool cancellable(int argc, char **argv)
 {
-    static const char *const plain[] = {"pack", "unpack", "inspect", "push", "pull"};
+    static const char *const plain[] = {"pack", "unpack", "push", "pull"};
     for (size_t i = 0; i < sizeof(plain) / sizeof(plain[0]); i++)
         if (!strcmp(argv[0], plain[i]))
             return true;
+    if (!strcmp(argv[0], "inspect"))
+        return has_arg(argc, argv, "--verify");
     if (argc > 1 && !strcmp(argv[0], "cache"))
-        return !strcmp(argv[1], "evict");
+        return !strcmp(argv[1], "evict") && has_arg(argc, argv, "--wait");
     if (argc > 1 && !strcmp(argv[0], "vm"))
         return !strcmp(argv[1], "suspend") || !strcmp(argv[1], "resume");
     return false;

@@ -872,13 +872,13 @@ static int vm_state(struct vmctx *c, json_object *cfg, enum vmsnap_vmm_state *st
 /* ---- run ---- */
 
 /* A guest's RAM file grows as the guest touches its memory; when its tmpfs has no room left the
- * guest dies (SIGBUS) with its newest state. Refused before QEMU starts, unless --force (the
- * check sees this VM alone: several VMs starting at once share the room). */
+ * guest dies (SIGBUS) with its newest state. Refused before QEMU starts, unless --ram-overcommit
+ * (the check sees this VM alone: several VMs starting at once share the room). */
 static int ram_room(const struct vmctx *c, int64_t mem, struct vmsnap_err *err)
 {
     struct statfs sf;
     struct stat sb;
-    if ((c->o && c->o->force) || mem <= 0 || statfs(c->ram_dir, &sf) < 0)
+    if ((c->o && c->o->ram_overcommit) || mem <= 0 || statfs(c->ram_dir, &sf) < 0)
         return 0;
     uint64_t free_b = (uint64_t)sf.f_bavail * (uint64_t)sf.f_bsize;
     uint64_t have = stat(c->ram, &sb) == 0 ? (uint64_t)sb.st_blocks * 512 : 0;
@@ -889,7 +889,7 @@ static int ram_room(const struct vmctx *c, int64_t mem, struct vmsnap_err *err)
         "the RAM directory %s has %llu MiB free, and the guest's RAM (%llu MiB, "
         "%llu MiB of it written) would grow there by up to %llu MiB: a guest "
         "whose RAM cannot grow dies. Make room, use another --ram-dir, or give "
-        "--force",
+        "--ram-overcommit",
         c->ram_dir, (unsigned long long)(free_b >> 20), (unsigned long long)((uint64_t)mem >> 20),
         (unsigned long long)(have >> 20), (unsigned long long)(((uint64_t)mem - have) >> 20));
 }
@@ -1177,8 +1177,7 @@ int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name, struct vms
         if (rc < 0)
             vmsnap_err_wrap(err,
                             "VM stopped; the state it took is kept in %s and becomes its "
-                            "checkpoint at the next 'vmsnap vm resume %s' once this is fixed "
-                            "(the previous checkpoint is intact): ",
+                            "checkpoint at the next 'vmsnap vm resume %s' once this is fixed: ",
                             newdir, name);
     }
     if (rc == 0)
@@ -1862,6 +1861,9 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
             goto out_src;
         provisional = true;
     }
+    /* a cancel (SIGINT) before the restore: the ordinary failure path undoes the staging */
+    if ((rc = cancel_check(err)) < 0)
+        goto out_src;
     vm_failpoint("resume-before-restore");
     rc = vmm_from_cfg(&c, cfg, &v, err);
     if (rc == 0)

@@ -29,6 +29,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1900,9 +1902,31 @@ static int read_manifest(struct vmsnap_store_conn *c, const char *mkey, const ch
  * the set replaces), so a failure leaves the directory as it was rather than half one set and
  * half another; a rename failing half way (EIO, a quota, a directory block on a full disk) puts
  * back what the earlier ones replaced. Then one fsync of the directory. */
+/* Links `.vmsnap-old.PID.N` that a pull killed during its publish left in `dir` (the process is
+ * gone): they hold a replaced file's blocks. */
+static void drop_stale_links(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        long pid = 0;
+        unsigned long seq = 0;
+        char tail = 0;
+        if (sscanf(de->d_name, ".vmsnap-old.%ld.%lu%c", &pid, &seq, &tail) != 2 || pid <= 0 ||
+            pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        unlinkat(dirfd(d), de->d_name, 0);
+    }
+    closedir(d);
+}
+
 static int publish_set(struct xfer *x, const char *dir, struct down *ds, size_t n,
                        struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
 {
+    static atomic_ulong link_seq; /* unique names for pulls running at once in one process */
+    drop_stale_links(dir);
     struct pub {
         char *path; /* the destination (the commit frees the atomic file's copy) */
         char *old;  /* a link to the file it replaces, or NULL */
@@ -1926,7 +1950,8 @@ static int publish_set(struct xfer *x, const char *dir, struct down *ds, size_t 
             rc = sys_atomic_close(&ds[i].af, err);
         if (rc < 0 || !p[i].there)
             continue;
-        if (asprintf(&p[i].old, "%s/.vmsnap-old.%ld.%zu", dir, (long)getpid(), i) < 0) {
+        if (asprintf(&p[i].old, "%s/.vmsnap-old.%ld.%lu", dir, (long)getpid(),
+                     atomic_fetch_add(&link_seq, 1)) < 0) {
             p[i].old = NULL;
             rc = vmsnap_err_set(err, ENOMEM, "out of memory");
             continue;
@@ -1936,8 +1961,9 @@ static int publish_set(struct xfer *x, const char *dir, struct down *ds, size_t 
             int e = errno;
             free(p[i].old);
             p[i].old = NULL;
-            /* a filesystem without hard links: published without a way back */
-            if (e != EPERM && e != ENOTSUP && e != EMLINK)
+            /* a filesystem without hard links, or no room for one more name: published without
+             * a way back (as before there was one) */
+            if (e != EPERM && e != ENOTSUP && e != EMLINK && e != ENOSPC && e != EDQUOT)
                 rc = vmsnap_err_set(err, e, "link %s (kept until the set is in place): %s", path,
                                     strerror(e));
         }

@@ -136,9 +136,13 @@ struct vmsnap_vm_opts {
      * already has keeps the kernel and initrd of its own record. */
     const char *asset_dirs;
     const char *kernel, *initrd;
-    /* resume from a URL: replace a local checkpoint even when it is newer than the snapshot
-     * (a later generation of the same VM); without it such a resume is refused */
+    /* resume: replace a local checkpoint even when it is newer than the snapshot at the URL (a
+     * later generation of the same VM), or go back to the previous checkpoint past the state of
+     * an interrupted pause; without it such a resume is refused */
     bool force;
+    /* run/resume: start the guest even when its RAM directory has less room than its memory
+     * (a guest whose RAM file cannot grow dies of SIGBUS) */
+    bool ram_overcommit;
 };
 
 /* Step timings of one lifecycle call, in call order. */

@@ -32,7 +32,7 @@ int sys_atomic_open(struct sys_atomic_file *af, const char *path, mode_t mode,
  * only that fails, the file is in place and the error says so). */
 int sys_atomic_commit(struct sys_atomic_file *af, bool sync, struct vmsnap_err *err);
 /* Close the temporary file before the commit (a delayed write error shows here); the commit then
- * only renames. */
+ * only renames, and cannot fsync the data any more: fsync before closing when it matters. */
 int sys_atomic_close(struct sys_atomic_file *af, struct vmsnap_err *err);
 void sys_atomic_abort(struct sys_atomic_file *af);
 

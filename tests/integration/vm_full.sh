@@ -143,6 +143,10 @@ expect_fail "resume into a RAM directory too small for the guest's memory" vmc "
 grep -q "the RAM directory $R has .* MiB free, and the guest's RAM (256 MiB" "$T/err" ||
     fail "small RAM directory, resume: $(cat "$T/err")"
 [ -z "$(ls -A "$R")" ] || fail "the refused resume left $(ls -A "$R")"
+grep -q -- "--ram-overcommit" "$T/err" || fail "small RAM directory: no way out named: $(cat "$T/err")"
+# --force (other checks) does not mean this one
+expect_fail "resume --force into a RAM directory too small" vmc "$S" resume golden --force
+grep -q "the RAM directory $R has" "$T/err" || fail "small RAM directory, --force: $(cat "$T/err")"
 vmc "$S" ls | grep -Eq '^golden +paused ' || fail "vm ls after the refused resume: $(vmc "$S" ls)"
 expect_fail "run with more memory than the RAM directory has room for" vmc "$S" run small \
     --kernel "$GUEST/vmlinux" --initrd "$GUEST/initrd.cpio.gz" --mem 256M

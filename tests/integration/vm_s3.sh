@@ -68,6 +68,8 @@ kill "$fpid" 2>/dev/null || true
 [ "$rc" = 1 ] || fail "interrupted suspend: exit $rc ($(cat "$T/err"))"
 grep -q "kept locally.*interrupted (SIGINT)" "$T/err" || fail "interrupted suspend: $(cat "$T/err")"
 [ "$(head_code int/manifest.json)" = 404 ] || fail "the interrupted suspend stored a manifest"
+OUT=$T/int.xml s3curl GET "$BUCKET/?prefix=int/" >/dev/null
+grep -q '<Key>' "$T/int.xml" && fail "the interrupted suspend left objects: $(grep -o '<Key>[^<]*' "$T/int.xml")"
 [ "$(uploads_left)" = 0 ] || fail "the interrupted suspend left an upload"
 vmc "$B" ls | grep -Eq '^golden +paused .*checkpoint' || fail "ls after the interrupted suspend: $(vmc "$B" ls)"
 read -r r d <<<"$(last_counter "$B" golden)"

@@ -161,6 +161,13 @@ if chattr +i "$T/mix/state.json" 2>/dev/null; then
         [ "$(cat "$T/mix/$n")" = OLD ] || fail "failed rename: $n was left replaced"
     done
     [ -z "$(ls -A "$T/mix" | grep '^\.')" ] || fail "failed rename: left $(ls -A "$T/mix")"
+    # the links a pull killed while publishing leaves (its process gone) go at the next pull
+    sh -c 'exit 0' &
+    dead=$!
+    wait "$dead"
+    ln "$T/mix/config.json" "$T/mix/.vmsnap-old.$dead.7"
+    "$VMSNAP" -q pull "$S/sets/a" "$T/mix" || fail "pull over the old files"
+    [ -e "$T/mix/.vmsnap-old.$dead.7" ] && fail "a dead pull's link was left: $(ls -A "$T/mix")"
 else
     echo "note: chattr +i unsupported under $T: the failed-rename case is not run" >&2
     [ "${VMSNAP_REQUIRE_ALL:-0}" = 1 ] && fail "failed-rename case could not run"
