@@ -210,20 +210,25 @@ static const char *snapshot_missing(const char *dir)
     return NULL;
 }
 
-/* The stage's set is stored at `url` (STORED_MARK). */
-static bool stage_stored_at(const struct vmctx *c, const char *url)
+/* The text of a small mark file (not a link, a FIFO or a device: never blocks), or false. */
+static bool read_mark(const char *path, char *buf, size_t len)
 {
-    char p[PATH_LEN], have[PATH_LEN] = "";
-    if (pcat(p, c->stage, "/" STORED_MARK) < 0)
-        return false;
-    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    ssize_t n = fd >= 0 ? read(fd, have, sizeof(have) - 1) : -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    ssize_t n = fd >= 0 ? read(fd, buf, len - 1) : -1;
     if (fd >= 0)
         close(fd);
     if (n <= 0)
         return false;
-    have[n] = 0;
-    return !strcmp(have, url);
+    buf[n] = 0;
+    return true;
+}
+
+/* The stage's set is stored at `url` (STORED_MARK). */
+static bool stage_stored_at(const struct vmctx *c, const char *url)
+{
+    char p[PATH_LEN], have[PATH_LEN];
+    return pcat(p, c->stage, "/" STORED_MARK) == 0 && read_mark(p, have, sizeof(have)) &&
+           !strcmp(have, url);
 }
 
 static int mark_unsaved(const struct vmctx *c, struct vmsnap_err *err)
@@ -582,17 +587,9 @@ static int boot_id(char out[64], struct vmsnap_err *err)
 /* A mark file in `dir` holding this boot's id. */
 static bool mark_this_boot(const char *dir, const char *mark)
 {
-    char p[PATH_LEN], want[64], have[64] = "";
-    if (pjoin(p, dir, mark, NULL) < 0 || boot_id(want, NULL) < 0)
-        return false;
-    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    ssize_t n = fd >= 0 ? read(fd, have, sizeof(have) - 1) : -1;
-    if (fd >= 0)
-        close(fd);
-    if (n <= 0)
-        return false;
-    have[n] = 0;
-    return !strcmp(have, want);
+    char p[PATH_LEN], want[64], have[64];
+    return pjoin(p, dir, mark, NULL) == 0 && boot_id(want, NULL) == 0 &&
+           read_mark(p, have, sizeof(have)) && !strcmp(have, want);
 }
 
 /* A checkpoint directory whose COMPLETE_MARK holds this boot's id: every file was written, by a
