@@ -83,7 +83,6 @@ struct vmctx {
     char ram_dir[PATH_LEN], ram[PATH_LEN], stage[PATH_LEN], ondemand[PATH_LEN];
     int lockfd;
     struct vmsnap_err rerr; /* why recover_interrupted() could not complete a checkpoint */
-    bool new_unswapped;     /* it completed checkpoint.new, newer, but could not swap it in */
 };
 
 static int pjoin(char *out, const char *a, const char *b, struct vmsnap_err *err)
@@ -700,22 +699,39 @@ static void record_recovered(struct vmctx *c, const char *dir, const char *statu
  * checkpoint.new is the VM's latest state, newer than the checkpoint. Finish the swap (the
  * caller holds the lock and found no QEMU). Anything else there is a torn attempt: left for the
  * next checkpoint to replace. */
-static void recover_new_checkpoint(struct vmctx *c)
+/* checkpoint.new (`newdir`) is a later checkpoint of the VM than its checkpoint (or it has
+ * none): same lineage, higher generation. Its config in *nc (the caller puts it) when asked. */
+static bool newer_than_ckpt(const struct vmctx *c, const char *newdir, json_object **nc_out)
 {
-    char newdir[PATH_LEN], p[PATH_LEN];
-    if (pcat(newdir, c->ckpt, ".new") < 0 || !exists(newdir))
-        return;
-    finish_taken(c, newdir, true);
-    if (!complete_this_boot(newdir))
-        return;
+    char p[PATH_LEN];
     json_object *nc = NULL, *oc = NULL;
     if (pjoin(p, newdir, "config.json", NULL) < 0 || cfg_load(p, &nc, NULL) < 0)
-        return;
+        return false;
     if (exists(c->ckpt) && pjoin(p, c->ckpt, "config.json", NULL) == 0)
         cfg_load(p, &oc, NULL);
     const char *nb = cfg_str(nc, "base_id"), *ob = oc ? cfg_str(oc, "base_id") : NULL;
     bool newer = !oc || (nb && ob && !strcmp(nb, ob) &&
                          cfg_int(nc, "generation") > cfg_int(oc, "generation"));
+    json_object_put(oc);
+    if (nc_out)
+        *nc_out = nc;
+    else
+        json_object_put(nc);
+    return newer;
+}
+
+static void recover_new_checkpoint(struct vmctx *c)
+{
+    char newdir[PATH_LEN];
+    if (pcat(newdir, c->ckpt, ".new") < 0 || !exists(newdir))
+        return;
+    finish_taken(c, newdir, true);
+    if (!complete_this_boot(newdir))
+        return;
+    json_object *nc = NULL;
+    bool newer = newer_than_ckpt(c, newdir, &nc);
+    if (!nc)
+        return;
     struct vmsnap_err e = {0};
     if (newer && swap_checkpoint(c, newdir, &e) == 0) {
         vlog(VMSNAP_LOG_WARN,
@@ -731,10 +747,8 @@ static void recover_new_checkpoint(struct vmctx *c)
         vlog(VMSNAP_LOG_ERROR, "VM '%s': cannot complete the interrupted checkpoint %s: %s",
              c->name, newdir, e.msg);
         c->rerr = e;
-        c->new_unswapped = true;
     }
     json_object_put(nc);
-    json_object_put(oc);
 }
 
 static bool stage_ok(const struct vmctx *c);
@@ -753,14 +767,14 @@ static void recover_interrupted(struct vmctx *c)
 }
 
 /* The directory (checkpoint.new or the stage) holding the state a pause or suspend of this boot
- * took whose checkpoint is not complete (recover_interrupted could not complete it, or could not
- * swap a completed newer checkpoint.new in): with the RAM file, the VM's newest state. Nothing
- * may replace that RAM file or resume an older checkpoint over it. NULL when there is none
- * (`buf` holds the path otherwise). */
+ * took whose checkpoint is not complete, or a complete checkpoint.new newer than the checkpoint
+ * and not swapped in (after recover_interrupted: it could not), with the RAM file the VM's
+ * newest state. Nothing may replace that RAM file or resume an older checkpoint over it. NULL
+ * when there is none (`buf` holds the path otherwise). */
 static const char *taken_pending(const struct vmctx *c, char *buf)
 {
     if (pcat(buf, c->ckpt, ".new") == 0 && exists(buf) && mark_this_boot(buf, TAKING_MARK) &&
-        (c->new_unswapped || !mark_this_boot(buf, COMPLETE_MARK)))
+        (!mark_this_boot(buf, COMPLETE_MARK) || newer_than_ckpt(c, buf, NULL)))
         return buf;
     if (stage_ok(c) && mark_this_boot(c->stage, TAKING_MARK) &&
         !mark_this_boot(c->stage, COMPLETE_MARK))

@@ -51,6 +51,8 @@ rc=0 && VMSNAP_FAILPOINT=checkpoint-before-swap vmc "$S" pause golden 2>"$T/err"
 [ "$rc" = 137 ] || fail "checkpoint-before-swap failpoint: exit $rc: $(cat "$T/err")"
 read -r r d <<<"$(last_counter "$S" golden)"
 [ -d "$S/vms/golden/checkpoint.new" ] || fail "no checkpoint.new after the killed pause"
+vmc "$S" ls | grep -Eq '^golden +interrupted' ||
+    fail "vm ls after a pause killed before its swap: $(vmc "$S" ls)"
 # ... and the swap fails on the next resume too (the old checkpoint cannot be renamed: immutable,
 # where the filesystem has the flag): refused, never resumed from the older checkpoint
 if chattr +i "$S/vms/golden/checkpoint" 2>/dev/null; then
