@@ -35,13 +35,10 @@ static void summary(const char *verb, const struct vmsnap_image_stats *st, doubl
 int cmd_pack(int argc, char **argv)
 {
     static const struct option lopts[] = {
-        {"threads", required_argument, NULL, 'j'},
-        {"frame-size", required_argument, NULL, 'f'},
-        {"level", required_argument, NULL, 'l'},
-        {"keep-zero-pages", no_argument, NULL, 'z'},
-        {"keep-cache", no_argument, NULL, 'k'},
-        {"help", no_argument, NULL, 'h'},
-        {0, 0, 0, 0},
+        {"threads", required_argument, NULL, 'j'}, {"frame-size", required_argument, NULL, 'f'},
+        {"level", required_argument, NULL, 'l'},   {"keep-zero-pages", no_argument, NULL, 'z'},
+        {"keep-cache", no_argument, NULL, 'k'},    {"fsync", no_argument, NULL, 's'},
+        {"help", no_argument, NULL, 'h'},          {0, 0, 0, 0},
     };
     struct vmsnap_pack_opts o = {0};
     unsigned long v;
@@ -70,9 +67,12 @@ int cmd_pack(int argc, char **argv)
         case 'k':
             o.keep_cache = true;
             break;
+        case 's':
+            o.fsync = true;
+            break;
         case 'h':
             printf("usage: vmsnap pack [-j N] [--frame-size SIZE] [--level L] [--keep-zero-pages] "
-                   "[--keep-cache] SRC DST\n");
+                   "[--keep-cache] [--fsync] SRC DST\n");
             return EXIT_OK;
         default:
             return cli_usage("pack", "bad option");

@@ -14,11 +14,14 @@ static int cmd_version(int argc, char **argv);
 /* One row per verb; keep sorted by how often users need them. */
 static const struct cli_verb verbs[] = {
     {"pack", cmd_pack,
-     "pack [-j N] [--frame-size SIZE] [--level L] [--keep-zero-pages] [--keep-cache] SRC DST",
+     "pack [-j N] [--frame-size SIZE] [--level L] [--keep-zero-pages] [--keep-cache] [--fsync] "
+     "SRC DST",
      "Encode the sparse file SRC (a guest memory image, a disk image) into DST ('-' = stdout):\n"
      "populated extents only, all-zero pages skipped, independent zstd frames per source range\n"
      "(default 64M) compressed on N threads (default: all CPUs), and a seek table.\n"
-     "The output is byte-identical for every N. DST appears only when complete (mode 0600)."},
+     "The output is byte-identical for every N. DST appears only when complete (mode 0600);\n"
+     "--fsync makes it durable first (a filesystem that reports a full disk only on writeback\n"
+     "then fails the pack, not a later read)."},
     {"unpack", cmd_unpack, "unpack [-j N] [--max-size SIZE] [--fsync] [--drop-cache] SRC DST",
      "Decode SRC ('-' = stdin) into the sparse file DST: vmsnap images in parallel, reference\n"
      "single-stream images and plain zstd sequentially. Every field and checksum is validated;\n"

@@ -949,5 +949,5 @@ int vmsnap_image_pack(const char *src, const char *dst, const struct vmsnap_pack
         sys_atomic_abort(&af);
         return rc;
     }
-    return sys_atomic_commit(&af, false, err);
+    return sys_atomic_commit(&af, opts && opts->fsync, err);
 }

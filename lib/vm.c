@@ -1486,12 +1486,14 @@ static int resume_io_error(struct vmctx *c, json_object *rec, struct vmsnap_vm_t
                            double *t0, struct vmsnap_err *err)
 {
     struct vmsnap_vmm *v = NULL;
-    enum vmsnap_vmm_state st = VMSNAP_VMM_IO_ERROR;
+    enum vmsnap_vmm_state st = VMSNAP_VMM_RUNNING; /* after the cont, until seen otherwise */
     int rc = vmm_from_cfg(c, rec, &v, err);
     if (rc == 0)
         rc = vmsnap_vmm_resume(v, err);
-    if (rc == 0) { /* a write that fails again stops it again at once (virtio-blk retries it) */
-        struct timespec ts = {0, 100 * 1000 * 1000};
+    /* a write that fails again stops it again (virtio-blk retries it at once): watched for
+     * 0.5 s, in 50 ms steps */
+    for (int i = 0; rc == 0 && i < 10 && st != VMSNAP_VMM_IO_ERROR; i++) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
         nanosleep(&ts, NULL);
         rc = vmsnap_vmm_state(v, &st, NULL, err);
     }
@@ -1506,6 +1508,9 @@ static int resume_io_error(struct vmctx *c, json_object *rec, struct vmsnap_vm_t
                               "it: the checkpoint keeps the write)",
                               c->name, c->disk, fk);
     }
+    if (rc == 0 && st != VMSNAP_VMM_RUNNING)
+        rc = vmsnap_err_set(err, EIO, "VM '%s' is %s after being continued from io-error", c->name,
+                            vmsnap_vmm_state_name(st));
     if (rc < 0)
         return rc;
     step(t, "resume", t0);

@@ -73,6 +73,7 @@ struct vmsnap_pack_opts {
     int level;            /* zstd level; 0: 1 */
     bool keep_zero_pages; /* encode all-zero pages instead of treating them as holes */
     bool keep_cache;      /* do not drop the source's clean page cache after reading */
+    bool fsync;           /* vmsnap_image_pack: fsync DST (and its directory) before it appears */
     vmsnap_progress_fn progress;
     void *progress_arg;
     /* A previous image of the same file (its seek table, vmsnap_image_open). A pre-scan builds

@@ -81,6 +81,9 @@ cmp -s "$T/src" "$T/pulled" || fail "pull --drop-cache output differs"
 # quiet means quiet; not a TTY means no progress line
 out=$("$VMSNAP" -q pack "$T/src" "$T/img3" 2>&1)
 [ -z "$out" ] || fail "-q printed: $out"
+# --fsync: the same object, durable before it appears
+"$VMSNAP" -q pack --fsync "$T/src" "$T/img3s" || fail "pack --fsync"
+cmp -s "$T/img3" "$T/img3s" || fail "pack --fsync wrote other bytes"
 
 # interrupted (SIGTERM) while waiting on a pipe that has sent half an object: exit 1 saying so,
 # nothing at the destination, no temporary file
