@@ -104,6 +104,7 @@ static int decode_sequential(int fd, uint64_t off, int dst_fd, uint64_t max_size
 struct input {
     int fd;
     bool is_stdin;
+    bool stream; /* read in order (stdin, a pipe, a socket): no pread */
     const char *name;
     uint64_t size; /* 0 for stdin and non-regular files */
     struct vmsnap_image *img;
@@ -116,6 +117,7 @@ static int input_open(struct input *in, const char *src, uint64_t max_size, stru
     in->fd = in->is_stdin ? STDIN_FILENO : open(src, O_RDONLY | O_CLOEXEC);
     if (in->fd < 0)
         return vmsnap_err_set(err, errno, "open %s: %s", src, strerror(errno));
+    in->stream = in->is_stdin;
     if (in->is_stdin)
         return 0;
     struct stat st;
@@ -124,8 +126,12 @@ static int input_open(struct input *in, const char *src, uint64_t max_size, stru
         close(in->fd);
         return rc;
     }
-    if (!S_ISREG(st.st_mode))
+    if (!S_ISREG(st.st_mode)) {
+        /* a FIFO or socket path (`unpack <(cmd) out`) is a stream; a block device reads at
+         * offsets */
+        in->stream = !S_ISBLK(st.st_mode);
         return 0;
+    }
     in->size = (uint64_t)st.st_size;
     struct vmsnap_source s;
     vmsnap_source_fd(&s, in->fd, in->size, in->name);
@@ -148,7 +154,7 @@ static int input_decode(struct input *in, int dst_fd, const char *dst_name, uint
                         struct vmsnap_err *err)
 {
     if (!in->img)
-        return decode_sequential(in->fd, in->is_stdin ? UINT64_MAX : 0, dst_fd, max_size, in->name,
+        return decode_sequential(in->fd, in->stream ? UINT64_MAX : 0, dst_fd, max_size, in->name,
                                  dst_name, opts, in->size, stats, err);
     struct vmsnap_source s;
     vmsnap_source_fd(&s, in->fd, in->size, in->name);

@@ -119,4 +119,7 @@ kill -HUP "$pid"
 rc=0 && wait "$pid" || rc=$?
 [ "$rc" = 0 ] || fail "unpack with SIGHUP ignored: exit $rc ($(cat "$T/err"))"
 cmp -s "$T/src" "$T/uhup" || fail "unpack with SIGHUP ignored: output differs"
+# a pipe given as a path (process substitution) is read as a stream ("Illegal seek" before)
+"$VMSNAP" -q unpack <(cat "$T/img4") "$T/ufifo" || fail "unpack from a FIFO path"
+cmp -s "$T/src" "$T/ufifo" || fail "unpack from a FIFO path: output differs"
 done_tests
