@@ -48,7 +48,17 @@ vmc() {
 }
 
 con_log() { echo "$1/vms/$2/console.log"; }
-con_lines() { [ -f "$(con_log "$1" "$2")" ] && wc -l <"$(con_log "$1" "$2")" || echo 0; }
+# con_lines STATE NAME: the lines in the console log, a last one without its newline included (a
+# QEMU stopped mid-line: the next QEMU's output starts on a new line, and that old line must not
+# be read as the first one after a resume)
+con_lines() {
+    local f n
+    f=$(con_log "$1" "$2")
+    [ -s "$f" ] || { echo 0; return; }
+    n=$(wc -l <"$f")
+    [ "$(tail -c 1 "$f" | od -An -c | tr -d ' ')" = '\n' ] || n=$((n + 1))
+    echo "$n"
+}
 
 # counter_after STATE NAME LINE: "RAM DATA" of the first counter line after line LINE, or nothing
 counter_after() {
