@@ -695,12 +695,9 @@ static void record_recovered(struct vmctx *c, const char *dir, const char *statu
     json_object_put(ck);
 }
 
-/* A pause killed after its checkpoint was complete and QEMU stopped, but before the swap:
- * checkpoint.new is the VM's latest state, newer than the checkpoint. Finish the swap (the
- * caller holds the lock and found no QEMU). Anything else there is a torn attempt: left for the
- * next checkpoint to replace. */
 /* checkpoint.new (`newdir`) is a later checkpoint of the VM than its checkpoint (or it has
- * none): same lineage, higher generation. Its config in *nc (the caller puts it) when asked. */
+ * none): same lineage, higher generation. *nc_out (if not NULL) gets its config, which the
+ * caller puts; NULL when it cannot be read. */
 static bool newer_than_ckpt(const struct vmctx *c, const char *newdir, json_object **nc_out)
 {
     char p[PATH_LEN];
@@ -720,6 +717,10 @@ static bool newer_than_ckpt(const struct vmctx *c, const char *newdir, json_obje
     return newer;
 }
 
+/* A pause killed after its checkpoint was complete and QEMU stopped, but before the swap:
+ * checkpoint.new is the VM's latest state, newer than the checkpoint. Finish the swap (the
+ * caller holds the lock and found no QEMU). Anything else there is a torn attempt: left for the
+ * next checkpoint to replace. */
 static void recover_new_checkpoint(struct vmctx *c)
 {
     char newdir[PATH_LEN];
@@ -753,19 +754,6 @@ static void recover_new_checkpoint(struct vmctx *c)
 
 static bool stage_ok(const struct vmctx *c);
 
-/* Everything a killed pause or suspend may have left, completed (the caller holds the lock and
- * found no QEMU): checkpoint.new swapped in when newer, a taken stage made a marked snapshot. */
-static void recover_interrupted(struct vmctx *c)
-{
-    recover_new_checkpoint(c);
-    if (!stage_ok(c) || stage_unsaved(c))
-        return;
-    finish_taken(c, c->stage, false);
-    if (mark_this_boot(c->stage, COMPLETE_MARK) && !snapshot_missing(c->stage) &&
-        mark_unsaved(c, NULL) == 0)
-        record_recovered(c, c->stage, "stopped");
-}
-
 /* The directory (checkpoint.new or the stage) holding the state a pause or suspend of this boot
  * took whose checkpoint is not complete, or a complete checkpoint.new newer than the checkpoint
  * and not swapped in (after recover_interrupted: it could not), with the RAM file the VM's
@@ -780,6 +768,21 @@ static const char *taken_pending(const struct vmctx *c, char *buf)
         !mark_this_boot(c->stage, COMPLETE_MARK))
         return strcpy(buf, c->stage);
     return NULL;
+}
+
+/* Everything a killed or failed pause or suspend may have left, completed (the caller holds the
+ * lock and found no QEMU): checkpoint.new swapped in when newer, a taken stage made a marked
+ * snapshot. Returns what could not be (taken_pending, path in `pend`), or NULL. */
+static const char *recover_interrupted(struct vmctx *c, char *pend)
+{
+    recover_new_checkpoint(c);
+    if (stage_ok(c) && !stage_unsaved(c)) {
+        finish_taken(c, c->stage, false);
+        if (mark_this_boot(c->stage, COMPLETE_MARK) && !snapshot_missing(c->stage) &&
+            mark_unsaved(c, NULL) == 0)
+            record_recovered(c, c->stage, "stopped");
+    }
+    return taken_pending(c, pend);
 }
 
 /* The error for a command that would go past a taken_pending() directory. */
@@ -1314,12 +1317,9 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
         enum vmsnap_vmm_state st;
         rc = vmsnap_vmm_state(v, &st, NULL, err);
         char pend[PATH_LEN];
-        if (rc == 0 && st == VMSNAP_VMM_DEAD) {
-            recover_interrupted(&c);
-            if (taken_pending(&c, pend)) {
-                rc = pending_error(&c, pend, "", err);
-                goto out;
-            }
+        if (rc == 0 && st == VMSNAP_VMM_DEAD && recover_interrupted(&c, pend)) {
+            rc = pending_error(&c, pend, "", err);
+            goto out;
         }
         const bool unsaved = rc == 0 && st == VMSNAP_VMM_DEAD && stage_unsaved(&c);
         const char *missing = unsaved ? snapshot_missing(c.stage) : NULL;
@@ -1628,15 +1628,13 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     if (rc < 0)
         goto out;
     if (!created && exists(c.cfgpath)) {
-        /* a pause killed between its complete checkpoint and the swap (QEMU stopped) */
+        /* a pause or suspend killed or failed after QEMU stopped: completed, or refused */
         json_object *rec = NULL;
         enum vmsnap_vmm_state st0;
         const char *pend = NULL;
         if (cfg_load(c.cfgpath, &rec, NULL) == 0 && vm_state(&c, rec, &st0, NULL, NULL) == 0 &&
-            st0 == VMSNAP_VMM_DEAD) {
-            recover_interrupted(&c);
-            pend = taken_pending(&c, p);
-        }
+            st0 == VMSNAP_VMM_DEAD)
+            pend = recover_interrupted(&c, p);
         json_object_put(rec);
         if (pend && !(o && o->force)) {
             rc = pending_error(&c, pend,
@@ -1681,12 +1679,12 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     }
     if (old) {
         enum vmsnap_vmm_state st;
-        if (vm_state(&c, old, &st, NULL, err) == 0 && st == VMSNAP_VMM_IO_ERROR && !url &&
-            !on_demand) {
+        int vrc = vm_state(&c, old, &st, NULL, err);
+        if (vrc == 0 && st == VMSNAP_VMM_IO_ERROR && !url && !on_demand) {
             rc = resume_io_error(&c, old, t, &t0, err);
             goto out;
         }
-        if (vm_state(&c, old, &st, NULL, err) == 0 && st != VMSNAP_VMM_DEAD) {
+        if (vrc == 0 && st != VMSNAP_VMM_DEAD) {
             rc = vmsnap_err_set(err, EBUSY, "VM '%s' is %s: pause, suspend or stop it first", name,
                                 vmsnap_vmm_state_name(st));
             goto out;
@@ -1984,10 +1982,8 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
         rc = vmsnap_vmm_stop(v, err);
     char pend[PATH_LEN];
     bool pending = false;
-    if (rc == 0 && !remove) {
-        recover_interrupted(&c); /* before the RAM file goes: it may be the newest state */
-        pending = taken_pending(&c, pend) != NULL;
-    }
+    if (rc == 0 && !remove) /* before the RAM file goes: it may be the newest state */
+        pending = recover_interrupted(&c, pend) != NULL;
     if (rc == 0) {
         /* the RAM file is always the one this VM's name gives (c.ram): a record naming
          * another path is not followed (an on-demand VM maps its image from its directory) */

@@ -1096,65 +1096,12 @@ static int key_exists(struct vmsnap_store_conn *c, const char *key, struct vmsna
     return rc < 0 ? rc : 1;
 }
 
-struct keys {
-    char **v;
-    size_t n, cap;
-    const char *suffix; /* keep keys ending with this ("" = all) */
-    const char *direct; /* keep only keys directly under this prefix (NULL = any depth) */
-    bool whole_name;    /* the suffix is a whole last component */
-};
-
-static int collect(void *arg, const char *key, uint64_t size)
-{
-    (void)size;
-    struct keys *k = arg;
-    size_t kl = strlen(key), sl = strlen(k->suffix);
-    if (kl < sl || strcmp(key + kl - sl, k->suffix))
-        return 0;
-    if (k->whole_name && kl > sl && key[kl - sl - 1] != '/')
-        return 0; /* "xmanifest.json" is not a manifest */
-    if (k->direct && strchr(key + strlen(k->direct), '/'))
-        return 0;
-    if (k->n >= 1000000)
-        return -E2BIG;
-    if (k->n == k->cap) {
-        size_t cap = k->cap ? k->cap * 2 : 16;
-        char **nv = realloc(k->v, cap * sizeof(*nv));
-        if (!nv)
-            return -ENOMEM;
-        k->v = nv;
-        k->cap = cap;
-    }
-    k->v[k->n] = strdup(key);
-    if (!k->v[k->n])
-        return -ENOMEM;
-    k->n++;
-    return 0;
-}
-
-static void keys_free(struct keys *k)
-{
-    for (size_t i = 0; i < k->n; i++)
-        free(k->v[i]);
-    free(k->v);
-}
-
-static void remove_pushed_held(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
-                               const struct set_push *s);
-
 /* A failed push removes what it stored, unless another push committed a set there meanwhile
- * (the objects may be that push's now). */
+ * (the objects may be that push's now). Clean-up: runs after a cancel too. */
 static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
                           const struct set_push *s)
 {
-    cancel_hold(); /* clean-up, after a cancel too */
-    remove_pushed_held(ctl, prefix, mkey, s);
-    cancel_release();
-}
-
-static void remove_pushed_held(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
-                               const struct set_push *s)
-{
+    cancel_hold();
     char url[1200];
     vmsnap_store_url(ctl->st, prefix, url, sizeof(url));
     int rc = key_exists(ctl, mkey, NULL);
@@ -1162,24 +1109,25 @@ static void remove_pushed_held(struct vmsnap_store_conn *ctl, const char *prefix
         vlog(VMSNAP_LOG_WARN, "%s: %s: leaving the objects this push stored in place", url,
              rc > 0 ? "another push committed a set there meanwhile"
                     : "cannot tell whether another push committed there");
-        return;
+    } else {
+        /* Every object of the set's names, written by this push or not: what it did not replace
+         * yet belongs to the set it un-committed (dead, and left unlisted it kept a full store
+         * full and the next push failed the same way), or is an object the push would have
+         * replaced. Objects of other names are left alone. */
+        for (size_t i = 0; i < s->n; i++) {
+            char obj[300];
+            snprintf(obj, sizeof(obj), "%s.zstd", s->files[i].name);
+            char *k = join_key(prefix, obj);
+            if (k)
+                vmsnap_store_delete(ctl, k, NULL);
+            free(k);
+        }
+        char *lp = join_key(prefix, "");
+        if (lp)
+            vmsnap_store_tidy(ctl, lp);
+        free(lp);
     }
-    /* Every object of the set's names, written by this push or not: what it did not replace
-     * yet belongs to the set it un-committed (dead, and left unlisted it kept a full store full
-     * and the next push failed the same way), or is an object the push would have replaced.
-     * Objects of other names are left alone. */
-    for (size_t i = 0; i < s->n; i++) {
-        char obj[300];
-        snprintf(obj, sizeof(obj), "%s.zstd", s->files[i].name);
-        char *k = join_key(prefix, obj);
-        if (k)
-            vmsnap_store_delete(ctl, k, NULL);
-        free(k);
-    }
-    char *lp = join_key(prefix, "");
-    if (lp)
-        vmsnap_store_tidy(ctl, lp);
-    free(lp);
+    cancel_release();
 }
 
 static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir,
@@ -1896,12 +1844,6 @@ static int read_manifest(struct vmsnap_store_conn *c, const char *mkey, const ch
     return rc;
 }
 
-/* Rename every pulled file of a set into `dir`, all or nothing as far as the filesystem lets it:
- * what can fail is tried for every file before the first rename (a directory in a file's place,
- * each file's fsync and close, where a delayed write error shows; a hard link keeping each file
- * the set replaces), so a failure leaves the directory as it was rather than half one set and
- * half another; a rename failing half way (EIO, a quota, a directory block on a full disk) puts
- * back what the earlier ones replaced. Then one fsync of the directory. */
 /* Links `.vmsnap-old.PID.N` that a pull killed during its publish left in `dir` (the process is
  * gone): they hold a replaced file's blocks. */
 static void drop_stale_links(const char *dir)
@@ -1922,6 +1864,12 @@ static void drop_stale_links(const char *dir)
     closedir(d);
 }
 
+/* Rename every pulled file of a set into `dir`, all or nothing as far as the filesystem lets it:
+ * what can fail is tried for every file before the first rename (a directory in a file's place,
+ * each file's fsync and close, where a delayed write error shows; a hard link keeping each file
+ * the set replaces), so a failure leaves the directory as it was rather than half one set and
+ * half another; a rename failing half way (EIO, a quota, a directory block on a full disk) puts
+ * back what the earlier ones replaced. Then one fsync of the directory. */
 static int publish_set(struct xfer *x, const char *dir, struct down *ds, size_t n,
                        struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
 {
@@ -2260,6 +2208,49 @@ out:
 
 /* ---------------------------------------------------------------------------------------- */
 /* ls, rm, gc                                                                                */
+
+struct keys {
+    char **v;
+    size_t n, cap;
+    const char *suffix; /* keep keys ending with this ("" = all) */
+    const char *direct; /* keep only keys directly under this prefix (NULL = any depth) */
+    bool whole_name;    /* the suffix is a whole last component */
+};
+
+static int collect(void *arg, const char *key, uint64_t size)
+{
+    (void)size;
+    struct keys *k = arg;
+    size_t kl = strlen(key), sl = strlen(k->suffix);
+    if (kl < sl || strcmp(key + kl - sl, k->suffix))
+        return 0;
+    if (k->whole_name && kl > sl && key[kl - sl - 1] != '/')
+        return 0; /* "xmanifest.json" is not a manifest */
+    if (k->direct && strchr(key + strlen(k->direct), '/'))
+        return 0;
+    if (k->n >= 1000000)
+        return -E2BIG;
+    if (k->n == k->cap) {
+        size_t cap = k->cap ? k->cap * 2 : 16;
+        char **nv = realloc(k->v, cap * sizeof(*nv));
+        if (!nv)
+            return -ENOMEM;
+        k->v = nv;
+        k->cap = cap;
+    }
+    k->v[k->n] = strdup(key);
+    if (!k->v[k->n])
+        return -ENOMEM;
+    k->n++;
+    return 0;
+}
+
+static void keys_free(struct keys *k)
+{
+    for (size_t i = 0; i < k->n; i++)
+        free(k->v[i]);
+    free(k->v);
+}
 
 int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsnap_xfer_list_fn fn,
                      void *arg, struct vmsnap_err *err)
