@@ -115,7 +115,7 @@ static bool all_zero(const uint8_t *p, size_t len)
     return true;
 }
 
-/* The pinned parameters: the level, checksum and content-size flags, no zstd threads, and for
+/* The pinned parameters: the level, the content-size flag, no zstd threads, and for
  * levels up to 1 a 1 MiB window (zstd's own default there is 512 KiB; from level 2 it is 1 MiB
  * or more). The larger window made the 2 GiB bench image 0.17% smaller, smaller than zstd -1 -T0
  * of the whole file, at no measurable speed cost; a streaming decoder needs only that much
@@ -129,8 +129,8 @@ static int set_cparams(ZSTD_CCtx *cctx, int level)
         r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, level);
     if (!ZSTD_isError(r) && level <= 1)
         r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_windowLog, LOW_LEVEL_WINDOW_LOG);
-    if (!ZSTD_isError(r))
-        r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
+    if (!ZSTD_isError(r)) /* compress_frame appends the checksum itself */
+        r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 0);
     if (!ZSTD_isError(r))
         r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 1);
     if (!ZSTD_isError(r))
@@ -138,14 +138,19 @@ static int set_cparams(ZSTD_CCtx *cctx, int level)
     return ZSTD_isError(r) ? -EINVAL : 0;
 }
 
-/* Compress `len` bytes into *out, grown to the compress bound when too small. The buffer is
- * reused across calls, so its pages are faulted in once per slot rather than once per frame. */
-static int compress_frame(ZSTD_CCtx *cctx, int level, const uint8_t *src, size_t len, uint8_t **out,
-                          size_t *cap, size_t *out_len, struct vmsnap_err *err)
+/* Compress `len` bytes into *out, grown to the compress bound when too small, as a frame carrying
+ * zstd's content checksum. `checksum` is the caller's XXH64 of `src` (seed 0), which is what zstd
+ * would hash: zstd compresses without its own pass over the data, and the frame gets the checksum
+ * flag (bit 2 of the frame header descriptor, right after the magic) and the hash's low 32 bits
+ * after its last block, byte for byte the frame zstd itself would write. The buffer is reused
+ * across calls, so its pages are faulted in once per slot rather than once per frame. */
+static int compress_frame(ZSTD_CCtx *cctx, int level, const uint8_t *src, size_t len,
+                          uint64_t checksum, uint8_t **out, size_t *cap, size_t *out_len,
+                          struct vmsnap_err *err)
 {
     if (set_cparams(cctx, level) < 0)
         return vmsnap_err_set(err, EINVAL, "zstd: cannot set level %d", level);
-    size_t need = ZSTD_compressBound(len);
+    size_t need = ZSTD_compressBound(len) + 4;
     if (need > *cap) {
         free(*out);
         *out = malloc(need);
@@ -153,10 +158,14 @@ static int compress_frame(ZSTD_CCtx *cctx, int level, const uint8_t *src, size_t
         if (!*out)
             return vmsnap_err_set(err, ENOMEM, "out of memory (%zu bytes for a frame)", need);
     }
-    size_t n = ZSTD_compress2(cctx, *out, *cap, src, len);
+    size_t n = ZSTD_compress2(cctx, *out, *cap - 4, src, len);
     if (ZSTD_isError(n))
         return vmsnap_err_set(err, EIO, "zstd compress: %s", ZSTD_getErrorName(n));
-    *out_len = n;
+    if (n < 6 || get_le32(*out) != ZSTD_MAGICNUMBER || (*out)[4] & 0x04)
+        return vmsnap_err_set(err, EIO, "zstd compress: unexpected frame header");
+    (*out)[4] |= 0x04;
+    put_le32(*out + n, (uint32_t)checksum);
+    *out_len = n + 4;
     return 0;
 }
 
@@ -348,7 +357,8 @@ static int encode_range(struct worker *w, uint64_t idx, struct slot *s)
         return 0; /* all zero: no frame */
     s->has_frame = true;
     s->fi.checksum = XXH64(w->buf, r.len, 0);
-    rc = compress_frame(w->cctx, e->level, w->buf, r.len, &s->cbuf, &s->ccap, &s->clen, &s->err);
+    rc = compress_frame(w->cctx, e->level, w->buf, r.len, s->fi.checksum, &s->cbuf, &s->ccap,
+                        &s->clen, &s->err);
     if (rc < 0)
         return rc;
     uint64_t start = idx * e->frame_size;
@@ -555,7 +565,8 @@ static int emit_word_frame(struct out *o, ZSTD_CCtx *cctx, int level, uint64_t w
     put_le64(w, word);
     uint8_t *c = NULL;
     size_t cap = 0, clen = 0;
-    int rc = compress_frame(cctx, level, w, sizeof(w), &c, &cap, &clen, err);
+    uint64_t sum = XXH64(w, sizeof(w), 0);
+    int rc = compress_frame(cctx, level, w, sizeof(w), sum, &c, &cap, &clen, err);
     if (rc < 0)
         return rc;
     struct vmsnap_frame_info fi = {.offset = o->pos,
@@ -564,7 +575,7 @@ static int emit_word_frame(struct out *o, ZSTD_CCtx *cctx, int level, uint64_t w
                                    .src_start = src_pos,
                                    .src_end = src_pos,
                                    .populated = 0,
-                                   .checksum = XXH64(w, sizeof(w), 0),
+                                   .checksum = sum,
                                    .ccheck = XXH64(c, clen, 0)};
     rc = emit(o, c, clen, err);
     free(c);
@@ -641,8 +652,8 @@ static int demote(struct worker *wk, uint64_t idx, struct slot *sl, struct vmsna
         rc = vmsnap_err_set(err, EIO, "%s: changed while being read (offset %llu): is it in use?",
                             e->name, (unsigned long long)(idx * e->frame_size));
     if (rc == 0)
-        rc = compress_frame(wk->cctx, e->level, wk->buf, r.len, &sl->cbuf, &sl->ccap, &sl->clen,
-                            err);
+        rc = compress_frame(wk->cctx, e->level, wk->buf, r.len, sl->bf.checksum, &sl->cbuf,
+                            &sl->ccap, &sl->clen, err);
     if (rc < 0)
         return rc;
     uint64_t off = sl->fi.offset;

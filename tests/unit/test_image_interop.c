@@ -175,6 +175,23 @@ int main(void)
         CHECKF(st.frames > 1 || size < 2 * MiB, "case %d: expected several frames", i);
         CHECKF(reference_read(m.data, m.len, out), "case %d: reference reader failed", i);
         CHECKF(t_files_equal(src, out), "case %d: reference reader output differs", i);
+        /* every zstd frame carries its content checksum (the encoder appends it itself), and a
+         * reader that checks it (libzstd does, by default) fails when one is wrong */
+        size_t p = 12, data_frames = 0, last_sum = 0;
+        while (p < m.len) {
+            size_t fl = ZSTD_findFrameCompressedSize(m.data + p, m.len - p);
+            REQUIRE(!ZSTD_isError(fl));
+            uint32_t magic = (uint32_t)rd64(m.data + p) & 0xffffffffu;
+            if ((magic & 0xfffffff0u) != 0x184D2A50u) {
+                CHECKF(m.data[p + 4] & 0x04, "case %d: frame at byte %zu has no checksum", i, p);
+                data_frames++;
+                last_sum = p + fl - 1;
+            }
+            p += fl;
+        }
+        CHECKF(data_frames >= 2, "case %d: %zu data frames", i, data_frames);
+        m.data[last_sum] ^= 1;
+        CHECKF(!reference_read(m.data, m.len, out), "case %d: a wrong checksum went unnoticed", i);
         membuf_sink_free(&m);
     }
 
