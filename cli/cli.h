@@ -28,6 +28,8 @@ extern int cli_verbose;
 int cli_parse_size(const char *s, uint64_t *out);
 /* Parse a non-negative integer within [lo, hi]. */
 int cli_parse_uint(const char *s, unsigned long lo, unsigned long hi, unsigned long *out);
+/* "90", "90s", "30m", "2h", "7d" -> seconds. */
+int cli_parse_duration(const char *s, int64_t *out);
 
 /* Print "vmsnap VERB: message" to stderr. */
 void cli_error(const char *verb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -70,9 +72,17 @@ int cmd_ls(int argc, char **argv);
 int cmd_rm(int argc, char **argv);
 int cmd_gc(int argc, char **argv);
 int cmd_vm(int argc, char **argv);
+/* The options of one transfer verb only; a NULL member (or `f` NULL) is an option the verb
+ * refuses. */
+struct xfer_flags {
+    bool *force;         /* rm --force */
+    bool *drop_cache;    /* pull --drop-cache */
+    bool *dry_run;       /* gc --dry-run */
+    int64_t *older_than; /* gc --older-than DURATION, in seconds */
+};
 /* Parse the transfer options; returns the index of the first operand, -1 after a usage error
- * was printed, -2 for --help. `force` NULL: --force is not accepted. */
+ * was printed, -2 for --help. */
 int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_opts *o,
-                    bool *force, bool *drop_cache);
+                    const struct xfer_flags *f);
 void cmd_xfer_summary(const char *verb, const struct vmsnap_xfer_stats *st, double wall);
 #endif

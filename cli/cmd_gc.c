@@ -1,16 +1,52 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* vmsnap gc: abort the unfinished multipart uploads (killed pushes) under a prefix. */
+/* vmsnap gc: abort the unfinished multipart uploads (killed pushes) under a prefix, leaving the
+ * young ones (pushes that may still be running) alone. */
 #include "cli.h"
 #include "vmsnap/xfer.h"
 
+#include <inttypes.h>
 #include <stdio.h>
+
+#define GC_DEFAULT_AGE 3600 /* an hour: far longer than any push of a VM snapshot */
+
+static void age_text(char *b, size_t n, int64_t s)
+{
+    if (s < 0)
+        snprintf(b, n, "unknown age");
+    else if (s < 120)
+        snprintf(b, n, "%" PRId64 " s old", s);
+    else if (s < 7200)
+        snprintf(b, n, "%" PRId64 " min old", s / 60);
+    else if (s < 172800)
+        snprintf(b, n, "%" PRId64 " h old", s / 3600);
+    else
+        snprintf(b, n, "%" PRId64 " days old", s / 86400);
+}
+
+static void report(void *arg, const char *key, int64_t age, bool abort)
+{
+    const bool *dry = arg;
+    char a[32];
+    age_text(a, sizeof(a), age);
+    if (*dry)
+        printf("%s\t%s\t%s\n", abort ? "would abort" : "keep", a, key);
+    else if (cli_verbose && !cli_quiet)
+        fprintf(stderr, "gc: %s %s (%s)\n", abort ? "aborting" : "keeping", key, a);
+}
 
 int cmd_gc(int argc, char **argv)
 {
     struct vmsnap_xfer_opts o = {0};
-    int i = cmd_xfer_getopt("gc", argc, argv, &o, NULL, NULL);
+    bool dry = false;
+    int64_t age = GC_DEFAULT_AGE;
+    int i = cmd_xfer_getopt("gc", argc, argv, &o,
+                            &(struct xfer_flags){.dry_run = &dry, .older_than = &age});
     if (i == -2) {
-        printf("usage: vmsnap gc [--endpoint URL] [--region R] [--path-style] URL\n");
+        printf("usage: vmsnap gc [--older-than DURATION] [--dry-run] [--endpoint URL] [--region R] "
+               "[--path-style] URL\n"
+               "  aborts the unfinished multipart uploads under URL (killed pushes) that started\n"
+               "  at least DURATION ago (default 1h; 30m, 2h, 7d; 0: all, which also fails\n"
+               "  pushes running now); --dry-run lists them and what gc would do\n");
         return EXIT_OK;
     }
     if (i < 0)
@@ -18,14 +54,31 @@ int cmd_gc(int argc, char **argv)
     if (argc - i != 1)
         return cli_usage("gc", "expected one URL");
     struct vmsnap_err err = {0};
-    unsigned n = 0;
-    int rc = vmsnap_xfer_gc(argv[i], &o, &n, &err);
+    struct vmsnap_gc_result res;
+    struct vmsnap_gc_opts g = {
+        .older_than = age, .dry_run = dry, .report = report, .report_arg = &dry};
+    int rc = vmsnap_xfer_gc(argv[i], &g, &o, &res, &err);
     vmsnap_store_global_cleanup();
     if (rc < 0) {
         cli_error("gc", "%s", err.msg);
         return EXIT_FAIL;
     }
-    if (!cli_quiet)
-        fprintf(stderr, "gc: aborted %u unfinished upload%s\n", n, n == 1 ? "" : "s");
+    if (!cli_quiet) {
+        fprintf(stderr, "gc: %s %u unfinished upload%s", dry ? "would abort" : "aborted",
+                res.aborted, res.aborted == 1 ? "" : "s");
+        if (res.kept) {
+            char d[32];
+            if (age % 86400 == 0)
+                snprintf(d, sizeof(d), "%" PRId64 "d", age / 86400);
+            else if (age % 3600 == 0)
+                snprintf(d, sizeof(d), "%" PRId64 "h", age / 3600);
+            else if (age % 60 == 0)
+                snprintf(d, sizeof(d), "%" PRId64 "m", age / 60);
+            else
+                snprintf(d, sizeof(d), "%" PRId64 "s", age);
+            fprintf(stderr, "; kept %u younger than %s (--older-than)", res.kept, d);
+        }
+        fputc('\n', stderr);
+    }
     return EXIT_OK;
 }

@@ -20,7 +20,7 @@ static int print_set(void *arg, const struct vmsnap_xfer_set *s)
 int cmd_ls(int argc, char **argv)
 {
     struct vmsnap_xfer_opts o = {0};
-    int i = cmd_xfer_getopt("ls", argc, argv, &o, NULL, NULL);
+    int i = cmd_xfer_getopt("ls", argc, argv, &o, NULL);
     if (i == -2) {
         printf("usage: vmsnap ls [--endpoint URL] [--region R] [--path-style] URL\n");
         return EXIT_OK;

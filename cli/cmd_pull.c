@@ -9,7 +9,8 @@ int cmd_pull(int argc, char **argv)
 {
     struct vmsnap_xfer_opts o = {0};
     bool drop_cache = false;
-    int i = cmd_xfer_getopt("pull", argc, argv, &o, NULL, &drop_cache);
+    int i =
+        cmd_xfer_getopt("pull", argc, argv, &o, &(struct xfer_flags){.drop_cache = &drop_cache});
     if (i == -2) {
         printf("usage: vmsnap pull [-j N] [--max-memory SIZE] [--threads N] [--max-size SIZE]\n"
                "       [--no-fsync] [--drop-cache] [--endpoint URL] [--region R] [--path-style]\n"

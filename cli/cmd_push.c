@@ -9,8 +9,11 @@
 #include <sys/resource.h>
 
 int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_opts *o,
-                    bool *force, bool *drop_cache)
+                    const struct xfer_flags *f)
 {
+    static const struct xfer_flags none;
+    if (!f)
+        f = &none;
     static const struct option lopts[] = {
         {"connections", required_argument, NULL, 'j'},
         {"part-size", required_argument, NULL, 'p'},
@@ -27,6 +30,8 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
         {"force", no_argument, NULL, 'F'},
         {"drop-cache", no_argument, NULL, 'D'},
         {"base", required_argument, NULL, 'B'},
+        {"dry-run", no_argument, NULL, 'N'},
+        {"older-than", required_argument, NULL, 'O'},
         {"help", no_argument, NULL, 'h'},
         {0, 0, 0, 0},
     };
@@ -90,9 +95,24 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
             o->store.path_style = true;
             break;
         case 'F':
-            if (!force)
+            if (!f->force)
                 return cli_usage(verb, "--force is an option of rm only"), -1;
-            *force = true;
+            *f->force = true;
+            break;
+        case 'N':
+            if (!f->dry_run)
+                return cli_usage(verb, "--dry-run is an option of gc only"), -1;
+            *f->dry_run = true;
+            break;
+        case 'O':
+            if (!f->older_than)
+                return cli_usage(verb, "--older-than is an option of gc only"), -1;
+            if (cli_parse_duration(optarg, f->older_than) < 0)
+                return cli_usage(verb,
+                                 "--older-than wants a duration like 90s, 30m, 2h or 7d (0: "
+                                 "every upload), not '%s'",
+                                 optarg),
+                       -1;
             break;
         case 'B':
             if (strcmp(verb, "push"))
@@ -100,9 +120,9 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
             o->base = optarg;
             break;
         case 'D':
-            if (!drop_cache)
+            if (!f->drop_cache)
                 return cli_usage(verb, "--drop-cache is an option of pull only"), -1;
-            *drop_cache = true;
+            *f->drop_cache = true;
             break;
         case 'h':
             return -2;
@@ -144,7 +164,7 @@ void cmd_xfer_summary(const char *verb, const struct vmsnap_xfer_stats *st, doub
 int cmd_push(int argc, char **argv)
 {
     struct vmsnap_xfer_opts o = {0};
-    int i = cmd_xfer_getopt("push", argc, argv, &o, NULL, NULL);
+    int i = cmd_xfer_getopt("push", argc, argv, &o, NULL);
     if (i == -2) {
         printf("usage: vmsnap push [-j N] [--part-size SIZE] [--max-memory SIZE] [--threads N]\n"
                "       [--frame-size SIZE] [--level L] [--endpoint URL] [--region R]\n"

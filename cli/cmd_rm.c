@@ -9,7 +9,7 @@ int cmd_rm(int argc, char **argv)
 {
     struct vmsnap_xfer_opts o = {0};
     bool force = false;
-    int i = cmd_xfer_getopt("rm", argc, argv, &o, &force, NULL);
+    int i = cmd_xfer_getopt("rm", argc, argv, &o, &(struct xfer_flags){.force = &force});
     if (i == -2) {
         printf("usage: vmsnap rm [--force] [--endpoint URL] [--region R] [--path-style] URL\n");
         return EXIT_OK;

@@ -76,6 +76,41 @@ int cli_parse_uint(const char *s, unsigned long lo, unsigned long hi, unsigned l
     return 0;
 }
 
+int cli_parse_duration(const char *s, int64_t *out)
+{
+    if (!s || !*s || s[0] == '-' || s[0] == '+')
+        return -EINVAL;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s)
+        return -EINVAL;
+    unsigned long long mult = 1;
+    switch (*end) {
+    case 's':
+        end++;
+        break;
+    case 'm':
+        mult = 60;
+        end++;
+        break;
+    case 'h':
+        mult = 3600;
+        end++;
+        break;
+    case 'd':
+        mult = 86400;
+        end++;
+        break;
+    default:
+        break;
+    }
+    if (*end || v > (unsigned long long)INT64_MAX / mult)
+        return -EINVAL;
+    *out = (int64_t)(v * mult);
+    return 0;
+}
+
 void cli_error(const char *verb, const char *fmt, ...)
 {
     va_list ap;

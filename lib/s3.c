@@ -1026,6 +1026,22 @@ static int s3_list(struct vmsnap_store_conn *c, const char *prefix, vmsnap_store
     }
 }
 
+/* "2026-11-30T12:00:00.000Z" (S3's timestamps, always UTC) -> Unix seconds; -1 if not that. */
+static int64_t iso8601(const char *s)
+{
+    struct tm tm = {0};
+    int n = 0;
+    if (sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
+               &tm.tm_min, &tm.tm_sec, &n) != 6 ||
+        tm.tm_year < 1970 || tm.tm_mon < 1 || tm.tm_mon > 12 || tm.tm_mday < 1 || tm.tm_mday > 31 ||
+        tm.tm_hour > 23 || tm.tm_min > 59 || tm.tm_sec > 60)
+        return -1;
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    time_t t = timegm(&tm);
+    return t == (time_t)-1 ? -1 : (int64_t)t;
+}
+
 static int s3_list_uploads(struct vmsnap_store_conn *c, const char *prefix,
                            vmsnap_store_upload_fn fn, void *arg, struct vmsnap_err *err)
 {
@@ -1047,13 +1063,14 @@ static int s3_list_uploads(struct vmsnap_store_conn *c, const char *prefix,
         struct xml_span s = {resp.p ? resp.p : "", resp.len}, item, rest;
         for (struct xml_span cur = s; rc == 0 && xml_find(cur, "Upload", &item, &rest);
              cur = rest) {
-            char k[1100], id[1100];
+            char k[1100], id[1100], init[64];
             if (!xml_child_text(item, "Key", k, sizeof(k)) ||
                 !xml_child_text(item, "UploadId", id, sizeof(id)))
                 rc = vmsnap_err_set(err, EPROTO, "list uploads %s/%s: malformed <Upload>",
                                     c->st->s3.bucket, prefix);
             else
-                rc = fn(arg, k, id);
+                rc = fn(arg, k, id,
+                        xml_child_text(item, "Initiated", init, sizeof(init)) ? iso8601(init) : -1);
         }
         char trunc[8] = "";
         xml_child_text(s, "IsTruncated", trunc, sizeof(trunc));

@@ -506,6 +506,19 @@ struct walk {
     struct vmsnap_err *err;
 };
 
+/* When the upload whose temporary is `dpath`/`name` started, as far as gc cares: its last write
+ * (parts keep a live upload's recent). -1 if it cannot be read. */
+static int64_t upload_started(const char *dpath, const char *name)
+{
+    int fd = open(dpath, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct stat sb;
+    int r = fstatat(fd, name, &sb, AT_SYMLINK_NOFOLLOW);
+    close(fd);
+    return r == 0 ? (int64_t)sb.st_mtim.tv_sec : -1;
+}
+
 static int walk_dir(struct walk *w, const char *dirkey, int depth)
 {
     if (depth > MAX_DEPTH)
@@ -553,7 +566,7 @@ static int walk_dir(struct walk *w, const char *dirkey, int depth)
             rc = vmsnap_err_set(w->err, ENOMEM, "out of memory");
         } else if (hidden) {
             if (match)
-                rc = w->up_fn(w->arg, k, name);
+                rc = w->up_fn(w->arg, k, name, upload_started(dpath, name));
         } else if (lstat(full, &sb) == 0) {
             if (S_ISDIR(sb.st_mode)) {
                 /* descend if some key below could start with the prefix */

@@ -552,9 +552,14 @@ struct leftover_ctx {
     const char *under; /* or: of this key and the keys under it ("K/..."), not "K1/..." */
     struct vmsnap_store_conn *c;
     unsigned n;
+    const struct vmsnap_gc_opts *gc; /* gc: its selection and report; NULL: abort every one */
+    int64_t now;
+    unsigned kept, failed;
+    struct vmsnap_err first; /* the first refused abort (gc fails with it), and its key */
+    char first_key[VMSNAP_ERR_MSG_MAX / 4];
 };
 
-static int abort_leftover(void *arg, const char *key, const char *id)
+static int abort_leftover(void *arg, const char *key, const char *id, int64_t started)
 {
     struct leftover_ctx *l = arg;
     if (l->exact && strcmp(l->exact, key))
@@ -564,12 +569,29 @@ static int abort_leftover(void *arg, const char *key, const char *id)
         if (strncmp(key, l->under, ul) || (key[ul] && key[ul] != '/' && l->under[ul - 1] != '/'))
             return 0;
     }
+    const struct vmsnap_gc_opts *g = l->gc;
+    int64_t age = started >= 0 && l->now >= started ? l->now - started : started >= 0 ? 0 : -1;
+    bool go = !g || g->older_than <= 0 || (age >= 0 && age >= g->older_than);
+    if (g && g->report)
+        g->report(g->report_arg, key, age, go);
+    if (!go) {
+        l->kept++;
+        return 0;
+    }
+    if (g && g->dry_run) {
+        l->n++;
+        return 0;
+    }
     struct vmsnap_err e = {0};
     if (vmsnap_store_mpu_abort(l->c, key, id, &e) == 0) {
         l->n++;
         vlog(VMSNAP_LOG_INFO, "aborted unfinished upload of %s", key);
     } else {
         vlog(VMSNAP_LOG_WARN, "cannot abort unfinished upload of %s: %s", key, e.msg);
+        if (!l->failed++) {
+            l->first = e;
+            snprintf(l->first_key, sizeof(l->first_key), "%s", key);
+        }
     }
     return 0;
 }
@@ -2303,22 +2325,31 @@ int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsna
     return rc;
 }
 
-int vmsnap_xfer_gc(const char *url, const struct vmsnap_xfer_opts *opts, unsigned *aborted,
+int vmsnap_xfer_gc(const char *url, const struct vmsnap_gc_opts *g,
+                   const struct vmsnap_xfer_opts *opts, struct vmsnap_gc_result *res,
                    struct vmsnap_err *err)
 {
+    static const struct vmsnap_gc_opts all;
     struct xfer x;
     char *key = NULL;
+    if (res)
+        *res = (struct vmsnap_gc_result){0};
     int rc = xfer_init(&x, url, opts, &key, err);
     if (rc < 0)
         return rc;
     struct vmsnap_store_conn *c = NULL;
-    struct leftover_ctx l = {.under = key};
+    struct leftover_ctx l = {.under = key, .gc = g ? g : &all, .now = (int64_t)time(NULL)};
     rc = vmsnap_store_conn_new(x.st, &c, err);
     l.c = c;
     if (rc == 0)
         rc = vmsnap_store_list_uploads(c, key, abort_leftover, &l, err);
-    if (aborted)
-        *aborted = l.n;
+    if (rc == 0 && l.failed)
+        rc = vmsnap_err_set(err, l.first.code ? l.first.code : EIO,
+                            "could not abort %u of %u unfinished upload%s under %s (%s: %s)",
+                            l.failed, l.failed + l.n, l.failed + l.n == 1 ? "" : "s", url,
+                            l.first_key, l.first.msg);
+    if (res)
+        *res = (struct vmsnap_gc_result){.aborted = l.n, .kept = l.kept, .failed = l.failed};
     vmsnap_store_conn_free(c);
     xfer_fini(&x, false);
     free(key);

@@ -66,8 +66,11 @@ struct vmsnap_store_part {
 
 /* Callback for vmsnap_store_list(): one object. Return < 0 to stop (that value is returned). */
 typedef int (*vmsnap_store_list_fn)(void *arg, const char *key, uint64_t size);
-/* Callback for vmsnap_store_list_uploads(): one unfinished multipart upload. */
-typedef int (*vmsnap_store_upload_fn)(void *arg, const char *key, const char *upload_id);
+/* Callback for vmsnap_store_list_uploads(): one unfinished multipart upload, and when it started
+ * (Unix seconds; S3: its Initiated time; local store: its temporary file's last write), -1 when
+ * the store does not say. */
+typedef int (*vmsnap_store_upload_fn)(void *arg, const char *key, const char *upload_id,
+                                      int64_t started);
 /* Callback for vmsnap_store_get_stream(): the next bytes of the object, in order. */
 typedef int (*vmsnap_store_data_fn)(void *arg, const void *buf, size_t len, struct vmsnap_err *err);
 

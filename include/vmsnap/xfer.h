@@ -113,10 +113,33 @@ VMSNAP_API int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *
 VMSNAP_API int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opts *opts,
                                   struct vmsnap_err *err);
 
-/* Abort every unfinished multipart upload under the prefix `url` (local store: remove the
- * temporary files of interrupted uploads). *aborted (if not NULL) gets the count. */
-VMSNAP_API int vmsnap_xfer_gc(const char *url, const struct vmsnap_xfer_opts *opts,
-                              unsigned *aborted, struct vmsnap_err *err);
+/* What vmsnap_xfer_gc() aborts. A push in progress has an unfinished upload too: aborting it
+ * fails that push (it reports so and stores nothing), so gc leaves uploads younger than
+ * `older_than`. */
+struct vmsnap_gc_opts {
+    /* seconds: abort the uploads that started at least this long ago (by this node's clock; S3
+     * signatures already need it within 15 minutes of the server's). 0: every upload, also one
+     * whose start the store does not give (kept otherwise). */
+    int64_t older_than;
+    bool dry_run; /* abort nothing; report what would be */
+    /* optional: called for each upload found under the prefix, with its age in seconds (-1:
+     * unknown) and whether gc aborts it (or would: dry run) */
+    void (*report)(void *arg, const char *key, int64_t age, bool abort);
+    void *report_arg;
+};
+
+struct vmsnap_gc_result {
+    unsigned aborted; /* (dry run: would be) */
+    unsigned kept;    /* younger than older_than, or of unknown age */
+    unsigned failed;  /* the store refused to abort them: the call fails, naming the first */
+};
+
+/* Abort the unfinished multipart uploads under the prefix `url` that `g` selects (NULL: every
+ * one; local store: remove the temporary files of interrupted uploads). *res (if not NULL) gets
+ * the counts, also on failure. */
+VMSNAP_API int vmsnap_xfer_gc(const char *url, const struct vmsnap_gc_opts *g,
+                              const struct vmsnap_xfer_opts *opts, struct vmsnap_gc_result *res,
+                              struct vmsnap_err *err);
 
 #ifdef __cplusplus
 }

@@ -186,10 +186,25 @@ echo "race: $ok_rounds of 4 rounds had a push succeed" >&2
 # gc of a prefix aborts uploads of that key and under "key/", not of "key0/..." next to it
 [ "$(uploads_left)" = 0 ] || fail "uploads left before the gc boundary case"
 [ "$(s3curl POST "$BUCKET/vm10/x.zstd?uploads=")" = 200 ] || fail "start an upload under vm10/"
-"$VMSNAP" -q gc "s3://$BUCKET/vm1" || fail "gc vm1"
+"$VMSNAP" -q gc --older-than 0 "s3://$BUCKET/vm1" || fail "gc vm1"
 [ "$(uploads_left)" = 1 ] || fail "gc s3://$BUCKET/vm1 aborted the upload under vm10/"
-"$VMSNAP" -q gc "s3://$BUCKET/vm10" || fail "gc vm10"
-[ "$(uploads_left)" = 0 ] || fail "gc s3://$BUCKET/vm10 left its upload"
+# gc leaves an upload younger than --older-than (default 1h) alone: it may be a push running
+# now; --dry-run says what it would do and does nothing; the age is the server's Initiated
+"$VMSNAP" gc "s3://$BUCKET/vm10" 2>"$T/gc.err" || fail "gc vm10 (young upload)"
+grep -q 'aborted 0 unfinished uploads; kept 1 younger than 1h' "$T/gc.err" ||
+    fail "gc did not say it kept the young upload: $(cat "$T/gc.err")"
+[ "$(uploads_left)" = 1 ] || fail "gc (default age) aborted an upload started just now"
+sleep 2.2
+"$VMSNAP" gc --dry-run --older-than 2s "s3://$BUCKET/vm10" >"$T/gc.out" 2>"$T/gc.err" ||
+    fail "gc --dry-run"
+grep -q "^would abort	[0-9]* s old	vm10/x.zstd\$" "$T/gc.out" || fail "gc --dry-run listing: $(cat "$T/gc.out")"
+[ "$(uploads_left)" = 1 ] || fail "gc --dry-run aborted an upload"
+"$VMSNAP" gc --dry-run --older-than 1h "s3://$BUCKET/vm10" >"$T/gc.out" 2>/dev/null
+grep -q "^keep	[0-9]* s old	vm10/x.zstd\$" "$T/gc.out" || fail "gc --dry-run keep listing: $(cat "$T/gc.out")"
+rc=0; "$VMSNAP" gc --older-than 5y "s3://$BUCKET/vm10" 2>"$T/err" || rc=$?
+[ $rc = 2 ] && grep -q 'duration like' "$T/err" || fail "gc --older-than 5y: exit $rc, $(cat "$T/err")"
+"$VMSNAP" -q gc --older-than 2s "s3://$BUCKET/vm10" || fail "gc vm10"
+[ "$(uploads_left)" = 0 ] || fail "gc --older-than 2s s3://$BUCKET/vm10 left its 2 s old upload"
 
 # a file name of 249 bytes (its temporary on pull cannot be ".NAME.XXXXXX": 257 bytes)
 mkdir "$T/lset" && long=$(printf 'a%.0s' $(seq 1 249)) && echo hi >"$T/lset/$long"
