@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* vmsnap gc: abort the unfinished multipart uploads (killed pushes) under a prefix, leaving the
- * young ones (pushes that may still be running) alone. */
+/* vmsnap gc: clean what killed pushes left under a prefix (unfinished multipart uploads, objects
+ * of set pushes that never committed), leaving the young ones (pushes that may still be running)
+ * alone. */
 #include "cli.h"
 #include "vmsnap/xfer.h"
 
@@ -23,15 +24,18 @@ static void age_text(char *b, size_t n, int64_t s)
         snprintf(b, n, "%" PRId64 " days old", s / 86400);
 }
 
-static void report(void *arg, const char *key, int64_t age, bool abort)
+static void report(void *arg, enum vmsnap_gc_kind kind, const char *key, int64_t age, bool act)
 {
     const bool *dry = arg;
     char a[32];
     age_text(a, sizeof(a), age);
+    const char *what = kind == VMSNAP_GC_UPLOAD ? "upload" : "push mark";
     if (*dry)
-        printf("%s\t%s\t%s\n", abort ? "would abort" : "keep", a, key);
+        printf("%s\t%s\t%s\t%s\n",
+               act ? (kind == VMSNAP_GC_UPLOAD ? "would abort" : "would clean") : "keep", what, a,
+               key);
     else if (cli_verbose && !cli_quiet)
-        fprintf(stderr, "gc: %s %s (%s)\n", abort ? "aborting" : "keeping", key, a);
+        fprintf(stderr, "gc: %s %s %s (%s)\n", act ? "cleaning" : "keeping", what, key, a);
 }
 
 int cmd_gc(int argc, char **argv)
@@ -44,9 +48,10 @@ int cmd_gc(int argc, char **argv)
     if (i == -2) {
         printf("usage: vmsnap gc [--older-than DURATION] [--dry-run] [--endpoint URL] [--region R] "
                "[--path-style] URL\n"
-               "  aborts the unfinished multipart uploads under URL (killed pushes) that started\n"
-               "  at least DURATION ago (default 1h; 30m, 2h, 7d; 0: all, which also fails\n"
-               "  pushes running now); --dry-run lists them and what gc would do\n");
+               "  cleans what killed pushes left under URL, once it is at least DURATION old\n"
+               "  (default 1h; 30m, 2h, 7d; 0: all, which also fails pushes running now):\n"
+               "  unfinished multipart uploads, and the objects of set pushes that never\n"
+               "  committed their manifest; --dry-run lists them and what gc would do\n");
         return EXIT_OK;
     }
     if (i < 0)
@@ -66,6 +71,12 @@ int cmd_gc(int argc, char **argv)
     if (!cli_quiet) {
         fprintf(stderr, "gc: %s %u unfinished upload%s", dry ? "would abort" : "aborted",
                 res.aborted, res.aborted == 1 ? "" : "s");
+        if (res.pushes)
+            fprintf(stderr, ", %s %u mark%s of unfinished set pushes",
+                    dry ? "would remove" : "removed", res.pushes, res.pushes == 1 ? "" : "s");
+        if (res.objects)
+            fprintf(stderr, " and %u object%s they named", res.objects,
+                    res.objects == 1 ? "" : "s");
         if (res.kept) {
             char d[32];
             if (age % 86400 == 0)

@@ -240,3 +240,92 @@ char *manifest_build(const struct manifest *m)
     json_object_put(root);
     return out;
 }
+
+char *push_mark_build(const char *push_id, int64_t started, const struct mf_file *files, size_t n)
+{
+    json_object *root = json_object_new_object();
+    json_object *names = json_object_new_array();
+    if (!root || !names) {
+        json_object_put(root);
+        json_object_put(names);
+        return NULL;
+    }
+    json_object_object_add(root, "vmsnapPush", json_object_new_int(1));
+    json_object_object_add(root, "pushId", json_object_new_string(push_id));
+    json_object_object_add(root, "started", json_object_new_int64(started));
+    json_object_object_add(root, "files", names);
+    for (size_t i = 0; i < n; i++)
+        json_object_array_add(names, json_object_new_string(files[i].name));
+    const char *s = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN |
+                                                             JSON_C_TO_STRING_NOSLASHESCAPE);
+    char *out = s ? strdup(s) : NULL;
+    json_object_put(root);
+    return out;
+}
+
+void push_mark_fini(struct push_mark *pm)
+{
+    if (!pm)
+        return;
+    for (size_t i = 0; i < pm->n; i++)
+        free(pm->names[i]);
+    free(pm->names);
+    pm->names = NULL;
+    pm->n = 0;
+}
+
+int push_mark_parse(const char *buf, size_t len, const char *where, const char *want_id,
+                    struct push_mark *pm, struct vmsnap_err *err)
+{
+    *pm = (struct push_mark){0};
+    if (len > VMSNAP_XFER_MANIFEST_MAX)
+        return vmsnap_err_set(err, EFBIG, "%s: push mark of %zu bytes is too large", where, len);
+    json_tokener *tok = json_tokener_new_ex(32);
+    if (!tok)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    json_object *root = json_tokener_parse_ex(tok, buf, (int)len);
+    bool whole = root && json_tokener_get_error(tok) == json_tokener_success &&
+                 json_tokener_get_parse_end(tok) == len;
+    json_tokener_free(tok);
+    json_object *v, *id, *st, *files;
+    int rc = 0;
+    if (!whole || !json_object_is_type(root, json_type_object) ||
+        !json_object_object_get_ex(root, "vmsnapPush", &v) || json_object_get_int(v) != 1 ||
+        !json_object_object_get_ex(root, "pushId", &id) ||
+        !json_object_is_type(id, json_type_string) || strcmp(json_object_get_string(id), want_id) ||
+        !json_object_object_get_ex(root, "started", &st) ||
+        !json_object_is_type(st, json_type_int) ||
+        !json_object_object_get_ex(root, "files", &files) ||
+        !json_object_is_type(files, json_type_array)) {
+        rc = vmsnap_err_set(err, EINVAL, "%s: not a vmsnap push mark of push %s", where, want_id);
+        goto out;
+    }
+    snprintf(pm->push_id, sizeof(pm->push_id), "%s", want_id);
+    pm->started = json_object_get_int64(st);
+    size_t n = json_object_array_length(files);
+    pm->names = calloc(n ? n : 1, sizeof(*pm->names));
+    if (!pm->names) {
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_object *e = json_object_array_get_idx(files, i);
+        const char *name =
+            json_object_is_type(e, json_type_string) ? json_object_get_string(e) : NULL;
+        size_t nl = name ? (size_t)json_object_get_string_len(e) : 0;
+        if (!name || !manifest_name_ok(name, nl)) {
+            rc = vmsnap_err_set(err, EINVAL, "%s: files[%zu] is not a plain file name", where, i);
+            goto out;
+        }
+        if (!(pm->names[pm->n] = strdup(name))) {
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+            goto out;
+        }
+        pm->n++;
+    }
+out:
+    json_object_put(root);
+    if (rc < 0)
+        push_mark_fini(pm);
+    return rc;
+}

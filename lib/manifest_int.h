@@ -60,4 +60,31 @@ char *manifest_build(const struct manifest *m);
 
 void manifest_fini(struct manifest *m);
 
+/*
+ * The push mark, `<prefix>/vmsnap-push-<pushId>.json`: stored before a set push stores any
+ * object, removed after its manifest is committed (or after a failed push removed its objects).
+ * A mark that stays says which objects a killed push may have left there, for `gc`:
+ *
+ *   {"vmsnapPush": 1, "pushId": "<32 hex>", "started": <Unix seconds>, "files": ["<name>", ...]}
+ *
+ * (objects are "<name>.zstd", as in the manifest).
+ */
+#define PUSH_MARK_PREFIX "vmsnap-push-"
+#define PUSH_MARK_SUFFIX ".json"
+
+struct push_mark {
+    char push_id[33];
+    int64_t started;
+    char **names;
+    size_t n;
+};
+
+/* Serialise (malloc'd, NUL-terminated) or NULL on ENOMEM. */
+char *push_mark_build(const char *push_id, int64_t started, const struct mf_file *files, size_t n);
+/* Parse and validate untrusted bytes (names as manifest_name_ok; the id must be `want_id`). On
+ * success the caller owns *pm (push_mark_fini). */
+int push_mark_parse(const char *buf, size_t len, const char *where, const char *want_id,
+                    struct push_mark *pm, struct vmsnap_err *err);
+void push_mark_fini(struct push_mark *pm);
+
 #endif

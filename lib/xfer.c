@@ -38,6 +38,7 @@
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -554,26 +555,50 @@ struct leftover_ctx {
     unsigned n;
     const struct vmsnap_gc_opts *gc; /* gc: its selection and report; NULL: abort every one */
     int64_t now;
-    unsigned kept, failed;
-    struct vmsnap_err first; /* the first refused abort (gc fails with it), and its key */
-    char first_key[VMSNAP_ERR_MSG_MAX / 4];
+    unsigned kept, failed, pushes, objects;
+    struct vmsnap_err first; /* the first refused abort or delete (gc fails with it), its key */
+    char first_key[1200];
 };
+
+/* `key` is `under` itself or under "under/" ("K1/x" is not under "K"); under NULL or "": any. */
+static bool key_under(const char *under, const char *key)
+{
+    if (!under || !*under)
+        return true;
+    size_t ul = strlen(under);
+    return !strncmp(key, under, ul) && (!key[ul] || key[ul] == '/' || under[ul - 1] == '/');
+}
+
+static int64_t age_of(const struct leftover_ctx *l, int64_t started)
+{
+    return started < 0 ? -1 : l->now >= started ? l->now - started : 0;
+}
+
+static bool old_enough(const struct vmsnap_gc_opts *g, int64_t age)
+{
+    return !g || g->older_than <= 0 || (age >= 0 && age >= g->older_than);
+}
+
+static void gc_failed(struct leftover_ctx *l, const char *key, const struct vmsnap_err *e)
+{
+    if (!l->failed++) {
+        l->first = *e;
+        snprintf(l->first_key, sizeof(l->first_key), "%s", key);
+    }
+}
 
 static int abort_leftover(void *arg, const char *key, const char *id, int64_t started)
 {
     struct leftover_ctx *l = arg;
     if (l->exact && strcmp(l->exact, key))
         return 0;
-    if (l->under && *l->under) {
-        size_t ul = strlen(l->under);
-        if (strncmp(key, l->under, ul) || (key[ul] && key[ul] != '/' && l->under[ul - 1] != '/'))
-            return 0;
-    }
+    if (!key_under(l->under, key))
+        return 0;
     const struct vmsnap_gc_opts *g = l->gc;
-    int64_t age = started >= 0 && l->now >= started ? l->now - started : started >= 0 ? 0 : -1;
-    bool go = !g || g->older_than <= 0 || (age >= 0 && age >= g->older_than);
+    int64_t age = age_of(l, started);
+    bool go = old_enough(g, age);
     if (g && g->report)
-        g->report(g->report_arg, key, age, go);
+        g->report(g->report_arg, VMSNAP_GC_UPLOAD, key, age, go);
     if (!go) {
         l->kept++;
         return 0;
@@ -588,10 +613,7 @@ static int abort_leftover(void *arg, const char *key, const char *id, int64_t st
         vlog(VMSNAP_LOG_INFO, "aborted unfinished upload of %s", key);
     } else {
         vlog(VMSNAP_LOG_WARN, "cannot abort unfinished upload of %s: %s", key, e.msg);
-        if (!l->failed++) {
-            l->first = e;
-            snprintf(l->first_key, sizeof(l->first_key), "%s", key);
-        }
+        gc_failed(l, key, &e);
     }
     return 0;
 }
@@ -785,6 +807,8 @@ struct set_push {
     struct xfer *x;
     const char *dir;
     const char *prefix;
+    char push_id[33];
+    char *mark_key;        /* the push mark (manifest_int.h), once it may be stored */
     struct mf_file *files; /* sorted by name (manifest order) */
     size_t *order;         /* largest first */
     size_t n, next;
@@ -1144,6 +1168,9 @@ static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, con
                 vmsnap_store_delete(ctl, k, NULL);
             free(k);
         }
+        /* the mark last: while it stays, gc knows the objects may be left */
+        if (s->mark_key && vmsnap_store_delete(ctl, s->mark_key, NULL) < 0)
+            vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
         char *lp = join_key(prefix, "");
         if (lp)
             vmsnap_store_tidy(ctl, lp);
@@ -1170,6 +1197,8 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
     for (size_t i = 0; i < s.n; i++)
         s.order[i] = i;
     qsort_r(s.order, s.n, sizeof(*s.order), cmp_size_desc, s.files);
+    if ((rc = new_push_id(s.push_id, err)) < 0)
+        goto out;
 
     /* un-commit an existing set first (not once cancelled: the set stays), then clear the
      * leftovers of killed pushes (not cut short: the un-commit is done) */
@@ -1187,6 +1216,20 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
     free(lp);
     if (rc < 0) {
         remove_pushed(ctl, prefix, mkey, &s); /* the un-committed set's objects */
+        goto out;
+    }
+    /* the mark before any object: a push killed from here on leaves it for gc */
+    char mname[64];
+    snprintf(mname, sizeof(mname), PUSH_MARK_PREFIX "%s" PUSH_MARK_SUFFIX, s.push_id);
+    char *mark = push_mark_build(s.push_id, (int64_t)time(NULL), s.files, s.n);
+    s.mark_key = join_key(prefix, mname);
+    if (!mark || !s.mark_key)
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    else if ((rc = vmsnap_store_put(ctl, s.mark_key, mark, strlen(mark), err)) < 0)
+        vmsnap_err_wrap(err, "store the push mark %s/%s: ", url, mname);
+    free(mark);
+    if (rc < 0) {
+        remove_pushed(ctl, prefix, mkey, &s);
         goto out;
     }
 
@@ -1211,7 +1254,8 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         goto out;
     }
     struct manifest m = {s.files, s.n, 2, ""};
-    if ((rc = new_push_id(m.push_id, err)) == 0 && !(json = manifest_build(&m)))
+    memcpy(m.push_id, s.push_id, sizeof(m.push_id));
+    if (!(json = manifest_build(&m)))
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
     if (rc < 0) {
         remove_pushed(ctl, prefix, mkey, &s);
@@ -1235,6 +1279,10 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         remove_pushed(ctl, prefix, mkey, &s);
     } else {
         rc = check_committed(x, prefix, mkey, &m, url, true, err);
+        /* committed and checked: the mark has done its work (one left behind is gc's: the
+         * manifest names its push) */
+        if (rc == 0 && vmsnap_store_delete(ctl, s.mark_key, NULL) < 0)
+            vlog(VMSNAP_LOG_WARN, "%s: cannot remove the push mark %s (gc will)", url, s.mark_key);
     }
     cancel_release();
     if (rc < 0)
@@ -1252,6 +1300,7 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
 out:
     free(json);
     free(mkey);
+    free(s.mark_key);
     free(s.order);
     struct manifest m2 = {s.files, s.n, 0, ""};
     manifest_fini(&m2);
@@ -2325,6 +2374,203 @@ int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsna
     return rc;
 }
 
+/* gc of push marks (manifest_int.h): keys "[P/]vmsnap-push-<32 hex>.json" under the prefix. */
+struct mark_keys {
+    struct keys k;
+    const char *under;
+};
+
+static bool mark_name(const char *base, char id[33])
+{
+    size_t pl = strlen(PUSH_MARK_PREFIX);
+    if (strlen(base) != pl + 32 + strlen(PUSH_MARK_SUFFIX) || strncmp(base, PUSH_MARK_PREFIX, pl) ||
+        strcmp(base + pl + 32, PUSH_MARK_SUFFIX))
+        return false;
+    for (size_t i = 0; i < 32; i++) {
+        char ch = base[pl + i];
+        if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f')))
+            return false;
+        id[i] = ch;
+    }
+    id[32] = '\0';
+    return true;
+}
+
+static int collect_mark(void *arg, const char *key, uint64_t size)
+{
+    struct mark_keys *mk = arg;
+    const char *slash = strrchr(key, '/');
+    char id[33];
+    if (!mark_name(slash ? slash + 1 : key, id) || !key_under(mk->under, key))
+        return 0;
+    return collect(&mk->k, key, size);
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* A push mark: fetched whole (they are small; capped like a manifest) and parsed. */
+static int read_mark(struct vmsnap_store_conn *c, const char *key, const char *murl,
+                     struct push_mark *pm, struct vmsnap_err *err)
+{
+    const char *slash = strrchr(key, '/');
+    char id[33];
+    if (!mark_name(slash ? slash + 1 : key, id))
+        return vmsnap_err_set(err, EINVAL, "%s: not a push mark name", murl);
+    char *buf = malloc(TAIL_READ);
+    if (!buf)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    size_t got = 0;
+    uint64_t size = 0;
+    int rc = vmsnap_store_get_tail(c, key, TAIL_READ, buf, &got, &size, err);
+    if (rc == 0 && got < size)
+        rc = vmsnap_err_set(err, EFBIG, "%s: push mark of %llu bytes is too large", murl,
+                            (unsigned long long)size);
+    if (rc == 0)
+        rc = push_mark_parse(buf, got, murl, id, pm, err);
+    free(buf);
+    return rc;
+}
+
+/* The marks of one prefix `dir` (the part of their keys before the name). */
+static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct leftover_ctx *l,
+                           char **keys, size_t n, const char *dir)
+{
+    const struct vmsnap_gc_opts *g = l->gc;
+    struct push_mark *pm = calloc(n, sizeof(*pm));
+    bool *ok = calloc(n, sizeof(*ok));
+    struct manifest m = {0};
+    char *mkey = join_key(dir, VMSNAP_XFER_MANIFEST);
+    if (!pm || !ok || !mkey) {
+        struct vmsnap_err e;
+        vmsnap_err_set(&e, ENOMEM, "out of memory");
+        gc_failed(l, keys[0], &e);
+        goto out;
+    }
+    bool young = false;
+    for (size_t i = 0; i < n; i++) {
+        char murl[1200];
+        vmsnap_store_url(x->st, keys[i], murl, sizeof(murl));
+        struct vmsnap_err e = {0};
+        if (read_mark(c, keys[i], murl, &pm[i], &e) == 0) {
+            ok[i] = true;
+            young |= !old_enough(g, age_of(l, pm[i].started));
+        } else if (e.code != ENOENT) { /* gone meanwhile: its push finished */
+            vlog(VMSNAP_LOG_WARN, "%s (left in place)", e.msg);
+            gc_failed(l, keys[i], &e);
+        }
+    }
+    /* a young mark: a push may be running here, and it writes objects of the same names */
+    if (young) {
+        for (size_t i = 0; i < n; i++)
+            if (ok[i]) {
+                if (g->report)
+                    g->report(g->report_arg, VMSNAP_GC_PUSH, keys[i], age_of(l, pm[i].started),
+                              false);
+                l->kept++;
+            }
+        goto out;
+    }
+    char murl[1200];
+    vmsnap_store_url(x->st, mkey, murl, sizeof(murl));
+    struct vmsnap_err me = {0};
+    int mrc = read_manifest(c, mkey, murl, x->o.max_size, &m, &me);
+    if (mrc < 0 && mrc != -ENOENT) {
+        /* which objects are the set's is not known: leave them all */
+        vlog(VMSNAP_LOG_WARN, "%s (the push marks beside it are left in place)", me.msg);
+        gc_failed(l, mkey, &me);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!ok[i])
+            continue;
+        if (g->report)
+            g->report(g->report_arg, VMSNAP_GC_PUSH, keys[i], age_of(l, pm[i].started), true);
+        bool own = mrc == 0 && !strcmp(m.push_id, pm[i].push_id); /* committed, then killed */
+        bool failed = false;
+        for (size_t j = 0; j < pm[i].n && !own && !failed; j++) {
+            bool listed = false;
+            for (size_t f = 0; mrc == 0 && f < m.n && !listed; f++)
+                listed = !strcmp(m.files[f].name, pm[i].names[j]);
+            if (listed)
+                continue; /* the committed set's object now */
+            l->objects++;
+            if (g->dry_run)
+                continue;
+            char obj[300];
+            snprintf(obj, sizeof(obj), "%s.zstd", pm[i].names[j]);
+            char *okey = join_key(dir, obj);
+            struct vmsnap_err e = {0};
+            int rc = okey ? vmsnap_store_delete(c, okey, &e)
+                          : vmsnap_err_set(&e, ENOMEM, "out of memory");
+            if (rc < 0 && rc != -ENOENT) {
+                vlog(VMSNAP_LOG_WARN, "cannot delete %s: %s", okey ? okey : obj, e.msg);
+                gc_failed(l, okey ? okey : obj, &e);
+                failed = true; /* the mark stays: the next gc tries again */
+            }
+            free(okey);
+        }
+        if (failed)
+            continue;
+        l->pushes++;
+        if (g->dry_run)
+            continue;
+        struct vmsnap_err e = {0};
+        int rc = vmsnap_store_delete(c, keys[i], &e);
+        if (rc < 0 && rc != -ENOENT)
+            gc_failed(l, keys[i], &e);
+        else
+            vlog(VMSNAP_LOG_INFO, "removed the push mark %s%s", keys[i],
+                 own ? " (its set is committed)" : " and its objects");
+    }
+    if (!g->dry_run) {
+        char *lp = join_key(dir, "");
+        if (lp && mrc == -ENOENT)
+            vmsnap_store_tidy(c, lp);
+        free(lp);
+    }
+out:
+    for (size_t i = 0; pm && i < n; i++)
+        push_mark_fini(&pm[i]);
+    free(pm);
+    free(ok);
+    free(mkey);
+    manifest_fini(&m);
+}
+
+static int clean_marks(struct xfer *x, struct vmsnap_store_conn *c, struct leftover_ctx *l,
+                       const char *prefix, struct vmsnap_err *err)
+{
+    struct mark_keys mk = {.k = {.suffix = ""}, .under = prefix};
+    /* every key under the parent of `prefix` that could be under it, then key_under */
+    int rc = vmsnap_store_list(c, prefix, collect_mark, &mk, err);
+    if (rc < 0 && (!err || !err->code))
+        rc = vmsnap_err_set(err, -rc, "list %s: %s", prefix, strerror(-rc));
+    if (rc == 0 && mk.k.n)
+        qsort(mk.k.v, mk.k.n, sizeof(*mk.k.v), cmp_str);
+    for (size_t i = 0; rc == 0 && i < mk.k.n;) {
+        const char *s = strrchr(mk.k.v[i], '/');
+        size_t dl = s ? (size_t)(s - mk.k.v[i]) : 0;
+        size_t j = i + 1;
+        while (j < mk.k.n && !strncmp(mk.k.v[j], mk.k.v[i], dl) &&
+               (dl ? mk.k.v[j][dl] == '/' && !strchr(mk.k.v[j] + dl + 1, '/')
+                   : !strchr(mk.k.v[j], '/')))
+            j++;
+        char *dir = strndup(mk.k.v[i], dl);
+        if (!dir) {
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+            break;
+        }
+        clean_marks_in(x, c, l, mk.k.v + i, j - i, dir);
+        free(dir);
+        i = j;
+    }
+    keys_free(&mk.k);
+    return rc;
+}
+
 int vmsnap_xfer_gc(const char *url, const struct vmsnap_gc_opts *g,
                    const struct vmsnap_xfer_opts *opts, struct vmsnap_gc_result *res,
                    struct vmsnap_err *err)
@@ -2343,13 +2589,25 @@ int vmsnap_xfer_gc(const char *url, const struct vmsnap_gc_opts *g,
     l.c = c;
     if (rc == 0)
         rc = vmsnap_store_list_uploads(c, key, abort_leftover, &l, err);
-    if (rc == 0 && l.failed)
+    unsigned up_failed = l.failed;
+    if (rc == 0)
+        rc = clean_marks(&x, c, &l, key, err);
+    if (rc == 0 && up_failed)
         rc = vmsnap_err_set(err, l.first.code ? l.first.code : EIO,
                             "could not abort %u of %u unfinished upload%s under %s (%s: %s)",
-                            l.failed, l.failed + l.n, l.failed + l.n == 1 ? "" : "s", url,
+                            up_failed, up_failed + l.n, up_failed + l.n == 1 ? "" : "s", url,
                             l.first_key, l.first.msg);
+    else if (rc == 0 && l.failed)
+        rc = vmsnap_err_set(err, l.first.code ? l.first.code : EIO,
+                            "%u of the things killed pushes left under %s could not be removed "
+                            "(%s: %s)",
+                            l.failed, url, l.first_key, l.first.msg);
     if (res)
-        *res = (struct vmsnap_gc_result){.aborted = l.n, .kept = l.kept, .failed = l.failed};
+        *res = (struct vmsnap_gc_result){.aborted = l.n,
+                                         .pushes = l.pushes,
+                                         .objects = l.objects,
+                                         .kept = l.kept,
+                                         .failed = l.failed};
     vmsnap_store_conn_free(c);
     xfer_fini(&x, false);
     free(key);

@@ -113,29 +113,40 @@ VMSNAP_API int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *
 VMSNAP_API int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opts *opts,
                                   struct vmsnap_err *err);
 
-/* What vmsnap_xfer_gc() aborts. A push in progress has an unfinished upload too: aborting it
- * fails that push (it reports so and stores nothing), so gc leaves uploads younger than
- * `older_than`. */
+/* What vmsnap_xfer_gc() found: an unfinished multipart upload, or the mark of a set push that
+ * did not finish (`<prefix>/vmsnap-push-<id>.json`: a push stores it before any object and
+ * removes it once its manifest is committed, or after removing what it stored when it fails). */
+enum vmsnap_gc_kind { VMSNAP_GC_UPLOAD, VMSNAP_GC_PUSH };
+
+/* What vmsnap_xfer_gc() cleans. A push in progress has an unfinished upload and a mark too:
+ * cleaning them fails that push (it reports so and stores nothing), so gc leaves those younger
+ * than `older_than`. */
 struct vmsnap_gc_opts {
     /* seconds: abort the uploads that started at least this long ago (by this node's clock; S3
      * signatures already need it within 15 minutes of the server's). 0: every upload, also one
      * whose start the store does not give (kept otherwise). */
     int64_t older_than;
     bool dry_run; /* abort nothing; report what would be */
-    /* optional: called for each upload found under the prefix, with its age in seconds (-1:
-     * unknown) and whether gc aborts it (or would: dry run) */
-    void (*report)(void *arg, const char *key, int64_t age, bool abort);
+    /* optional: called for each upload or push mark found under the prefix (`key`: the upload's
+     * object, or the mark), with its age in seconds (-1: unknown) and whether gc cleans it (or
+     * would: dry run) */
+    void (*report)(void *arg, enum vmsnap_gc_kind kind, const char *key, int64_t age, bool act);
     void *report_arg;
 };
 
 struct vmsnap_gc_result {
-    unsigned aborted; /* (dry run: would be) */
-    unsigned kept;    /* younger than older_than, or of unknown age */
-    unsigned failed;  /* the store refused to abort them: the call fails, naming the first */
+    unsigned aborted; /* unfinished uploads aborted (dry run: that would be) */
+    unsigned pushes;  /* push marks removed, with the objects of theirs that no manifest names */
+    unsigned objects; /* those objects (dry run: names; an object already gone counts too) */
+    unsigned kept;    /* uploads and marks younger than older_than, or of unknown age */
+    unsigned failed;  /* the store refused to remove them: the call fails, naming the first */
 };
 
-/* Abort the unfinished multipart uploads under the prefix `url` that `g` selects (NULL: every
- * one; local store: remove the temporary files of interrupted uploads). *res (if not NULL) gets
+/* Under the prefix `url`, clean what `g` selects (NULL: everything) of what pushes left: abort
+ * unfinished multipart uploads (local store: remove the temporary files of interrupted uploads),
+ * and for each old push mark, delete the objects it names that the prefix's manifest does not
+ * (none is there: all of them; the manifest is that push's own: none), then the mark. A prefix
+ * where any mark is young is left whole (a push may be running there). *res (if not NULL) gets
  * the counts, also on failure. */
 VMSNAP_API int vmsnap_xfer_gc(const char *url, const struct vmsnap_gc_opts *g,
                               const struct vmsnap_xfer_opts *opts, struct vmsnap_gc_result *res,

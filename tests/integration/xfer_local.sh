@@ -202,6 +202,9 @@ expect_fail "rm of an incomplete set without --force" "$VMSNAP" rm "$S/sets/inc"
 "$VMSNAP" rm --force "$S/sets/inc" || fail "rm --force"
 [ -e "$S/sets/inc" ] && fail "rm --force left the set's directory: $(ls -A "$S/sets/inc")"
 
+# every push so far finished: none left its push mark
+[ -z "$(find "$S" -name 'vmsnap-push-*')" ] || fail "push marks left by finished pushes: $(find "$S" -name 'vmsnap-push-*')"
+
 # a push killed mid-upload leaves no manifest, pull refuses it, the next push cleans up
 mk "$T/kbig" $((64 * 1024 * 1024))
 mkdir "$T/kset" && cp "$T/kbig" "$T/kset/memory-ranges" && echo s >"$T/kset/state.json"
@@ -220,14 +223,73 @@ expect_fail "pull after a killed push" "$VMSNAP" pull "$S/sets/k" "$T/kout"
 ls -A "$S/sets/k" | grep -q 'mpu-' && fail "the retried push left the killed push's upload"
 "$VMSNAP" -q pull "$S/sets/k" "$T/kout" || fail "pull after retried push"
 cmp -s "$T/kbig" "$T/kout/memory-ranges" || fail "retried push differs"
+# the killed push's mark stays (the retried push has its own); gc removes it and nothing of the
+# committed set, which pulls the same after
+[ "$(ls "$S/sets/k" | grep -c '^vmsnap-push-')" = 1 ] || fail "expected the killed push's mark: $(ls -A "$S/sets/k")"
 "$VMSNAP" gc --older-than 0 "$S/sets" 2>"$T/gc" || fail "gc"
-grep -q "aborted 0" "$T/gc" || fail "gc found leftovers: $(cat "$T/gc")"
+grep -q "aborted 0 unfinished uploads, removed 1 mark of unfinished set pushes$" "$T/gc" ||
+    fail "gc after the retried push: $(cat "$T/gc")"
+ls "$S/sets/k" | grep -q '^vmsnap-push-' && fail "gc left the killed push's mark"
+rm -rf "$T/kout" && "$VMSNAP" -q pull "$S/sets/k" "$T/kout" || fail "pull after gc"
+cmp -s "$T/kbig" "$T/kout/memory-ranges" || fail "gc changed the committed set"
+
+# a set push killed after some of its objects were stored, to a prefix nobody pushes to again:
+# its mark names them; gc keeps everything while young, then removes objects, mark, upload and
+# directory
+"$VMSNAP" -q push -j 1 --part-size 64K --max-memory 128K "$T/kset" "$S/sets/k2" &
+pid=$!
+for _ in $(seq 1 100); do
+    [ -e "$S/sets/k2/state.json.zstd" ] && ls -A "$S/sets/k2" | grep -q 'mpu-' && break
+    sleep 0.05
+done
+kill -9 $pid 2>/dev/null
+wait $pid 2>/dev/null || true
+[ -e "$S/sets/k2/state.json.zstd" ] || fail "test did not catch the push after an object was stored: $(ls -A "$S/sets/k2")"
+ls "$S/sets/k2" | grep -q '^vmsnap-push-[0-9a-f]\{32\}\.json$' || fail "the killed push left no mark: $(ls -A "$S/sets/k2")"
+grep -q '"files":\["memory-ranges","state.json"\]' "$S"/sets/k2/vmsnap-push-*.json || fail "mark: $(cat "$S"/sets/k2/vmsnap-push-*.json)"
+"$VMSNAP" gc "$S/sets" 2>"$T/gc" || fail "gc (young killed push)"
+grep -q "aborted 0 unfinished uploads; kept 2 younger than 1h" "$T/gc" || fail "gc (young killed push): $(cat "$T/gc")"
+[ -e "$S/sets/k2/state.json.zstd" ] || fail "gc removed a young push's object"
+"$VMSNAP" gc --dry-run --older-than 0 "$S/sets" >"$T/gc.out" 2>"$T/gc" || fail "gc --dry-run (killed push)"
+grep -q "^would clean	push mark	[0-9]* s old	.*/sets/k2/vmsnap-push-" "$T/gc.out" || fail "gc --dry-run: $(cat "$T/gc.out")"
+[ -e "$S/sets/k2/state.json.zstd" ] || fail "gc --dry-run removed an object"
+"$VMSNAP" gc --older-than 0 "$S/sets" 2>"$T/gc" || fail "gc (killed push)"
+[ -e "$S/sets/k2" ] && fail "gc left the killed push's files: $(ls -A "$S/sets/k2")"
+
+# marks gc must not trust: a name that is not a plain file name, an id other than its key's;
+# a prefix that also holds a young mark is left whole; an old mark beside a committed set of
+# another push removes only what that set does not name
+old=$(($(date +%s) - 7200))
+mark() { # DIR ID STARTED FILES-JSON
+    printf '{"vmsnapPush":1,"pushId":"%s","started":%s,"files":%s}' "$2" "$3" "$4" >"$1/vmsnap-push-$2.json"
+}
+id1=11111111111111111111111111111111 id2=22222222222222222222222222222222
+mkdir -p "$S/sets/hm" && echo keep >"$S/sets/keep.zstd"
+mark "$S/sets/hm" $id1 $old '["../keep"]'
+expect_fail "gc of a mark naming ../keep" "$VMSNAP" gc "$S/sets"
+grep -q "vmsnap-push-$id1.json: files\[0\] is not a plain file name" "$T/err" || fail "hostile mark: $(cat "$T/err")"
+[ -e "$S/sets/keep.zstd" ] && [ -e "$S/sets/hm/vmsnap-push-$id1.json" ] || fail "gc acted on a hostile mark"
+mark "$S/sets/hm" $id1 $old '["keep"]' && mv "$S/sets/hm/vmsnap-push-$id1.json" "$S/sets/hm/vmsnap-push-$id2.json"
+expect_fail "gc of a mark of another id" "$VMSNAP" gc "$S/sets"
+grep -q "not a vmsnap push mark of push $id2" "$T/err" || fail "mark of another id: $(cat "$T/err")"
+rm -rf "$S/sets/hm" "$S/sets/keep.zstd"
+cp "$S/sets/k/memory-ranges.zstd" "$S/sets/k/extra.zstd"
+mark "$S/sets/k" $id1 $old '["memory-ranges","extra"]'
+mark "$S/sets/k" $id2 $(date +%s) '["other"]'
+"$VMSNAP" gc "$S/sets" 2>"$T/gc" || fail "gc with a young mark beside an old one"
+[ -e "$S/sets/k/extra.zstd" ] && [ -e "$S/sets/k/vmsnap-push-$id1.json" ] || fail "gc did not leave a prefix with a young mark whole"
+rm "$S/sets/k/vmsnap-push-$id2.json"
+"$VMSNAP" gc "$S/sets" 2>"$T/gc" || fail "gc of an old mark beside a committed set"
+[ -e "$S/sets/k/extra.zstd" ] && fail "gc left an object the old mark named and no manifest does"
+[ -e "$S/sets/k/vmsnap-push-$id1.json" ] && fail "gc left the old mark"
+rm -rf "$T/kout" && "$VMSNAP" -q pull "$S/sets/k" "$T/kout" || fail "pull after gc beside the set"
+cmp -s "$T/kbig" "$T/kout/memory-ranges" || fail "gc removed an object of the committed set"
 # gc's age on the local store is the upload temporary's last write: an upload written to just
 # now is kept (a push may be running), one untouched for two hours is aborted
 mkdir -p "$S/sets/gcg" && echo part >"$S/sets/gcg/.a.zstd.mpu-young1" && echo part >"$S/sets/gcg/.b.zstd.mpu-old111"
 touch -d '2 hours ago' "$S/sets/gcg/.b.zstd.mpu-old111"
 "$VMSNAP" gc --dry-run "$S/sets" >"$T/gc.out" 2>"$T/gc" || fail "gc --dry-run (local)"
-grep -q "^would abort	2 h old	.*/sets/gcg/b.zstd\$" "$T/gc.out" && grep -q "^keep	[0-9]* s old	.*/sets/gcg/a.zstd\$" "$T/gc.out" ||
+grep -q "^would abort	upload	2 h old	.*/sets/gcg/b.zstd\$" "$T/gc.out" && grep -q "^keep	upload	[0-9]* s old	.*/sets/gcg/a.zstd\$" "$T/gc.out" ||
     fail "gc --dry-run (local) listing: $(cat "$T/gc.out")"
 [ -e "$S/sets/gcg/.b.zstd.mpu-old111" ] || fail "gc --dry-run removed an upload"
 "$VMSNAP" gc "$S/sets" 2>"$T/gc" || fail "gc (local, default age)"
@@ -322,7 +384,8 @@ if [ "$(id -u)" = 0 ] && mkdir "$T/small" && mount -t tmpfs -o size=16m tmpfs "$
     umount "$T/small"
     # a store that has room for a set's objects but not for its manifest (out of inodes): the
     # commit fails, and the objects it would have committed are removed, not left unlisted
-    mount -t tmpfs -o size=16m,nr_inodes=5 tmpfs "$T/small"
+    # (inodes: the root, st, two, the push mark, a and b)
+    mount -t tmpfs -o size=16m,nr_inodes=6 tmpfs "$T/small"
     mkdir "$T/two" && echo one >"$T/two/a" && echo two >"$T/two/b"
     expect_fail "push of a set whose manifest cannot be stored" "$VMSNAP" push "$T/two" "$T/small/st/two"
     grep -q "commit $T/small/st/two/manifest.json: .*No space left" "$T/err" ||

@@ -106,11 +106,33 @@ kill -9 $pid 2>/dev/null
 wait $pid 2>/dev/null || true
 grep -q 'partNumber=2' "$T/ktrace" || fail "the push was not caught mid-upload"
 [ "$(uploads_left)" -ge 1 ] || fail "expected the killed push's upload to be pending"
+keys_under sets/k/ | grep -q '^sets/k/vmsnap-push-[0-9a-f]\{32\}\.json$' || fail "the killed push left no mark: $(keys_under sets/k/)"
 expect_fail "pull of a killed push" "$VMSNAP" pull "s3://$BUCKET/sets/k" "$T/kout"
 "$VMSNAP" -q push "$T/kset" "s3://$BUCKET/sets/k" || fail "retried push"
 [ "$(uploads_left)" = 0 ] || fail "unfinished uploads remain after the retried push"
 "$VMSNAP" -q pull "s3://$BUCKET/sets/k" "$T/kout" || fail "pull after retried push"
 diff -r "$T/kset" "$T/kout" >/dev/null || fail "retried push differs"
+[ "$(keys_under sets/k/ | grep -c vmsnap-push-)" = 1 ] || fail "expected only the killed push's mark: $(keys_under sets/k/)"
+# a killed push to a prefix nobody pushes to again: gc (old enough) removes its objects, its
+# upload and its mark, and leaves the committed set beside it alone
+"$VMSNAP" -v -v push -j 1 --part-size 5M --max-memory 5M "$T/kset" "s3://$BUCKET/sets/k2" 2>"$T/ktrace" &
+pid=$!
+for _ in $(seq 1 200); do
+    grep -q 'partNumber=2' "$T/ktrace" && keys_under sets/k2/ | grep -q state.json.zstd && break
+    sleep 0.05
+done
+kill -9 $pid 2>/dev/null
+wait $pid 2>/dev/null || true
+keys_under sets/k2/ | grep -q '^sets/k2/state.json.zstd$' || fail "the push was not caught after storing an object: $(keys_under sets/k2/)"
+"$VMSNAP" gc "s3://$BUCKET/sets" 2>"$T/gc.err" || fail "gc (young killed push): $(cat "$T/gc.err")"
+keys_under sets/k2/ | grep -q '^sets/k2/state.json.zstd$' || fail "gc removed a young push's object"
+"$VMSNAP" gc --older-than 0 "s3://$BUCKET/sets" 2>"$T/gc.err" || fail "gc (killed push): $(cat "$T/gc.err")"
+grep -q 'removed 2 marks of unfinished set pushes and 2 objects they named' "$T/gc.err" || fail "gc (killed push): $(cat "$T/gc.err")"
+[ -z "$(keys_under sets/k2/)" ] || fail "gc left the killed push's objects: $(keys_under sets/k2/)"
+[ "$(uploads_left)" = 0 ] || fail "gc left the killed push's upload"
+[ -z "$(keys_under sets/k/ | grep vmsnap-push-)" ] || fail "gc left the mark beside the committed set"
+rm -rf "$T/kout" && "$VMSNAP" -q pull "s3://$BUCKET/sets/k" "$T/kout" || fail "pull after gc"
+diff -r "$T/kset" "$T/kout" >/dev/null || fail "gc changed the committed set"
 
 # push with a base: unchanged 1 MiB frames are copied by RGW (UploadPartCopy, guarded by the
 # base's ETag); runs under 5 MiB are fetched. RGW enforces the 5 MiB part minimum on complete.
@@ -197,10 +219,10 @@ grep -q 'aborted 0 unfinished uploads; kept 1 younger than 1h' "$T/gc.err" ||
 sleep 2.2
 "$VMSNAP" gc --dry-run --older-than 2s "s3://$BUCKET/vm10" >"$T/gc.out" 2>"$T/gc.err" ||
     fail "gc --dry-run"
-grep -q "^would abort	[0-9]* s old	vm10/x.zstd\$" "$T/gc.out" || fail "gc --dry-run listing: $(cat "$T/gc.out")"
+grep -q "^would abort	upload	[0-9]* s old	vm10/x.zstd\$" "$T/gc.out" || fail "gc --dry-run listing: $(cat "$T/gc.out")"
 [ "$(uploads_left)" = 1 ] || fail "gc --dry-run aborted an upload"
 "$VMSNAP" gc --dry-run --older-than 1h "s3://$BUCKET/vm10" >"$T/gc.out" 2>/dev/null
-grep -q "^keep	[0-9]* s old	vm10/x.zstd\$" "$T/gc.out" || fail "gc --dry-run keep listing: $(cat "$T/gc.out")"
+grep -q "^keep	upload	[0-9]* s old	vm10/x.zstd\$" "$T/gc.out" || fail "gc --dry-run keep listing: $(cat "$T/gc.out")"
 rc=0; "$VMSNAP" gc --older-than 5y "s3://$BUCKET/vm10" 2>"$T/err" || rc=$?
 [ $rc = 2 ] && grep -q 'duration like' "$T/err" || fail "gc --older-than 5y: exit $rc, $(cat "$T/err")"
 "$VMSNAP" -q gc --older-than 2s "s3://$BUCKET/vm10" || fail "gc vm10"

@@ -21,6 +21,10 @@ raw_put() { # KEY FILE: store FILE's bytes as KEY (through curl's signer); print
         -H "x-amz-content-sha256: $(sha256sum "$2" | cut -d' ' -f1)" -T "$2" "$AWS_ENDPOINT_URL/$BUCKET/$1"
 }
 head_code() { s3curl HEAD "$BUCKET/$1" -I; }
+keys_under() { # PREFIX: the keys of the bucket's objects under PREFIX, one per line
+    OUT=$T/keys.xml s3curl GET "$BUCKET/?list-type=2&prefix=${1//\//%2F}" >/dev/null
+    grep -o '<Key>[^<]*</Key>' "$T/keys.xml" | sed 's/<Key>\(.*\)<\/Key>/\1/'
+}
 uploads_left() { # count of unfinished multipart uploads in the bucket
     OUT=$T/uploads.xml s3curl GET "$BUCKET/?uploads=" >/dev/null
     grep -o '<UploadId>' "$T/uploads.xml" | wc -l
