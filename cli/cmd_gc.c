@@ -30,6 +30,9 @@ static void report(void *arg, enum vmsnap_gc_kind kind, const char *key, int64_t
     char a[32];
     age_text(a, sizeof(a), age);
     const char *what = kind == VMSNAP_GC_UPLOAD ? "upload" : "push mark";
+    char k[1024];
+    cli_printable(k, sizeof(k), key);
+    key = k;
     if (*dry)
         printf("%s\t%s\t%s\t%s\n",
                act ? (kind == VMSNAP_GC_UPLOAD ? "would abort" : "would clean") : "keep", what, a,
@@ -87,7 +90,10 @@ int cmd_gc(int argc, char **argv)
                 snprintf(d, sizeof(d), "%" PRId64 "m", age / 60);
             else
                 snprintf(d, sizeof(d), "%" PRId64 "s", age);
-            fprintf(stderr, "; kept %u younger than %s (--older-than)", res.kept, d);
+            fprintf(stderr, "; kept %u younger than %s (--older-than)", res.kept - res.unknown_age,
+                    d);
+            if (res.unknown_age)
+                fprintf(stderr, " and %u of unknown age", res.unknown_age);
         }
         fputc('\n', stderr);
     }

@@ -64,9 +64,11 @@ static const struct cli_verb verbs[] = {
     {"rm", cmd_rm, "rm [--force] URL",
      "Delete a snapshot set, manifest first, or one object. --force also deletes the *.zstd\n"
      "objects of an incomplete set (no manifest) and aborts its unfinished uploads."},
-    {"gc", cmd_gc, "gc URL",
-     "Abort unfinished multipart uploads under a prefix (left by a killed push; the next push\n"
-     "to the same key also aborts them)."},
+    {"gc", cmd_gc, "gc [--older-than 1h] [--dry-run] URL",
+     "Clean what killed pushes left under a prefix once it is --older-than old (default 1h;\n"
+     "0: all, which fails pushes running now): unfinished multipart uploads (the next push to\n"
+     "the same key also aborts them) and the objects of set pushes that never committed their\n"
+     "manifest (found by their push marks). --dry-run lists them and what gc would do."},
     {"vm", cmd_vm, "vm run|pause|suspend|resume|ls|stop|console ...",
      "Micro-VMs under QEMU (docs/vm.md), recorded under --state-dir (default /var/lib/vmsnap,\n"
      "or VMSNAP_STATE_DIR), guest RAM on tmpfs (--ram-dir, default /dev/shm):\n"

@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "vmsnap/pcache.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -76,9 +77,22 @@ int cli_parse_uint(const char *s, unsigned long lo, unsigned long hi, unsigned l
     return 0;
 }
 
+void cli_printable(char *out, size_t cap, const char *s)
+{
+    size_t o = 0;
+    for (; *s && o + 5 < cap; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch < 0x20 || ch == 0x7f)
+            o += (size_t)snprintf(out + o, cap - o, "\\x%02x", ch);
+        else
+            out[o++] = (char)ch;
+    }
+    out[o] = '\0';
+}
+
 int cli_parse_duration(const char *s, int64_t *out)
 {
-    if (!s || !*s || s[0] == '-' || s[0] == '+')
+    if (!s || !isdigit((unsigned char)s[0])) /* strtoull would take " -1" */
         return -EINVAL;
     errno = 0;
     char *end;

@@ -314,8 +314,9 @@ int vmsnap_frame_decoder_new(struct vmsnap_frame_decoder **out, struct vmsnap_er
     }
     /* Each frame's content is checked against the seek table's XXH64 (and its bytes against the
      * table's ccheck before zstd sees them): zstd's own checksum is the low half of that same
-     * hash, so zstd skips it rather than hash every byte a second time. A libzstd that refuses
-     * the parameter just checks it too. */
+     * hash, so zstd skips hashing every byte a second time and the frame's checksum field is
+     * compared with the table's hash instead. A libzstd that refuses the parameter just checks
+     * it too. */
     (void)ZSTD_DCtx_setParameter(d->dctx, ZSTD_d_forceIgnoreChecksum, ZSTD_d_ignoreChecksum);
     *out = d;
     return 0;
@@ -401,6 +402,11 @@ int vmsnap_image_decode_frame_mem(const struct vmsnap_image *img, uint32_t i, co
                            ULL(fi->offset), ULL(produced), ULL(fi->dsize));
     if (XXH64_digest(dec->xxh) != fi->checksum)
         return img_corrupt(err, img->name, "frame %u at byte %llu: checksum mismatch", i,
+                           ULL(fi->offset));
+    /* zstd's own checksum field (skipped by zstd above) must be the same hash's low half, as
+     * every zstd reader (and the sequential decoder) checks it */
+    if ((c[4] & 0x04) && (fi->csize < 4 || get_le32(c + fi->csize - 4) != (uint32_t)fi->checksum))
+        return img_corrupt(err, img->name, "frame %u at byte %llu: zstd checksum mismatch", i,
                            ULL(fi->offset));
     if (header && rp.total != img->total_size)
         return img_corrupt(err, img->name,

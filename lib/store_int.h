@@ -39,6 +39,10 @@ struct store_ops {
                 struct vmsnap_err *err);
     int (*list_uploads)(struct vmsnap_store_conn *c, const char *prefix, vmsnap_store_upload_fn fn,
                         void *arg, struct vmsnap_err *err);
+    /* optional: when the upload's newest part was stored (Unix seconds, -1: no part); stores
+     * whose list_uploads already gives the last write (local) have none */
+    int (*mpu_last_part)(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
+                         int64_t *last, struct vmsnap_err *err);
 };
 
 /* Parsed endpoint and credentials of an S3 store (secrets never printed). */

@@ -555,7 +555,7 @@ struct leftover_ctx {
     unsigned n;
     const struct vmsnap_gc_opts *gc; /* gc: its selection and report; NULL: abort every one */
     int64_t now;
-    unsigned kept, failed, pushes, objects;
+    unsigned kept, unknown, failed, pushes, objects;
     struct vmsnap_err first; /* the first refused abort or delete (gc fails with it), its key */
     char first_key[1200];
 };
@@ -597,10 +597,29 @@ static int abort_leftover(void *arg, const char *key, const char *id, int64_t st
     const struct vmsnap_gc_opts *g = l->gc;
     int64_t age = age_of(l, started);
     bool go = old_enough(g, age);
+    if (go && g && g->older_than > 0 && l->c->st->ops->mpu_last_part) {
+        /* S3 gives when the upload began: a long push may still be adding parts. Its age is
+         * that of its newest part. */
+        int64_t last = -1;
+        struct vmsnap_err e = {0};
+        int rc = l->c->st->ops->mpu_last_part(l->c, key, id, &last, &e);
+        if (rc == -ENOENT)
+            return 0; /* finished or aborted meanwhile */
+        if (rc < 0) {
+            vlog(VMSNAP_LOG_WARN, "cannot list the parts of the unfinished upload of %s: %s", key,
+                 e.msg);
+            gc_failed(l, key, &e);
+            return 0;
+        }
+        if (last > started)
+            age = age_of(l, last);
+        go = old_enough(g, age);
+    }
     if (g && g->report)
         g->report(g->report_arg, VMSNAP_GC_UPLOAD, key, age, go);
     if (!go) {
         l->kept++;
+        l->unknown += age < 0;
         return 0;
     }
     if (g && g->dry_run) {
@@ -2607,6 +2626,7 @@ int vmsnap_xfer_gc(const char *url, const struct vmsnap_gc_opts *g,
                                          .pushes = l.pushes,
                                          .objects = l.objects,
                                          .kept = l.kept,
+                                         .unknown_age = l.unknown,
                                          .failed = l.failed};
     vmsnap_store_conn_free(c);
     xfer_fini(&x, false);

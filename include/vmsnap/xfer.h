@@ -139,7 +139,8 @@ struct vmsnap_gc_result {
     unsigned pushes;  /* push marks removed, with the objects of theirs that no manifest names */
     unsigned objects; /* those objects (dry run: names; an object already gone counts too) */
     unsigned kept;    /* uploads and marks younger than older_than, or of unknown age */
-    unsigned failed;  /* the store refused to remove them: the call fails, naming the first */
+    unsigned unknown_age; /* of those kept: of unknown age (the store does not say) */
+    unsigned failed;      /* the store refused to remove them: the call fails, naming the first */
 };
 
 /* Under the prefix `url`, clean what `g` selects (NULL: everything) of what pushes left: abort

@@ -227,6 +227,21 @@ rc=0; "$VMSNAP" gc --older-than 5y "s3://$BUCKET/vm10" 2>"$T/err" || rc=$?
 [ $rc = 2 ] && grep -q 'duration like' "$T/err" || fail "gc --older-than 5y: exit $rc, $(cat "$T/err")"
 "$VMSNAP" -q gc --older-than 2s "s3://$BUCKET/vm10" || fail "gc vm10"
 [ "$(uploads_left)" = 0 ] || fail "gc --older-than 2s s3://$BUCKET/vm10 left its 2 s old upload"
+# an upload that began long ago but stored a part just now is a push still running: its age is
+# its newest part's (ListParts), not its Initiated time
+OUT=$T/mpu.xml s3curl POST "$BUCKET/vm11/y.zstd?uploads=" >/dev/null
+uid=$(sed -n 's/.*<UploadId>\([^<]*\)<\/UploadId>.*/\1/p' "$T/mpu.xml")
+[ -n "$uid" ] || fail "start an upload under vm11/: $(cat "$T/mpu.xml")"
+sleep 2.2
+head -c 1000 /dev/urandom >"$T/part1"
+[ "$(raw_put "vm11/y.zstd?partNumber=1&uploadId=$uid" "$T/part1")" = 200 ] || fail "upload a part under vm11/"
+"$VMSNAP" gc --dry-run --older-than 2s "s3://$BUCKET/vm11" >"$T/gc.out" 2>/dev/null
+grep -q "^keep	upload	[01] s old	vm11/y.zstd\$" "$T/gc.out" || fail "gc aged a running upload by its start: $(cat "$T/gc.out")"
+"$VMSNAP" -q gc --older-than 2s "s3://$BUCKET/vm11" || fail "gc vm11"
+[ "$(uploads_left)" = 1 ] || fail "gc aborted an upload whose newest part is fresh"
+sleep 2.2
+"$VMSNAP" -q gc --older-than 2s "s3://$BUCKET/vm11" || fail "gc vm11 (idle)"
+[ "$(uploads_left)" = 0 ] || fail "gc left an upload idle for 2 s"
 
 # a file name of 249 bytes (its temporary on pull cannot be ".NAME.XXXXXX": 257 bytes)
 mkdir "$T/lset" && long=$(printf 'a%.0s' $(seq 1 249)) && echo hi >"$T/lset/$long"

@@ -229,6 +229,17 @@ int main(void)
         forge_table(data, len, big, 1, f1.dsize + 16, "decoded size off by a record");
         forge_table(data, len, big, 4, f1.populated - 1, "populated bytes off by one");
         forge_table(data, len, big, 5, f1.checksum ^ 1, "content checksum changed");
+        /* the frame's zstd checksum field wrong, its compressed XXH64 in the table made to
+         * match: zstd readers refuse it, so must unpack (which leaves that check to itself) */
+        {
+            uint8_t *z = malloc(len);
+            REQUIRE(z != NULL);
+            memcpy(z, data, len);
+            z[f1.offset + f1.csize - 1] ^= 0x40;
+            forge_table(z, len, big, 6, XXH64(z + f1.offset, f1.csize, 0),
+                        "zstd checksum field wrong");
+            free(z);
+        }
         /* 64 KiB of padding after the sentinel frame's bytes, its compressed size grown to
          * match: every offset stays consistent, but no encoder makes an 8-byte frame that large
          * (a pull would allocate the declared size before it could tell) */
