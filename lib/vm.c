@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/sysmacros.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <limits.h>
@@ -191,8 +192,11 @@ static bool stage_unsaved(const struct vmctx *c)
 static void vm_failpoint(const char *name)
 {
     const char *f = getenv("VMSNAP_FAILPOINT");
+    size_t nl = strlen(name);
     if (f && !strcmp(f, name))
         raise(SIGKILL);
+    if (f && !strncmp(f, name, nl) && !strcmp(f + nl, ":stop"))
+        raise(SIGSTOP); /* NAME:stop: frozen there, the VM still held (tests of "busy") */
 }
 
 /* Everything a snapshot directory needs to restore the VM. */
@@ -2030,6 +2034,34 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* The pid of the process holding an flock on `path` (a VM directory: ctx_lock), from
+ * /proc/locks, or 0. vm ls only looks: taking the lock, even shared for a moment, could make a
+ * command starting then fail as busy. */
+static pid_t lock_holder(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) < 0)
+        return 0;
+    FILE *f = fopen("/proc/locks", "re");
+    if (!f)
+        return 0;
+    char line[256];
+    pid_t holder = 0;
+    while (!holder && fgets(line, sizeof(line), f)) {
+        /* "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF" (major:minor in hex) */
+        char kind[16];
+        int pid;
+        unsigned maj, min;
+        unsigned long long ino;
+        if (sscanf(line, "%*d: %15s %*s %*s %d %x:%x:%llu", kind, &pid, &maj, &min, &ino) == 5 &&
+            !strcmp(kind, "FLOCK") && ino == (unsigned long long)sb.st_ino &&
+            maj == major(sb.st_dev) && min == minor(sb.st_dev) && pid > 0 && pid != getpid())
+            holder = pid;
+    }
+    fclose(f);
+    return holder;
+}
+
 int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *arg,
                    struct vmsnap_err *err)
 {
@@ -2081,7 +2113,10 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
         if (vm_state(&vc, cfg, &st, &pid, &e2) < 0)
             st = VMSNAP_VMM_OTHER;
         char pend[PATH_LEN];
-        if (st == VMSNAP_VMM_DEAD && taken_pending(&vc, pend))
+        pid_t busy = lock_holder(vc.vmdir);
+        if (busy)
+            status = "busy"; /* changing: what the files say now is half of it */
+        else if (st == VMSNAP_VMM_DEAD && taken_pending(&vc, pend))
             status = "interrupted"; /* its newest state waits for its checkpoint (resume) */
         else if (st == VMSNAP_VMM_DEAD && stage_unsaved(&vc))
             status = "unsaved"; /* its snapshot is only in the stage */
@@ -2100,6 +2135,7 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
             .checkpoint = exists(vc.ckpt),
             .url = cfg_str(cfg, "url"),
             .dir = vc.vmdir,
+            .busy_pid = busy,
         };
         rc = fn(arg, &info);
         json_object_put(cfg);

@@ -206,14 +206,16 @@ struct vmsnap_vm_info {
                          * "unsaved" (its last snapshot is only in the staging directory: a
                          * suspend could store it nowhere), "interrupted" (a pause or suspend
                          * stopped it but could not complete its checkpoint: the next resume
-                         * does, or refuses until it can), or the VMM's own state when it is
-                         * alive but not running */
+                         * does, or refuses until it can), "busy" (a vmsnap command holds the
+                         * VM: pause, suspend, resume, run or stop is changing it; see
+                         * busy_pid), or the VMM's own state when it is alive but not running */
     pid_t pid;          /* 0 when no process */
     const char *accel;
     uint64_t mem;
     bool checkpoint; /* a local checkpoint exists */
     const char *url; /* where it was suspended to, or NULL */
     const char *dir; /* the VM's directory */
+    pid_t busy_pid;  /* the vmsnap command holding the VM ("busy"), else 0 */
 };
 typedef int (*vmsnap_vm_list_fn)(void *arg, const struct vmsnap_vm_info *info);
 /* Call `fn` for every VM under the state directory, sorted by name. */

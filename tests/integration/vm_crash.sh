@@ -46,6 +46,25 @@ sleep 4
 vmc "$S" pause golden || fail "pause"
 read -r r d <<<"$(last_counter "$S" golden)"
 resume_check "$S" golden "$r" "$d" || done_tests
+# vm ls while a command holds the VM (a pause frozen just before its swap, where the files say
+# "interrupted"): busy, with that command's pid; a second command is refused as busy; the pause
+# then finishes as if nothing happened
+VMSNAP_FAILPOINT=checkpoint-before-swap:stop "$VMSNAP" vm pause golden --state-dir "$S" 2>"$T/perr" &
+pid=$!
+for _ in $(seq 1 1200); do
+    [ "$(ps -o stat= -p $pid | cut -c1)" = T ] && break
+    sleep 0.05
+done
+[ "$(ps -o stat= -p $pid | cut -c1)" = T ] || fail "the pause did not stop at its failpoint"
+vmc "$S" ls | grep -Eq '^golden +busy ' || fail "vm ls during a pause: $(vmc "$S" ls)"
+vmc "$S" ls --json | grep -q "\"busyPid\": *$pid" || fail "vm ls --json during a pause: $(vmc "$S" ls --json)"
+expect_fail "resume during a pause" vmc "$S" resume golden
+grep -q "busy" "$T/err" || fail "resume during a pause: $(cat "$T/err")"
+kill -CONT $pid
+wait $pid || fail "the pause stopped and continued failed: $(cat "$T/perr")"
+vmc "$S" ls | grep -Eq '^golden +paused ' || fail "vm ls after the pause: $(vmc "$S" ls)"
+read -r r d <<<"$(last_counter "$S" golden)"
+resume_check "$S" golden "$r" "$d" || done_tests
 sleep 4
 rc=0 && VMSNAP_FAILPOINT=checkpoint-before-swap vmc "$S" pause golden 2>"$T/err" || rc=$?
 [ "$rc" = 137 ] || fail "checkpoint-before-swap failpoint: exit $rc: $(cat "$T/err")"
