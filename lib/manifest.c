@@ -290,11 +290,12 @@ int push_mark_parse(const char *buf, size_t len, const char *where, const char *
     json_object *v, *id, *st, *files;
     int rc = 0;
     if (!whole || !json_object_is_type(root, json_type_object) ||
-        !json_object_object_get_ex(root, "vmsnapPush", &v) || json_object_get_int(v) != 1 ||
+        !json_object_object_get_ex(root, "vmsnapPush", &v) ||
+        !json_object_is_type(v, json_type_int) || json_object_get_int64(v) != 1 ||
         !json_object_object_get_ex(root, "pushId", &id) ||
         !json_object_is_type(id, json_type_string) || strcmp(json_object_get_string(id), want_id) ||
         !json_object_object_get_ex(root, "started", &st) ||
-        !json_object_is_type(st, json_type_int) ||
+        !json_object_is_type(st, json_type_int) || json_object_get_int64(st) < 0 ||
         !json_object_object_get_ex(root, "files", &files) ||
         !json_object_is_type(files, json_type_array)) {
         rc = vmsnap_err_set(err, EINVAL, "%s: not a vmsnap push mark of push %s", where, want_id);

@@ -987,46 +987,6 @@ static int s3_del(struct vmsnap_store_conn *c, const char *key, struct vmsnap_er
     return rc;
 }
 
-static int s3_list(struct vmsnap_store_conn *c, const char *prefix, vmsnap_store_list_fn fn,
-                   void *arg, struct vmsnap_err *err)
-{
-    char token[2048] = "";
-    for (;;) {
-        struct qparam q[3] = {{"list-type", "2"}, {"prefix", prefix}};
-        size_t nq = 2;
-        if (token[0])
-            q[nq++] = (struct qparam){"continuation-token", token};
-        struct dbuf resp = {.max = RESP_CAP};
-        struct req r = {.method = "GET", .key = "", .q = q, .nq = nq, .resp = &resp};
-        int rc = perform(c, &r, err);
-        if (rc < 0) {
-            free(resp.p);
-            return rc;
-        }
-        struct xml_span s = {resp.p ? resp.p : "", resp.len}, item, rest;
-        for (struct xml_span cur = s; rc == 0 && xml_find(cur, "Contents", &item, &rest);
-             cur = rest) {
-            char k[1100];
-            uint64_t size = 0;
-            if (!xml_child_text(item, "Key", k, sizeof(k)) || !xml_child_u64(item, "Size", &size))
-                rc = vmsnap_err_set(err, EPROTO, "list %s/%s: malformed <Contents>",
-                                    c->st->s3.bucket, prefix);
-            else
-                rc = fn(arg, k, size);
-        }
-        char trunc[8] = "";
-        xml_child_text(s, "IsTruncated", trunc, sizeof(trunc));
-        bool more = !strcmp(trunc, "true");
-        if (rc == 0 && more &&
-            (!xml_child_text(s, "NextContinuationToken", token, sizeof(token)) || !token[0]))
-            rc = vmsnap_err_set(err, EPROTO, "list %s/%s: truncated without a continuation token",
-                                c->st->s3.bucket, prefix);
-        free(resp.p);
-        if (rc < 0 || !more)
-            return rc;
-    }
-}
-
 /* "2026-11-30T12:00:00.000Z" (S3's form; fraction optional, or an offset "+01:00" / "-0500"
  * instead of Z) -> Unix seconds; -1 if it is not exactly that. */
 static int64_t iso8601(const char *s)
@@ -1072,6 +1032,47 @@ static int64_t iso8601(const char *s)
     tm.tm_mon -= 1;
     time_t t = timegm(&tm);
     return t == (time_t)-1 ? -1 : (int64_t)t - off;
+}
+
+static int s3_list(struct vmsnap_store_conn *c, const char *prefix, vmsnap_store_list_fn fn,
+                   void *arg, struct vmsnap_err *err)
+{
+    char token[2048] = "";
+    for (;;) {
+        struct qparam q[3] = {{"list-type", "2"}, {"prefix", prefix}};
+        size_t nq = 2;
+        if (token[0])
+            q[nq++] = (struct qparam){"continuation-token", token};
+        struct dbuf resp = {.max = RESP_CAP};
+        struct req r = {.method = "GET", .key = "", .q = q, .nq = nq, .resp = &resp};
+        int rc = perform(c, &r, err);
+        if (rc < 0) {
+            free(resp.p);
+            return rc;
+        }
+        struct xml_span s = {resp.p ? resp.p : "", resp.len}, item, rest;
+        for (struct xml_span cur = s; rc == 0 && xml_find(cur, "Contents", &item, &rest);
+             cur = rest) {
+            char k[1100], lm[64];
+            uint64_t size = 0;
+            if (!xml_child_text(item, "Key", k, sizeof(k)) || !xml_child_u64(item, "Size", &size))
+                rc = vmsnap_err_set(err, EPROTO, "list %s/%s: malformed <Contents>",
+                                    c->st->s3.bucket, prefix);
+            else
+                rc = fn(arg, k, size,
+                        xml_child_text(item, "LastModified", lm, sizeof(lm)) ? iso8601(lm) : -1);
+        }
+        char trunc[8] = "";
+        xml_child_text(s, "IsTruncated", trunc, sizeof(trunc));
+        bool more = !strcmp(trunc, "true");
+        if (rc == 0 && more &&
+            (!xml_child_text(s, "NextContinuationToken", token, sizeof(token)) || !token[0]))
+            rc = vmsnap_err_set(err, EPROTO, "list %s/%s: truncated without a continuation token",
+                                c->st->s3.bucket, prefix);
+        free(resp.p);
+        if (rc < 0 || !more)
+            return rc;
+    }
 }
 
 /* ListParts: the newest part's LastModified (-1: no part yet), page by page. */

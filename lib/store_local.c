@@ -575,7 +575,7 @@ static int walk_dir(struct walk *w, const char *dirkey, int depth)
                 if (could)
                     rc = walk_dir(w, k, depth + 1);
             } else if (S_ISREG(sb.st_mode) && match && w->list_fn) {
-                rc = w->list_fn(w->arg, k, (uint64_t)sb.st_size);
+                rc = w->list_fn(w->arg, k, (uint64_t)sb.st_size, (int64_t)sb.st_mtim.tv_sec);
             }
         }
         free(full);

@@ -1179,16 +1179,24 @@ static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, con
          * yet belongs to the set it un-committed (dead, and left unlisted it kept a full store
          * full and the next push failed the same way), or is an object the push would have
          * replaced. Objects of other names are left alone. */
+        bool left = false;
         for (size_t i = 0; i < s->n; i++) {
             char obj[300];
             snprintf(obj, sizeof(obj), "%s.zstd", s->files[i].name);
             char *k = join_key(prefix, obj);
-            if (k)
-                vmsnap_store_delete(ctl, k, NULL);
+            struct vmsnap_err e = {0};
+            int drc = k ? vmsnap_store_delete(ctl, k, &e) : -ENOMEM;
+            if (drc < 0 && drc != -ENOENT) {
+                vlog(VMSNAP_LOG_WARN, "%s: cannot remove %s: %s", url, obj, e.msg);
+                left = true;
+            }
             free(k);
         }
-        /* the mark last: while it stays, gc knows the objects may be left */
-        if (s->mark_key && vmsnap_store_delete(ctl, s->mark_key, NULL) < 0)
+        /* the mark last, and only when every object went: while it stays, gc knows the objects
+         * may be left */
+        if (left)
+            vlog(VMSNAP_LOG_WARN, "%s: this push's mark stays for 'vmsnap gc' to finish", url);
+        else if (s->mark_key && vmsnap_store_delete(ctl, s->mark_key, NULL) < 0)
             vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
         char *lp = join_key(prefix, "");
         if (lp)
@@ -1219,10 +1227,30 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
     if ((rc = new_push_id(s.push_id, err)) < 0)
         goto out;
 
-    /* un-commit an existing set first (not once cancelled: the set stays), then clear the
-     * leftovers of killed pushes (not cut short: the un-commit is done) */
-    if ((rc = cancel_check(err)) < 0 || (rc = vmsnap_store_delete(ctl, mkey, err)) < 0)
+    /* the mark before anything changes: a push killed from here on leaves it for gc (not once
+     * cancelled: nothing happens then) */
+    char mname[64];
+    snprintf(mname, sizeof(mname), PUSH_MARK_PREFIX "%s" PUSH_MARK_SUFFIX, s.push_id);
+    char *mark = push_mark_build(s.push_id, (int64_t)time(NULL), s.files, s.n);
+    s.mark_key = join_key(prefix, mname);
+    if (!mark || !s.mark_key)
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    else if ((rc = cancel_check(err)) == 0 &&
+             (rc = vmsnap_store_put(ctl, s.mark_key, mark, strlen(mark), err)) < 0)
+        vmsnap_err_wrap(err, "store the push mark %s/%s: ", url, mname);
+    free(mark);
+    if (rc < 0) {
+        if (s.mark_key && rc != -ECANCELED)
+            vmsnap_store_delete(ctl, s.mark_key, NULL); /* an answer lost after it was stored */
         goto out;
+    }
+    /* un-commit an existing set (not once cancelled: the set stays), then clear the leftovers
+     * of killed pushes (not cut short: the un-commit is done) */
+    if ((rc = cancel_check(err)) < 0 || (rc = vmsnap_store_delete(ctl, mkey, err)) < 0) {
+        if (vmsnap_store_delete(ctl, s.mark_key, NULL) < 0)
+            vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
+        goto out;
+    }
     char *lp = join_key(prefix, "");
     if (!lp) {
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
@@ -1235,20 +1263,6 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
     free(lp);
     if (rc < 0) {
         remove_pushed(ctl, prefix, mkey, &s); /* the un-committed set's objects */
-        goto out;
-    }
-    /* the mark before any object: a push killed from here on leaves it for gc */
-    char mname[64];
-    snprintf(mname, sizeof(mname), PUSH_MARK_PREFIX "%s" PUSH_MARK_SUFFIX, s.push_id);
-    char *mark = push_mark_build(s.push_id, (int64_t)time(NULL), s.files, s.n);
-    s.mark_key = join_key(prefix, mname);
-    if (!mark || !s.mark_key)
-        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-    else if ((rc = vmsnap_store_put(ctl, s.mark_key, mark, strlen(mark), err)) < 0)
-        vmsnap_err_wrap(err, "store the push mark %s/%s: ", url, mname);
-    free(mark);
-    if (rc < 0) {
-        remove_pushed(ctl, prefix, mkey, &s);
         goto out;
     }
 
@@ -1896,10 +1910,11 @@ struct any_ctx {
     unsigned n;
 };
 
-static int count_any(void *arg, const char *key, uint64_t size)
+static int count_any(void *arg, const char *key, uint64_t size, int64_t mtime)
 {
     (void)key;
     (void)size;
+    (void)mtime;
     ((struct any_ctx *)arg)->n++;
     return -ECANCELED; /* one is enough */
 }
@@ -2307,9 +2322,10 @@ struct keys {
     bool whole_name;    /* the suffix is a whole last component */
 };
 
-static int collect(void *arg, const char *key, uint64_t size)
+static int collect(void *arg, const char *key, uint64_t size, int64_t mtime)
 {
     (void)size;
+    (void)mtime;
     struct keys *k = arg;
     size_t kl = strlen(key), sl = strlen(k->suffix);
     if (kl < sl || strcmp(key + kl - sl, k->suffix))
@@ -2393,7 +2409,14 @@ int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsna
     return rc;
 }
 
-/* gc of push marks (manifest_int.h): keys "[P/]vmsnap-push-<32 hex>.json" under the prefix. */
+/*
+ * gc of push marks (manifest_int.h): keys "[P/]vmsnap-push-<32 hex>.json" under the prefix.
+ * A push may be running at a prefix, or start there while gc works, writing objects of the very
+ * names an old mark lists. So gc removes anything only from a prefix that is quiet: nothing under
+ * it written for `older_than` (the store's own times, every key), no upload there active for that
+ * long, every mark readable; and just before deleting it lists the prefix again and leaves it
+ * alone if anything changed (a push starting meanwhile writes its mark first).
+ */
 struct mark_keys {
     struct keys k;
     const char *under;
@@ -2415,28 +2438,41 @@ static bool mark_name(const char *base, char id[33])
     return true;
 }
 
-static int collect_mark(void *arg, const char *key, uint64_t size)
+static size_t dir_len(const char *key)
+{
+    const char *sl = strrchr(key, '/');
+    return sl ? (size_t)(sl - key) : 0;
+}
+
+static int collect_mark(void *arg, const char *key, uint64_t size, int64_t mtime)
 {
     struct mark_keys *mk = arg;
-    const char *slash = strrchr(key, '/');
     char id[33];
-    if (!mark_name(slash ? slash + 1 : key, id) || !key_under(mk->under, key))
+    if (!mark_name(key + dir_len(key) + (strchr(key, '/') ? 1 : 0), id) ||
+        !key_under(mk->under, key))
         return 0;
-    return collect(&mk->k, key, size);
+    return collect(&mk->k, key, size, mtime);
 }
 
-static int cmp_str(const void *a, const void *b)
+/* Directory first (so that one prefix's marks are adjacent), then name. */
+static int cmp_by_dir(const void *a, const void *b)
 {
-    return strcmp(*(char *const *)a, *(char *const *)b);
+    const char *x = *(char *const *)a, *y = *(char *const *)b;
+    size_t dx = dir_len(x), dy = dir_len(y);
+    int c = memcmp(x, y, VMSNAP_MIN(dx, dy));
+    if (c)
+        return c;
+    if (dx != dy)
+        return dx < dy ? -1 : 1;
+    return strcmp(x + dx, y + dy);
 }
 
-/* A push mark: fetched whole (they are small; capped like a manifest) and parsed. */
+/* A push mark, read whole (capped like a manifest) and parsed. */
 static int read_mark(struct vmsnap_store_conn *c, const char *key, const char *murl,
                      struct push_mark *pm, struct vmsnap_err *err)
 {
-    const char *slash = strrchr(key, '/');
     char id[33];
-    if (!mark_name(slash ? slash + 1 : key, id))
+    if (!mark_name(key + dir_len(key) + (strchr(key, '/') ? 1 : 0), id))
         return vmsnap_err_set(err, EINVAL, "%s: not a push mark name", murl);
     char *buf = malloc(TAIL_READ);
     if (!buf)
@@ -2444,13 +2480,90 @@ static int read_mark(struct vmsnap_store_conn *c, const char *key, const char *m
     size_t got = 0;
     uint64_t size = 0;
     int rc = vmsnap_store_get_tail(c, key, TAIL_READ, buf, &got, &size, err);
-    if (rc == 0 && got < size)
+    if (rc == 0 && size > VMSNAP_XFER_MANIFEST_MAX)
         rc = vmsnap_err_set(err, EFBIG, "%s: push mark of %llu bytes is too large", murl,
                             (unsigned long long)size);
+    if (rc == 0 && got < size) { /* whole, in one GET (as read_manifest) */
+        free(buf);
+        buf = malloc(size);
+        if (!buf)
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        else
+            rc = vmsnap_store_get(c, key, 0, size, buf, err);
+        got = (size_t)size;
+    }
     if (rc == 0)
         rc = push_mark_parse(buf, got, murl, id, pm, err);
     free(buf);
     return rc;
+}
+
+/* What a listing of a prefix saw: enough to tell that nothing changed between two of them. */
+struct prefix_seen {
+    uint64_t keys, sum;
+    int64_t newest; /* the newest write under it (-1: none seen) */
+    bool unknown;   /* a key whose time the store did not give */
+};
+
+static int see_key(void *arg, const char *key, uint64_t size, int64_t mtime)
+{
+    struct prefix_seen *p = arg;
+    p->keys++;
+    uint64_t v[2] = {size, (uint64_t)mtime};
+    p->sum += XXH64(key, strlen(key), XXH64(v, sizeof(v), 0));
+    if (mtime < 0)
+        p->unknown = true;
+    else if (mtime > p->newest)
+        p->newest = mtime;
+    return 0;
+}
+
+struct prefix_uploads {
+    struct leftover_ctx *l;
+    int64_t newest; /* the latest activity of an upload under the prefix (-1: none) */
+    bool unknown;
+    int rc;
+    struct vmsnap_err err;
+};
+
+static int see_upload(void *arg, const char *key, const char *id, int64_t started)
+{
+    struct prefix_uploads *u = arg;
+    int64_t last = started;
+    if (started < 0) {
+        u->unknown = true;
+    } else if (u->l->c->st->ops->mpu_last_part) {
+        int64_t part = -1;
+        int rc = u->l->c->st->ops->mpu_last_part(u->l->c, key, id, &part, &u->err);
+        if (rc < 0 && rc != -ENOENT) {
+            u->rc = rc;
+            return rc;
+        }
+        if (part > last)
+            last = part;
+    }
+    if (last > u->newest)
+        u->newest = last;
+    return 0;
+}
+
+/* Keep every mark of a prefix (reported as kept). */
+static void keep_marks(struct leftover_ctx *l, char **keys, size_t n, int64_t age)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (l->gc->report)
+            l->gc->report(l->gc->report_arg, VMSNAP_GC_PUSH, keys[i], age, false);
+        l->kept++;
+    }
+}
+
+/* Test hook (as vm.c's): VMSNAP_FAILPOINT=gc-before-delete:stop freezes gc there. */
+static void gc_failpoint(const char *name)
+{
+    const char *f = getenv("VMSNAP_FAILPOINT");
+    size_t nl = strlen(name);
+    if (f && !strncmp(f, name, nl) && !strcmp(f + nl, ":stop"))
+        raise(SIGSTOP);
 }
 
 /* The marks of one prefix `dir` (the part of their keys before the name). */
@@ -2459,103 +2572,135 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
 {
     const struct vmsnap_gc_opts *g = l->gc;
     struct push_mark *pm = calloc(n, sizeof(*pm));
-    bool *ok = calloc(n, sizeof(*ok));
     struct manifest m = {0};
     char *mkey = join_key(dir, VMSNAP_XFER_MANIFEST);
-    if (!pm || !ok || !mkey) {
-        struct vmsnap_err e;
+    char *lp = join_key(dir, "");
+    char durl[1200];
+    vmsnap_store_url(x->st, dir, durl, sizeof(durl));
+    struct vmsnap_err e = {0};
+    if (!pm || !mkey || !lp) {
         vmsnap_err_set(&e, ENOMEM, "out of memory");
         gc_failed(l, keys[0], &e);
         goto out;
     }
-    bool young = false;
+    /* every mark, whole: one that cannot be read could be a running push's */
     for (size_t i = 0; i < n; i++) {
         char murl[1200];
         vmsnap_store_url(x->st, keys[i], murl, sizeof(murl));
-        struct vmsnap_err e = {0};
-        if (read_mark(c, keys[i], murl, &pm[i], &e) == 0) {
-            ok[i] = true;
-            young |= !old_enough(g, age_of(l, pm[i].started));
-        } else if (e.code != ENOENT) { /* gone meanwhile: its push finished */
-            vlog(VMSNAP_LOG_WARN, "%s (left in place)", e.msg);
+        int rc = read_mark(c, keys[i], murl, &pm[i], &e);
+        if (rc == -ENOENT) { /* gone meanwhile: a push just finished here */
+            keep_marks(l, keys, n, 0);
+            goto out;
+        }
+        if (rc < 0) {
+            vlog(VMSNAP_LOG_WARN, "%s (nothing under %s removed)", e.msg, durl);
             gc_failed(l, keys[i], &e);
+            keep_marks(l, keys, n, -1);
+            goto out;
         }
     }
-    /* a young mark: a push may be running here, and it writes objects of the same names */
-    if (young) {
-        for (size_t i = 0; i < n; i++)
-            if (ok[i]) {
-                if (g->report)
-                    g->report(g->report_arg, VMSNAP_GC_PUSH, keys[i], age_of(l, pm[i].started),
-                              false);
-                l->kept++;
-            }
+    /* quiet: no key written and no upload active for older_than */
+    struct prefix_seen seen = {.newest = -1}, again = {.newest = -1};
+    struct prefix_uploads up = {.l = l, .newest = -1};
+    int rc = vmsnap_store_list(c, lp, see_key, &seen, &e);
+    if (rc == 0)
+        rc = vmsnap_store_list_uploads(c, lp, see_upload, &up, &e);
+    if (rc < 0) {
+        vlog(VMSNAP_LOG_WARN, "cannot list %s: %s (nothing there removed)", durl, e.msg);
+        gc_failed(l, keys[0], &e);
+        keep_marks(l, keys, n, -1);
+        goto out;
+    }
+    int64_t newest = VMSNAP_MAX(seen.newest, up.newest);
+    int64_t age = newest < 0 ? -1 : age_of(l, newest);
+    if (g->older_than > 0 && (seen.unknown || up.unknown || !old_enough(g, age))) {
+        keep_marks(l, keys, n, age);
+        if (seen.unknown || up.unknown)
+            l->unknown += (unsigned)n;
         goto out;
     }
     char murl[1200];
     vmsnap_store_url(x->st, mkey, murl, sizeof(murl));
-    struct vmsnap_err me = {0};
-    int mrc = read_manifest(c, mkey, murl, x->o.max_size, &m, &me);
+    int mrc = read_manifest(c, mkey, murl, x->o.max_size, &m, &e);
     if (mrc < 0 && mrc != -ENOENT) {
         /* which objects are the set's is not known: leave them all */
-        vlog(VMSNAP_LOG_WARN, "%s (the push marks beside it are left in place)", me.msg);
-        gc_failed(l, mkey, &me);
+        vlog(VMSNAP_LOG_WARN, "%s (the push marks beside it are left in place)", e.msg);
+        gc_failed(l, mkey, &e);
+        keep_marks(l, keys, n, age);
         goto out;
     }
+    /* the objects to delete: named by an old mark, not by the manifest */
+    unsigned objects = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!ok[i])
-            continue;
-        if (g->report)
-            g->report(g->report_arg, VMSNAP_GC_PUSH, keys[i], age_of(l, pm[i].started), true);
         bool own = mrc == 0 && !strcmp(m.push_id, pm[i].push_id); /* committed, then killed */
-        bool failed = false;
-        for (size_t j = 0; j < pm[i].n && !own && !failed; j++) {
-            bool listed = false;
-            for (size_t f = 0; mrc == 0 && f < m.n && !listed; f++)
-                listed = !strcmp(m.files[f].name, pm[i].names[j]);
-            if (listed)
-                continue; /* the committed set's object now */
-            l->objects++;
-            if (g->dry_run)
+        for (size_t j = 0; j < pm[i].n; j++) {
+            bool keep = own;
+            for (size_t f = 0; mrc == 0 && f < m.n && !keep; f++)
+                keep = !strcmp(m.files[f].name, pm[i].names[j]);
+            for (size_t k = 0; k < i && !keep; k++) /* named by an earlier mark too */
+                for (size_t f = 0; f < pm[k].n && !keep; f++)
+                    keep = !strcmp(pm[k].names[f], pm[i].names[j]);
+            if (keep)
+                free(pm[i].names[j]), pm[i].names[j] = NULL;
+            else
+                objects++;
+        }
+    }
+    if (g->dry_run) {
+        for (size_t i = 0; i < n; i++)
+            if (g->report)
+                g->report(g->report_arg, VMSNAP_GC_PUSH, keys[i], age, true);
+        l->pushes += (unsigned)n;
+        l->objects += objects;
+        goto out;
+    }
+    gc_failpoint("gc-before-delete");
+    /* the prefix again: a push that started since wrote its mark (and maybe more) */
+    if ((rc = vmsnap_store_list(c, lp, see_key, &again, &e)) < 0 || again.keys != seen.keys ||
+        again.sum != seen.sum) {
+        vlog(VMSNAP_LOG_WARN, "%s changed while gc looked at it (a push?): left for the next run",
+             durl);
+        keep_marks(l, keys, n, 0);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (g->report)
+            g->report(g->report_arg, VMSNAP_GC_PUSH, keys[i], age, true);
+    l->pushes += (unsigned)n;
+    l->objects += objects;
+    bool failed = false;
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < pm[i].n; j++) {
+            if (!pm[i].names[j])
                 continue;
             char obj[300];
             snprintf(obj, sizeof(obj), "%s.zstd", pm[i].names[j]);
             char *okey = join_key(dir, obj);
-            struct vmsnap_err e = {0};
-            int rc = okey ? vmsnap_store_delete(c, okey, &e)
-                          : vmsnap_err_set(&e, ENOMEM, "out of memory");
+            rc = okey ? vmsnap_store_delete(c, okey, &e)
+                      : vmsnap_err_set(&e, ENOMEM, "out of memory");
             if (rc < 0 && rc != -ENOENT) {
                 vlog(VMSNAP_LOG_WARN, "cannot delete %s: %s", okey ? okey : obj, e.msg);
                 gc_failed(l, okey ? okey : obj, &e);
-                failed = true; /* the mark stays: the next gc tries again */
+                failed = true;
             }
             free(okey);
         }
-        if (failed)
-            continue;
-        l->pushes++;
-        if (g->dry_run)
-            continue;
-        struct vmsnap_err e = {0};
-        int rc = vmsnap_store_delete(c, keys[i], &e);
+    /* the marks last, and only when every object went (the next gc tries again) */
+    for (size_t i = 0; i < n && !failed; i++) {
+        rc = vmsnap_store_delete(c, keys[i], &e);
         if (rc < 0 && rc != -ENOENT)
             gc_failed(l, keys[i], &e);
         else
-            vlog(VMSNAP_LOG_INFO, "removed the push mark %s%s", keys[i],
-                 own ? " (its set is committed)" : " and its objects");
+            vlog(VMSNAP_LOG_INFO, "removed the push mark %s", keys[i]);
     }
-    if (!g->dry_run) {
-        char *lp = join_key(dir, "");
-        if (lp && mrc == -ENOENT)
-            vmsnap_store_tidy(c, lp);
-        free(lp);
-    }
+    if (!failed && mrc == -ENOENT)
+        vmsnap_store_tidy(c, lp);
 out:
     for (size_t i = 0; pm && i < n; i++)
         push_mark_fini(&pm[i]);
     free(pm);
-    free(ok);
     free(mkey);
+    free(lp);
     manifest_fini(&m);
 }
 
@@ -2563,19 +2708,16 @@ static int clean_marks(struct xfer *x, struct vmsnap_store_conn *c, struct lefto
                        const char *prefix, struct vmsnap_err *err)
 {
     struct mark_keys mk = {.k = {.suffix = ""}, .under = prefix};
-    /* every key under the parent of `prefix` that could be under it, then key_under */
+    /* every key that starts with `prefix`, then key_under */
     int rc = vmsnap_store_list(c, prefix, collect_mark, &mk, err);
     if (rc < 0 && (!err || !err->code))
         rc = vmsnap_err_set(err, -rc, "list %s: %s", prefix, strerror(-rc));
     if (rc == 0 && mk.k.n)
-        qsort(mk.k.v, mk.k.n, sizeof(*mk.k.v), cmp_str);
+        qsort(mk.k.v, mk.k.n, sizeof(*mk.k.v), cmp_by_dir);
     for (size_t i = 0; rc == 0 && i < mk.k.n;) {
-        const char *s = strrchr(mk.k.v[i], '/');
-        size_t dl = s ? (size_t)(s - mk.k.v[i]) : 0;
+        size_t dl = dir_len(mk.k.v[i]);
         size_t j = i + 1;
-        while (j < mk.k.n && !strncmp(mk.k.v[j], mk.k.v[i], dl) &&
-               (dl ? mk.k.v[j][dl] == '/' && !strchr(mk.k.v[j] + dl + 1, '/')
-                   : !strchr(mk.k.v[j], '/')))
+        while (j < mk.k.n && dir_len(mk.k.v[j]) == dl && !strncmp(mk.k.v[j], mk.k.v[i], dl))
             j++;
         char *dir = strndup(mk.k.v[i], dl);
         if (!dir) {
@@ -2705,6 +2847,13 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
     if (rc == 0) {
         struct leftover_ctx l = {.c = c};
         rc = vmsnap_store_list_uploads(c, lp, abort_leftover, &l, err);
+    }
+    if (rc == 0) { /* the marks of pushes that did not finish here: the set is gone anyway */
+        struct mark_keys mk = {.k = {.suffix = "", .direct = lp}, .under = key};
+        rc = vmsnap_store_list(c, lp, collect_mark, &mk, err);
+        for (size_t i = 0; i < mk.k.n && rc == 0; i++)
+            rc = vmsnap_store_delete(c, mk.k.v[i], err);
+        keys_free(&mk.k);
     }
     if (rc == 0)
         vmsnap_store_tidy(c, lp);

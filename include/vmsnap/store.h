@@ -64,8 +64,10 @@ struct vmsnap_store_part {
     char etag[VMSNAP_STORE_ETAG_MAX];
 };
 
-/* Callback for vmsnap_store_list(): one object. Return < 0 to stop (that value is returned). */
-typedef int (*vmsnap_store_list_fn)(void *arg, const char *key, uint64_t size);
+/* Callback for vmsnap_store_list(): one object, its size and when it was last written (Unix
+ * seconds by the store's clock; -1 when the store does not say). Return < 0 to stop (that value
+ * is returned). */
+typedef int (*vmsnap_store_list_fn)(void *arg, const char *key, uint64_t size, int64_t mtime);
 /* Callback for vmsnap_store_list_uploads(): one unfinished multipart upload, and when it started
  * (Unix seconds; S3: its Initiated time; local store: its temporary file's last write), -1 when
  * the store does not say. */

@@ -257,8 +257,9 @@ grep -q "^would clean	push mark	[0-9]* s old	.*/sets/k2/vmsnap-push-" "$T/gc.out
 [ -e "$S/sets/k2" ] && fail "gc left the killed push's files: $(ls -A "$S/sets/k2")"
 
 # marks gc must not trust: a name that is not a plain file name, an id other than its key's;
-# a prefix that also holds a young mark is left whole; an old mark beside a committed set of
-# another push removes only what that set does not name
+# a prefix where anything was written within --older-than is left whole (a young mark, a fresh
+# object); an old mark beside a committed set of another push removes only what that set does
+# not name
 old=$(($(date +%s) - 7200))
 mark() { # DIR ID STARTED FILES-JSON
     printf '{"vmsnapPush":1,"pushId":"%s","started":%s,"files":%s}' "$2" "$3" "$4" >"$1/vmsnap-push-$2.json"
@@ -279,11 +280,35 @@ mark "$S/sets/k" $id2 $(date +%s) '["other"]'
 "$VMSNAP" gc "$S/sets" 2>"$T/gc" || fail "gc with a young mark beside an old one"
 [ -e "$S/sets/k/extra.zstd" ] && [ -e "$S/sets/k/vmsnap-push-$id1.json" ] || fail "gc did not leave a prefix with a young mark whole"
 rm "$S/sets/k/vmsnap-push-$id2.json"
+"$VMSNAP" gc "$S/sets" 2>"$T/gc" || fail "gc with a fresh object beside an old mark"
+[ -e "$S/sets/k/extra.zstd" ] || fail "gc removed an object from a prefix written to just now"
+touch -d '2 hours ago' "$S/sets/k"/*
 "$VMSNAP" gc "$S/sets" 2>"$T/gc" || fail "gc of an old mark beside a committed set"
 [ -e "$S/sets/k/extra.zstd" ] && fail "gc left an object the old mark named and no manifest does"
 [ -e "$S/sets/k/vmsnap-push-$id1.json" ] && fail "gc left the old mark"
 rm -rf "$T/kout" && "$VMSNAP" -q pull "$S/sets/k" "$T/kout" || fail "pull after gc beside the set"
 cmp -s "$T/kbig" "$T/kout/memory-ranges" || fail "gc removed an object of the committed set"
+# a push that starts and commits while gc is deciding (gc frozen after its checks): gc sees the
+# prefix changed and removes nothing; the pushed set stays whole
+mkdir -p "$S/sets/race" && cp "$S/sets/k/state.json.zstd" "$S/sets/race/state.json.zstd"
+mark "$S/sets/race" $id1 $old '["state.json","memory-ranges"]'
+touch -d '2 hours ago' "$S/sets/race"/*
+VMSNAP_FAILPOINT=gc-before-delete:stop "$VMSNAP" -v gc "$S/sets/race" 2>"$T/gcr" &
+gpid=$!
+for _ in $(seq 1 200); do
+    [ "$(ps -o stat= -p $gpid | cut -c1)" = T ] && break
+    sleep 0.05
+done
+[ "$(ps -o stat= -p $gpid | cut -c1)" = T ] || fail "gc did not stop at its failpoint: $(cat "$T/gcr")"
+"$VMSNAP" -q push "$T/kset" "$S/sets/race" || fail "push while gc is frozen"
+kill -CONT $gpid
+wait $gpid || fail "gc after the push: $(cat "$T/gcr")"
+grep -q "changed while gc looked at it" "$T/gcr" || fail "gc did not notice the push: $(cat "$T/gcr")"
+rm -rf "$T/kout" && "$VMSNAP" -q pull "$S/sets/race" "$T/kout" || fail "pull of the set pushed during gc"
+cmp -s "$T/kbig" "$T/kout/memory-ranges" || fail "the set pushed during gc differs"
+# rm of a set removes the marks beside it too (and so its directory)
+"$VMSNAP" rm "$S/sets/race" || fail "rm of a set with an old mark"
+[ -e "$S/sets/race" ] && fail "rm left: $(ls -A "$S/sets/race")"
 # gc's age on the local store is the upload temporary's last write: an upload written to just
 # now is kept (a push may be running), one untouched for two hours is aborted
 mkdir -p "$S/sets/gcg" && echo part >"$S/sets/gcg/.a.zstd.mpu-young1" && echo part >"$S/sets/gcg/.b.zstd.mpu-old111"
