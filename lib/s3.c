@@ -675,7 +675,7 @@ static int perform(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
             break;
         if (req_abortable(r) && (rc = cancel_check(err)) < 0)
             break;
-        if (a >= cfg->max_attempts) {
+        if (a >= (c->one_attempt ? 1 : cfg->max_attempts)) {
             vmsnap_err_wrap(err, "gave up after %u attempts: ", a);
             rc = -err_code_or(err, EIO);
             if (rc == -EAGAIN)

@@ -71,7 +71,9 @@ struct vmsnap_store {
 
 struct vmsnap_store_conn {
     struct vmsnap_store *st;
-    void *impl; /* backend state (S3: struct s3_conn) */
+    void *impl;       /* backend state (S3: struct s3_conn) */
+    bool one_attempt; /* requests are not retried (gc's deletes: a retry's back-off would hold
+                       * open the time between its check and its delete) */
 };
 
 extern const struct store_ops store_local_ops;

@@ -2498,23 +2498,47 @@ static int read_mark(struct vmsnap_store_conn *c, const char *key, const char *m
     return rc;
 }
 
-/* What a listing of a prefix saw: enough to tell that nothing changed between two of them. */
+/* The objects gc would delete at a prefix, as its first listing saw them. */
+struct cand {
+    char *key;
+    uint64_t size;
+    int64_t mtime;
+    bool present; /* in the first listing */
+};
+
+/* What a listing of a prefix saw: the newest write, and a fingerprint of every key but the
+ * candidates (which are checked one by one), enough to tell that nothing changed between two
+ * listings. */
 struct prefix_seen {
     uint64_t keys, sum;
     int64_t newest; /* the newest write under it (-1: none seen) */
     bool unknown;   /* a key whose time the store did not give */
+    struct cand *cands;
+    size_t ncands;
+    bool record;  /* first listing: note the candidates; else compare with what it noted */
+    bool changed; /* a candidate differs from the first listing */
 };
 
 static int see_key(void *arg, const char *key, uint64_t size, int64_t mtime)
 {
     struct prefix_seen *p = arg;
-    p->keys++;
-    uint64_t v[2] = {size, (uint64_t)mtime};
-    p->sum += XXH64(key, strlen(key), XXH64(v, sizeof(v), 0));
     if (mtime < 0)
         p->unknown = true;
     else if (mtime > p->newest)
         p->newest = mtime;
+    for (size_t i = 0; i < p->ncands; i++) {
+        struct cand *c = &p->cands[i];
+        if (strcmp(c->key, key))
+            continue;
+        if (p->record)
+            *c = (struct cand){c->key, size, mtime, true};
+        else if (!c->present || c->size != size || c->mtime != mtime)
+            p->changed = true; /* written since: a push's now */
+        return 0;
+    }
+    p->keys++;
+    uint64_t v[2] = {size, (uint64_t)mtime};
+    p->sum += XXH64(key, strlen(key), XXH64(v, sizeof(v), 0));
     return 0;
 }
 
@@ -2573,6 +2597,8 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
     const struct vmsnap_gc_opts *g = l->gc;
     struct push_mark *pm = calloc(n, sizeof(*pm));
     struct manifest m = {0};
+    struct cand *cands = NULL;
+    size_t nc = 0;
     char *mkey = join_key(dir, VMSNAP_XFER_MANIFEST);
     char *lp = join_key(dir, "");
     char durl[1200];
@@ -2584,6 +2610,7 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
         goto out;
     }
     /* every mark, whole: one that cannot be read could be a running push's */
+    size_t names = 0;
     for (size_t i = 0; i < n; i++) {
         char murl[1200];
         vmsnap_store_url(x->st, keys[i], murl, sizeof(murl));
@@ -2598,9 +2625,44 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
             keep_marks(l, keys, n, -1);
             goto out;
         }
+        names += pm[i].n;
+    }
+    char murl[1200];
+    vmsnap_store_url(x->st, mkey, murl, sizeof(murl));
+    int mrc = read_manifest(c, mkey, murl, x->o.max_size, &m, &e);
+    if (mrc < 0 && mrc != -ENOENT) {
+        /* which objects are the set's is not known: leave them all */
+        vlog(VMSNAP_LOG_WARN, "%s (the push marks beside it are left in place)", e.msg);
+        gc_failed(l, mkey, &e);
+        keep_marks(l, keys, n, -1);
+        goto out;
+    }
+    /* the candidates: objects named by a mark, not by the manifest (once each) */
+    cands = calloc(names ? names : 1, sizeof(*cands));
+    if (!cands) {
+        vmsnap_err_set(&e, ENOMEM, "out of memory");
+        gc_failed(l, keys[0], &e);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (mrc == 0 && !strcmp(m.push_id, pm[i].push_id))
+            continue; /* its own set is committed: its objects are that set's */
+        for (size_t j = 0; j < pm[i].n; j++) {
+            bool keep = false;
+            for (size_t f = 0; mrc == 0 && f < m.n && !keep; f++)
+                keep = !strcmp(m.files[f].name, pm[i].names[j]);
+            char obj[300];
+            snprintf(obj, sizeof(obj), "%s.zstd", pm[i].names[j]);
+            char *k = keep ? NULL : join_key(dir, obj);
+            for (size_t q = 0; k && q < nc; q++)
+                if (!strcmp(cands[q].key, k))
+                    free(k), k = NULL;
+            if (k)
+                cands[nc++].key = k;
+        }
     }
     /* quiet: no key written and no upload active for older_than */
-    struct prefix_seen seen = {.newest = -1}, again = {.newest = -1};
+    struct prefix_seen seen = {.newest = -1, .cands = cands, .ncands = nc, .record = true};
     struct prefix_uploads up = {.l = l, .newest = -1};
     int rc = vmsnap_store_list(c, lp, see_key, &seen, &e);
     if (rc == 0)
@@ -2619,85 +2681,71 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
             l->unknown += (unsigned)n;
         goto out;
     }
-    char murl[1200];
-    vmsnap_store_url(x->st, mkey, murl, sizeof(murl));
-    int mrc = read_manifest(c, mkey, murl, x->o.max_size, &m, &e);
-    if (mrc < 0 && mrc != -ENOENT) {
-        /* which objects are the set's is not known: leave them all */
-        vlog(VMSNAP_LOG_WARN, "%s (the push marks beside it are left in place)", e.msg);
-        gc_failed(l, mkey, &e);
-        keep_marks(l, keys, n, age);
-        goto out;
-    }
-    /* the objects to delete: named by an old mark, not by the manifest */
-    unsigned objects = 0;
-    for (size_t i = 0; i < n; i++) {
-        bool own = mrc == 0 && !strcmp(m.push_id, pm[i].push_id); /* committed, then killed */
-        for (size_t j = 0; j < pm[i].n; j++) {
-            bool keep = own;
-            for (size_t f = 0; mrc == 0 && f < m.n && !keep; f++)
-                keep = !strcmp(m.files[f].name, pm[i].names[j]);
-            for (size_t k = 0; k < i && !keep; k++) /* named by an earlier mark too */
-                for (size_t f = 0; f < pm[k].n && !keep; f++)
-                    keep = !strcmp(pm[k].names[f], pm[i].names[j]);
-            if (keep)
-                free(pm[i].names[j]), pm[i].names[j] = NULL;
-            else
-                objects++;
-        }
-    }
     if (g->dry_run) {
         for (size_t i = 0; i < n; i++)
             if (g->report)
                 g->report(g->report_arg, VMSNAP_GC_PUSH, keys[i], age, true);
         l->pushes += (unsigned)n;
-        l->objects += objects;
+        for (size_t q = 0; q < nc; q++)
+            l->objects += cands[q].present;
         goto out;
     }
     gc_failpoint("gc-before-delete");
-    /* the prefix again: a push that started since wrote its mark (and maybe more) */
-    if ((rc = vmsnap_store_list(c, lp, see_key, &again, &e)) < 0 || again.keys != seen.keys ||
-        again.sum != seen.sum) {
-        vlog(VMSNAP_LOG_WARN, "%s changed while gc looked at it (a push?): left for the next run",
-             durl);
-        keep_marks(l, keys, n, 0);
-        goto out;
+    /* Each delete right after a listing that shows the prefix as the first one did (a push
+     * started since wrote its mark, and whatever it stored is newer), in one attempt: no
+     * back-off between the check and the delete. Then the marks. */
+    unsigned done = 0;
+    for (size_t q = 0; q <= nc; q++) {
+        if (q < nc && !cands[q].present)
+            continue;
+        struct prefix_seen again = {.newest = -1, .cands = cands, .ncands = nc};
+        rc = vmsnap_store_list(c, lp, see_key, &again, &e);
+        if (rc < 0 || again.keys != seen.keys || again.sum != seen.sum || again.changed) {
+            if (rc < 0)
+                gc_failed(l, keys[0], &e);
+            else
+                vlog(VMSNAP_LOG_WARN,
+                     "%s changed while gc looked at it (a push?): left for the next run", durl);
+            keep_marks(l, keys, n, age);
+            goto counted;
+        }
+        if (q == nc)
+            break;
+        c->one_attempt = true;
+        rc = vmsnap_store_delete(c, cands[q].key, &e);
+        c->one_attempt = false;
+        if (rc < 0 && rc != -ENOENT) {
+            vlog(VMSNAP_LOG_WARN, "cannot delete %s: %s (the marks stay for the next run)",
+                 cands[q].key, e.msg);
+            gc_failed(l, cands[q].key, &e);
+            keep_marks(l, keys, n, age);
+            goto counted;
+        }
+        cands[q].present = false; /* gone now: the next listing must not show it */
+        done++;
     }
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
+        rc = vmsnap_store_delete(c, keys[i], &e);
+        if (rc < 0 && rc != -ENOENT) {
+            gc_failed(l, keys[i], &e);
+            l->kept++;
+            continue;
+        }
+        vlog(VMSNAP_LOG_INFO, "removed the push mark %s", keys[i]);
         if (g->report)
             g->report(g->report_arg, VMSNAP_GC_PUSH, keys[i], age, true);
-    l->pushes += (unsigned)n;
-    l->objects += objects;
-    bool failed = false;
-    for (size_t i = 0; i < n; i++)
-        for (size_t j = 0; j < pm[i].n; j++) {
-            if (!pm[i].names[j])
-                continue;
-            char obj[300];
-            snprintf(obj, sizeof(obj), "%s.zstd", pm[i].names[j]);
-            char *okey = join_key(dir, obj);
-            rc = okey ? vmsnap_store_delete(c, okey, &e)
-                      : vmsnap_err_set(&e, ENOMEM, "out of memory");
-            if (rc < 0 && rc != -ENOENT) {
-                vlog(VMSNAP_LOG_WARN, "cannot delete %s: %s", okey ? okey : obj, e.msg);
-                gc_failed(l, okey ? okey : obj, &e);
-                failed = true;
-            }
-            free(okey);
-        }
-    /* the marks last, and only when every object went (the next gc tries again) */
-    for (size_t i = 0; i < n && !failed; i++) {
-        rc = vmsnap_store_delete(c, keys[i], &e);
-        if (rc < 0 && rc != -ENOENT)
-            gc_failed(l, keys[i], &e);
-        else
-            vlog(VMSNAP_LOG_INFO, "removed the push mark %s", keys[i]);
+        l->pushes++;
     }
-    if (!failed && mrc == -ENOENT)
+    if (mrc == -ENOENT)
         vmsnap_store_tidy(c, lp);
+counted:
+    l->objects += done;
 out:
     for (size_t i = 0; pm && i < n; i++)
         push_mark_fini(&pm[i]);
+    for (size_t q = 0; q < nc; q++)
+        free(cands[q].key);
+    free(cands);
     free(pm);
     free(mkey);
     free(lp);
@@ -2848,11 +2896,31 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
         struct leftover_ctx l = {.c = c};
         rc = vmsnap_store_list_uploads(c, lp, abort_leftover, &l, err);
     }
-    if (rc == 0) { /* the marks of pushes that did not finish here: the set is gone anyway */
+    if (rc == 0) {
+        /* the marks of pushes that did not finish here, and the objects they name (the set
+         * is gone anyway; without them nothing would ever find those objects again) */
         struct mark_keys mk = {.k = {.suffix = "", .direct = lp}, .under = key};
         rc = vmsnap_store_list(c, lp, collect_mark, &mk, err);
-        for (size_t i = 0; i < mk.k.n && rc == 0; i++)
-            rc = vmsnap_store_delete(c, mk.k.v[i], err);
+        for (size_t i = 0; i < mk.k.n && rc == 0; i++) {
+            struct push_mark pm;
+            char kurl[1200];
+            vmsnap_store_url(x.st, mk.k.v[i], kurl, sizeof(kurl));
+            if (read_mark(c, mk.k.v[i], kurl, &pm, NULL) == 0) {
+                for (size_t j = 0; j < pm.n && rc == 0; j++) {
+                    char obj[300];
+                    snprintf(obj, sizeof(obj), "%s.zstd", pm.names[j]);
+                    char *ok = join_key(key, obj);
+                    rc = ok ? vmsnap_store_delete(c, ok, err)
+                            : vmsnap_err_set(err, ENOMEM, "out of memory");
+                    if (rc == -ENOENT)
+                        rc = 0;
+                    free(ok);
+                }
+                push_mark_fini(&pm);
+            }
+            if (rc == 0)
+                rc = vmsnap_store_delete(c, mk.k.v[i], err);
+        }
         keys_free(&mk.k);
     }
     if (rc == 0)

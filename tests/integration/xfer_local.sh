@@ -306,7 +306,24 @@ wait $gpid || fail "gc after the push: $(cat "$T/gcr")"
 grep -q "changed while gc looked at it" "$T/gcr" || fail "gc did not notice the push: $(cat "$T/gcr")"
 rm -rf "$T/kout" && "$VMSNAP" -q pull "$S/sets/race" "$T/kout" || fail "pull of the set pushed during gc"
 cmp -s "$T/kbig" "$T/kout/memory-ranges" || fail "the set pushed during gc differs"
-# rm of a set removes the marks beside it too (and so its directory)
+# two old marks, one naming only objects of the committed set, one an object of its own: gc
+# removes that object and both marks (it crashed on the second mark once the first one's names
+# were known to be the set's)
+cp "$S/sets/race/state.json.zstd" "$S/sets/race/extra.zstd"
+mark "$S/sets/race" 55555555555555555555555555555555 $old '["memory-ranges"]'
+mark "$S/sets/race" 66666666666666666666666666666666 $old '["extra","memory-ranges"]'
+touch -d '2 hours ago' "$S/sets/race"/*
+"$VMSNAP" gc --dry-run "$S/sets/race" >"$T/gc.out" 2>"$T/gc" || fail "gc --dry-run, two marks: $(cat "$T/gc")"
+grep -q "would remove 3 marks of unfinished set pushes and 1 object they named" "$T/gc" || fail "gc --dry-run, two marks: $(cat "$T/gc")"
+"$VMSNAP" gc "$S/sets/race" 2>"$T/gc" || fail "gc, two marks: $(cat "$T/gc")"
+grep -q "removed 3 marks of unfinished set pushes and 1 object they named" "$T/gc" || fail "gc, two marks: $(cat "$T/gc")"
+[ -e "$S/sets/race/extra.zstd" ] && fail "gc left the object only a mark named"
+[ -n "$(ls "$S/sets/race" | grep vmsnap-push-)" ] && fail "gc left marks: $(ls "$S/sets/race")"
+rm -rf "$T/kout" && "$VMSNAP" -q pull "$S/sets/race" "$T/kout" || fail "pull after gc of two marks"
+# rm of a set removes the marks beside it too, and the objects only they name (and so the
+# directory)
+cp "$S/sets/race/state.json.zstd" "$S/sets/race/extra.zstd"
+mark "$S/sets/race" $id2 $old '["extra"]'
 "$VMSNAP" rm "$S/sets/race" || fail "rm of a set with an old mark"
 [ -e "$S/sets/race" ] && fail "rm left: $(ls -A "$S/sets/race")"
 # gc's age on the local store is the upload temporary's last write: an upload written to just

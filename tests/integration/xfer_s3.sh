@@ -127,7 +127,7 @@ keys_under sets/k2/ | grep -q '^sets/k2/state.json.zstd$' || fail "the push was 
 "$VMSNAP" gc "s3://$BUCKET/sets" 2>"$T/gc.err" || fail "gc (young killed push): $(cat "$T/gc.err")"
 keys_under sets/k2/ | grep -q '^sets/k2/state.json.zstd$' || fail "gc removed a young push's object"
 "$VMSNAP" gc --older-than 0 "s3://$BUCKET/sets" 2>"$T/gc.err" || fail "gc (killed push): $(cat "$T/gc.err")"
-grep -q 'removed 2 marks of unfinished set pushes and 2 objects they named' "$T/gc.err" || fail "gc (killed push): $(cat "$T/gc.err")"
+grep -q 'aborted 1 unfinished upload, removed 2 marks of unfinished set pushes and 1 object they named' "$T/gc.err" || fail "gc (killed push): $(cat "$T/gc.err")"
 [ -z "$(keys_under sets/k2/)" ] || fail "gc left the killed push's objects: $(keys_under sets/k2/)"
 [ "$(uploads_left)" = 0 ] || fail "gc left the killed push's upload"
 [ -z "$(keys_under sets/k/ | grep vmsnap-push-)" ] || fail "gc left the mark beside the committed set"
