@@ -8,7 +8,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 
-#define GC_DEFAULT_AGE 3600 /* an hour: far longer than any push of a VM snapshot */
+#define GC_DEFAULT_AGE 3600 /* an hour without activity: no running push is that idle */
 
 static void age_text(char *b, size_t n, int64_t s)
 {

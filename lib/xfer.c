@@ -587,6 +587,22 @@ static void gc_failed(struct leftover_ctx *l, const char *key, const struct vmsn
     }
 }
 
+/* When the upload was last active: its newest part's time where the store tells (S3 gives only
+ * when an upload began, and a long push may still be adding parts), else `started`. -ENOENT: it
+ * is gone (finished or aborted meanwhile). */
+static int upload_last(struct vmsnap_store_conn *c, const char *key, const char *id,
+                       int64_t started, int64_t *last, struct vmsnap_err *err)
+{
+    *last = started;
+    if (started < 0 || !c->st->ops->mpu_last_part)
+        return 0;
+    int64_t part = -1;
+    int rc = c->st->ops->mpu_last_part(c, key, id, &part, err);
+    if (rc == 0 && part > started)
+        *last = part;
+    return rc;
+}
+
 static int abort_leftover(void *arg, const char *key, const char *id, int64_t started)
 {
     struct leftover_ctx *l = arg;
@@ -597,22 +613,19 @@ static int abort_leftover(void *arg, const char *key, const char *id, int64_t st
     const struct vmsnap_gc_opts *g = l->gc;
     int64_t age = age_of(l, started);
     bool go = old_enough(g, age);
-    if (go && g && g->older_than > 0 && l->c->st->ops->mpu_last_part) {
-        /* S3 gives when the upload began: a long push may still be adding parts. Its age is
-         * that of its newest part. */
-        int64_t last = -1;
+    if (go && g && g->older_than > 0) { /* old by its start: and by its last part? */
+        int64_t last;
         struct vmsnap_err e = {0};
-        int rc = l->c->st->ops->mpu_last_part(l->c, key, id, &last, &e);
+        int rc = upload_last(l->c, key, id, started, &last, &e);
         if (rc == -ENOENT)
-            return 0; /* finished or aborted meanwhile */
+            return 0;
         if (rc < 0) {
             vlog(VMSNAP_LOG_WARN, "cannot list the parts of the unfinished upload of %s: %s", key,
                  e.msg);
             gc_failed(l, key, &e);
             return 0;
         }
-        if (last > started)
-            age = age_of(l, last);
+        age = age_of(l, last);
         go = old_enough(g, age);
     }
     if (g && g->report)
@@ -2444,12 +2457,18 @@ static size_t dir_len(const char *key)
     return sl ? (size_t)(sl - key) : 0;
 }
 
+/* The last component of a key. */
+static const char *key_base(const char *key)
+{
+    const char *sl = strrchr(key, '/');
+    return sl ? sl + 1 : key;
+}
+
 static int collect_mark(void *arg, const char *key, uint64_t size, int64_t mtime)
 {
     struct mark_keys *mk = arg;
     char id[33];
-    if (!mark_name(key + dir_len(key) + (strchr(key, '/') ? 1 : 0), id) ||
-        !key_under(mk->under, key))
+    if (!mark_name(key_base(key), id) || !key_under(mk->under, key))
         return 0;
     return collect(&mk->k, key, size, mtime);
 }
@@ -2472,7 +2491,7 @@ static int read_mark(struct vmsnap_store_conn *c, const char *key, const char *m
                      struct push_mark *pm, struct vmsnap_err *err)
 {
     char id[33];
-    if (!mark_name(key + dir_len(key) + (strchr(key, '/') ? 1 : 0), id))
+    if (!mark_name(key_base(key), id))
         return vmsnap_err_set(err, EINVAL, "%s: not a push mark name", murl);
     char *buf = malloc(TAIL_READ);
     if (!buf)
@@ -2543,29 +2562,20 @@ static int see_key(void *arg, const char *key, uint64_t size, int64_t mtime)
 }
 
 struct prefix_uploads {
-    struct leftover_ctx *l;
+    struct vmsnap_store_conn *c;
     int64_t newest; /* the latest activity of an upload under the prefix (-1: none) */
     bool unknown;
-    int rc;
-    struct vmsnap_err err;
+    struct vmsnap_err err; /* why the listing stopped */
 };
 
 static int see_upload(void *arg, const char *key, const char *id, int64_t started)
 {
     struct prefix_uploads *u = arg;
-    int64_t last = started;
-    if (started < 0) {
-        u->unknown = true;
-    } else if (u->l->c->st->ops->mpu_last_part) {
-        int64_t part = -1;
-        int rc = u->l->c->st->ops->mpu_last_part(u->l->c, key, id, &part, &u->err);
-        if (rc < 0 && rc != -ENOENT) {
-            u->rc = rc;
-            return rc;
-        }
-        if (part > last)
-            last = part;
-    }
+    int64_t last;
+    int rc = upload_last(u->c, key, id, started, &last, &u->err);
+    if (rc < 0 && rc != -ENOENT)
+        return rc;
+    u->unknown |= started < 0;
     if (last > u->newest)
         u->newest = last;
     return 0;
@@ -2663,10 +2673,10 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
     }
     /* quiet: no key written and no upload active for older_than */
     struct prefix_seen seen = {.newest = -1, .cands = cands, .ncands = nc, .record = true};
-    struct prefix_uploads up = {.l = l, .newest = -1};
+    struct prefix_uploads up = {.c = c, .newest = -1};
     int rc = vmsnap_store_list(c, lp, see_key, &seen, &e);
-    if (rc == 0)
-        rc = vmsnap_store_list_uploads(c, lp, see_upload, &up, &e);
+    if (rc == 0 && (rc = vmsnap_store_list_uploads(c, lp, see_upload, &up, &e)) < 0 && !e.code)
+        e = up.err; /* stopped by see_upload */
     if (rc < 0) {
         vlog(VMSNAP_LOG_WARN, "cannot list %s: %s (nothing there removed)", durl, e.msg);
         gc_failed(l, keys[0], &e);
