@@ -1160,6 +1160,68 @@ static int check_committed(struct xfer *x, const char *prefix, const char *mkey,
     return rc;
 }
 
+static bool mark_name(const char *base, char id[33])
+{
+    size_t pl = strlen(PUSH_MARK_PREFIX);
+    if (strlen(base) != pl + 32 + strlen(PUSH_MARK_SUFFIX) || strncmp(base, PUSH_MARK_PREFIX, pl) ||
+        strcmp(base + pl + 32, PUSH_MARK_SUFFIX))
+        return false;
+    for (size_t i = 0; i < 32; i++) {
+        char ch = base[pl + i];
+        if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f')))
+            return false;
+        id[i] = ch;
+    }
+    id[32] = '\0';
+    return true;
+}
+
+/* The last component of a key. */
+static const char *key_base(const char *key)
+{
+    const char *sl = strrchr(key, '/');
+    return sl ? sl + 1 : key;
+}
+
+/* Test hook (as vm.c's): VMSNAP_FAILPOINT=NAME:stop freezes the process at the point NAME. */
+static void xfer_failpoint(const char *name)
+{
+    const char *f = getenv("VMSNAP_FAILPOINT");
+    size_t nl = strlen(name);
+    if (f && !strncmp(f, name, nl) && !strcmp(f + nl, ":stop"))
+        raise(SIGSTOP);
+}
+
+/* Is another push at `lp` ("P/"): its manifest there, or a push mark other than `own`? (One
+ * listing; < 0 when it cannot tell.) A failed push's clean-up asks before each delete: the
+ * objects of its names may be a racing push's now, and that push stores its mark before any
+ * object and its manifest before removing the mark. */
+struct busy_ctx {
+    const char *lp, *mkey, *own;
+    bool busy;
+};
+
+static int see_busy(void *arg, const char *key, uint64_t size, int64_t mtime)
+{
+    (void)size;
+    (void)mtime;
+    struct busy_ctx *b = arg;
+    char id[33];
+    if (strchr(key + strlen(b->lp), '/'))
+        return 0; /* below the set */
+    if (!strcmp(key, b->mkey) || (mark_name(key_base(key), id) && (!b->own || strcmp(key, b->own))))
+        b->busy = true;
+    return b->busy ? -ECANCELED : 0;
+}
+
+static int prefix_busy(struct vmsnap_store_conn *c, const char *lp, const char *mkey,
+                       const char *own)
+{
+    struct busy_ctx b = {lp, mkey, own, false};
+    int rc = vmsnap_store_list(c, lp, see_busy, &b, NULL);
+    return b.busy ? 1 : rc < 0 ? rc : 0;
+}
+
 /* 1 when `key` exists, 0 when it does not, < 0 on an error (one GET of its last byte). */
 static int key_exists(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err)
 {
@@ -1182,40 +1244,47 @@ static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, con
     cancel_hold();
     char url[1200];
     vmsnap_store_url(ctl->st, prefix, url, sizeof(url));
-    int rc = key_exists(ctl, mkey, NULL);
-    if (rc != 0) {
-        vlog(VMSNAP_LOG_WARN, "%s: %s: leaving the objects this push stored in place", url,
-             rc > 0 ? "another push committed a set there meanwhile"
-                    : "cannot tell whether another push committed there");
-    } else {
-        /* Every object of the set's names, written by this push or not: what it did not replace
-         * yet belongs to the set it un-committed (dead, and left unlisted it kept a full store
-         * full and the next push failed the same way), or is an object the push would have
-         * replaced. Objects of other names are left alone. */
-        bool left = false;
-        for (size_t i = 0; i < s->n; i++) {
-            char obj[300];
-            snprintf(obj, sizeof(obj), "%s.zstd", s->files[i].name);
-            char *k = join_key(prefix, obj);
-            struct vmsnap_err e = {0};
-            int drc = k ? vmsnap_store_delete(ctl, k, &e) : -ENOMEM;
-            if (drc < 0 && drc != -ENOENT) {
-                vlog(VMSNAP_LOG_WARN, "%s: cannot remove %s: %s", url, obj, e.msg);
-                left = true;
-            }
-            free(k);
+    char *lp = join_key(prefix, "");
+    /* Every object of the set's names, written by this push or not: what it did not replace yet
+     * belongs to the set it un-committed (dead, and left unlisted it kept a full store full and
+     * the next push failed the same way), or is an object the push would have replaced. Objects
+     * of other names are left alone; so is everything once another push shows up there (its
+     * mark or its manifest), checked before each delete, each in one attempt (no back-off
+     * between check and delete). */
+    bool left = !lp;
+    for (size_t i = 0; i < s->n && !left; i++) {
+        int busy = prefix_busy(ctl, lp, mkey, s->mark_key);
+        if (busy != 0) {
+            vlog(VMSNAP_LOG_WARN, "%s: %s: leaving the objects this push stored in place", url,
+                 busy > 0 ? "another push is or was there meanwhile"
+                          : "cannot tell whether another push is there");
+            left = true;
+            break;
         }
-        /* the mark last, and only when every object went: while it stays, gc knows the objects
-         * may be left */
-        if (left)
-            vlog(VMSNAP_LOG_WARN, "%s: this push's mark stays for 'vmsnap gc' to finish", url);
-        else if (s->mark_key && vmsnap_store_delete(ctl, s->mark_key, NULL) < 0)
-            vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
-        char *lp = join_key(prefix, "");
-        if (lp)
-            vmsnap_store_tidy(ctl, lp);
-        free(lp);
+        char obj[300];
+        snprintf(obj, sizeof(obj), "%s.zstd", s->files[i].name);
+        char *k = join_key(prefix, obj);
+        struct vmsnap_err e = {0};
+        ctl->one_attempt = true;
+        int drc = k ? vmsnap_store_delete(ctl, k, &e) : -ENOMEM;
+        ctl->one_attempt = false;
+        if (drc < 0 && drc != -ENOENT) {
+            vlog(VMSNAP_LOG_WARN, "%s: cannot remove %s: %s", url, obj, e.msg);
+            left = true;
+        }
+        free(k);
+        if (i == 0)
+            xfer_failpoint("push-cleanup-deleted"); /* after its first delete */
     }
+    /* the mark last, and only when every object went: while it stays, gc knows the objects may
+     * be left */
+    if (left)
+        vlog(VMSNAP_LOG_WARN, "%s: this push's mark stays for 'vmsnap gc' to finish", url);
+    else if (s->mark_key && vmsnap_store_delete(ctl, s->mark_key, NULL) < 0)
+        vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
+    if (!left && lp)
+        vmsnap_store_tidy(ctl, lp);
+    free(lp);
     cancel_release();
 }
 
@@ -2435,33 +2504,10 @@ struct mark_keys {
     const char *under;
 };
 
-static bool mark_name(const char *base, char id[33])
-{
-    size_t pl = strlen(PUSH_MARK_PREFIX);
-    if (strlen(base) != pl + 32 + strlen(PUSH_MARK_SUFFIX) || strncmp(base, PUSH_MARK_PREFIX, pl) ||
-        strcmp(base + pl + 32, PUSH_MARK_SUFFIX))
-        return false;
-    for (size_t i = 0; i < 32; i++) {
-        char ch = base[pl + i];
-        if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f')))
-            return false;
-        id[i] = ch;
-    }
-    id[32] = '\0';
-    return true;
-}
-
 static size_t dir_len(const char *key)
 {
     const char *sl = strrchr(key, '/');
     return sl ? (size_t)(sl - key) : 0;
-}
-
-/* The last component of a key. */
-static const char *key_base(const char *key)
-{
-    const char *sl = strrchr(key, '/');
-    return sl ? sl + 1 : key;
 }
 
 static int collect_mark(void *arg, const char *key, uint64_t size, int64_t mtime)
@@ -2591,15 +2637,6 @@ static void keep_marks(struct leftover_ctx *l, char **keys, size_t n, int64_t ag
     }
 }
 
-/* Test hook (as vm.c's): VMSNAP_FAILPOINT=gc-before-delete:stop freezes gc there. */
-static void gc_failpoint(const char *name)
-{
-    const char *f = getenv("VMSNAP_FAILPOINT");
-    size_t nl = strlen(name);
-    if (f && !strncmp(f, name, nl) && !strcmp(f + nl, ":stop"))
-        raise(SIGSTOP);
-}
-
 /* The marks of one prefix `dir` (the part of their keys before the name). */
 static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct leftover_ctx *l,
                            char **keys, size_t n, const char *dir)
@@ -2700,7 +2737,7 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
             l->objects += cands[q].present;
         goto out;
     }
-    gc_failpoint("gc-before-delete");
+    xfer_failpoint("gc-before-delete");
     /* Each delete right after a listing that shows the prefix as the first one did (a push
      * started since wrote its mark, and whatever it stored is newer), in one attempt: no
      * back-off between the check and the delete. Then the marks. */
