@@ -25,6 +25,15 @@ expect_fail() {
 # signal it inherits as ignored, as nohup wants. A test standing for a terminal's Ctrl-C (which
 # reaches a foreground job) starts the job as `env --default-signal=INT CMD &` (a simple
 # command, so that $! is CMD itself).
+# wait_stopped PID [SECONDS]: wait (default 60 s) until PID is stopped (a VMSNAP_FAILPOINT=
+# NAME:stop reached); status 1 if it never was
+wait_stopped() {
+    for _ in $(seq 1 $((${2:-60} * 20))); do
+        [ "$(ps -o stat= -p "$1" | cut -c1)" = T ] && return 0
+        sleep 0.05
+    done
+    return 1
+}
 done_tests() {
     if [ "$fails" -ne 0 ]; then echo "FAILED: $fails" >&2; exit 1; fi
     echo ok

@@ -51,11 +51,7 @@ resume_check "$S" golden "$r" "$d" || done_tests
 # then finishes as if nothing happened
 VMSNAP_FAILPOINT=checkpoint-before-swap:stop "$VMSNAP" vm pause golden --state-dir "$S" 2>"$T/perr" &
 pid=$!
-for _ in $(seq 1 1200); do
-    [ "$(ps -o stat= -p $pid | cut -c1)" = T ] && break
-    sleep 0.05
-done
-[ "$(ps -o stat= -p $pid | cut -c1)" = T ] || fail "the pause did not stop at its failpoint"
+wait_stopped $pid 60 || fail "the pause did not stop at its failpoint"
 vmc "$S" ls | grep -Eq '^golden +busy ' || fail "vm ls during a pause: $(vmc "$S" ls)"
 vmc "$S" ls --json | grep -q "\"busyPid\": *$pid" || fail "vm ls --json during a pause: $(vmc "$S" ls --json)"
 expect_fail "resume during a pause" vmc "$S" resume golden

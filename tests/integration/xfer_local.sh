@@ -295,11 +295,7 @@ mark "$S/sets/race" $id1 $old '["state.json","memory-ranges"]'
 touch -d '2 hours ago' "$S/sets/race"/*
 VMSNAP_FAILPOINT=gc-before-delete:stop "$VMSNAP" -v gc "$S/sets/race" 2>"$T/gcr" &
 gpid=$!
-for _ in $(seq 1 200); do
-    [ "$(ps -o stat= -p $gpid | cut -c1)" = T ] && break
-    sleep 0.05
-done
-[ "$(ps -o stat= -p $gpid | cut -c1)" = T ] || fail "gc did not stop at its failpoint: $(cat "$T/gcr")"
+wait_stopped $gpid 10 || fail "gc did not stop at its failpoint: $(cat "$T/gcr")"
 "$VMSNAP" -q push "$T/kset" "$S/sets/race" || fail "push while gc is frozen"
 kill -CONT $gpid
 wait $gpid || fail "gc after the push: $(cat "$T/gcr")"
@@ -341,11 +337,7 @@ for _ in $(seq 1 200); do
     sleep 0.05
 done
 kill -INT $cpid
-for _ in $(seq 1 200); do
-    [ "$(ps -o stat= -p $cpid | cut -c1)" = T ] && break
-    sleep 0.05
-done
-[ "$(ps -o stat= -p $cpid | cut -c1)" = T ] || fail "the interrupted push did not stop in its clean-up: $(cat "$T/cerr")"
+wait_stopped $cpid 10 || fail "the interrupted push did not stop in its clean-up: $(cat "$T/cerr")"
 "$VMSNAP" -q push "$T/kset" "$S/sets/cl" || fail "push beside a failing push's clean-up"
 kill -CONT $cpid
 rc=0 && wait $cpid || rc=$?
