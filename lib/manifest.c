@@ -61,12 +61,14 @@ static bool hex64(const char *s)
     return true;
 }
 
-int manifest_parse(const char *buf, size_t len, const char *where, uint64_t max_size,
-                   struct manifest *m, struct vmsnap_err *err)
+/* One JSON value making up all of `buf` (whitespace after it allowed), at most
+ * VMSNAP_XFER_MANIFEST_MAX bytes and 32 levels deep; `what` names it in errors. */
+static int parse_whole(const char *buf, size_t len, const char *where, const char *what,
+                       json_object **out, struct vmsnap_err *err)
 {
-    memset(m, 0, sizeof(*m));
+    *out = NULL;
     if (len > VMSNAP_XFER_MANIFEST_MAX)
-        return vmsnap_err_set(err, EFBIG, "%s: manifest of %zu bytes is too large", where, len);
+        return vmsnap_err_set(err, EFBIG, "%s: %s of %zu bytes is too large", where, what, len);
     json_tokener *tok = json_tokener_new_ex(32);
     if (!tok)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
@@ -74,18 +76,29 @@ int manifest_parse(const char *buf, size_t len, const char *where, uint64_t max_
     enum json_tokener_error je = json_tokener_get_error(tok);
     size_t used = (size_t)json_tokener_get_parse_end(tok);
     json_tokener_free(tok);
-    int rc = 0;
     if (!root || je != json_tokener_success) {
-        rc = vmsnap_err_set(err, EINVAL, "%s: not valid JSON (%s)", where,
-                            json_tokener_error_desc(
-                                je == json_tokener_success ? json_tokener_error_parse_eof : je));
-        goto out;
+        json_object_put(root);
+        return vmsnap_err_set(err, EINVAL, "%s: not valid JSON (%s)", where,
+                              json_tokener_error_desc(
+                                  je == json_tokener_success ? json_tokener_error_parse_eof : je));
     }
     for (size_t i = used; i < len; i++)
         if (buf[i] != ' ' && buf[i] != '\n' && buf[i] != '\r' && buf[i] != '\t') {
-            rc = vmsnap_err_set(err, EINVAL, "%s: trailing bytes after the JSON object", where);
-            goto out;
+            json_object_put(root);
+            return vmsnap_err_set(err, EINVAL, "%s: trailing bytes after the JSON object", where);
         }
+    *out = root;
+    return 0;
+}
+
+int manifest_parse(const char *buf, size_t len, const char *where, uint64_t max_size,
+                   struct manifest *m, struct vmsnap_err *err)
+{
+    memset(m, 0, sizeof(*m));
+    json_object *root;
+    int rc = parse_whole(buf, len, where, "manifest", &root, err);
+    if (rc < 0)
+        return rc;
     json_object *sf, *files = NULL, *fv;
     if (!json_object_is_type(root, json_type_object) ||
         !json_object_object_get_ex(root, "snapshotFiles", &sf) ||
@@ -278,18 +291,12 @@ int push_mark_parse(const char *buf, size_t len, const char *where, const char *
                     struct push_mark *pm, struct vmsnap_err *err)
 {
     *pm = (struct push_mark){0};
-    if (len > VMSNAP_XFER_MANIFEST_MAX)
-        return vmsnap_err_set(err, EFBIG, "%s: push mark of %zu bytes is too large", where, len);
-    json_tokener *tok = json_tokener_new_ex(32);
-    if (!tok)
-        return vmsnap_err_set(err, ENOMEM, "out of memory");
-    json_object *root = json_tokener_parse_ex(tok, buf, (int)len);
-    bool whole = root && json_tokener_get_error(tok) == json_tokener_success &&
-                 json_tokener_get_parse_end(tok) == len;
-    json_tokener_free(tok);
+    json_object *root;
+    int rc = parse_whole(buf, len, where, "push mark", &root, err);
+    if (rc < 0)
+        return rc;
     json_object *v, *id, *st, *files;
-    int rc = 0;
-    if (!whole || !json_object_is_type(root, json_type_object) ||
+    if (!json_object_is_type(root, json_type_object) ||
         !json_object_object_get_ex(root, "vmsnapPush", &v) ||
         !json_object_is_type(v, json_type_int) || json_object_get_int64(v) != 1 ||
         !json_object_object_get_ex(root, "pushId", &id) ||
@@ -304,6 +311,11 @@ int push_mark_parse(const char *buf, size_t len, const char *where, const char *
     snprintf(pm->push_id, sizeof(pm->push_id), "%s", want_id);
     pm->started = json_object_get_int64(st);
     size_t n = json_object_array_length(files);
+    if (n > VMSNAP_XFER_MAX_FILES) {
+        rc = vmsnap_err_set(err, EINVAL, "%s: %zu files (at most %u)", where, n,
+                            VMSNAP_XFER_MAX_FILES);
+        goto out;
+    }
     pm->names = calloc(n ? n : 1, sizeof(*pm->names));
     if (!pm->names) {
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
