@@ -254,7 +254,8 @@ char *manifest_build(const struct manifest *m)
     return out;
 }
 
-char *push_mark_build(const char *push_id, int64_t started, const struct mf_file *files, size_t n)
+char *push_mark_build(const char *push_id, int64_t started, const struct mf_file *files, size_t n,
+                      char *const *replaces, size_t nr)
 {
     json_object *root = json_object_new_object();
     json_object *names = json_object_new_array();
@@ -269,6 +270,16 @@ char *push_mark_build(const char *push_id, int64_t started, const struct mf_file
     json_object_object_add(root, "files", names);
     for (size_t i = 0; i < n; i++)
         json_object_array_add(names, json_object_new_string(files[i].name));
+    if (nr) {
+        json_object *old = json_object_new_array();
+        if (!old) {
+            json_object_put(root);
+            return NULL;
+        }
+        json_object_object_add(root, "replaces", old);
+        for (size_t i = 0; i < nr; i++)
+            json_object_array_add(old, json_object_new_string(replaces[i]));
+    }
     const char *s = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN |
                                                              JSON_C_TO_STRING_NOSLASHESCAPE);
     char *out = s ? strdup(s) : NULL;
@@ -310,24 +321,33 @@ int push_mark_parse(const char *buf, size_t len, const char *where, const char *
     }
     snprintf(pm->push_id, sizeof(pm->push_id), "%s", want_id);
     pm->started = json_object_get_int64(st);
-    size_t n = json_object_array_length(files);
-    if (n > VMSNAP_XFER_MAX_FILES) {
-        rc = vmsnap_err_set(err, EINVAL, "%s: %zu files (at most %u)", where, n,
-                            VMSNAP_XFER_MAX_FILES);
+    json_object *old = NULL;
+    if (json_object_object_get_ex(root, "replaces", &old) &&
+        !json_object_is_type(old, json_type_array)) {
+        rc = vmsnap_err_set(err, EINVAL, "%s: \"replaces\" is not an array", where);
         goto out;
     }
-    pm->names = calloc(n ? n : 1, sizeof(*pm->names));
+    size_t n = json_object_array_length(files), nr = old ? json_object_array_length(old) : 0;
+    if (n > VMSNAP_XFER_MAX_FILES || nr > VMSNAP_XFER_MAX_FILES) {
+        rc = vmsnap_err_set(err, EINVAL, "%s: %zu files (at most %u)", where,
+                            n > VMSNAP_XFER_MAX_FILES ? n : nr, VMSNAP_XFER_MAX_FILES);
+        goto out;
+    }
+    pm->nfiles = n;
+    pm->names = calloc(n + nr ? n + nr : 1, sizeof(*pm->names));
     if (!pm->names) {
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
         goto out;
     }
-    for (size_t i = 0; i < n; i++) {
-        json_object *e = json_object_array_get_idx(files, i);
+    for (size_t i = 0; i < n + nr; i++) {
+        json_object *e =
+            i < n ? json_object_array_get_idx(files, i) : json_object_array_get_idx(old, i - n);
         const char *name =
             json_object_is_type(e, json_type_string) ? json_object_get_string(e) : NULL;
         size_t nl = name ? (size_t)json_object_get_string_len(e) : 0;
         if (!name || !manifest_name_ok(name, nl)) {
-            rc = vmsnap_err_set(err, EINVAL, "%s: files[%zu] is not a plain file name", where, i);
+            rc = vmsnap_err_set(err, EINVAL, "%s: %s[%zu] is not a plain file name", where,
+                                i < n ? "files" : "replaces", i < n ? i : i - n);
             goto out;
         }
         if (!(pm->names[pm->n] = strdup(name))) {

@@ -65,9 +65,12 @@ void manifest_fini(struct manifest *m);
  * object, removed after its manifest is committed (or after a failed push removed its objects).
  * A mark that stays says which objects a killed push may have left there, for `gc`:
  *
- *   {"vmsnapPush": 1, "pushId": "<32 hex>", "started": <Unix seconds>, "files": ["<name>", ...]}
+ *   {"vmsnapPush": 1, "pushId": "<32 hex>", "started": <Unix seconds>, "files": ["<name>", ...],
+ *    "replaces": ["<name>", ...]}
  *
- * (objects are "<name>.zstd", as in the manifest).
+ * (objects are "<name>.zstd", as in the manifest). "replaces" (absent when empty) names the files
+ * of the set the push replaces that the push does not have: once that set is un-committed they
+ * are dead too, and the push removes them after its commit.
  */
 #define PUSH_MARK_PREFIX "vmsnap-push-"
 #define PUSH_MARK_SUFFIX ".json"
@@ -75,12 +78,13 @@ void manifest_fini(struct manifest *m);
 struct push_mark {
     char push_id[33];
     int64_t started;
-    char **names;
-    size_t n;
+    char **names; /* "files" (the first nfiles), then "replaces" */
+    size_t n, nfiles;
 };
 
 /* Serialise (malloc'd, NUL-terminated) or NULL on ENOMEM. */
-char *push_mark_build(const char *push_id, int64_t started, const struct mf_file *files, size_t n);
+char *push_mark_build(const char *push_id, int64_t started, const struct mf_file *files, size_t n,
+                      char *const *replaces, size_t nr);
 /* Parse and validate untrusted bytes (names as manifest_name_ok; the id must be `want_id`). On
  * success the caller owns *pm (push_mark_fini). */
 int push_mark_parse(const char *buf, size_t len, const char *where, const char *want_id,

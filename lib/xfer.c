@@ -844,6 +844,8 @@ struct set_push {
     struct mf_file *files; /* sorted by name (manifest order) */
     size_t *order;         /* largest first */
     size_t n, next;
+    char **replaces; /* names of the set this push replaces that it does not have */
+    size_t nr;
     pthread_mutex_t mu;
     int rc;
     struct vmsnap_err err;
@@ -1183,13 +1185,16 @@ static const char *key_base(const char *key)
     return sl ? sl + 1 : key;
 }
 
-/* Test hook (as vm.c's): VMSNAP_FAILPOINT=NAME:stop freezes the process at the point NAME. */
+/* Test hook (as vm.c's): VMSNAP_FAILPOINT=NAME kills the process at the point NAME (SIGKILL),
+ * NAME:stop freezes it there. */
 static void xfer_failpoint(const char *name)
 {
     const char *f = getenv("VMSNAP_FAILPOINT");
     size_t nl = strlen(name);
     if (f && !strncmp(f, name, nl) && !strcmp(f + nl, ":stop"))
         raise(SIGSTOP);
+    else if (f && !strcmp(f, name))
+        raise(SIGKILL);
 }
 
 /* Is another push at `lp` ("P/"): its manifest there, or a push mark other than `own`? (One
@@ -1209,7 +1214,8 @@ static int see_busy(void *arg, const char *key, uint64_t size, int64_t mtime)
     char id[33];
     if (strchr(key + strlen(b->lp), '/'))
         return 0; /* below the set */
-    if (!strcmp(key, b->mkey) || (mark_name(key_base(key), id) && (!b->own || strcmp(key, b->own))))
+    if ((b->mkey && !strcmp(key, b->mkey)) ||
+        (mark_name(key_base(key), id) && (!b->own || strcmp(key, b->own))))
         b->busy = true;
     return b->busy ? -ECANCELED : 0;
 }
@@ -1247,12 +1253,13 @@ static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, con
     char *lp = join_key(prefix, "");
     /* Every object of the set's names, written by this push or not: what it did not replace yet
      * belongs to the set it un-committed (dead, and left unlisted it kept a full store full and
-     * the next push failed the same way), or is an object the push would have replaced. Objects
-     * of other names are left alone; so is everything once another push shows up there (its
-     * mark or its manifest), checked before each delete, each in one attempt (no back-off
-     * between check and delete). */
+     * the next push failed the same way), or is an object the push would have replaced; and the
+     * objects of that set's other names (its mark's "replaces"), dead as well. Objects of any
+     * other name are left alone; so is everything once another push shows up there (its mark or
+     * its manifest), checked before each delete, each in one attempt (no back-off between check
+     * and delete). */
     bool left = !lp;
-    for (size_t i = 0; i < s->n && !left; i++) {
+    for (size_t i = 0; i < s->n + s->nr && !left; i++) {
         int busy = prefix_busy(ctl, lp, mkey, s->mark_key);
         if (busy != 0) {
             vlog(VMSNAP_LOG_WARN, "%s: %s: leaving the objects this push stored in place", url,
@@ -1262,7 +1269,7 @@ static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, con
             break;
         }
         char obj[300];
-        snprintf(obj, sizeof(obj), "%s.zstd", s->files[i].name);
+        snprintf(obj, sizeof(obj), "%s.zstd", i < s->n ? s->files[i].name : s->replaces[i - s->n]);
         char *k = join_key(prefix, obj);
         struct vmsnap_err e = {0};
         ctl->one_attempt = true;
@@ -1288,6 +1295,134 @@ static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, con
     cancel_release();
 }
 
+/* 1 when the manifest at `mkey` is push `id`'s, 0 when it is not (or gone), < 0 when it cannot
+ * be read. */
+static int manifest_is(struct xfer *x, struct vmsnap_store_conn *c, const char *mkey,
+                       const char *id)
+{
+    char murl[1200];
+    vmsnap_store_url(x->st, mkey, murl, sizeof(murl));
+    struct manifest m = {0};
+    struct vmsnap_err e = {0};
+    int rc = read_manifest(c, mkey, murl, x->o.max_size, &m, &e);
+    if (rc == 0)
+        rc = !strcmp(m.push_id, id);
+    manifest_fini(&m);
+    return rc == -ENOENT ? 0 : rc;
+}
+
+/* After its commit, a push removes the objects of the set it replaced that it did not
+ * overwrite (names that set had and this one has not): nothing lists them any more. Each delete
+ * follows a listing that shows no other push's mark and a read of the manifest that shows this
+ * push's (a push that started since, or finished whole since, owns the prefix: those names may
+ * be its objects now). True when none of them is left. */
+static bool remove_replaced(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
+                            const struct set_push *s, const char *url)
+{
+    char *lp = join_key(prefix, "");
+    size_t gone = 0;
+    for (size_t i = 0; lp && i < s->nr; i++) {
+        if (prefix_busy(ctl, lp, NULL, s->mark_key) != 0 ||
+            manifest_is(s->x, ctl, mkey, s->push_id) != 1)
+            break;
+        char obj[300];
+        snprintf(obj, sizeof(obj), "%s.zstd", s->replaces[i]);
+        char *k = join_key(prefix, obj);
+        struct vmsnap_err e = {0};
+        ctl->one_attempt = true;
+        int drc = k ? vmsnap_store_delete(ctl, k, &e) : -ENOMEM;
+        ctl->one_attempt = false;
+        free(k);
+        if (drc < 0 && drc != -ENOENT) {
+            vlog(VMSNAP_LOG_WARN, "%s: cannot remove %s of the replaced set: %s", url, obj, e.msg);
+            break;
+        }
+        gone++;
+    }
+    free(lp);
+    if (gone < s->nr)
+        vlog(VMSNAP_LOG_WARN,
+             "%s: %zu objects of the replaced set that this push does not have stay for "
+             "'vmsnap gc' (its mark names them)",
+             url, s->nr - gone);
+    else if (s->nr)
+        vlog(VMSNAP_LOG_INFO,
+             "%s: removed %zu object%s of the replaced set that this push does not have", url,
+             s->nr, s->nr == 1 ? "" : "s");
+    return gone == s->nr;
+}
+
+/* The set a push replaces, read on the pool while the push stores its mark (one round trip
+ * saved on every set push). */
+struct old_set {
+    struct xtask t;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    struct xfer *x;
+    const char *mkey;
+    int rc;
+    struct manifest m;
+    struct vmsnap_err err;
+};
+
+static void old_set_run(struct xtask *xt, struct vmsnap_store_conn *c)
+{
+    struct old_set *o = (struct old_set *)xt;
+    char murl[1200];
+    vmsnap_store_url(o->x->st, o->mkey, murl, sizeof(murl));
+    int rc = read_manifest(c, o->mkey, murl, o->x->o.max_size, &o->m, &o->err);
+    pthread_mutex_lock(&o->mu);
+    o->rc = rc;
+    o->done = true;
+    pthread_cond_signal(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+}
+
+/* The names of the set `o` read (the one this push replaces) that `s` does not have, into
+ * s->replaces. A set that cannot be read leaves them unknown (a warning): the push goes on. */
+static int find_replaced(struct set_push *s, struct old_set *o, struct vmsnap_err *err)
+{
+    pthread_mutex_lock(&o->mu);
+    while (!o->done)
+        pthread_cond_wait(&o->cv, &o->mu);
+    pthread_mutex_unlock(&o->mu);
+    if (o->rc == -ENOENT)
+        return 0;
+    if (o->rc == -ECANCELED)
+        return vmsnap_err_set(err, ECANCELED, "%s", o->err.msg);
+    if (o->rc < 0) {
+        vlog(VMSNAP_LOG_WARN,
+             "%s (replacing it; objects of names this push does not have may stay there)",
+             o->err.msg);
+        return 0;
+    }
+    s->replaces = calloc(o->m.n ? o->m.n : 1, sizeof(*s->replaces));
+    int rc = s->replaces ? 0 : vmsnap_err_set(err, ENOMEM, "out of memory");
+    for (size_t i = 0; rc == 0 && i < o->m.n; i++) {
+        struct mf_file key = {.name = o->m.files[i].name};
+        if (bsearch(&key, s->files, s->n, sizeof(*s->files), cmp_name))
+            continue;
+        if (!(s->replaces[s->nr] = strdup(o->m.files[i].name)))
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        else
+            s->nr++;
+    }
+    return rc;
+}
+
+/* Store the push mark (again, with what it replaces, once that is known). */
+static int put_mark(struct vmsnap_store_conn *ctl, const struct set_push *s, int64_t started,
+                    const char *url, struct vmsnap_err *err)
+{
+    char *mark = push_mark_build(s->push_id, started, s->files, s->n, s->replaces, s->nr);
+    int rc = mark ? cancel_check(err) : vmsnap_err_set(err, ENOMEM, "out of memory");
+    if (rc == 0 && (rc = vmsnap_store_put(ctl, s->mark_key, mark, strlen(mark), err)) < 0)
+        vmsnap_err_wrap(err, "store the push mark %s/%s: ", url, key_base(s->mark_key));
+    free(mark);
+    return rc;
+}
+
 static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir,
                     const char *prefix, const char *url, struct vmsnap_xfer_stats *stats,
                     struct vmsnap_err *err)
@@ -1310,17 +1445,32 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         goto out;
 
     /* the mark before anything changes: a push killed from here on leaves it for gc (not once
-     * cancelled: nothing happens then) */
+     * cancelled: nothing happens then). Meanwhile the pool reads the set being replaced; when
+     * that has names this push has not, the mark is stored again naming them, before the
+     * un-commit makes them dead. */
+    struct old_set old = {.x = x, .mkey = mkey};
+    old.t.run = old_set_run;
+    pthread_mutex_init(&old.mu, NULL);
+    pthread_cond_init(&old.cv, NULL);
+    xpool_submit(&x->pool, &old.t);
     char mname[64];
     snprintf(mname, sizeof(mname), PUSH_MARK_PREFIX "%s" PUSH_MARK_SUFFIX, s.push_id);
-    char *mark = push_mark_build(s.push_id, (int64_t)time(NULL), s.files, s.n);
+    int64_t mark_time = (int64_t)time(NULL);
     s.mark_key = join_key(prefix, mname);
-    if (!mark || !s.mark_key)
-        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-    else if ((rc = cancel_check(err)) == 0 &&
-             (rc = vmsnap_store_put(ctl, s.mark_key, mark, strlen(mark), err)) < 0)
-        vmsnap_err_wrap(err, "store the push mark %s/%s: ", url, mname);
-    free(mark);
+    rc = s.mark_key ? put_mark(ctl, &s, mark_time, url, err)
+                    : vmsnap_err_set(err, ENOMEM, "out of memory");
+    struct vmsnap_err oe = {0};
+    int orc = find_replaced(&s, &old, &oe);
+    manifest_fini(&old.m);
+    pthread_mutex_destroy(&old.mu);
+    pthread_cond_destroy(&old.cv);
+    if (rc == 0 && orc < 0) {
+        rc = orc;
+        if (err)
+            *err = oe;
+    }
+    if (rc == 0 && s.nr)
+        rc = put_mark(ctl, &s, mark_time, url, err);
     if (rc < 0) {
         if (s.mark_key && rc != -ECANCELED)
             vmsnap_store_delete(ctl, s.mark_key, NULL); /* an answer lost after it was stored */
@@ -1394,9 +1544,13 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         remove_pushed(ctl, prefix, mkey, &s);
     } else {
         rc = check_committed(x, prefix, mkey, &m, url, true, err);
-        /* committed and checked: the mark has done its work (one left behind is gc's: the
-         * manifest names its push) */
-        if (rc == 0 && vmsnap_store_delete(ctl, s.mark_key, NULL) < 0)
+        /* committed and checked: the replaced set's other objects go, then the mark has done
+         * its work (one left behind is gc's: the manifest names its push, the mark what it
+         * replaced) */
+        if (rc == 0)
+            xfer_failpoint("push-committed");
+        if (rc == 0 && remove_replaced(ctl, prefix, mkey, &s, url) &&
+            vmsnap_store_delete(ctl, s.mark_key, NULL) < 0)
             vlog(VMSNAP_LOG_WARN, "%s: cannot remove the push mark %s (gc will)", url, s.mark_key);
     }
     cancel_release();
@@ -1417,6 +1571,9 @@ out:
     free(mkey);
     free(s.mark_key);
     free(s.order);
+    for (size_t i = 0; i < s.nr; i++)
+        free(s.replaces[i]);
+    free(s.replaces);
     struct manifest m2 = {s.files, s.n, 0, ""};
     manifest_fini(&m2);
     return rc;
@@ -2692,9 +2849,10 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
-        if (mrc == 0 && !strcmp(m.push_id, pm[i].push_id))
-            continue; /* its own set is committed: its objects are that set's */
-        for (size_t j = 0; j < pm[i].n; j++) {
+        /* a mark of the committed set's own push: its files are that set's; what it replaced
+         * and did not remove yet (killed right after its commit) is not */
+        bool own = mrc == 0 && !strcmp(m.push_id, pm[i].push_id);
+        for (size_t j = own ? pm[i].nfiles : 0; j < pm[i].n; j++) {
             bool keep = false;
             for (size_t f = 0; mrc == 0 && f < m.n && !keep; f++)
                 keep = !strcmp(m.files[f].name, pm[i].names[j]);

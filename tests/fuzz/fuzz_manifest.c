@@ -20,15 +20,16 @@ static void fuzz_mark(const uint8_t *data, size_t size)
     struct vmsnap_err err;
     if (push_mark_parse((const char *)data, size, "fuzz", id, &pm, &err) != 0)
         return;
-    struct mf_file *f = calloc(pm.n ? pm.n : 1, sizeof(*f));
+    struct mf_file *f = calloc(pm.nfiles ? pm.nfiles : 1, sizeof(*f));
     if (!f)
         abort();
-    for (size_t i = 0; i < pm.n; i++)
+    for (size_t i = 0; i < pm.nfiles; i++)
         f[i].name = pm.names[i];
-    char *js = push_mark_build(id, pm.started, f, pm.n);
+    char *js =
+        push_mark_build(id, pm.started, f, pm.nfiles, pm.names + pm.nfiles, pm.n - pm.nfiles);
     struct push_mark p2;
     if (!js || push_mark_parse(js, strlen(js), "fuzz-rebuilt", id, &p2, &err) != 0 ||
-        p2.n != pm.n || p2.started != pm.started)
+        p2.n != pm.n || p2.nfiles != pm.nfiles || p2.started != pm.started)
         abort();
     for (size_t i = 0; i < pm.n; i++)
         if (strcmp(pm.names[i], p2.names[i]) != 0)

@@ -270,6 +270,10 @@ mark "$S/sets/hm" $id1 $old '["../keep"]'
 expect_fail "gc of a mark naming ../keep" "$VMSNAP" gc "$S/sets"
 grep -q "vmsnap-push-$id1.json: files\[0\] is not a plain file name" "$T/err" || fail "hostile mark: $(cat "$T/err")"
 [ -e "$S/sets/keep.zstd" ] && [ -e "$S/sets/hm/vmsnap-push-$id1.json" ] || fail "gc acted on a hostile mark"
+printf '{"vmsnapPush":1,"pushId":"%s","started":%s,"files":[],"replaces":["a","../keep"]}' $id1 $old >"$S/sets/hm/vmsnap-push-$id1.json"
+expect_fail "gc of a mark replacing ../keep" "$VMSNAP" gc "$S/sets"
+grep -q "vmsnap-push-$id1.json: replaces\[1\] is not a plain file name" "$T/err" || fail "hostile mark (replaces): $(cat "$T/err")"
+[ -e "$S/sets/keep.zstd" ] && [ -e "$S/sets/hm/vmsnap-push-$id1.json" ] || fail "gc acted on a hostile mark (replaces)"
 mark "$S/sets/hm" $id1 $old '["keep"]' && mv "$S/sets/hm/vmsnap-push-$id1.json" "$S/sets/hm/vmsnap-push-$id2.json"
 expect_fail "gc of a mark of another id" "$VMSNAP" gc "$S/sets"
 grep -q "not a vmsnap push mark of push $id2" "$T/err" || fail "mark of another id: $(cat "$T/err")"
@@ -346,6 +350,42 @@ rm -rf "$T/kout" && "$VMSNAP" -q pull "$S/sets/cl" "$T/kout" ||
     fail "a failed push's clean-up broke the set pushed meanwhile: $(ls -A "$S/sets/cl")"
 cmp -s "$T/kbig" "$T/kout/memory-ranges" || fail "the set pushed beside a clean-up differs"
 "$VMSNAP" -q rm "$S/sets/cl" || fail "rm cl"
+
+# a set pushed over a set of other names: what only the old set had goes with it (it stayed
+# unlisted forever); objects of names no set had stay. Killed after the un-commit, the push's
+# mark names the old set's other names too and gc removes them; killed right after its commit,
+# gc removes them and keeps the committed set.
+mkdir -p "$T/ra" "$T/rb" && echo a1 >"$T/ra/a" && echo b1 >"$T/ra/b" && echo a2 >"$T/rb/a" && echo c2 >"$T/rb/c"
+"$VMSNAP" -q push "$T/ra" "$S/sets/rp" || fail "push ra"
+echo keep >"$S/sets/rp/stray.zstd"
+"$VMSNAP" -v push "$T/rb" "$S/sets/rp" 2>"$T/rerr" || fail "push rb over ra: $(cat "$T/rerr")"
+grep -q "removed 1 object of the replaced set that this push does not have" "$T/rerr" || fail "push over a set: $(cat "$T/rerr")"
+[ "$(ls "$S/sets/rp" | tr '\n' ' ')" = "a.zstd c.zstd manifest.json stray.zstd " ] ||
+    fail "push over a set of other names left: $(ls -A "$S/sets/rp")"
+rm -rf "$T/rout" && "$VMSNAP" -q pull "$S/sets/rp" "$T/rout" && diff -r "$T/rb" "$T/rout" || fail "pull rb"
+rm "$S/sets/rp/stray.zstd"
+rc=0 && VMSNAP_FAILPOINT=push-committed "$VMSNAP" -q push "$T/ra" "$S/sets/rp" 2>"$T/rerr" || rc=$?
+[ $rc = 137 ] || fail "push killed after its commit: exit $rc: $(cat "$T/rerr")"
+grep -q '"replaces":\["c"\]' "$S"/sets/rp/vmsnap-push-*.json || fail "mark after the commit: $(cat "$S"/sets/rp/vmsnap-push-*.json)"
+"$VMSNAP" gc --older-than 0 "$S/sets/rp" 2>"$T/gc" || fail "gc after a push killed after its commit: $(cat "$T/gc")"
+grep -q "removed 1 mark of unfinished set pushes and 1 object they named" "$T/gc" || fail "gc (killed after commit): $(cat "$T/gc")"
+[ "$(ls "$S/sets/rp" | tr '\n' ' ')" = "a.zstd b.zstd manifest.json " ] || fail "gc after a push killed after its commit left: $(ls -A "$S/sets/rp")"
+rm -rf "$T/rout" && "$VMSNAP" -q pull "$S/sets/rp" "$T/rout" && diff -r "$T/ra" "$T/rout" || fail "pull ra after gc"
+mk "$T/rb/big" $((32 * 1024 * 1024))
+"$VMSNAP" -q push -j 1 --part-size 64K --max-memory 128K "$T/rb" "$S/sets/rp" &
+pid=$!
+for _ in $(seq 1 200); do
+    ls -A "$S/sets/rp" 2>/dev/null | grep -q 'mpu-' && break
+    sleep 0.05
+done
+kill -9 $pid 2>/dev/null
+wait $pid 2>/dev/null || true
+ls -A "$S/sets/rp" | grep -q 'mpu-' || fail "test did not catch the push over a set mid-upload"
+[ -e "$S/sets/rp/manifest.json" ] && fail "the killed push did not un-commit the set it replaced"
+grep -q '"replaces":\["b"\]' "$S"/sets/rp/vmsnap-push-*.json || fail "mark of the killed push: $(cat "$S"/sets/rp/vmsnap-push-*.json)"
+"$VMSNAP" gc --older-than 0 "$S/sets/rp" 2>"$T/gc" || fail "gc after a push over a set was killed: $(cat "$T/gc")"
+[ -e "$S/sets/rp" ] && fail "gc after a push over a set was killed left: $(ls -A "$S/sets/rp")"
+rm "$T/rb/big"
 # gc's age on the local store is the upload temporary's last write: an upload written to just
 # now is kept (a push may be running), one untouched for two hours is aborted
 mkdir -p "$S/sets/gcg" && echo part >"$S/sets/gcg/.a.zstd.mpu-young1" && echo part >"$S/sets/gcg/.b.zstd.mpu-old111"
@@ -466,9 +506,9 @@ if [ "$(id -u)" = 0 ] && mkdir "$T/small" && mount -t tmpfs -o size=16m tmpfs "$
     # a push over a set that fails for want of room: the replaced set's objects go too (its
     # manifest went first), so a retry has the room
     mount -t tmpfs -o size=16m tmpfs "$T/small"
-    mkdir "$T/re" && mk "$T/re/big" $((10 * 1024 * 1024)) && echo a >"$T/re/a"
+    mkdir "$T/re" && mk "$T/re/big" $((10 * 1024 * 1024)) && echo a >"$T/re/a" && echo g >"$T/re/gone"
     "$VMSNAP" -q push "$T/re" "$T/small/re" || fail "push of the set to be replaced"
-    mk "$T/re/big" $((10 * 1024 * 1024))
+    mk "$T/re/big" $((10 * 1024 * 1024)) && rm "$T/re/gone" # gone: a name only the old set has
     echo keep >"$T/small/re/other.zstd" # not a name of the set: left alone
     expect_fail "push over a set on a full store" "$VMSNAP" push "$T/re" "$T/small/re"
     grep -q "No space left" "$T/err" || fail "push over a set, full: message: $(cat "$T/err")"

@@ -133,6 +133,20 @@ grep -q 'aborted 1 unfinished upload, removed 2 marks of unfinished set pushes a
 [ -z "$(keys_under sets/k/ | grep vmsnap-push-)" ] || fail "gc left the mark beside the committed set"
 rm -rf "$T/kout" && "$VMSNAP" -q pull "s3://$BUCKET/sets/k" "$T/kout" || fail "pull after gc"
 diff -r "$T/kset" "$T/kout" >/dev/null || fail "gc changed the committed set"
+# a set pushed over a set of other names removes what only the old set had; killed right after
+# its commit, its mark names that and gc removes it
+mkdir -p "$T/oa" "$T/ob" && echo a1 >"$T/oa/a" && echo b1 >"$T/oa/b" && echo a2 >"$T/ob/a" && echo c2 >"$T/ob/c"
+"$VMSNAP" -q push "$T/oa" "s3://$BUCKET/sets/rp" || fail "push ra"
+"$VMSNAP" -q push "$T/ob" "s3://$BUCKET/sets/rp" || fail "push rb over ra"
+[ "$(keys_under sets/rp/ | tr '\n' ' ')" = "sets/rp/a.zstd sets/rp/c.zstd sets/rp/manifest.json " ] ||
+    fail "push over a set of other names left: $(keys_under sets/rp/)"
+rc=0 && VMSNAP_FAILPOINT=push-committed "$VMSNAP" -q push "$T/oa" "s3://$BUCKET/sets/rp" 2>"$T/rerr" || rc=$?
+[ $rc = 137 ] || fail "push killed after its commit: exit $rc: $(cat "$T/rerr")"
+keys_under sets/rp/ | grep -q '^sets/rp/c.zstd$' || fail "the push was not killed before its clean-up: $(keys_under sets/rp/)"
+"$VMSNAP" gc --older-than 0 "s3://$BUCKET/sets/rp" 2>"$T/gc.err" || fail "gc (killed after commit): $(cat "$T/gc.err")"
+[ "$(keys_under sets/rp/ | tr '\n' ' ')" = "sets/rp/a.zstd sets/rp/b.zstd sets/rp/manifest.json " ] ||
+    fail "gc after a push killed after its commit left: $(keys_under sets/rp/)"
+rm -rf "$T/rout" && "$VMSNAP" -q pull "s3://$BUCKET/sets/rp" "$T/rout" && diff -r "$T/oa" "$T/rout" || fail "pull ra after gc"
 
 # push with a base: unchanged 1 MiB frames are copied by RGW (UploadPartCopy, guarded by the
 # base's ETag); runs under 5 MiB are fetched. RGW enforces the 5 MiB part minimum on complete.
