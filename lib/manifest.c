@@ -264,7 +264,8 @@ char *push_mark_build(const char *push_id, int64_t started, const struct mf_file
         json_object_put(names);
         return NULL;
     }
-    json_object_object_add(root, "vmsnapPush", json_object_new_int(1));
+    /* 2 with "replaces": a gc that does not know it refuses the mark rather than skip it */
+    json_object_object_add(root, "vmsnapPush", json_object_new_int(nr ? 2 : 1));
     json_object_object_add(root, "pushId", json_object_new_string(push_id));
     json_object_object_add(root, "started", json_object_new_int64(started));
     json_object_object_add(root, "files", names);
@@ -309,8 +310,8 @@ int push_mark_parse(const char *buf, size_t len, const char *where, const char *
     json_object *v, *id, *st, *files;
     if (!json_object_is_type(root, json_type_object) ||
         !json_object_object_get_ex(root, "vmsnapPush", &v) ||
-        !json_object_is_type(v, json_type_int) || json_object_get_int64(v) != 1 ||
-        !json_object_object_get_ex(root, "pushId", &id) ||
+        !json_object_is_type(v, json_type_int) || json_object_get_int64(v) < 1 ||
+        json_object_get_int64(v) > 2 || !json_object_object_get_ex(root, "pushId", &id) ||
         !json_object_is_type(id, json_type_string) || strcmp(json_object_get_string(id), want_id) ||
         !json_object_object_get_ex(root, "started", &st) ||
         !json_object_is_type(st, json_type_int) || json_object_get_int64(st) < 0 ||
@@ -329,8 +330,10 @@ int push_mark_parse(const char *buf, size_t len, const char *where, const char *
     }
     size_t n = json_object_array_length(files), nr = old ? json_object_array_length(old) : 0;
     if (n > VMSNAP_XFER_MAX_FILES || nr > VMSNAP_XFER_MAX_FILES) {
-        rc = vmsnap_err_set(err, EINVAL, "%s: %zu files (at most %u)", where,
-                            n > VMSNAP_XFER_MAX_FILES ? n : nr, VMSNAP_XFER_MAX_FILES);
+        rc =
+            vmsnap_err_set(err, EINVAL, "%s: %zu names in \"%s\" (at most %u)", where,
+                           n > VMSNAP_XFER_MAX_FILES ? n : nr,
+                           n > VMSNAP_XFER_MAX_FILES ? "files" : "replaces", VMSNAP_XFER_MAX_FILES);
         goto out;
     }
     pm->nfiles = n;

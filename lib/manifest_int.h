@@ -65,8 +65,8 @@ void manifest_fini(struct manifest *m);
  * object, removed after its manifest is committed (or after a failed push removed its objects).
  * A mark that stays says which objects a killed push may have left there, for `gc`:
  *
- *   {"vmsnapPush": 1, "pushId": "<32 hex>", "started": <Unix seconds>, "files": ["<name>", ...],
- *    "replaces": ["<name>", ...]}
+ *   {"vmsnapPush": 1, "pushId": "<32 hex>", "started": <Unix seconds>, "files": ["<name>", ...]}
+ *   {"vmsnapPush": 2, ..., "replaces": ["<name>", ...]}
  *
  * (objects are "<name>.zstd", as in the manifest). "replaces" (absent when empty) names the files
  * of the set the push replaces that the push does not have: once that set is un-committed they

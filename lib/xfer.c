@@ -1320,7 +1320,7 @@ static bool remove_replaced(struct vmsnap_store_conn *ctl, const char *prefix, c
                             const struct set_push *s, const char *url)
 {
     char *lp = join_key(prefix, "");
-    size_t gone = 0;
+    size_t gone = 0, removed = 0;
     for (size_t i = 0; lp && i < s->nr; i++) {
         if (prefix_busy(ctl, lp, NULL, s->mark_key) != 0 ||
             manifest_is(s->x, ctl, mkey, s->push_id) != 1)
@@ -1338,17 +1338,18 @@ static bool remove_replaced(struct vmsnap_store_conn *ctl, const char *prefix, c
             break;
         }
         gone++;
+        removed += drc == 0;
     }
     free(lp);
     if (gone < s->nr)
         vlog(VMSNAP_LOG_WARN,
-             "%s: %zu objects of the replaced set that this push does not have stay for "
-             "'vmsnap gc' (its mark names them)",
-             url, s->nr - gone);
+             "%s: %zu object%s of the replaced set that this push does not have stay for "
+             "'vmsnap gc' (this push's mark names them)",
+             url, s->nr - gone, s->nr - gone == 1 ? "" : "s");
     else if (s->nr)
         vlog(VMSNAP_LOG_INFO,
              "%s: removed %zu object%s of the replaced set that this push does not have", url,
-             s->nr, s->nr == 1 ? "" : "s");
+             removed, removed == 1 ? "" : "s");
     return gone == s->nr;
 }
 
@@ -1459,6 +1460,8 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
     s.mark_key = join_key(prefix, mname);
     rc = s.mark_key ? put_mark(ctl, &s, mark_time, url, err)
                     : vmsnap_err_set(err, ENOMEM, "out of memory");
+    if (rc == 0)
+        xfer_failpoint("push-marked");
     struct vmsnap_err oe = {0};
     int orc = find_replaced(&s, &old, &oe);
     manifest_fini(&old.m);
@@ -1469,17 +1472,31 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         if (err)
             *err = oe;
     }
+    bool had_old = old.rc != -ENOENT; /* a set was there (or it could not be told) */
     if (rc == 0 && s.nr)
         rc = put_mark(ctl, &s, mark_time, url, err);
     if (rc < 0) {
-        if (s.mark_key && rc != -ECANCELED)
-            vmsnap_store_delete(ctl, s.mark_key, NULL); /* an answer lost after it was stored */
+        /* nothing changed: the mark goes, whether its PUT was answered, lost after it was
+         * stored, or cut short by a cancel (a DELETE runs through one) */
+        if (s.mark_key && vmsnap_store_delete(ctl, s.mark_key, NULL) < 0)
+            vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
         goto out;
     }
     /* un-commit an existing set (not once cancelled: the set stays), then clear the leftovers
      * of killed pushes (not cut short: the un-commit is done) */
     if ((rc = cancel_check(err)) < 0 || (rc = vmsnap_store_delete(ctl, mkey, err)) < 0) {
-        if (vmsnap_store_delete(ctl, s.mark_key, NULL) < 0)
+        /* A DELETE that failed may still have been carried out (its answer lost): when the set
+         * this push replaces is gone, its objects are dead, as after a failure past the
+         * un-commit; when that cannot be told, the mark (which names them) stays for gc. */
+        int ex = rc == -ECANCELED || !had_old ? 1 : key_exists(ctl, mkey, NULL);
+        if (ex == 0)
+            remove_pushed(ctl, prefix, mkey, &s);
+        else if (ex < 0)
+            vlog(VMSNAP_LOG_WARN,
+                 "%s: cannot tell whether the set there is still committed: "
+                 "this push's mark stays for 'vmsnap gc'",
+                 url);
+        else if (vmsnap_store_delete(ctl, s.mark_key, NULL) < 0)
             vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
         goto out;
     }

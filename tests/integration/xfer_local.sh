@@ -371,6 +371,16 @@ grep -q '"replaces":\["c"\]' "$S"/sets/rp/vmsnap-push-*.json || fail "mark after
 grep -q "removed 1 mark of unfinished set pushes and 1 object they named" "$T/gc" || fail "gc (killed after commit): $(cat "$T/gc")"
 [ "$(ls "$S/sets/rp" | tr '\n' ' ')" = "a.zstd b.zstd manifest.json " ] || fail "gc after a push killed after its commit left: $(ls -A "$S/sets/rp")"
 rm -rf "$T/rout" && "$VMSNAP" -q pull "$S/sets/rp" "$T/rout" && diff -r "$T/ra" "$T/rout" || fail "pull ra after gc"
+# interrupted (Ctrl-C) after its first mark, before the mark naming what it replaces: the set
+# stays and so does no mark (it stayed, and a stale mark makes every later push leave its
+# clean-up to gc)
+VMSNAP_FAILPOINT=push-marked:stop env --default-signal=INT "$VMSNAP" -q push "$T/rb" "$S/sets/rp" 2>"$T/rerr" &
+pid=$!
+wait_stopped $pid 10 || fail "the push did not stop after its mark: $(cat "$T/rerr")"
+kill -INT $pid && kill -CONT $pid
+rc=0 && wait $pid || rc=$?
+[ $rc = 1 ] || fail "the interrupted push: exit $rc: $(cat "$T/rerr")"
+[ "$(ls "$S/sets/rp" | tr '\n' ' ')" = "a.zstd b.zstd manifest.json " ] || fail "an interrupted push left: $(ls -A "$S/sets/rp")"
 mk "$T/rb/big" $((32 * 1024 * 1024))
 "$VMSNAP" -q push -j 1 --part-size 64K --max-memory 128K "$T/rb" "$S/sets/rp" &
 pid=$!
