@@ -142,13 +142,16 @@ static int plain_feed(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len,
                                ULL(sd->in_off + in.pos));
         sd->blk_fill = out.pos;
         sd->plain_open = ret != 0;
-        if (sd->blk_fill == PLAIN_BLOCK) {
+        bool full = sd->blk_fill == PLAIN_BLOCK;
+        if (full) {
             int rc = plain_flush(sd, err);
             if (rc < 0)
                 return rc;
-            continue;
         }
-        if (in.pos == in.size)
+        /* done with this input once it is consumed and zstd has nothing more to give: the frame
+         * ended (called again, zstd would start reading the next frame's header and report a
+         * frame open), or the block had room left */
+        if (in.pos == in.size && (ret == 0 || !full))
             break;
     }
     sd->in_off += len;

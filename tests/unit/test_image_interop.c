@@ -236,6 +236,34 @@ int main(void)
                (unsigned long long)t_allocated(out));
         free(z);
         free(raw);
+        /* sizes that end a frame exactly at a 64 KiB output block (the decoder reported such a
+         * stream truncated: nearly every memory or disk image), an empty file, and several
+         * frames back to back (pzstd's output), one ending at a block boundary */
+        const uint64_t sizes[] = {0, 64 * 1024, 8 * MiB, 3 * 64 * 1024 + 5};
+        for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+            struct gen_extent e1[] = {{0, sizes[k] / 2, FILL_RANDOM}};
+            gen_file(src, sizes[k], e1, sizes[k] ? 1 : 0, 11);
+            raw = t_read_file(src, &len);
+            REQUIRE(raw || len == 0);
+            size_t first = k == 3 ? 2 * 64 * 1024 : len; /* the last: two frames */
+            cap = ZSTD_compressBound(len) + 64;
+            z = malloc(cap);
+            REQUIRE(z);
+            zl = ZSTD_compress(z, cap, raw, first, 1);
+            REQUIRE(!ZSTD_isError(zl));
+            if (first < len) {
+                size_t z2 = ZSTD_compress(z + zl, cap - zl, raw + first, len - first, 1);
+                REQUIRE(!ZSTD_isError(z2));
+                zl += z2;
+            }
+            write_file(obj, z, zl);
+            CHECKF(unpack(obj, out, &st), "plain zstd of %llu bytes", (unsigned long long)len);
+            CHECK(t_files_equal(src, out));
+            CHECK(t_sh("'%s' -q unpack - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0);
+            CHECK(t_files_equal(src, out));
+            free(z);
+            free(raw);
+        }
         if (t_sh("command -v zstd >/dev/null") != 0)
             t_skip("zstd CLI not installed (scripts/deps.sh installs it)");
         CHECK(t_sh("zstd -q -T0 -f '%s' -o '%s'", src, obj) == 0);
