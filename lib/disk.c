@@ -285,7 +285,7 @@ int vmsnap_disk_create(const char *path, const struct vmsnap_disk_create_opts *o
         return rc;
 
     struct sys_atomic_file af;
-    rc = sys_atomic_open(&af, path, 0644, err);
+    rc = sys_atomic_open(&af, path, 0600, err);
     if (rc < 0)
         return vmsnap_err_wrap(err, "disk create %s: ", path);
     ext2_filsys fs = NULL;

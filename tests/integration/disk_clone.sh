@@ -25,6 +25,8 @@ mkdir -p "$T/seed"
 head -c $((20 << 20)) /dev/urandom >"$T/seed/data"
 echo hi >"$T/seed/small"
 "$VMSNAP" disk create --size 1G --from-dir "$T/seed" "$T/src.img"
+# an upper disk holds a tenant's files: readable by its owner only (it was 0644)
+[ "$(stat -c %a "$T/src.img")" = 600 ] || fail "disk create: mode $(stat -c %a "$T/src.img"), expected 600"
 src_sum=$(md5sum <"$T/src.img")
 fstype=$(stat -f -c %T "$T")
 
