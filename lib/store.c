@@ -9,6 +9,7 @@
 #include "util/util.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -233,6 +234,17 @@ static int open_s3(struct vmsnap_store *st, const char *url, bool gs,
     return s3_global_init(err);
 }
 
+/* Does `s` start with what RFC 3986 calls a scheme and a colon ("s3:", "file:")? */
+static bool scheme_like(const char *s)
+{
+    if (!isalpha((unsigned char)s[0]))
+        return false;
+    size_t i = 1;
+    while (isalnum((unsigned char)s[i]) || s[i] == '+' || s[i] == '-' || s[i] == '.')
+        i++;
+    return s[i] == ':';
+}
+
 int vmsnap_store_open(const char *url, const struct vmsnap_store_opts *opts,
                       struct vmsnap_store **out, char **key, struct vmsnap_err *err)
 {
@@ -254,6 +266,13 @@ int vmsnap_store_open(const char *url, const struct vmsnap_store_opts *opts,
         rc = vmsnap_err_set(err, EINVAL,
                             "%s: unsupported URL scheme (use a path, file:///abs, s3:// or gs://)",
                             url);
+    } else if (scheme_like(url) && strncmp(url, "file://", 7)) {
+        /* s3:/b/k, s3:b/k, file:/x: a mistyped URL, not a directory named "s3:" */
+        rc = vmsnap_err_set(err, EINVAL,
+                            "%s: a mistyped URL? (s3://bucket/key, gs://bucket/key, "
+                            "file:///abs); a local path whose first component has a colon is "
+                            "written ./%s",
+                            url, url);
     } else {
         const char *path = !strncmp(url, "file://", 7) ? url + 7 : url;
         st->kind = VMSNAP_STORE_LOCAL;

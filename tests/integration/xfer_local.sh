@@ -10,6 +10,18 @@ mkdir -p "$S"
 # random, incompressible data so object sizes are predictable (about the input size)
 mk() { head -c "$2" /dev/urandom >"$1"; }
 
+# a mistyped URL is refused, not taken for a relative path (it made ./s3:/bucket/key)
+echo x >"$T/u1"
+cd "$T"
+for u in s3:/bucket/key s3:bucket/key file:/abs file:rel gs:/b/k; do
+    expect_fail "push to $u" "$VMSNAP" push u1 "$u"
+    grep -q "^vmsnap push: $u: a mistyped URL" "$T/err" || fail "push to $u: $(cat "$T/err")"
+done
+[ -z "$(ls -d s3:* file:* gs:* 2>/dev/null)" ] || fail "a mistyped URL made: $(ls -d s3:* file:* gs:*)"
+"$VMSNAP" -q push u1 ./s3:ok && [ -f "$T/s3:ok" ] || fail "push to ./s3:ok"
+rm -rf "$T/s3:ok"
+cd - >/dev/null
+
 mk "$T/r12" $((3 * 1024 * 1024 + 77))
 "$VMSNAP" -q pack "$T/r12" "$T/r12.pk"
 OS=$(stat -c %s "$T/r12.pk")
