@@ -947,6 +947,10 @@ int vmsnap_image_pack(const char *src, const char *dst, const struct vmsnap_pack
     struct sys_atomic_file af = {.fd = STDOUT_FILENO};
     bool to_stdout = strcmp(dst, "-") == 0;
     int rc = 0;
+    if (!to_stdout && sys_same_file(fd, dst)) {
+        close(fd);
+        return vmsnap_err_set(err, EINVAL, "%s: the destination is the source", dst);
+    }
     if (!to_stdout && (rc = sys_atomic_open(&af, dst, 0600, err)) < 0) {
         close(fd);
         return rc;

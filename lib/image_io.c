@@ -177,7 +177,9 @@ int vmsnap_image_unpack(const char *src, const char *dst, const struct vmsnap_un
     if (rc < 0)
         return rc;
     struct sys_atomic_file af;
-    if ((rc = sys_atomic_open(&af, dst, 0600, err)) == 0) {
+    if (sys_same_file(in.fd, dst))
+        rc = vmsnap_err_set(err, EINVAL, "%s: the destination is the source", dst);
+    else if ((rc = sys_atomic_open(&af, dst, 0600, err)) == 0) {
         rc = input_decode(&in, af.fd, dst, max_size, opts, stats, err);
         if (rc < 0)
             sys_atomic_abort(&af);

@@ -1638,6 +1638,18 @@ static int base_key_in(struct xfer *x, const char *base, struct vmsnap_err *err)
     return rc;
 }
 
+/* Is `key` of a local store the file or directory at `path`? (push FILE FILE replaced the file
+ * with its own object; pull into the set's own directory mixed files and objects.) */
+static bool local_same(const struct xfer *x, const char *key, const char *path)
+{
+    if (x->st->kind != VMSNAP_STORE_LOCAL)
+        return false;
+    char p[PATH_MAX];
+    struct stat a, b;
+    return snprintf(p, sizeof(p), "/%s", key) < (int)sizeof(p) && stat(p, &a) == 0 &&
+           stat(path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer_opts *opts,
                      struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
 {
@@ -1657,6 +1669,11 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
     bool pool = false;
     if (!*key) {
         rc = vmsnap_err_set(err, EINVAL, "%s: a key (a path inside the bucket) is needed", url);
+        goto out;
+    }
+    if (local_same(&x, key, path)) {
+        rc = vmsnap_err_set(err, EINVAL, "push %s to %s: the destination is the %s being pushed",
+                            path, url, S_ISDIR(sb.st_mode) ? "directory" : "file");
         goto out;
     }
     if (x.o.base && (rc = base_key_in(&x, x.o.base, err)) < 0)
@@ -2494,6 +2511,11 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
         goto out;
     }
     vmsnap_store_url(x.st, mkey, murl, sizeof(murl));
+    if (local_same(&x, key, path)) {
+        rc =
+            vmsnap_err_set(err, EINVAL, "the destination %s is where the snapshot is stored", path);
+        goto out;
+    }
     if ((rc = vmsnap_store_conn_new(x.st, &ctl, err)) < 0)
         goto out;
     rc = read_manifest(ctl, mkey, murl, x.o.max_size, &m, err);

@@ -182,3 +182,10 @@ void sys_atomic_abort(struct sys_atomic_file *af)
     free(af->path);
     af->path = NULL;
 }
+
+bool sys_same_file(int fd, const char *path)
+{
+    struct stat a, b;
+    return fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}

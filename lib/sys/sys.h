@@ -26,6 +26,9 @@ struct sys_atomic_file {
     char *path;
     char *tmp;
 };
+/* True when `path` exists and is the file open at `fd` (an output that would replace its own
+ * input). */
+bool sys_same_file(int fd, const char *path);
 int sys_atomic_open(struct sys_atomic_file *af, const char *path, mode_t mode,
                     struct vmsnap_err *err);
 /* fsync the file (if `sync`), rename onto the final path, fsync the directory (if `sync`; when

@@ -19,6 +19,15 @@ cmp -s "$T/img" "$T/img2" || fail "stdout image differs from the file image"
 "$VMSNAP" -q unpack - "$T/out2" < "$T/img" || fail "unpack from stdin"
 cmp -s "$T/src" "$T/out2" || fail "stdin round trip differs"
 
+# the source as its own destination is refused, and left as it was (pack X X replaced it)
+cp "$T/src" "$T/self" && cp "$T/img" "$T/selfimg"
+expect_fail "pack to itself" "$VMSNAP" pack "$T/self" "$T/self"
+grep -q "$T/self: the destination is the source" "$T/err" || fail "pack to itself: $(cat "$T/err")"
+expect_fail "unpack to itself" "$VMSNAP" unpack "$T/selfimg" "$T/selfimg"
+expect_fail "unpack from stdin to itself" sh -c "'$VMSNAP' unpack - '$T/selfimg' < '$T/selfimg'"
+grep -q "$T/selfimg: the destination is the source" "$T/err" || fail "unpack to itself: $(cat "$T/err")"
+cmp -s "$T/src" "$T/self" && cmp -s "$T/img" "$T/selfimg" || fail "a refused pack or unpack changed its source"
+
 # options change the output the way they say
 "$VMSNAP" -q pack --level 9 --frame-size 4M "$T/src" "$T/img9" || fail "pack --level 9"
 "$VMSNAP" inspect --json "$T/img9" > "$T/j9" || fail "inspect --json"

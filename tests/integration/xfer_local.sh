@@ -20,6 +20,19 @@ done
 [ -z "$(ls -d s3:* file:* gs:* 2>/dev/null)" ] || fail "a mistyped URL made: $(ls -d s3:* file:* gs:*)"
 "$VMSNAP" -q push u1 ./s3:ok && [ -f "$T/s3:ok" ] || fail "push to ./s3:ok"
 rm -rf "$T/s3:ok"
+# a destination that is the source: push FILE FILE (it replaced the file with its object), a
+# set into its own directory, pull into where the snapshot is stored
+cp u1 u2 && mkdir -p sd && cp u1 sd/f
+expect_fail "push a file to itself" "$VMSNAP" push u2 u2
+grep -q "push u2 to u2: the destination is the file being pushed" "$T/err" || fail "push to itself: $(cat "$T/err")"
+cmp -s u1 u2 || fail "a refused push changed its source"
+expect_fail "push a set into its own directory" "$VMSNAP" push sd "$T/sd"
+"$VMSNAP" -q push sd st/sd && "$VMSNAP" -q push u1 st/one || fail "push sd, u1"
+expect_fail "pull a set into its own directory" "$VMSNAP" pull st/sd st/sd
+grep -q "the destination st/sd is where the snapshot is stored" "$T/err" || fail "pull to itself: $(cat "$T/err")"
+expect_fail "pull an object over itself" "$VMSNAP" pull "file://$T/st/one" "$T/st/one"
+[ "$(ls st/sd | tr '\n' ' ')" = "f.zstd manifest.json " ] || fail "a refused pull changed the set: $(ls st/sd)"
+rm -rf u2 sd st
 cd - >/dev/null
 
 mk "$T/r12" $((3 * 1024 * 1024 + 77))
