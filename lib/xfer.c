@@ -936,14 +936,24 @@ static int scan_set(const char *dir, struct mf_file **out, size_t *n, struct vms
                      name);
             continue;
         }
+        /* anything but a regular file is refused: a set pushed without a file it holds (it
+         * was skipped with a warning, which -q hides, and the push reported success) is a lost
+         * snapshot. Symlinks are not followed (the file is opened O_NOFOLLOW): a push run as
+         * root must not carry off what a link in a directory points to. */
         struct stat sb;
         if (fstatat(dirfd(d), name, &sb, AT_SYMLINK_NOFOLLOW) < 0) {
             rc = vmsnap_err_set(err, errno, "stat %s/%s: %s", dir, name, strerror(errno));
             break;
         }
         if (!S_ISREG(sb.st_mode)) {
-            vlog(VMSNAP_LOG_WARN, "skipping %s/%s: not a regular file", dir, name);
-            continue;
+            rc = vmsnap_err_set(err, EINVAL,
+                                "%s/%s: %s: a snapshot set is the regular files of one directory "
+                                "(hidden names are skipped); move it out of the way",
+                                dir, name,
+                                S_ISDIR(sb.st_mode)   ? "a directory"
+                                : S_ISLNK(sb.st_mode) ? "a symlink (not followed)"
+                                                      : "not a regular file");
+            break;
         }
         if (!manifest_name_ok(name, strlen(name))) {
             rc = vmsnap_err_set(err, EINVAL, "%s/%s: this name cannot be part of a snapshot set",
