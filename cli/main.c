@@ -47,19 +47,27 @@ static const struct cli_verb verbs[] = {
      "  disk clone [--link] [--new-uuid] [--force] SRC DST  (FICLONE, else a hole-keeping copy)\n"
      "  disk info [--json] IMAGE\n"
      "IMAGE/DST appear only when complete; an existing one is refused unless --force."},
-    {"push", cmd_push, "push [-j N] [--part-size SIZE] [--max-memory SIZE] [--base URL] PATH URL",
+    {"push", cmd_push,
+     "push [-j N] [--part-size SIZE] [--max-memory SIZE] [--base URL] ... PATH URL",
      "Encode and upload a file (one object at URL) or a snapshot-set directory (every regular\n"
      "file to URL/<name>.zstd, files and parts in parallel, then URL/manifest.json last).\n"
      "URL: a path or file:///abs (local store), s3://bucket/key (--endpoint or AWS_ENDPOINT_URL,\n"
      "AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY[/AWS_SESSION_TOKEN], --path-style),\n"
      "gs://bucket/key (Cloud Storage XML API with HMAC keys). -j: connections (default 8);\n"
-     "parts of 16M (--part-size); at most 256M buffered (--max-memory). --base URL: an earlier\n"
+     "parts of 16M (--part-size); at most 256M of parts buffered (--max-memory); the encoder\n"
+     "holds up to 2 x --threads (default: CPUs) x --frame-size (64M) more per file, and a set\n"
+     "encodes two files at once: lower them on a node with many CPUs. --base URL: an earlier\n"
      "set (or object) in the same store; frames that did not change are copied there by the\n"
-     "store (S3 UploadPartCopy) instead of being compressed and uploaded."},
-    {"pull", cmd_pull, "pull [-j N] [--max-memory SIZE] [--drop-cache] URL PATH",
+     "store (S3 UploadPartCopy) instead of being compressed and uploaded.\n"
+     "All options: [-j N] [--part-size SIZE] [--max-memory SIZE] [--threads N]\n"
+     "[--frame-size SIZE] [--level L] [--endpoint URL] [--region R] [--path-style]\n"
+     "[--retries N] [--base URL]."},
+    {"pull", cmd_pull, "pull [-j N] [--max-memory SIZE] [--drop-cache] ... URL PATH",
      "Download and decode a snapshot set (manifest first; names, sizes and digests verified) or\n"
      "one object, with ranged GETs of frame groups over N connections, decoded in parallel into\n"
-     "sparse files. Files appear (mode 0600) only when all are complete and verified."},
+     "sparse files. Files appear (mode 0600) only when all are complete and verified.\n"
+     "All options: [-j N] [--max-memory SIZE] [--threads N] [--max-size SIZE] [--no-fsync]\n"
+     "[--drop-cache] [--endpoint URL] [--region R] [--path-style] [--retries N]."},
     {"ls", cmd_ls, "ls URL", "List the snapshot sets under a prefix with their manifest summary."},
     {"rm", cmd_rm, "rm [--force] URL",
      "Delete a snapshot set, manifest first, or one object. --force also deletes the *.zstd\n"
