@@ -26,6 +26,9 @@ int cli_parse_size(const char *s, uint64_t *out)
     double v = strtod(s, &end);
     if (errno || end == s || v < 0)
         return -EINVAL;
+    for (const char *c = s; c < end; c++) /* decimal only: strtod also takes nan, inf, 0x1p4 */
+        if (!isdigit((unsigned char)*c) && *c != '.')
+            return -EINVAL;
     double mult = 1;
     switch (*end) {
     case 'k':

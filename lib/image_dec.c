@@ -105,9 +105,15 @@ int img_table_parse(const uint8_t *t, size_t tsize, uint64_t toff, uint64_t max_
                     ULL(toff));
         goto fail;
     }
-    if (img->total_size > max_size || (int64_t)img->total_size < 0) {
-        img_corrupt(err, name, "totalSize %llu exceeds the cap of %llu bytes", ULL(img->total_size),
-                    ULL(max_size));
+    if ((int64_t)img->total_size < 0) {
+        img_corrupt(err, name, "negative totalSize %lld", (long long)img->total_size);
+        goto fail;
+    }
+    if (img->total_size > max_size) { /* a policy, not damage: the image may be fine */
+        vmsnap_err_set(err, EFBIG,
+                       "%s: totalSize %llu exceeds the cap of %llu bytes (--max-size; raise it "
+                       "for a larger image)",
+                       name, ULL(img->total_size), ULL(max_size));
         goto fail;
     }
     if (frames_start != IMG_HEADER_LEN + 8 + INFO_CONTENT_LEN || frames_end != toff) {

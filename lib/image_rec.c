@@ -55,9 +55,11 @@ static int word(struct rec_parser *rp, uint64_t v, struct vmsnap_err *err)
     case REC_TOTAL:
         if (sv < 0)
             return bad(rp, err, "negative totalSize %lld", (long long)sv);
-        if (v > rp->max_size)
-            return bad(rp, err, "totalSize %llu exceeds the cap of %llu bytes", ULL(v),
-                       ULL(rp->max_size));
+        if (v > rp->max_size) /* a policy, not damage */
+            return vmsnap_err_set(err, EFBIG,
+                                  "%s: totalSize %llu exceeds the cap of %llu bytes (--max-size; "
+                                  "raise it for a larger image)",
+                                  rp->name, ULL(v), ULL(rp->max_size));
         rp->total = v;
         rp->have_total = true;
         if (rp->truncate_on_total && rp->fd >= 0 && ftruncate(rp->fd, (off_t)v) < 0)

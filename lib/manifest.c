@@ -78,6 +78,11 @@ static int parse_whole(const char *buf, size_t len, const char *where, const cha
     json_tokener_free(tok);
     if (!root || je != json_tokener_success) {
         json_object_put(root);
+        if (je == json_tokener_continue) /* json-c's "continue": the input ended early */
+            return vmsnap_err_set(err, EINVAL,
+                                  "%s: not valid JSON (it ends after %zu bytes, "
+                                  "inside the %s: truncated?)",
+                                  where, len, what);
         return vmsnap_err_set(err, EINVAL, "%s: not valid JSON (%s)", where,
                               json_tokener_error_desc(
                                   je == json_tokener_success ? json_tokener_error_parse_eof : je));

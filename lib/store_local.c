@@ -530,10 +530,10 @@ static int walk_dir(struct walk *w, const char *dirkey, int depth)
     int n = scandir(dpath, &ents, NULL, alphasort);
     if (n < 0) {
         int e = errno;
+        if (e != ENOENT && e != ENOTDIR)
+            vmsnap_err_set(w->err, e, "list %s: %s", dpath, strerror(e));
         free(dpath);
-        if (e == ENOENT || e == ENOTDIR)
-            return 0;
-        return vmsnap_err_set(w->err, e, "list %s: %s", dirkey, strerror(e));
+        return e == ENOENT || e == ENOTDIR ? 0 : -e;
     }
     size_t plen = strlen(w->prefix);
     int rc = 0;

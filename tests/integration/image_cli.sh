@@ -57,6 +57,11 @@ expect_fail "unpack into a missing directory" "$VMSNAP" unpack "$T/img" "$T/no/s
 # usage errors exit 2
 rc=0; "$VMSNAP" pack -j 0 "$T/src" "$T/x" 2>/dev/null || rc=$?
 [ "$rc" = 2 ] || fail "-j 0: exit $rc, want 2"
+# a size is decimal with an optional K/M/G/T[iB] (strtod also took nan, inf and 0x1p20)
+for v in nan inf 0x1p20 -1M 1Q; do
+    rc=0; "$VMSNAP" pack --frame-size "$v" "$T/src" "$T/x" 2>"$T/err" || rc=$?
+    [ "$rc" = 2 ] || fail "--frame-size $v: exit $rc, want 2"
+done
 rc=0; "$VMSNAP" pack --frame-size 1000 "$T/src" "$T/x" 2>"$T/err" || rc=$?
 [ "$rc" = 1 ] || fail "--frame-size 1000: exit $rc, want 1"
 rc=0; "$VMSNAP" unpack "$T/img" 2>/dev/null || rc=$?

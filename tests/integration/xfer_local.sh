@@ -132,6 +132,7 @@ hostile() { # DESC JSON EXPECTED-WORDS
 hostile "dot-dot name" '{"snapshotFiles":["../passwd"]}' "not a plain file name"
 hostile "slash name" '{"snapshotFiles":["a/b"]}' "not a plain file name"
 hostile "empty name" '{"snapshotFiles":[""]}' "not a plain file name"
+hostile "truncated manifest" '{"snapshotFiles":["memory-ranges","sta' "it ends after 38 bytes, inside the manifest: truncated"
 hostile "dot name" '{"snapshotFiles":[".."]}' "not a plain file name"
 hostile "NUL name" '{"snapshotFiles":["a\u0000b"]}' "not a plain file name"
 hostile "missing file" '{"snapshotFiles":["nothere"]}' "missing"
