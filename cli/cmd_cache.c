@@ -278,6 +278,11 @@ int cmd_cache(int argc, char **argv)
 {
     if (argc < 2)
         return cli_usage("cache", "expected 'stat' or 'evict'");
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        printf("usage: vmsnap cache stat|evict ... ('vmsnap cache stat --help', 'vmsnap help "
+               "cache')\n");
+        return EXIT_OK;
+    }
     if (strcmp(argv[1], "stat") == 0)
         return cache_stat(argc - 1, argv + 1);
     if (strcmp(argv[1], "evict") == 0)

@@ -290,10 +290,22 @@ static int disk_info(int argc, char **argv)
     return EXIT_OK;
 }
 
+static bool wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return true;
+    return false;
+}
+
 int cmd_disk(int argc, char **argv)
 {
     if (argc < 2)
         return cli_usage("disk", "want a subcommand: %s", sub_usage);
+    if (wants_help(argc, argv)) {
+        printf("usage: vmsnap %s\n", sub_usage);
+        return EXIT_OK;
+    }
     if (!strcmp(argv[1], "create"))
         return disk_create(argc - 1, argv + 1);
     if (!strcmp(argv[1], "clone"))

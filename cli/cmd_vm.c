@@ -319,6 +319,21 @@ int cmd_vm(int argc, char **argv)
         return cli_usage("vm", "missing subcommand (run, pause, suspend, resume, ls, stop, "
                                "console)");
     const char *sub = argv[1];
+    static const char *const subs[] = {"run", "pause", "suspend", "resume",
+                                       "ls",  "stop",  "console"};
+    bool known = false;
+    for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++)
+        known = known || !strcmp(sub, subs[i]);
+    if (!strcmp(sub, "--help") || !strcmp(sub, "-h")) {
+        printf("usage: vmsnap vm run|pause|suspend|resume|ls|stop|console ... ('vmsnap vm run "
+               "--help', 'vmsnap help vm')\n");
+        return EXIT_OK;
+    }
+    if (!known)
+        return cli_usage("vm",
+                         "unknown subcommand '%s' (run, pause, suspend, resume, ls, stop, "
+                         "console)",
+                         sub);
     char verb[32];
     snprintf(verb, sizeof(verb), "vm %s", sub);
     struct args a;

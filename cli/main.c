@@ -44,7 +44,8 @@ static const struct cli_verb verbs[] = {
      "  disk create [--size 4G] [--inodes N] [--label L] [--uuid U] [--force] [--fsync]\n"
      "              [--add SRC:DEST[:MODE[:UID:GID]]]... [--mkdir DEST[:MODE[:UID:GID]]]...\n"
      "              [--from-dir DIR] IMAGE\n"
-     "  disk clone [--link] [--new-uuid] [--force] SRC DST  (FICLONE, else a hole-keeping copy)\n"
+     "  disk clone [--link] [--new-uuid] [--force] [--direct] SRC DST  (FICLONE, else a\n"
+     "      hole-keeping copy; --direct: O_DIRECT, nothing left in the page cache)\n"
      "  disk info [--json] IMAGE\n"
      "IMAGE/DST appear only when complete; an existing one is refused unless --force."},
     {"push", cmd_push,

@@ -70,6 +70,16 @@ rc=0; "$VMSNAP" frobnicate 2>/dev/null || rc=$?
 [ "$rc" = 2 ] || fail "unknown verb: exit $rc, want 2"
 "$VMSNAP" --version | grep -q '^vmsnap [0-9]' || fail "--version"
 "$VMSNAP" help pack | grep -q -- '--frame-size' || fail "help pack"
+# --help anywhere a user would try it prints usage and exits 0
+for c in "disk --help" "disk create --help" "disk clone --help" "disk info --help" "vm --help" \
+    "vm run --help" "cache --help" "cache stat --help" "push --help" "pull --help" "gc --help" \
+    "help disk" "help push"; do
+    rc=0; $VMSNAP $c >"$T/out" 2>"$T/err" || rc=$?
+    [ "$rc" = 0 ] && grep -q usage "$T/out" || fail "$c: exit $rc: $(cat "$T/out" "$T/err")"
+done
+"$VMSNAP" help disk | grep -q -- '--direct' || fail "help disk lacks --direct"
+rc=0; "$VMSNAP" vm bogus 2>"$T/err" || rc=$?
+[ "$rc" = 2 ] && grep -q "unknown subcommand 'bogus'" "$T/err" || fail "vm bogus: exit $rc: $(cat "$T/err")"
 
 # --drop-cache: the restored file (on a disk filesystem, where the page cache is droppable) ends
 # with under 1% of its pages cached, for unpack and for pull from the local store
