@@ -66,7 +66,8 @@ static const struct cli_verb verbs[] = {
     {"pull", cmd_pull, "pull [-j N] [--max-memory SIZE] [--drop-cache] ... URL PATH",
      "Download and decode a snapshot set (manifest first; names, sizes and digests verified) or\n"
      "one object, with ranged GETs of frame groups over N connections, decoded in parallel into\n"
-     "sparse files. Files appear (mode 0600) only when all are complete and verified.\n"
+     "sparse files. Files appear (mode 0600) only when all are complete and verified; other\n"
+     "files already in PATH are left as they are.\n"
      "All options: [-j N] [--max-memory SIZE] [--threads N] [--max-size SIZE] [--no-fsync]\n"
      "[--drop-cache] [--endpoint URL] [--region R] [--path-style] [--retries N]."},
     {"ls", cmd_ls, "ls URL", "List the snapshot sets under a prefix with their manifest summary."},
