@@ -240,7 +240,7 @@ static int disk_info(int argc, char **argv)
         return fail("info", &e);
     if (json) {
         json_object *o = json_object_new_object();
-        json_object_object_add(o, "image", json_object_new_string(argv[optind]));
+        json_object_object_add(o, "path", json_object_new_string(argv[optind]));
         json_object_object_add(o, "virtual_size", json_object_new_int64((int64_t)in.virtual_size));
         json_object_object_add(o, "allocated", json_object_new_int64((int64_t)in.allocated));
         json_object_object_add(o, "block_size", json_object_new_int64(in.block_size));

@@ -252,7 +252,7 @@ static int ls_cb(void *arg, const struct vmsnap_vm_info *in)
         json_object_object_add(o, "url", in->url ? json_object_new_string(in->url) : NULL);
         json_object_object_add(o, "dir", json_object_new_string(in->dir));
         if (in->busy_pid)
-            json_object_object_add(o, "busyPid", json_object_new_int64(in->busy_pid));
+            json_object_object_add(o, "busy_pid", json_object_new_int64(in->busy_pid));
         json_object_array_add(l->arr, o);
         return 0;
     }
