@@ -104,7 +104,7 @@ static const struct cli_verb *find_verb(const char *name)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: vmsnap [-q] [-v] VERB [ARGS]\n\nverbs:\n");
+    fprintf(f, "usage: vmsnap [-q] [-v] VERB [ARGS]   (-q, -v: before or after the verb)\n\nverbs:\n");
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
         fprintf(f, "  %s\n", verbs[i].synopsis);
     fprintf(f, "\nExit codes: 0 ok, 1 failure, 2 usage. 'vmsnap help VERB' for details.\n");
@@ -235,6 +235,24 @@ int main(int argc, char **argv)
     if (i >= argc) {
         usage(stderr);
         return EXIT_USAGE;
+    }
+    /* -q and -v also after the verb (vmsnap pack -v ...), up to a "--"; vm has its own -v */
+    if (strcmp(argv[i], "vm")) {
+        int o = i + 1;
+        bool opts = true;
+        for (int k = i + 1; k < argc; k++) {
+            const char *a = argv[k];
+            if (opts && !strcmp(a, "--"))
+                opts = false;
+            if (opts && (!strcmp(a, "-q") || !strcmp(a, "--quiet")))
+                cli_quiet = true;
+            else if (opts && (!strcmp(a, "-v") || !strcmp(a, "--verbose")))
+                cli_verbose++;
+            else
+                argv[o++] = argv[k];
+        }
+        argv[o] = NULL;
+        argc = o;
     }
     vmsnap_set_log(log_stderr, NULL,
                    cli_quiet

@@ -78,6 +78,10 @@ for c in "disk --help" "disk create --help" "disk clone --help" "disk info --hel
     [ "$rc" = 0 ] && grep -q usage "$T/out" || fail "$c: exit $rc: $(cat "$T/out" "$T/err")"
 done
 "$VMSNAP" help disk | grep -q -- '--direct' || fail "help disk lacks --direct"
+# -q and -v work after the verb too (they were usage errors there)
+"$VMSNAP" pack -q "$T/src" "$T/imgq" 2>"$T/err" && [ ! -s "$T/err" ] || fail "pack -q: $(cat "$T/err")"
+"$VMSNAP" unpack "$T/imgq" "$T/outq" --quiet 2>"$T/err" && [ ! -s "$T/err" ] || fail "unpack ... --quiet: $(cat "$T/err")"
+cmp -s "$T/src" "$T/outq" || fail "pack -q round trip"
 rc=0; "$VMSNAP" vm bogus 2>"$T/err" || rc=$?
 [ "$rc" = 2 ] && grep -q "unknown subcommand 'bogus'" "$T/err" || fail "vm bogus: exit $rc: $(cat "$T/err")"
 
