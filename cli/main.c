@@ -104,7 +104,8 @@ static const struct cli_verb *find_verb(const char *name)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: vmsnap [-q] [-v] VERB [ARGS]   (-q, -v: before or after the verb)\n\nverbs:\n");
+    fprintf(f,
+            "usage: vmsnap [-q] [-v] VERB [ARGS]   (-q, -v: before or after the verb)\n\nverbs:\n");
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
         fprintf(f, "  %s\n", verbs[i].synopsis);
     fprintf(f, "\nExit codes: 0 ok, 1 failure, 2 usage. 'vmsnap help VERB' for details.\n");
