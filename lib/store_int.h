@@ -71,9 +71,11 @@ struct vmsnap_store {
 
 struct vmsnap_store_conn {
     struct vmsnap_store *st;
-    void *impl;       /* backend state (S3: struct s3_conn) */
-    bool one_attempt; /* requests are not retried (gc's deletes: a retry's back-off would hold
-                       * open the time between its check and its delete) */
+    void *impl;        /* backend state (S3: struct s3_conn) */
+    bool one_attempt;  /* requests are not retried (gc's deletes: a retry's back-off would hold
+                        * open the time between its check and its delete) */
+    bool list_skipped; /* a listing skipped a directory it could not read (local store: a
+                        * warning names it; gc and ls then report failure at the end) */
 };
 
 extern const struct store_ops store_local_ops;

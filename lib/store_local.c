@@ -16,6 +16,7 @@
 #include "store_int.h"
 
 #include "sys/sys.h"
+#include "util/util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -498,6 +499,7 @@ static void ltidy(struct vmsnap_store_conn *c, const char *prefix)
 /* Directory walk shared by list and list_uploads. `dirkey` is the key of the directory ("" for
  * the root), `prefix` the full key prefix wanted. */
 struct walk {
+    struct vmsnap_store_conn *c;
     const struct vmsnap_store *st;
     const char *prefix;
     vmsnap_store_list_fn list_fn;
@@ -530,6 +532,14 @@ static int walk_dir(struct walk *w, const char *dirkey, int depth)
     int n = scandir(dpath, &ents, NULL, alphasort);
     if (n < 0) {
         int e = errno;
+        if (depth > 0 && (e == EACCES || e == EPERM)) {
+            /* a directory below the prefix that this user cannot read (another tenant's, a
+             * root-owned one): the rest of the listing goes on; the caller learns of it */
+            vlog(VMSNAP_LOG_WARN, "cannot list %s: %s (skipped)", dpath, strerror(e));
+            w->c->list_skipped = true;
+            free(dpath);
+            return 0;
+        }
         if (e != ENOENT && e != ENOTDIR)
             vmsnap_err_set(w->err, e, "list %s: %s", dpath, strerror(e));
         free(dpath);
@@ -600,20 +610,33 @@ static int walk_prefix(struct walk *w)
     dirkey[dl] = '\0';
     int rc = walk_dir(w, dirkey, 0);
     free(dirkey);
+    /* a prefix "D/name" is listed from D (keys "D/name2" match it too); when D cannot be read
+     * but D/name is a directory that can, list that: what else D holds cannot be read anyway */
+    size_t pl = strlen(w->prefix);
+    if ((rc == -EACCES || rc == -EPERM) && pl > dl + 1 && w->prefix[pl - 1] != '/') {
+        char *p = store_local_path(w->st, w->prefix);
+        struct stat sb;
+        bool dir = p && stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+        free(p);
+        if (dir) {
+            vmsnap_err_clear(w->err);
+            rc = walk_dir(w, w->prefix, 0);
+        }
+    }
     return rc;
 }
 
 static int llist(struct vmsnap_store_conn *c, const char *prefix, vmsnap_store_list_fn fn,
                  void *arg, struct vmsnap_err *err)
 {
-    struct walk w = {c->st, prefix, fn, NULL, arg, err};
+    struct walk w = {c, c->st, prefix, fn, NULL, arg, err};
     return walk_prefix(&w);
 }
 
 static int llist_uploads(struct vmsnap_store_conn *c, const char *prefix, vmsnap_store_upload_fn fn,
                          void *arg, struct vmsnap_err *err)
 {
-    struct walk w = {c->st, prefix, NULL, fn, arg, err};
+    struct walk w = {c, c->st, prefix, NULL, fn, arg, err};
     return walk_prefix(&w);
 }
 

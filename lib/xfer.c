@@ -2689,6 +2689,11 @@ int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsna
         manifest_fini(&m);
         rc = fn(arg, &set);
     }
+    if (rc == 0 && c->list_skipped)
+        rc = vmsnap_err_set(err, EACCES,
+                            "%s: some directories under it could not be read (skipped: see the "
+                            "warnings above); the list is incomplete",
+                            url);
     keys_free(&k);
     free(lp);
     vmsnap_store_conn_free(c);
@@ -3065,6 +3070,11 @@ int vmsnap_xfer_gc(const char *url, const struct vmsnap_gc_opts *g,
                             "%u of the things killed pushes left under %s could not be removed "
                             "(%s: %s)",
                             l.failed, url, l.first_key, l.first.msg);
+    else if (rc == 0 && c->list_skipped)
+        rc = vmsnap_err_set(err, EACCES,
+                            "some directories under %s could not be read (skipped: see the "
+                            "warnings above); what killed pushes left there stays",
+                            url);
     if (res)
         *res = (struct vmsnap_gc_result){.aborted = l.n,
                                          .pushes = l.pushes,

@@ -439,6 +439,30 @@ grep -q '"replaces":\["b"\]' "$S"/sets/rp/vmsnap-push-*.json || fail "mark of th
 "$VMSNAP" gc --older-than 0 "$S/sets/rp" 2>"$T/gc" || fail "gc after a push over a set was killed: $(cat "$T/gc")"
 [ -e "$S/sets/rp" ] && fail "gc after a push over a set was killed left: $(ls -A "$S/sets/rp")"
 rm "$T/rb/big"
+# a directory the user cannot read, below a prefix (another tenant's, a root-owned one): ls and
+# gc list and clean the rest, warn naming it and exit 1 (it stopped both at once, and each cron
+# gc failed at the same place, leaving what killed pushes left)
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
+    asnobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
+    chmod o+x "$T" && mkdir -m 0777 "$T/ns" && echo x >"$T/ns1" && chmod 644 "$T/ns1"
+    mkdir -p "$T/nset" && echo m >"$T/nset/memory-ranges" && chmod -R o+rX "$T/nset"
+    asnobody "$VMSNAP" -q push "$T/nset" "$T/ns/a" || fail "push as nobody"
+    asnobody "$VMSNAP" -q push "$T/nset" "$T/ns/b" || fail "push as nobody (b)"
+    mkdir -m 0700 "$T/ns/aa_private"
+    printf '{"vmsnapPush":1,"pushId":"%s","started":%s,"files":["extra"]}' $id1 $old >"$T/ns/b/vmsnap-push-$id1.json"
+    cp "$T/ns/b/memory-ranges.zstd" "$T/ns/b/extra.zstd" && chown -R 65534:65534 "$T/ns/b"
+    rc=0 && asnobody "$VMSNAP" ls "$T/ns" >"$T/out" 2>"$T/err" || rc=$?
+    [ $rc = 1 ] && grep -q "cannot list $T/ns/aa_private: Permission denied (skipped)" "$T/err" &&
+        grep -q "some directories under it could not be read" "$T/err" || fail "ls with an unreadable directory: exit $rc: $(cat "$T/err")"
+    grep -q "$T/ns/a" "$T/out" && grep -q "$T/ns/b" "$T/out" || fail "ls with an unreadable directory listed: $(cat "$T/out")"
+    rc=0 && asnobody "$VMSNAP" gc --older-than 0 "$T/ns" 2>"$T/err" || rc=$?
+    [ $rc = 1 ] && grep -q "some directories under $T/ns could not be read" "$T/err" || fail "gc with an unreadable directory: exit $rc: $(cat "$T/err")"
+    [ -e "$T/ns/b/extra.zstd" ] && fail "gc with an unreadable directory left what a killed push left elsewhere"
+    rm -rf "$T/ns" "$T/nset" "$T/ns1"
+    chmod o-x "$T"
+elif [ "${VMSNAP_REQUIRE_ALL:-0}" = 1 ]; then
+    fail "the unreadable-directory case needs root and setpriv"
+fi
 # gc's age on the local store is the upload temporary's last write: an upload written to just
 # now is kept (a push may be running), one untouched for two hours is aborted
 mkdir -p "$S/sets/gcg" && echo part >"$S/sets/gcg/.a.zstd.mpu-young1" && echo part >"$S/sets/gcg/.b.zstd.mpu-old111"
