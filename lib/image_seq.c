@@ -53,8 +53,9 @@ struct vmsnap_seqdec {
     size_t cap_len, cap_size;
     bool expect_table, table_seen, any_frame;
     uint64_t info_frame_size;
-    XXH64_state_t *xxh;  /* of the current frame's decoded content */
-    XXH64_state_t *cxxh; /* of the current frame's compressed bytes */
+    struct vmsnap_image_stats table_st; /* the seek table's whole-image fields, once seen */
+    XXH64_state_t *xxh;                 /* of the current frame's decoded content */
+    XXH64_state_t *cxxh;                /* of the current frame's compressed bytes */
     uint64_t frame_dsize;
     struct seen_frame *seen;
     size_t n_seen, seen_cap;
@@ -226,6 +227,7 @@ static int check_table(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
         return rc;
     struct vmsnap_image_stats st;
     vmsnap_image_get_stats(img, &st);
+    sd->table_st = st;
     uint32_t n = vmsnap_image_frame_count(img);
     if (n != sd->n_seen || st.total_size != sd->rp.total || st.populated != sd->rp.populated ||
         st.frame_size != sd->info_frame_size) {
@@ -507,6 +509,11 @@ int vmsnap_seqdec_finish(struct vmsnap_seqdec *sd, struct vmsnap_image_stats *st
         st.extents = sd->rp.extents;
         st.frames = sd->table_seen && sd->n_seen >= 2 ? sd->n_seen - 2 : sd->n_seen;
         st.has_seek_table = sd->table_seen;
+        if (sd->table_seen) { /* what only the table records (a file's inspect reads it too) */
+            st.zero_elided = sd->table_st.zero_elided;
+            st.frame_size = sd->table_st.frame_size;
+            st.level = sd->table_st.level;
+        }
         break;
     }
     st.object_size = sd->in_off;

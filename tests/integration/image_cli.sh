@@ -37,6 +37,10 @@ grep -q '"frames":3,"frame_size":4194304,' "$T/j9" ||
 grep -q '"frames":1,"frame_size":67108864,' "$T/j1" ||
     fail "64M frames: all data in range 0: $(cat "$T/j1")"
 grep -q '"logical_size":20971520' "$T/j1" || fail "logical size in --json"
+# a stream on stdin (a pipe: read in order) reports what the file does (zero_elided and
+# frame_size read 0 there: only the seek table at the end records them)
+cat "$T/img9" | "$VMSNAP" inspect --json - | sed 's/"path":"-"/"path":"X"/' >"$T/j9p"
+sed 's/"path":"[^"]*"/"path":"X"/' "$T/j9" | cmp -s - "$T/j9p" || fail "inspect of a pipe: $(cat "$T/j9p") vs $(cat "$T/j9")"
 "$VMSNAP" inspect --verify "$T/img" > "$T/iv" || fail "inspect --verify"
 grep -q "all checksums match" "$T/iv" || fail "inspect --verify output"
 
