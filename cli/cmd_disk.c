@@ -18,6 +18,12 @@ static const char *const sub_usage =
     "       disk clone [--link] [--new-uuid] [--force] [--direct] SRC DST\n"
     "       disk info [--json] IMAGE";
 
+static int disk_help(void)
+{
+    printf("usage: vmsnap %s\n", sub_usage);
+    return EXIT_OK;
+}
+
 static int fail(const char *sub, const struct vmsnap_err *e)
 {
     /* Library messages already start with "disk <sub> <image>:". */
@@ -71,11 +77,17 @@ static int parse_attrs(char *rest, struct vmsnap_disk_entry *e)
 static int disk_create(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"size", required_argument, NULL, 's'},     {"inodes", required_argument, NULL, 'i'},
-        {"label", required_argument, NULL, 'L'},    {"uuid", required_argument, NULL, 'U'},
-        {"add", required_argument, NULL, 'a'},      {"mkdir", required_argument, NULL, 'm'},
-        {"from-dir", required_argument, NULL, 'd'}, {"force", no_argument, NULL, 'f'},
-        {"fsync", no_argument, NULL, 'S'},          {NULL, 0, NULL, 0},
+        {"size", required_argument, NULL, 's'},
+        {"inodes", required_argument, NULL, 'i'},
+        {"label", required_argument, NULL, 'L'},
+        {"uuid", required_argument, NULL, 'U'},
+        {"add", required_argument, NULL, 'a'},
+        {"mkdir", required_argument, NULL, 'm'},
+        {"from-dir", required_argument, NULL, 'd'},
+        {"force", no_argument, NULL, 'f'},
+        {"fsync", no_argument, NULL, 'S'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     struct vmsnap_disk_create_opts o = {0};
     struct vmsnap_disk_entry *ents = calloc((size_t)argc, sizeof(*ents));
@@ -154,6 +166,9 @@ static int disk_create(int argc, char **argv)
         case 'S':
             o.fsync = true;
             break;
+        case 'h':
+            rc = disk_help();
+            goto out;
         default:
             rc = cli_usage("disk", "create: unknown option");
             goto out;
@@ -175,11 +190,9 @@ out:
 static int disk_clone(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"link", no_argument, NULL, 'l'},
-        {"new-uuid", no_argument, NULL, 'u'},
-        {"force", no_argument, NULL, 'f'},
-        {"direct", no_argument, NULL, 'd'},
-        {NULL, 0, NULL, 0},
+        {"link", no_argument, NULL, 'l'},  {"new-uuid", no_argument, NULL, 'u'},
+        {"force", no_argument, NULL, 'f'}, {"direct", no_argument, NULL, 'd'},
+        {"help", no_argument, NULL, 'h'},  {NULL, 0, NULL, 0},
     };
     struct vmsnap_disk_clone_opts o = {0};
     int c;
@@ -198,6 +211,8 @@ static int disk_clone(int argc, char **argv)
         case 'd':
             o.direct = true;
             break;
+        case 'h':
+            return disk_help();
         default:
             return cli_usage("disk", "clone: unknown option");
         }
@@ -222,12 +237,15 @@ static int disk_info(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     bool json = false;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (c == 'h')
+            return disk_help();
         if (c != 'j')
             return cli_usage("disk", "info: unknown option");
         json = true;
@@ -290,22 +308,12 @@ static int disk_info(int argc, char **argv)
     return EXIT_OK;
 }
 
-static bool wants_help(int argc, char **argv)
-{
-    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
-            return true;
-    return false;
-}
-
 int cmd_disk(int argc, char **argv)
 {
     if (argc < 2)
         return cli_usage("disk", "want a subcommand: %s", sub_usage);
-    if (wants_help(argc, argv)) {
-        printf("usage: vmsnap %s\n", sub_usage);
-        return EXIT_OK;
-    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))
+        return disk_help();
     if (!strcmp(argv[1], "create"))
         return disk_create(argc - 1, argv + 1);
     if (!strcmp(argv[1], "clone"))

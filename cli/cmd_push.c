@@ -53,7 +53,11 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
         case 's': {
             uint64_t sz;
             if (cli_parse_size(optarg, &sz) < 0 || sz == 0)
-                return cli_usage(verb, "%s wants a size like 16M, not '%s'", argv[optind - 1],
+                return cli_usage(verb, "%s wants a size like 16M, not '%s'",
+                                 c == 'p'   ? "--part-size"
+                                 : c == 'm' ? "--max-memory"
+                                 : c == 'f' ? "--frame-size"
+                                            : "--max-size",
                                  optarg),
                        -1;
             if (c == 'p')

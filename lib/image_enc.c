@@ -947,9 +947,14 @@ int vmsnap_image_pack(const char *src, const char *dst, const struct vmsnap_pack
     struct sys_atomic_file af = {.fd = STDOUT_FILENO};
     bool to_stdout = strcmp(dst, "-") == 0;
     int rc = 0;
-    if (!to_stdout && sys_same_file(fd, dst)) {
+    struct stat so, si;
+    bool self = to_stdout ? fstat(STDOUT_FILENO, &so) == 0 && fstat(fd, &si) == 0 &&
+                                so.st_dev == si.st_dev && so.st_ino == si.st_ino
+                          : sys_same_file(fd, dst);
+    if (self) { /* pack X X, or pack X - >> X */
         close(fd);
-        return vmsnap_err_set(err, EINVAL, "%s: the destination is the source", dst);
+        return vmsnap_err_set(err, EINVAL, "%s: the destination is the source",
+                              to_stdout ? "stdout" : dst);
     }
     if (!to_stdout && (rc = sys_atomic_open(&af, dst, 0600, err)) < 0) {
         close(fd);

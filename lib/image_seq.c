@@ -125,9 +125,11 @@ static int plain_flush(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
     }
     sd->plain_pos += sd->blk_fill;
     sd->blk_fill = 0;
-    if (sd->plain_pos > sd->max_size)
-        return img_corrupt(err, sd->name, "decoded size passes the cap of %llu bytes",
-                           ULL(sd->max_size));
+    if (sd->plain_pos > sd->max_size) /* a policy, not damage */
+        return vmsnap_err_set(err, EFBIG,
+                              "%s: decoded size passes the cap of %llu bytes (--max-size; raise "
+                              "it for a larger image)",
+                              sd->name, ULL(sd->max_size));
     return 0;
 }
 

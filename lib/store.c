@@ -9,7 +9,6 @@
 #include "util/util.h"
 
 #include <arpa/inet.h>
-#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -234,15 +233,15 @@ static int open_s3(struct vmsnap_store *st, const char *url, bool gs,
     return s3_global_init(err);
 }
 
-/* Does `s` start with what RFC 3986 calls a scheme and a colon ("s3:", "file:")? */
+/* Does `s` start with a scheme a store URL could have and a colon ("s3:", "File:")? Other
+ * colons are a path's (snap-2026-01-01T10:00, vm1:mem). */
 static bool scheme_like(const char *s)
 {
-    if (!isalpha((unsigned char)s[0]))
-        return false;
-    size_t i = 1;
-    while (isalnum((unsigned char)s[i]) || s[i] == '+' || s[i] == '-' || s[i] == '.')
-        i++;
-    return s[i] == ':';
+    static const char *const schemes[] = {"s3:", "gs:", "file:", "http:", "https:"};
+    for (size_t i = 0; i < sizeof(schemes) / sizeof(schemes[0]); i++)
+        if (!strncasecmp(s, schemes[i], strlen(schemes[i])))
+            return true;
+    return false;
 }
 
 int vmsnap_store_open(const char *url, const struct vmsnap_store_opts *opts,

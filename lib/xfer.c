@@ -1648,16 +1648,24 @@ static int base_key_in(struct xfer *x, const char *base, struct vmsnap_err *err)
     return rc;
 }
 
-/* Is `key` of a local store the file or directory at `path`? (push FILE FILE replaced the file
- * with its own object; pull into the set's own directory mixed files and objects.) */
-static bool local_same(const struct xfer *x, const char *key, const char *path)
+/* Is `key` of a local store the file or directory at `path`, or (`within`) inside that
+ * directory? (push FILE FILE replaced the file with its own object; a set pushed into itself or
+ * pulled into its own directory mixed files and objects.) */
+static bool local_same(const struct xfer *x, const char *key, const char *path, bool within)
 {
-    if (x->st->kind != VMSNAP_STORE_LOCAL)
-        return false;
-    char p[PATH_MAX];
     struct stat a, b;
-    return snprintf(p, sizeof(p), "/%s", key) < (int)sizeof(p) && stat(p, &a) == 0 &&
-           stat(path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+    char p[PATH_MAX];
+    if (x->st->kind != VMSNAP_STORE_LOCAL || stat(path, &b) < 0 ||
+        snprintf(p, sizeof(p), "/%s", key) >= (int)sizeof(p))
+        return false;
+    for (;;) {
+        if (stat(p, &a) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+            return true;
+        char *sl = strrchr(p, '/');
+        if (!within || !sl || sl == p)
+            return false;
+        *sl = '\0';
+    }
 }
 
 int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer_opts *opts,
@@ -1681,8 +1689,9 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
         rc = vmsnap_err_set(err, EINVAL, "%s: a key (a path inside the bucket) is needed", url);
         goto out;
     }
-    if (local_same(&x, key, path)) {
-        rc = vmsnap_err_set(err, EINVAL, "push %s to %s: the destination is the %s being pushed",
+    if (local_same(&x, key, path, S_ISDIR(sb.st_mode))) {
+        rc = vmsnap_err_set(err, EINVAL,
+                            "push %s to %s: the destination is the %s being pushed, or inside it",
                             path, url, S_ISDIR(sb.st_mode) ? "directory" : "file");
         goto out;
     }
@@ -2521,7 +2530,7 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
         goto out;
     }
     vmsnap_store_url(x.st, mkey, murl, sizeof(murl));
-    if (local_same(&x, key, path)) {
+    if (local_same(&x, key, path, false)) {
         rc =
             vmsnap_err_set(err, EINVAL, "the destination %s is where the snapshot is stored", path);
         goto out;

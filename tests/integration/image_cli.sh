@@ -26,7 +26,13 @@ grep -q "$T/self: the destination is the source" "$T/err" || fail "pack to itsel
 expect_fail "unpack to itself" "$VMSNAP" unpack "$T/selfimg" "$T/selfimg"
 expect_fail "unpack from stdin to itself" sh -c "'$VMSNAP' unpack - '$T/selfimg' < '$T/selfimg'"
 grep -q "$T/selfimg: the destination is the source" "$T/err" || fail "unpack to itself: $(cat "$T/err")"
+expect_fail "pack to stdout appended to the source" sh -c "'$VMSNAP' pack '$T/self' - >>'$T/self'"
 cmp -s "$T/src" "$T/self" && cmp -s "$T/img" "$T/selfimg" || fail "a refused pack or unpack changed its source"
+# plain zstd over --max-size is refused as over the cap (a policy), not as corrupt
+zstd -q -c "$T/src" >"$T/plain.zst"
+expect_fail "plain zstd over --max-size" "$VMSNAP" unpack --max-size 1M "$T/plain.zst" "$T/pz"
+grep -q "passes the cap of 1048576 bytes (--max-size" "$T/err" && ! grep -q corrupt "$T/err" ||
+    fail "plain zstd over --max-size: $(cat "$T/err")"
 
 # options change the output the way they say
 "$VMSNAP" -q pack --level 9 --frame-size 4M "$T/src" "$T/img9" || fail "pack --level 9"

@@ -26,6 +26,11 @@ resume_check "$S" golden "$golden_ram" "$golden_data" || done_tests
 expect_fail "resume of a running VM" vmc "$S" resume golden
 grep -q 'running' "$T/err" || fail "resume of a running VM: $(cat "$T/err")"
 
+# a mistyped URL is refused before the VM stops (the guest kept running)
+expect_fail "suspend to a mistyped URL" vmc "$S" suspend golden s3:/bucket/key
+grep -q "a mistyped URL" "$T/err" || fail "suspend to a mistyped URL: $(cat "$T/err")"
+vmc "$S" ls | grep -Eq '^golden +running' || fail "a suspend to a mistyped URL stopped the VM: $(vmc "$S" ls)"
+
 # upload fails (the store path is under a regular file): the checkpoint is kept locally
 sleep 1
 touch "$T/notadir"

@@ -19,7 +19,8 @@ for u in s3:/bucket/key s3:bucket/key file:/abs file:rel gs:/b/k; do
 done
 [ -z "$(ls -d s3:* file:* gs:* 2>/dev/null)" ] || fail "a mistyped URL made: $(ls -d s3:* file:* gs:*)"
 "$VMSNAP" -q push u1 ./s3:ok && [ -f "$T/s3:ok" ] || fail "push to ./s3:ok"
-rm -rf "$T/s3:ok"
+"$VMSNAP" -q push u1 snap-2026-11-30T10:00 && [ -f "$T/snap-2026-11-30T10:00" ] || fail "push to a path with a colon"
+rm -rf "$T/s3:ok" "$T/snap-2026-11-30T10:00"
 # a destination that is the source: push FILE FILE (it replaced the file with its object), a
 # set into its own directory, pull into where the snapshot is stored
 cp u1 u2 && mkdir -p sd && cp u1 sd/f
@@ -27,6 +28,8 @@ expect_fail "push a file to itself" "$VMSNAP" push u2 u2
 grep -q "push u2 to u2: the destination is the file being pushed" "$T/err" || fail "push to itself: $(cat "$T/err")"
 cmp -s u1 u2 || fail "a refused push changed its source"
 expect_fail "push a set into its own directory" "$VMSNAP" push sd "$T/sd"
+expect_fail "push a set into a directory inside it" "$VMSNAP" push sd sd/sub
+[ -e sd/sub ] && fail "a refused push into its own subdirectory stored something"
 "$VMSNAP" -q push sd st/sd && "$VMSNAP" -q push u1 st/one || fail "push sd, u1"
 expect_fail "pull a set into its own directory" "$VMSNAP" pull st/sd st/sd
 grep -q "the destination st/sd is where the snapshot is stored" "$T/err" || fail "pull to itself: $(cat "$T/err")"
