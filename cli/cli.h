@@ -82,10 +82,14 @@ struct xfer_flags {
     bool *drop_cache;    /* pull --drop-cache */
     bool *dry_run;       /* gc --dry-run */
     int64_t *older_than; /* gc --older-than DURATION, in seconds */
+    bool *json;          /* push, pull, ls --json */
 };
 /* Parse the transfer options; returns the index of the first operand, -1 after a usage error
  * was printed, -2 for --help. */
 int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_opts *o,
                     const struct xfer_flags *f);
 void cmd_xfer_summary(const char *verb, const struct vmsnap_xfer_stats *st, double wall);
+/* The same as one JSON object on stdout (push/pull --json). */
+void cmd_xfer_json(const char *src, const char *dst, const struct vmsnap_xfer_stats *st,
+                   double wall);
 #endif

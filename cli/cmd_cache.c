@@ -71,7 +71,8 @@ static int stat_cb(void *arg, const char *path, const struct vmsnap_pcache_stat 
     if (o->json) {
         json_object *j = stat_json(path, st);
         printf("%s\n    %s", o->first ? "" : ",",
-               json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN));
+               json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN |
+                                                     JSON_C_TO_STRING_NOSLASHESCAPE));
         json_object_put(j);
         o->first = false;
     } else {
@@ -129,7 +130,8 @@ static int cache_stat(int argc, char **argv)
     if (o.json) {
         json_object *t = stat_json(NULL, &total);
         printf("\n  ],\n  \"page_size\": %u,\n  \"total\": %s\n}\n", total.page_size,
-               json_object_to_json_string_ext(t, JSON_C_TO_STRING_PLAIN));
+               json_object_to_json_string_ext(t, JSON_C_TO_STRING_PLAIN |
+                                                     JSON_C_TO_STRING_NOSLASHESCAPE));
         json_object_put(t);
     } else {
         char label[64];

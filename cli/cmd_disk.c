@@ -283,7 +283,7 @@ static int disk_info(int argc, char **argv)
         json_object_object_add(o, "mount_count", json_object_new_int64(in.mount_count));
         json_object_object_add(o, "mkfs_time", json_object_new_int64(in.mkfs_time));
         json_object_object_add(o, "write_time", json_object_new_int64(in.write_time));
-        puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY |
+        puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
                                                    JSON_C_TO_STRING_NOSLASHESCAPE));
         json_object_put(o);
         return EXIT_OK;

@@ -3,11 +3,25 @@
 #include "cli.h"
 #include "vmsnap/xfer.h"
 
+#include <json.h>
 #include <stdio.h>
 
 static int print_set(void *arg, const struct vmsnap_xfer_set *s)
 {
-    (void)arg;
+    json_object *arr = arg;
+    if (arr) { /* --json: exact numbers, one array printed at the end */
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "url", json_object_new_string(s->url));
+        json_object_object_add(o, "valid", json_object_new_boolean(s->valid));
+        if (s->valid) {
+            json_object_object_add(o, "files", json_object_new_int64((int64_t)s->files));
+            json_object_object_add(o, "logical_size", json_object_new_int64((int64_t)s->logical));
+            json_object_object_add(o, "object_size",
+                                   json_object_new_int64((int64_t)s->object_bytes));
+        }
+        json_object_array_add(arr, o);
+        return 0;
+    }
     char a[32], b[32];
     if (!s->valid)
         printf("%s\t(unreadable manifest)\n", s->url);
@@ -20,9 +34,10 @@ static int print_set(void *arg, const struct vmsnap_xfer_set *s)
 int cmd_ls(int argc, char **argv)
 {
     struct vmsnap_xfer_opts o = {0};
-    int i = cmd_xfer_getopt("ls", argc, argv, &o, NULL);
+    bool json = false;
+    int i = cmd_xfer_getopt("ls", argc, argv, &o, &(struct xfer_flags){.json = &json});
     if (i == -2) {
-        printf("usage: vmsnap ls [--endpoint URL] [--region R] [--path-style] URL\n");
+        printf("usage: vmsnap ls [--json] [--endpoint URL] [--region R] [--path-style] URL\n");
         return EXIT_OK;
     }
     if (i < 0)
@@ -30,8 +45,14 @@ int cmd_ls(int argc, char **argv)
     if (argc - i != 1)
         return cli_usage("ls", "expected one URL");
     struct vmsnap_err err = {0};
-    int rc = vmsnap_xfer_list(argv[i], &o, print_set, NULL, &err);
+    json_object *arr = json ? json_object_new_array() : NULL;
+    int rc = vmsnap_xfer_list(argv[i], &o, print_set, arr, &err);
     vmsnap_store_global_cleanup();
+    if (arr) { /* what could be listed, also when the listing was incomplete */
+        printf("%s\n", json_object_to_json_string_ext(arr, JSON_C_TO_STRING_PLAIN |
+                                                               JSON_C_TO_STRING_NOSLASHESCAPE));
+        json_object_put(arr);
+    }
     if (rc < 0) {
         cli_error("ls", "%s", err.msg);
         return EXIT_FAIL;

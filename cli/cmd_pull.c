@@ -8,11 +8,12 @@
 int cmd_pull(int argc, char **argv)
 {
     struct vmsnap_xfer_opts o = {0};
-    bool drop_cache = false;
-    int i =
-        cmd_xfer_getopt("pull", argc, argv, &o, &(struct xfer_flags){.drop_cache = &drop_cache});
+    bool drop_cache = false, json = false;
+    int i = cmd_xfer_getopt("pull", argc, argv, &o,
+                            &(struct xfer_flags){.drop_cache = &drop_cache, .json = &json});
     if (i == -2) {
-        printf("usage: vmsnap pull [-j N] [--max-memory SIZE] [--threads N] [--max-size SIZE]\n"
+        printf("usage: vmsnap pull [--json] [-j N] [--max-memory SIZE] [--threads N] [--max-size "
+               "SIZE]\n"
                "       [--no-fsync] [--drop-cache] [--endpoint URL] [--region R] [--path-style]\n"
                "       [--retries N]\n"
                "       URL PATH\n");
@@ -36,6 +37,9 @@ int cmd_pull(int argc, char **argv)
         cli_error("pull", "%s", err.msg);
         return EXIT_FAIL;
     }
-    cmd_xfer_summary("pull", &st, cli_now() - t0);
+    if (json)
+        cmd_xfer_json(argv[i], argv[i + 1], &st, cli_now() - t0);
+    else
+        cmd_xfer_summary("pull", &st, cli_now() - t0);
     return drop_cache ? cli_drop_cache("pull", argv[i + 1]) : EXIT_OK;
 }

@@ -4,7 +4,9 @@
 #include "vmsnap/xfer.h"
 
 #include <getopt.h>
+#include <json.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 
@@ -29,6 +31,7 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
         {"retries", required_argument, NULL, 'R'},
         {"force", no_argument, NULL, 'F'},
         {"drop-cache", no_argument, NULL, 'D'},
+        {"json", no_argument, NULL, 'J'},
         {"base", required_argument, NULL, 'B'},
         {"dry-run", no_argument, NULL, 'N'},
         {"older-than", required_argument, NULL, 'O'},
@@ -123,6 +126,11 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
                 return cli_usage(verb, "--base is an option of push only"), -1;
             o->base = optarg;
             break;
+        case 'J':
+            if (!f->json)
+                return cli_usage(verb, "--json is an option of push, pull and ls only"), -1;
+            *f->json = true;
+            break;
         case 'D':
             if (!f->drop_cache)
                 return cli_usage(verb, "--drop-cache is an option of pull only"), -1;
@@ -165,12 +173,35 @@ void cmd_xfer_summary(const char *verb, const struct vmsnap_xfer_stats *st, doub
                 cli_bytes(a, sizeof(a), st->copied_bytes));
 }
 
+void cmd_xfer_json(const char *src, const char *dst, const struct vmsnap_xfer_stats *st,
+                   double wall)
+{
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "source", json_object_new_string(src));
+    json_object_object_add(o, "destination", json_object_new_string(dst));
+    json_object_object_add(o, "files", json_object_new_int64((int64_t)st->files));
+    json_object_object_add(o, "logical_size", json_object_new_int64((int64_t)st->logical));
+    json_object_object_add(o, "populated", json_object_new_int64((int64_t)st->populated));
+    json_object_object_add(o, "object_size", json_object_new_int64((int64_t)st->object_bytes));
+    json_object_object_add(o, "copied_bytes", json_object_new_int64((int64_t)st->copied_bytes));
+    char ws[32], cs[32];
+    snprintf(ws, sizeof(ws), "%.3f", wall);
+    snprintf(cs, sizeof(cs), "%.3f", cmd_xfer_cpu());
+    json_object_object_add(o, "seconds", json_object_new_double_s(wall, ws));
+    json_object_object_add(o, "cpu_seconds", json_object_new_double_s(atof(cs), cs));
+    printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
+                                                         JSON_C_TO_STRING_NOSLASHESCAPE));
+    json_object_put(o);
+}
+
 int cmd_push(int argc, char **argv)
 {
     struct vmsnap_xfer_opts o = {0};
-    int i = cmd_xfer_getopt("push", argc, argv, &o, NULL);
+    bool json = false;
+    int i = cmd_xfer_getopt("push", argc, argv, &o, &(struct xfer_flags){.json = &json});
     if (i == -2) {
-        printf("usage: vmsnap push [-j N] [--part-size SIZE] [--max-memory SIZE] [--threads N]\n"
+        printf("usage: vmsnap push [--json] [-j N] [--part-size SIZE] [--max-memory SIZE] "
+               "[--threads N]\n"
                "       [--frame-size SIZE] [--level L] [--endpoint URL] [--region R]\n"
                "       [--path-style] [--retries N] [--base URL] PATH URL\n");
         return EXIT_OK;
@@ -193,6 +224,9 @@ int cmd_push(int argc, char **argv)
         cli_error("push", "%s", err.msg);
         return EXIT_FAIL;
     }
-    cmd_xfer_summary("push", &st, cli_now() - t0);
+    if (json)
+        cmd_xfer_json(argv[i], argv[i + 1], &st, cli_now() - t0);
+    else
+        cmd_xfer_summary("push", &st, cli_now() - t0);
     return EXIT_OK;
 }

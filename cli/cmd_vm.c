@@ -214,7 +214,8 @@ static void report(const char *op, const char *name, const struct vmsnap_vm_timi
             json_object_object_add(o, "copied_bytes",
                                    json_object_new_int64((int64_t)t->copied_bytes));
         }
-        printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+        printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
+                                                             JSON_C_TO_STRING_NOSLASHESCAPE));
         json_object_put(o);
         return;
     }
@@ -353,7 +354,8 @@ int cmd_vm(int argc, char **argv)
                    "MEMORY", "LOCAL", "URL");
         rc = vmsnap_vm_list(&a.o, ls_cb, &l, &e);
         if (a.json) {
-            printf("%s\n", json_object_to_json_string_ext(l.arr, JSON_C_TO_STRING_PLAIN));
+            printf("%s\n", json_object_to_json_string_ext(
+                               l.arr, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
             json_object_put(l.arr);
         }
         return rc < 0 ? fail(verb, &e) : EXIT_OK;

@@ -60,7 +60,7 @@ static const struct cli_verb verbs[] = {
      "encodes two files at once: lower them on a node with many CPUs. --base URL: an earlier\n"
      "set (or object) in the same store; frames that did not change are copied there by the\n"
      "store (S3 UploadPartCopy) instead of being compressed and uploaded.\n"
-     "All options: [-j N] [--part-size SIZE] [--max-memory SIZE] [--threads N]\n"
+     "All options: [--json] [-j N] [--part-size SIZE] [--max-memory SIZE] [--threads N]\n"
      "[--frame-size SIZE] [--level L] [--endpoint URL] [--region R] [--path-style]\n"
      "[--retries N] [--base URL]."},
     {"pull", cmd_pull, "pull [-j N] [--max-memory SIZE] [--drop-cache] ... URL PATH",
@@ -68,9 +68,12 @@ static const struct cli_verb verbs[] = {
      "one object, with ranged GETs of frame groups over N connections, decoded in parallel into\n"
      "sparse files. Files appear (mode 0600) only when all are complete and verified; other\n"
      "files already in PATH are left as they are.\n"
-     "All options: [-j N] [--max-memory SIZE] [--threads N] [--max-size SIZE] [--no-fsync]\n"
+     "All options: [--json] [-j N] [--max-memory SIZE] [--threads N] [--max-size SIZE]\n"
+     "[--no-fsync] "
      "[--drop-cache] [--endpoint URL] [--region R] [--path-style] [--retries N]."},
-    {"ls", cmd_ls, "ls URL", "List the snapshot sets under a prefix with their manifest summary."},
+    {"ls", cmd_ls, "ls [--json] URL",
+     "List the snapshot sets under a prefix with their manifest summary (--json: an array\n"
+     "of {url, valid, files, logical_size, object_size})."},
     {"rm", cmd_rm, "rm [--force] URL",
      "Delete a snapshot set, manifest first, or one object. --force also deletes the *.zstd\n"
      "objects of an incomplete set (no manifest) and aborts its unfinished uploads."},

@@ -21,6 +21,21 @@ done
 "$VMSNAP" -q push u1 ./s3:ok && [ -f "$T/s3:ok" ] || fail "push to ./s3:ok"
 "$VMSNAP" -q push u1 snap-2026-11-30T10:00 && [ -f "$T/snap-2026-11-30T10:00" ] || fail "push to a path with a colon"
 rm -rf "$T/s3:ok" "$T/snap-2026-11-30T10:00"
+# --json: one object per push/pull, one array for ls, on stdout, with exact numbers
+mkdir -p js && echo abc >js/a && head -c 5000 /dev/urandom >js/b
+"$VMSNAP" push --json js st/js >push.json && "$VMSNAP" pull --json st/js js.out >pull.json &&
+    "$VMSNAP" ls --json st >ls.json || fail "push/pull/ls --json"
+python3 - "$T/st/js" <<'PYEOF' || fail "--json output: $(cat push.json pull.json ls.json)"
+import json, sys
+p, q, l = (json.load(open(f)) for f in ("push.json", "pull.json", "ls.json"))
+assert p["source"] == "js" and p["destination"] == "st/js" and p["files"] == 2, p
+assert p["logical_size"] == 5004 and p["populated"] == 5004 and p["object_size"] > 5004, p
+assert q["files"] == 2 and q["logical_size"] == 5004 and q["destination"] == "js.out", q
+assert isinstance(p["seconds"], float) and isinstance(p["cpu_seconds"], float), p
+assert l == [{"url": sys.argv[1], "valid": True, "files": 2, "logical_size": 5004,
+              "object_size": l[0]["object_size"]}], l
+PYEOF
+rm -rf js js.out st push.json pull.json ls.json
 # a destination that is the source: push FILE FILE (it replaced the file with its object), a
 # set into its own directory, pull into where the snapshot is stored
 cp u1 u2 && mkdir -p sd && cp u1 sd/f
