@@ -1690,9 +1690,8 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
         goto out;
     }
     if (local_same(&x, key, path, S_ISDIR(sb.st_mode))) {
-        rc = vmsnap_err_set(err, EINVAL,
-                            "push %s to %s: the destination is the %s being pushed, or inside it",
-                            path, url, S_ISDIR(sb.st_mode) ? "directory" : "file");
+        rc = vmsnap_err_set(err, EINVAL, "push %s to %s: the destination is the %s being pushed",
+                            path, url, S_ISDIR(sb.st_mode) ? "directory, or inside it," : "file");
         goto out;
     }
     if (x.o.base && (rc = base_key_in(&x, x.o.base, err)) < 0)
