@@ -1691,7 +1691,7 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
     }
     if (local_same(&x, key, path, S_ISDIR(sb.st_mode))) {
         rc = vmsnap_err_set(err, EINVAL, "push %s to %s: the destination is the %s being pushed",
-                            path, url, S_ISDIR(sb.st_mode) ? "directory, or inside it," : "file");
+                            path, url, S_ISDIR(sb.st_mode) ? "directory (or inside it)" : "file");
         goto out;
     }
     if (x.o.base && (rc = base_key_in(&x, x.o.base, err)) < 0)
