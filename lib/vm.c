@@ -29,6 +29,7 @@
 #include "vmsnap/pcache.h"
 #include "vmsnap/xfer.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -306,6 +307,57 @@ static void ctx_fini(struct vmctx *c)
     c->lockfd = -1;
 }
 
+/* Is `name` a temporary of sys_atomic_open (".NAME.XXXXXX"), for `base` when it is given? Not
+ * vmsnap's own marks and links (".vmsnap-..."). */
+static bool atomic_temp(const char *name, const char *base)
+{
+    size_t n = strlen(name);
+    if (name[0] != '.' || n < 9 || name[n - 7] != '.')
+        return false;
+    for (size_t i = n - 6; i < n; i++)
+        if (!isalnum((unsigned char)name[i]))
+            return false;
+    if (base)
+        return n == strlen(base) + 8 && !strncmp(name + 1, base, strlen(base));
+    return strncmp(name, ".vmsnap-", 8) != 0 || !strncmp(name, ".vmsnap-tmp.", 12);
+}
+
+static void sweep_dir(const char *dir, const char *base)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        char p[PATH_LEN];
+        if (!atomic_temp(de->d_name, base) ||
+            snprintf(p, sizeof(p), "%s/%s", dir, de->d_name) >= (int)sizeof(p))
+            continue;
+        if (rm_rf(p) == 0)
+            vlog(VMSNAP_LOG_INFO, "removed %s, left by a vmsnap command that was killed", p);
+    }
+    closedir(d);
+}
+
+/* What a command on this VM left when it was killed (SIGKILL, a second Ctrl-C) before its
+ * clean-up: the RAM image being copied into the RAM directory (hundreds of MiB of tmpfs, that
+ * is memory, that nothing else would ever remove), a set being staged, a checkpoint file half
+ * written. Called with the VM's lock held: no other command on it runs, so none is in use. */
+static void sweep_temps(const struct vmctx *c)
+{
+    const char *rb = strrchr(c->ram, '/'), *sb = strrchr(c->stage, '/');
+    if (rb && sb) {
+        sweep_dir(c->ram_dir, rb + 1);
+        sweep_dir(c->ram_dir, sb + 1);
+    }
+    const char *const dirs[] = {c->vmdir, c->ckpt, c->stage, c->ondemand};
+    for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++)
+        sweep_dir(dirs[i], NULL);
+    char p[PATH_LEN];
+    if (pcat(p, c->ckpt, ".new") == 0)
+        sweep_dir(p, NULL);
+}
+
 /* Lock the VM's directory against concurrent vmsnap commands on the same VM. */
 static int ctx_lock(struct vmctx *c, struct vmsnap_err *err)
 {
@@ -318,6 +370,7 @@ static int ctx_lock(struct vmctx *c, struct vmsnap_err *err)
     if (flock(c->lockfd, LOCK_EX | LOCK_NB) < 0)
         return vmsnap_err_set(err, EBUSY, "VM '%s' is busy: another vmsnap command holds %s",
                               c->name, c->vmdir);
+    sweep_temps(c);
     return 0;
 }
 
