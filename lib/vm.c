@@ -1364,13 +1364,10 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
     if (rc == 0)
         rc = load_vm(&c, &cfg, err);
     if (rc == 0) {
-        /* a URL the store refuses (a typo) fails here, before the VM stops for nothing */
+        /* a URL the store refuses (a typo, a local path under a file or in a directory this
+         * process cannot write) fails here, before the VM stops for nothing */
         struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
-        struct vmsnap_store *st = NULL;
-        char *key = NULL;
-        rc = vmsnap_store_open(url, &xo.store, &st, &key, err);
-        vmsnap_store_free(st);
-        free(key);
+        rc = vmsnap_xfer_check_dest(url, true, &xo, err);
     }
     if (rc == 0)
         rc = check_ram_dir(&c, err);

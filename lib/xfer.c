@@ -1668,6 +1668,30 @@ static bool local_same(const struct xfer *x, const char *key, const char *path, 
     }
 }
 
+int vmsnap_xfer_check_dest(const char *url, bool set, const struct vmsnap_xfer_opts *opts,
+                           struct vmsnap_err *err)
+{
+    struct vmsnap_store *st = NULL;
+    char *key = NULL;
+    static const struct vmsnap_xfer_opts none;
+    int rc = vmsnap_store_open(url, &(opts ? opts : &none)->store, &st, &key, err);
+    char p[PATH_MAX];
+    if (rc == 0 && st->kind == VMSNAP_STORE_LOCAL &&
+        snprintf(p, sizeof(p), "/%s", key) < (int)sizeof(p)) {
+        struct stat sb;
+        char *sl;
+        while (stat(p, &sb) < 0 && (sl = strrchr(p, '/')) && sl != p)
+            *sl = '\0';
+        if (stat(p, &sb) == 0 && !S_ISDIR(sb.st_mode) && (set || strcmp(p + 1, key)))
+            rc = vmsnap_err_set(err, ENOTDIR, "%s: %s is not a directory", url, p);
+        else if (stat(p, &sb) == 0 && S_ISDIR(sb.st_mode) && access(p, W_OK | X_OK) < 0)
+            rc = vmsnap_err_set(err, errno, "%s: cannot write in %s: %s", url, p, strerror(errno));
+    }
+    vmsnap_store_free(st);
+    free(key);
+    return rc;
+}
+
 int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer_opts *opts,
                      struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
 {

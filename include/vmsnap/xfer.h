@@ -77,6 +77,13 @@ struct vmsnap_xfer_stats {
     uint64_t copied_bytes; /* push with a base: object bytes the store copied from it */
 };
 
+/* Can a push to `url` (of a snapshot set when `set`) start? The URL parses and, for the local
+ * store, the deepest directory of the key that exists is a directory this process may write
+ * (and the key itself, for a set, is a directory or nothing). S3 is not asked: that needs a
+ * request. For a caller about to do something costly first (vm suspend stops the VM). */
+VMSNAP_API int vmsnap_xfer_check_dest(const char *url, bool set,
+                                      const struct vmsnap_xfer_opts *opts, struct vmsnap_err *err);
+
 /* Push the regular file or snapshot-set directory `path` to `url`. Errors name the file or
  * object; on failure no new object is visible at the file's key (a set has no manifest) and no
  * multipart upload is left. */

@@ -31,10 +31,21 @@ expect_fail "suspend to a mistyped URL" vmc "$S" suspend golden s3:/bucket/key
 grep -q "a mistyped URL" "$T/err" || fail "suspend to a mistyped URL: $(cat "$T/err")"
 vmc "$S" ls | grep -Eq '^golden +running' || fail "a suspend to a mistyped URL stopped the VM: $(vmc "$S" ls)"
 
-# upload fails (the store path is under a regular file): the checkpoint is kept locally
-sleep 1
+# ... and so is a local store path under a regular file (it failed the push after the VM was
+# stopped)
 touch "$T/notadir"
-expect_fail "suspend to an unwritable store" vmc "$S" suspend golden "$T/notadir/set"
+expect_fail "suspend to a store path under a file" vmc "$S" suspend golden "$T/notadir/set"
+grep -q "$T/notadir is not a directory" "$T/err" || fail "suspend under a file: $(cat "$T/err")"
+vmc "$S" ls | grep -Eq '^golden +running' || fail "a suspend under a file stopped the VM: $(vmc "$S" ls)"
+
+# upload fails (the store is a 1 MiB tmpfs: full): the checkpoint is kept locally
+sleep 1
+[ "$(id -u)" = 0 ] || skip "the full-store cases mount a tmpfs: needs root"
+mkdir "$T/full" && mount -t tmpfs -o size=1m vmsnap-test-store "$T/full" || skip "cannot mount a tmpfs"
+eval "orig_$(declare -f t_cleanup)"
+t_cleanup() { umount "$T/full" 2>/dev/null || true; orig_t_cleanup; }
+FULL=$T/full/set
+expect_fail "suspend to a full store" vmc "$S" suspend golden "$FULL"
 grep -q 'kept locally' "$T/err" || fail "failed suspend does not say the checkpoint is kept: $(cat "$T/err")"
 [ -f "$S/vms/golden/checkpoint/memory-ranges" ] && [ -f "$S/vms/golden/checkpoint/state" ] ||
     fail "failed suspend lost the local checkpoint"
@@ -121,7 +132,7 @@ expect_fail "resume from a set with a corrupt device state" vmc "$C" resume gold
 resume_check "$C" golden "$gr" "$gd" "$STORE/good" || done_tests
 sleep 1
 if chattr +i "$C/vms/golden" 2>/dev/null; then
-    expect_fail "suspend that can store nothing" vmc "$C" suspend golden "$T/notadir/set"
+    expect_fail "suspend that can store nothing" vmc "$C" suspend golden "$FULL"
     chattr -i "$C/vms/golden"
     grep -q "snapshot is left in" "$T/err" || fail "unsaved suspend: $(cat "$T/err")"
     stage=$(ls -d "$VMSNAP_RAM_DIR"/vmsnap-*-golden.stage 2>/dev/null | while read -r d; do
@@ -139,7 +150,7 @@ if chattr +i "$C/vms/golden" 2>/dev/null; then
     # again, and this time the next suspend stores it
     sleep 1
     chattr +i "$C/vms/golden"
-    expect_fail "second suspend that can store nothing" vmc "$C" suspend golden "$T/notadir/set"
+    expect_fail "second suspend that can store nothing" vmc "$C" suspend golden "$FULL"
     chattr -i "$C/vms/golden"
     [ -e "$stage/.vmsnap-unsaved" ] || fail "no marked stage after the second suspend that stored nothing"
     read -r ur ud <<<"$(last_counter "$C" golden)"
