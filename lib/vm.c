@@ -2039,6 +2039,14 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
     int rc = ctx_init(&c, o, name, err);
     if (rc == 0)
         rc = load_vm(&c, &cfg, err);
+    if (rc == 0 && remove && cfg_bool(cfg, "ram_shared") && cfg_str(cfg, "ram_path") &&
+        strcmp(cfg_str(cfg, "ram_path"), c.ram))
+        /* --rm would drop the record that says where the RAM file is, and leave the file
+         * (tmpfs: memory) for good */
+        rc = vmsnap_err_set(err, EINVAL,
+                            "VM '%s' keeps its RAM in %s, not %s: give the --ram-dir "
+                            "(VMSNAP_RAM_DIR) it was started with, so that --rm removes it",
+                            name, cfg_str(cfg, "ram_path"), c.ram);
     if (rc == 0)
         rc = vmm_from_cfg(&c, cfg, &v, err);
     if (rc == 0)

@@ -31,6 +31,14 @@ expect_fail "suspend to a mistyped URL" vmc "$S" suspend golden s3:/bucket/key
 grep -q "a mistyped URL" "$T/err" || fail "suspend to a mistyped URL: $(cat "$T/err")"
 vmc "$S" ls | grep -Eq '^golden +running' || fail "a suspend to a mistyped URL stopped the VM: $(vmc "$S" ls)"
 
+# vm stop --rm with another --ram-dir than the VM's is refused before it does anything (it
+# removed the record and left the RAM file, tmpfs memory, for good)
+mkdir -p "$VMSNAP_RAM_DIR/other"
+expect_fail "vm stop --rm with another --ram-dir" vmc "$S" stop --rm golden --ram-dir "$VMSNAP_RAM_DIR/other"
+grep -q "keeps its RAM in .*give the --ram-dir" "$T/err" || fail "stop --rm, wrong RAM dir: $(cat "$T/err")"
+vmc "$S" ls | grep -Eq '^golden +running' || fail "a refused stop --rm changed the VM: $(vmc "$S" ls)"
+rmdir "$VMSNAP_RAM_DIR/other"
+
 # ... and so is a local store path under a regular file (it failed the push after the VM was
 # stopped)
 touch "$T/notadir"
