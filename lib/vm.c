@@ -1907,7 +1907,11 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
                 goto out_src;
             }
         } else {
-            rc = image_copy(&c, img, c.ram, err);
+            /* room first: a copy that fills the RAM directory fails half way with ENOSPC
+             * instead of saying what the guest needs there */
+            rc = ram_room(&c, cfg_int(cfg, "memory"), err);
+            if (rc == 0)
+                rc = image_copy(&c, img, c.ram, err);
             if (rc < 0)
                 goto out_src;
         }

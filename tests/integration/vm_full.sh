@@ -138,6 +138,12 @@ done
 # the RAM directory too small for the guest's memory to grow
 vmc "$S" pause golden || fail "pause before the small RAM directory"
 read -r r d <<<"$(last_counter "$S" golden)"
+# ... even for the RAM image (the copy failed half way with "No space left on device")
+mount -o remount,size=$((ram_k / 2))k "$R"
+expect_fail "resume into a RAM directory too small for the RAM image" vmc "$S" resume golden
+grep -q "the RAM directory $R has .* MiB free, and the guest's RAM (256 MiB" "$T/err" ||
+    fail "RAM directory too small for the image, resume: $(cat "$T/err")"
+[ -z "$(ls -A "$R")" ] || fail "the refused resume left $(ls -A "$R")"
 mount -o remount,size=$((ram_k * 3 / 2))k "$R" # the RAM image fits, 256 MiB of RAM does not
 expect_fail "resume into a RAM directory too small for the guest's memory" vmc "$S" resume golden
 grep -q "the RAM directory $R has .* MiB free, and the guest's RAM (256 MiB" "$T/err" ||
