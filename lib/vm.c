@@ -1087,11 +1087,17 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
     int rc = vmsnap_vmm_state(v, &st, NULL, err);
     if (rc < 0)
         return rc;
-    if (st == VMSNAP_VMM_DEAD)
-        return vmsnap_err_set(err, ESRCH,
-                              "VM '%s' has no running QEMU (status %s): resume it from its last "
-                              "checkpoint",
-                              c->name, cfg_str(cfg, "status") ? cfg_str(cfg, "status") : "?");
+    if (st == VMSNAP_VMM_DEAD) {
+        const char *was = cfg_str(cfg, "status") ? cfg_str(cfg, "status") : "?";
+        bool ran = !strcmp(was, "running") || !strcmp(was, "restoring");
+        return vmsnap_err_set(
+            err, ESRCH, "VM '%s' has no running QEMU (%s): %s", c->name,
+            ran ? "it exited while the guest ran" : was,
+            exists(c->ckpt) || stage_unsaved(c)
+                ? "'vmsnap vm resume NAME' goes back to its last checkpoint"
+                : "it has no checkpoint here: resume it from a store ('vmsnap vm resume NAME "
+                  "URL') or remove it ('vmsnap vm stop --rm NAME')");
+    }
     /* io-error: QEMU stopped the guest on a failed disk write (a full host filesystem); the
      * device state keeps the request, which the restored guest retries */
     if (st != VMSNAP_VMM_RUNNING && st != VMSNAP_VMM_PAUSED && st != VMSNAP_VMM_IO_ERROR)
@@ -1396,6 +1402,21 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
             struct vmsnap_xfer_stats xs = {0};
             struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
             const char *from = unsaved ? c.stage : c.ckpt;
+            const char *was = cfg_str(cfg, "status");
+            if (was && (!strcmp(was, "running") || !strcmp(was, "restoring"))) {
+                /* QEMU died under a running guest (it crashed, or was killed): what the guest
+                 * did since the snapshot pushed here is gone; say so rather than succeed
+                 * quietly */
+                struct stat cs;
+                char when[64] = "?";
+                if (stat(from, &cs) == 0)
+                    strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S %Z",
+                             localtime(&cs.st_mtim.tv_sec));
+                vlog(VMSNAP_LOG_WARN,
+                     "VM '%s' is dead (its QEMU exited while the guest ran): suspending its "
+                     "last %s, %s, of %s; what the guest did after it is lost",
+                     name, unsaved ? "snapshot" : "checkpoint", from, when);
+            }
             rc = vmsnap_xfer_push(from, url, &xo, &xs, err);
             step(t, "upload", &t0);
             if (t) {
@@ -1415,6 +1436,7 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
             if (rc < 0)
                 goto out;
             unlink(c.disk);
+            unlink(c.ram); /* a dead QEMU's guest RAM (tmpfs: memory): not a state to keep */
             rm_rf(c.ckpt);
             rm_rf(c.ondemand);
             if (unsaved)
@@ -1772,7 +1794,11 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     } else if (!url) {
         snprintf(src, sizeof(src), "%s", c.ckpt);
         if (!exists(c.ckpt)) {
-            rc = vmsnap_err_set(err, ENOENT, "VM '%s' has no local checkpoint in %s", name, c.ckpt);
+            rc = vmsnap_err_set(err, ENOENT,
+                                "VM '%s' has no local checkpoint in %s: resume it from a store "
+                                "('vmsnap vm resume NAME URL') or remove it ('vmsnap vm stop "
+                                "--rm NAME')",
+                                name, c.ckpt);
             goto out;
         }
     } else {

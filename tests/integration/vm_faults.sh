@@ -19,9 +19,16 @@ for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 sleep 0.5
 vmc "$S" ls | grep -Eq '^golden +dead' || fail "vm ls after kill -9: $(vmc "$S" ls)"
 expect_fail "pause of a dead VM" vmc "$S" pause golden
-grep -q 'last checkpoint' "$T/err" || fail "pause of a dead VM: $(cat "$T/err")"
+grep -q 'exited while the guest ran.*goes back to its last checkpoint' "$T/err" || fail "pause of a dead VM: $(cat "$T/err")"
+# a suspend of the dead VM pushes its last checkpoint, saying what is lost (it said nothing),
+# and removes the dead QEMU's RAM file (tmpfs: it stayed)
+ram=$(ls "$VMSNAP_RAM_DIR"/vmsnap-*-golden.ram)
+vmc "$S" suspend golden "$T/deadstore/set" 2>"$T/err" || fail "suspend of a dead VM: $(cat "$T/err")"
+grep -q "VM 'golden' is dead (its QEMU exited while the guest ran): suspending its last checkpoint" "$T/err" ||
+    fail "suspend of a dead VM said: $(cat "$T/err")"
+[ -e "$ram" ] && fail "the suspend of a dead VM left its RAM file $ram"
 # resume goes back to the golden checkpoint: the counters continue from there, not from later
-resume_check "$S" golden "$golden_ram" "$golden_data" || done_tests
+resume_check "$S" golden "$golden_ram" "$golden_data" "$T/deadstore/set" || done_tests
 [ "$(blob_md5 "$S" golden)" = "$boot_md5" ] || fail "RAM blob md5 after resume of a killed VM"
 expect_fail "resume of a running VM" vmc "$S" resume golden
 grep -q 'running' "$T/err" || fail "resume of a running VM: $(cat "$T/err")"
