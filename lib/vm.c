@@ -1769,6 +1769,15 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
             rc = resume_io_error(&c, old, t, &t0, err);
             goto out;
         }
+        if (vrc == 0 && st == VMSNAP_VMM_PAUSED) {
+            rc = vmsnap_err_set(err, EBUSY,
+                                "VM '%s' is frozen: its QEMU holds the guest stopped (a resume "
+                                "killed after the restore, or a pause killed after it stopped "
+                                "the guest): 'vmsnap vm pause %s' checkpoints that state, then "
+                                "resume it; or 'vmsnap vm stop %s' and resume again",
+                                name, name, name);
+            goto out;
+        }
         if (vrc == 0 && st != VMSNAP_VMM_DEAD) {
             rc = vmsnap_err_set(err, EBUSY, "VM '%s' is %s: pause, suspend or stop it first", name,
                                 vmsnap_vmm_state_name(st));
@@ -2220,6 +2229,10 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
         else if (st == VMSNAP_VMM_DEAD &&
                  (!strcmp(status, "running") || !strcmp(status, "restoring")))
             status = "dead"; /* gone, or a resume killed before its QEMU ran */
+        else if (st == VMSNAP_VMM_PAUSED)
+            status = "frozen"; /* a QEMU holding a stopped guest, no command at work: a resume
+                                * killed after the restore, or a pause killed after the stop
+                                * (a paused VM of vmsnap's has no QEMU) */
         else if (st != VMSNAP_VMM_DEAD)
             status = vmsnap_vmm_state_name(st);
         int64_t mem = cfg_int(cfg, "memory");

@@ -53,6 +53,10 @@ vmc "$S" ls | grep -Eq '^golden +unsaved' || fail "vm ls after a killed resume: 
 # checkpoint supersedes the stage, which must not be preferred over it later
 rc=0 && VMSNAP_FAILPOINT=resume-restored vmc "$S" resume golden 2>"$T/err" || rc=$?
 [ "$rc" = 137 ] || fail "resume-restored failpoint (stage): exit $rc: $(cat "$T/err")"
+# vm ls tells it from a checkpointed VM (both said "paused"), and a resume says what to do
+vmc "$S" ls | grep -Eq '^golden +frozen' || fail "vm ls after a resume killed after the restore: $(vmc "$S" ls)"
+expect_fail "resume of a VM a killed resume restored" vmc "$S" resume golden
+grep -q "is frozen: its QEMU holds the guest stopped" "$T/err" || fail "resume of a frozen VM: $(cat "$T/err")"
 vmc "$S" pause golden || fail "pause of the VM a killed resume restored"
 [ -e "$stage" ] && fail "the stage outlived the checkpoint that superseded it"
 vmc "$S" ls | grep -Eq '^golden +paused' || fail "vm ls after that pause: $(vmc "$S" ls)"
