@@ -1822,7 +1822,11 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
             rc = vmsnap_err_set(err, errno, "mkdir %s: %s", src, strerror(errno));
             goto out;
         }
-        rc = vmsnap_xfer_pull(url, src, o ? o->xfer : NULL, NULL, err);
+        struct vmsnap_xfer_opts xo = {0};
+        if (o && o->xfer)
+            xo = *o->xfer;
+        xo.set_only = true; /* a VM is a set (a single object pulled here failed at a rename) */
+        rc = vmsnap_xfer_pull(url, src, &xo, NULL, err);
         if (rc < 0) {
             rm_rf(src);
             vmsnap_err_wrap(err, "pull %s (the snapshot there is untouched): ", url);
@@ -2001,7 +2005,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         }
         if (!on_demand)
             rm_rf(src);
-    } else if (!(o && o->no_evict)) {
+    } else if (!from_stage && !(o && o->no_evict)) { /* the stage is tmpfs: nothing to evict */
         struct vmsnap_err e2;
         if (vmsnap_pcache_evict(c.ckpt, NULL, NULL, &e2) < 0)
             vlog(VMSNAP_LOG_WARN, "evict %s: %s", c.ckpt, e2.msg);

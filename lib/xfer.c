@@ -2570,6 +2570,14 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
     }
     if (rc != -ENOENT || !*key)
         goto out;
+    if (x.o.set_only) {
+        uint64_t osz;
+        bool object = vmsnap_store_head(ctl, key, &osz, NULL) == 0;
+        rc = vmsnap_err_set(err, ENOENT, "%s: no snapshot set there (no %s)%s", url,
+                            VMSNAP_XFER_MANIFEST,
+                            object ? ": it is a single object, and a set is needed" : "");
+        goto out;
+    }
     /* no manifest: a single object, or an incomplete set */
     uint64_t size;
     struct vmsnap_err herr = {0};

@@ -58,6 +58,7 @@ struct vmsnap_xfer_opts {
     int level;            /* zstd level on push; 0: codec default */
     uint64_t max_size;    /* pull: cap on a file's logical size; 0: 64 TiB */
     bool no_fsync;        /* pull: skip fsync before renaming into place */
+    bool set_only;        /* pull: a snapshot set or an error (no single object) */
     struct vmsnap_store_opts store;
     vmsnap_progress_fn progress; /* object bytes done / total known so far */
     void *progress_arg;

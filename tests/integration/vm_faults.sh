@@ -84,6 +84,11 @@ expect_fail "resume from a corrupted snapshot" vmc "$B" resume golden "$STORE/se
 grep -q 'memory-ranges' "$T/err" || fail "corruption error does not name the object: $(cat "$T/err")"
 (cd "$STORE/set" && md5sum -c --quiet "$T/store.md5") || fail "resume modified the snapshot"
 [ -z "$(vmc "$B" ls | tail -n +2)" ] || fail "failed resume left a VM record: $(vmc "$B" ls)"
+# a URL naming one object, not a set: said so (it failed renaming the object over the stage)
+expect_fail "resume from a single object" vmc "$B" resume golden "$STORE/good/memory-ranges.zstd"
+grep -q "no snapshot set there (no manifest.json): it is a single object" "$T/err" ||
+    fail "resume from a single object: $(cat "$T/err")"
+[ -z "$(vmc "$B" ls | tail -n +2)" ] || fail "a resume from a single object left a VM record: $(vmc "$B" ls)"
 # a VM whose record is unreadable is not resumed (it could not tell whether its QEMU still runs)
 cp "$S/vms/golden/vm.json" "$T/vm.json.bak"
 echo '{ broken' >"$S/vms/golden/vm.json"
