@@ -86,11 +86,13 @@ static const struct cli_verb verbs[] = {
      "Micro-VMs under QEMU (docs/vm.md), recorded under --state-dir (default /var/lib/vmsnap,\n"
      "or VMSNAP_STATE_DIR), guest RAM on tmpfs (--ram-dir, default /dev/shm):\n"
      "  vm run NAME --kernel K [--initrd I] [--mem 512M] [--cpus 1] [--disk-size 4G] [--append A]\n"
+     "             [--ram-overcommit]\n"
      "  vm pause NAME              local checkpoint, VM stopped, memory freed\n"
      "  vm suspend NAME URL        checkpoint and push to a store (local kept if the push fails);\n"
      "                             frames unchanged since the set it came from are copied there\n"
      "                             by the store (--base URL: another set; --no-base: none)\n"
-     "  vm resume NAME [URL] [--on-demand]   from the local checkpoint or a store\n"
+     "  vm resume NAME [URL] [--on-demand] [--asset-dir DIR[:DIR...]] [--kernel K] [--initrd I]\n"
+     "             [--force] [--ram-overcommit]   from the local checkpoint or a store\n"
      "  vm ls [--json] | vm stop NAME [--rm] | vm console NAME [--send LINE] [--lines N]\n"
      "Common: --accel auto|kvm|tcg, --qemu BIN, --no-evict, --json, -j N. -v: step timings."},
     {"help", cmd_help, "help [VERB]", "Show the verbs, or one verb's help."},
