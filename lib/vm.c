@@ -264,7 +264,8 @@ static int ctx_init(struct vmctx *c, const struct vmsnap_vm_opts *o, const char 
     c->lockfd = -1;
     if (!valid_name(name))
         return vmsnap_err_set(err, EINVAL,
-                              "invalid VM name '%s' (letters, digits, '.', '_', '-'; at most %d)",
+                              "invalid VM name '%s' (letters, digits, '.', '_', '-', not starting "
+                              "with '.' or '-'; at most %d)",
                               name, VMSNAP_VM_NAME_MAX);
     const char *sd = o && o->state_dir ? o->state_dir : getenv("VMSNAP_STATE_DIR");
     if (!sd || !*sd)
