@@ -1091,13 +1091,17 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
     if (st == VMSNAP_VMM_DEAD) {
         const char *was = cfg_str(cfg, "status") ? cfg_str(cfg, "status") : "?";
         bool ran = !strcmp(was, "running") || !strcmp(was, "restoring");
-        return vmsnap_err_set(
-            err, ESRCH, "VM '%s' has no running QEMU (%s): %s", c->name,
-            ran ? "it exited while the guest ran" : was,
-            exists(c->ckpt) || stage_unsaved(c)
-                ? "'vmsnap vm resume NAME' goes back to its last checkpoint"
-                : "it has no checkpoint here: resume it from a store ('vmsnap vm resume NAME "
-                  "URL') or remove it ('vmsnap vm stop --rm NAME')");
+        if (exists(c->ckpt) || stage_unsaved(c))
+            return vmsnap_err_set(err, ESRCH,
+                                  "VM '%s' has no running QEMU (%s): 'vmsnap vm resume %s' goes "
+                                  "back to its last checkpoint",
+                                  c->name, ran ? "it exited while the guest ran" : was, c->name);
+        return vmsnap_err_set(err, ESRCH,
+                              "VM '%s' has no running QEMU (%s), and no checkpoint here: resume "
+                              "it from a store ('vmsnap vm resume %s URL') or remove it ('vmsnap "
+                              "vm stop --rm %s')",
+                              c->name, ran ? "it exited while the guest ran" : was, c->name,
+                              c->name);
     }
     /* io-error: QEMU stopped the guest on a failed disk write (a full host filesystem); the
      * device state keeps the request, which the restored guest retries */
@@ -1806,9 +1810,9 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         if (!exists(c.ckpt)) {
             rc = vmsnap_err_set(err, ENOENT,
                                 "VM '%s' has no local checkpoint in %s: resume it from a store "
-                                "('vmsnap vm resume NAME URL') or remove it ('vmsnap vm stop "
-                                "--rm NAME')",
-                                name, c.ckpt);
+                                "('vmsnap vm resume %s URL') or remove it ('vmsnap vm stop "
+                                "--rm %s')",
+                                name, c.ckpt, name, name);
             goto out;
         }
     } else {
