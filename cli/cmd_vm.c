@@ -235,13 +235,22 @@ static void report(const char *op, const char *name, const struct vmsnap_vm_timi
 }
 
 struct ls_ctx {
-    bool json;
+    bool json, header;
     json_object *arr;
 };
+
+static void ls_header(struct ls_ctx *l)
+{
+    if (!l->json && !l->header)
+        printf("%-20s %-10s %-7s %-4s %-10s %-10s %s\n", "NAME", "STATUS", "PID", "ACC", "MEMORY",
+               "LOCAL", "URL");
+    l->header = true;
+}
 
 static int ls_cb(void *arg, const struct vmsnap_vm_info *in)
 {
     struct ls_ctx *l = arg;
+    ls_header(l); /* with the first row (a listing that fails at once prints none) */
     if (l->json) {
         json_object *o = json_object_new_object();
         json_object_object_add(o, "name", json_object_new_string(in->name));
@@ -349,10 +358,9 @@ int cmd_vm(int argc, char **argv)
         if (a.npos)
             return cli_usage(verb, "no arguments expected");
         struct ls_ctx l = {.json = a.json, .arr = a.json ? json_object_new_array() : NULL};
-        if (!a.json)
-            printf("%-20s %-10s %-7s %-4s %-10s %-10s %s\n", "NAME", "STATUS", "PID", "ACC",
-                   "MEMORY", "LOCAL", "URL");
         rc = vmsnap_vm_list(&a.o, ls_cb, &l, &e);
+        if (rc == 0)
+            ls_header(&l); /* no VMs: the header alone */
         if (a.json) {
             printf("%s\n", json_object_to_json_string_ext(
                                l.arr, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
