@@ -9,6 +9,18 @@ mkdir -p "$S"
 
 # random, incompressible data so object sizes are predictable (about the input size)
 mk() { head -c "$2" /dev/urandom >"$1"; }
+# kill_push_mid_upload SRC DEST [FILE]: push SRC to DEST in 64 KiB parts and SIGKILL it once an
+# upload is under way there (and FILE exists, when given)
+kill_push_mid_upload() {
+    "$VMSNAP" -q push -j 1 --part-size 64K --max-memory 128K "$1" "$2" &
+    local pid=$!
+    for _ in $(seq 1 200); do
+        ls -A "$2" 2>/dev/null | grep -q 'mpu-' && { [ -z "${3:-}" ] || [ -e "$3" ]; } && break
+        sleep 0.05
+    done
+    kill -9 $pid 2>/dev/null
+    wait $pid 2>/dev/null || true
+}
 
 # a mistyped URL is refused, not taken for a relative path (it made ./s3:/bucket/key)
 echo x >"$T/u1"
@@ -269,14 +281,7 @@ expect_fail "rm of an incomplete set without --force" "$VMSNAP" rm "$S/sets/inc"
 # a push killed mid-upload leaves no manifest, pull refuses it, the next push cleans up
 mk "$T/kbig" $((64 * 1024 * 1024))
 mkdir "$T/kset" && cp "$T/kbig" "$T/kset/memory-ranges" && echo s >"$T/kset/state.json"
-"$VMSNAP" -q push -j 1 --part-size 64K --max-memory 128K "$T/kset" "$S/sets/k" &
-pid=$!
-for _ in $(seq 1 100); do
-    ls -A "$S/sets/k" 2>/dev/null | grep -q 'mpu-' && break
-    sleep 0.05
-done
-kill -9 $pid 2>/dev/null
-wait $pid 2>/dev/null || true
+kill_push_mid_upload "$T/kset" "$S/sets/k"
 [ -e "$S/sets/k/manifest.json" ] && fail "killed push left a manifest"
 ls -A "$S/sets/k" | grep -q 'mpu-' || fail "test did not catch the push mid-upload"
 expect_fail "pull after a killed push" "$VMSNAP" pull "$S/sets/k" "$T/kout"
@@ -297,14 +302,7 @@ cmp -s "$T/kbig" "$T/kout/memory-ranges" || fail "gc changed the committed set"
 # a set push killed after some of its objects were stored, to a prefix nobody pushes to again:
 # its mark names them; gc keeps everything while young, then removes objects, mark, upload and
 # directory
-"$VMSNAP" -q push -j 1 --part-size 64K --max-memory 128K "$T/kset" "$S/sets/k2" &
-pid=$!
-for _ in $(seq 1 100); do
-    [ -e "$S/sets/k2/state.json.zstd" ] && ls -A "$S/sets/k2" | grep -q 'mpu-' && break
-    sleep 0.05
-done
-kill -9 $pid 2>/dev/null
-wait $pid 2>/dev/null || true
+kill_push_mid_upload "$T/kset" "$S/sets/k2" "$S/sets/k2/state.json.zstd"
 [ -e "$S/sets/k2/state.json.zstd" ] || fail "test did not catch the push after an object was stored: $(ls -A "$S/sets/k2")"
 ls "$S/sets/k2" | grep -q '^vmsnap-push-[0-9a-f]\{32\}\.json$' || fail "the killed push left no mark: $(ls -A "$S/sets/k2")"
 grep -q '"files":\["memory-ranges","state.json"\]' "$S"/sets/k2/vmsnap-push-*.json || fail "mark: $(cat "$S"/sets/k2/vmsnap-push-*.json)"
@@ -443,14 +441,7 @@ rc=0 && wait $pid || rc=$?
 [ $rc = 1 ] || fail "the interrupted push: exit $rc: $(cat "$T/rerr")"
 [ "$(ls "$S/sets/rp" | tr '\n' ' ')" = "a.zstd b.zstd manifest.json " ] || fail "an interrupted push left: $(ls -A "$S/sets/rp")"
 mk "$T/rb/big" $((32 * 1024 * 1024))
-"$VMSNAP" -q push -j 1 --part-size 64K --max-memory 128K "$T/rb" "$S/sets/rp" &
-pid=$!
-for _ in $(seq 1 200); do
-    ls -A "$S/sets/rp" 2>/dev/null | grep -q 'mpu-' && break
-    sleep 0.05
-done
-kill -9 $pid 2>/dev/null
-wait $pid 2>/dev/null || true
+kill_push_mid_upload "$T/rb" "$S/sets/rp"
 ls -A "$S/sets/rp" | grep -q 'mpu-' || fail "test did not catch the push over a set mid-upload"
 [ -e "$S/sets/rp/manifest.json" ] && fail "the killed push did not un-commit the set it replaced"
 grep -q '"replaces":\["b"\]' "$S"/sets/rp/vmsnap-push-*.json || fail "mark of the killed push: $(cat "$S"/sets/rp/vmsnap-push-*.json)"
