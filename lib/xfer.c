@@ -143,6 +143,9 @@ static void hex32(const unsigned char *md, char out[65])
  * seek table read next is served from memory; an object no larger than that is fetched whole by
  * its first read, and a pull then decodes its frame group from that copy too. One GET instead of
  * three for a small file of a set, two instead of three for a large one. */
+/* A store URL for messages and listings: a local key is a path (PATH_MAX), an S3 one at most
+ * 1024 bytes after the bucket (1200 cut long local paths short, also in `ls` output) */
+#define URL_BUF (PATH_MAX + 64)
 #define TAIL_READ (64u << 10)
 #define PRE_READ 64u /* covers the image header and info frame (44 bytes) */
 struct tail_src {
@@ -557,7 +560,7 @@ struct leftover_ctx {
     int64_t now;
     unsigned kept, unknown, failed, pushes, objects;
     struct vmsnap_err first; /* the first refused abort or delete (gc fails with it), its key */
-    char first_key[1200];
+    char first_key[URL_BUF];
 };
 
 /* `key` is `under` itself or under "under/" ("K1/x" is not under "K"); under NULL or "": any. */
@@ -1039,7 +1042,7 @@ static int new_push_id(char out[33], struct vmsnap_err *err)
 static int check_object(struct xfer *x, struct vmsnap_store_conn *c, const char *key,
                         const struct mf_file *f, struct vmsnap_err *err)
 {
-    char url[1200];
+    char url[URL_BUF];
     vmsnap_store_url(x->st, key, url, sizeof(url));
     struct tail_src t = {.c = c, .key = key};
     t.buf = malloc(TAIL_READ);
@@ -1097,7 +1100,7 @@ static void check_run(struct xtask *xt, struct vmsnap_store_conn *c)
     if (t->f) {
         rc = check_object(t->x, c, t->key, t->f, &e);
     } else {
-        char murl[1200];
+        char murl[URL_BUF];
         vmsnap_store_url(t->x->st, t->key, murl, sizeof(murl));
         struct manifest m;
         rc = read_manifest(c, t->key, murl, t->x->o.max_size, &m, &e);
@@ -1258,7 +1261,7 @@ static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, con
                           const struct set_push *s)
 {
     cancel_hold();
-    char url[1200];
+    char url[URL_BUF];
     vmsnap_store_url(ctl->st, prefix, url, sizeof(url));
     char *lp = join_key(prefix, "");
     /* Every object of the set's names, written by this push or not: what it did not replace yet
@@ -1310,7 +1313,7 @@ static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, con
 static int manifest_is(struct xfer *x, struct vmsnap_store_conn *c, const char *mkey,
                        const char *id)
 {
-    char murl[1200];
+    char murl[URL_BUF];
     vmsnap_store_url(x->st, mkey, murl, sizeof(murl));
     struct manifest m = {0};
     struct vmsnap_err e = {0};
@@ -1380,7 +1383,7 @@ struct old_set {
 static void old_set_run(struct xtask *xt, struct vmsnap_store_conn *c)
 {
     struct old_set *o = (struct old_set *)xt;
-    char murl[1200];
+    char murl[URL_BUF];
     vmsnap_store_url(o->x->st, o->mkey, murl, sizeof(murl));
     int rc = read_manifest(c, o->mkey, murl, o->x->o.max_size, &o->m, &o->err);
     pthread_mutex_lock(&o->mu);
@@ -1778,7 +1781,7 @@ struct grp {
 struct down {
     struct xfer *x;
     char *key;
-    char url[1200];
+    char url[URL_BUF];
     const struct mf_file *mf; /* expected (NULL for a single object) */
     struct sys_atomic_file af;
     bool af_open;
@@ -2546,7 +2549,7 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
     struct vmsnap_store_conn *ctl = NULL;
     bool pool = false;
     char *mkey = join_key(key, VMSNAP_XFER_MANIFEST);
-    char murl[1200];
+    char murl[URL_BUF];
     struct manifest m = {0};
     if (!mkey) {
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
@@ -2707,7 +2710,7 @@ int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsna
             rc = vmsnap_err_set(err, -rc, "list %s: %s", url, strerror(-rc));
     }
     for (size_t i = 0; i < k.n && rc == 0; i++) {
-        char murl[1200], surl[1200];
+        char murl[URL_BUF], surl[URL_BUF];
         vmsnap_store_url(x.st, k.v[i], murl, sizeof(murl));
         snprintf(surl, sizeof(surl), "%.*s", (int)(strlen(murl) - strlen(VMSNAP_XFER_MANIFEST) - 1),
                  murl);
@@ -2899,7 +2902,7 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
     size_t nc = 0;
     char *mkey = join_key(dir, VMSNAP_XFER_MANIFEST);
     char *lp = join_key(dir, "");
-    char durl[1200];
+    char durl[URL_BUF];
     vmsnap_store_url(x->st, dir, durl, sizeof(durl));
     struct vmsnap_err e = {0};
     if (!pm || !mkey || !lp) {
@@ -2910,7 +2913,7 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
     /* every mark, whole: one that cannot be read could be a running push's */
     size_t names = 0;
     for (size_t i = 0; i < n; i++) {
-        char murl[1200];
+        char murl[URL_BUF];
         vmsnap_store_url(x->st, keys[i], murl, sizeof(murl));
         int rc = read_mark(c, keys[i], murl, &pm[i], &e);
         if (rc == -ENOENT) { /* gone meanwhile: a push just finished here */
@@ -2925,7 +2928,7 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
         }
         names += pm[i].n;
     }
-    char murl[1200];
+    char murl[URL_BUF];
     vmsnap_store_url(x->st, mkey, murl, sizeof(murl));
     int mrc = read_manifest(c, mkey, murl, x->o.max_size, &m, &e);
     if (mrc < 0 && mrc != -ENOENT) {
@@ -3141,7 +3144,7 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
     char *lp = join_key(key, "");
     struct manifest m = {0};
     struct keys k = {.suffix = ".zstd"};
-    char murl[1200];
+    char murl[URL_BUF];
     if (!*key) {
         rc = vmsnap_err_set(err, EINVAL, "%s: refusing to remove a whole bucket or root", url);
         goto out;
@@ -3207,7 +3210,7 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
         rc = vmsnap_store_list(c, lp, collect_mark, &mk, err);
         for (size_t i = 0; i < mk.k.n && rc == 0; i++) {
             struct push_mark pm;
-            char kurl[1200];
+            char kurl[URL_BUF];
             vmsnap_store_url(x.st, mk.k.v[i], kurl, sizeof(kurl));
             if (read_mark(c, mk.k.v[i], kurl, &pm, NULL) == 0) {
                 for (size_t j = 0; j < pm.n && rc == 0; j++) {

@@ -48,6 +48,14 @@ assert l == [{"url": sys.argv[1], "valid": True, "files": 2, "logical_size": 500
               "object_size": l[0]["object_size"]}], l
 PYEOF
 rm -rf js js.out st push.json pull.json ls.json
+# a set under a long path (1.5 KB): ls shows its whole URL (1200-byte buffers cut it short)
+long=st/$(printf 'd%.0s' $(seq 200))/$(printf 'e%.0s' $(seq 200))/$(printf 'f%.0s' $(seq 200))
+long=$long/$(printf 'g%.0s' $(seq 200))/$(printf 'h%.0s' $(seq 200))/$(printf 'i%.0s' $(seq 200))/set
+"$VMSNAP" -q push u1 "$long/one" && mkdir -p ls1 && echo a >ls1/a && "$VMSNAP" -q push ls1 "$long" ||
+    fail "push under a long path"
+"$VMSNAP" ls st >ls.out || fail "ls under a long path"
+grep -q "^$T/$long	1 files" ls.out || fail "ls cut a long URL: $(cut -c1-80 ls.out)..."
+rm -rf st ls1 ls.out
 # a destination that is the source: push FILE FILE (it replaced the file with its object), a
 # set into its own directory, pull into where the snapshot is stored
 cp u1 u2 && mkdir -p sd && cp u1 sd/f
