@@ -4,6 +4,7 @@
 #include "vmsnap/xfer.h"
 
 #include <stdio.h>
+#include <string.h>
 
 int cmd_pull(int argc, char **argv)
 {
@@ -23,6 +24,8 @@ int cmd_pull(int argc, char **argv)
         return EXIT_USAGE;
     if (argc - i != 2)
         return cli_usage("pull", "expected URL and PATH");
+    if (!strcmp(argv[i + 1], "-"))
+        return cli_usage("pull", "PATH '-': pull writes a file or a directory, not stdout");
     struct cli_progress p;
     cli_progress_init(&p, "pull");
     o.progress = cli_progress_cb;

@@ -210,6 +210,9 @@ int cmd_push(int argc, char **argv)
         return EXIT_USAGE;
     if (argc - i != 2)
         return cli_usage("push", "expected PATH and URL");
+    if (!strcmp(argv[i], "-"))
+        return cli_usage("push", "PATH '-': push reads a file or a directory, not stdin (pack "
+                                 "reads stdin: 'vmsnap pack - FILE', then push FILE)");
     struct cli_progress p;
     cli_progress_init(&p, "push");
     o.progress = cli_progress_cb;

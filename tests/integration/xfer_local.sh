@@ -33,6 +33,11 @@ done
 "$VMSNAP" -q push u1 ./s3:ok && [ -f "$T/s3:ok" ] || fail "push to ./s3:ok"
 "$VMSNAP" -q push u1 snap-2026-11-30T10:00 && [ -f "$T/snap-2026-11-30T10:00" ] || fail "push to a path with a colon"
 rm -rf "$T/s3:ok" "$T/snap-2026-11-30T10:00"
+# '-' is not stdin/stdout for push and pull: a usage error (pull made a directory named '-')
+rc=0 && "$VMSNAP" push - st/x 2>/dev/null || rc=$?
+[ $rc = 2 ] || fail "push -: exit $rc"
+rc=0 && "$VMSNAP" pull st/x - 2>/dev/null || rc=$?
+[ $rc = 2 ] && [ ! -e ./- ] || fail "pull URL -: exit $rc"
 # --json: one object per push/pull, one array for ls, on stdout, with exact numbers
 mkdir -p js && echo abc >js/a && head -c 5000 /dev/urandom >js/b
 "$VMSNAP" push --json js st/js >push.json && "$VMSNAP" pull --json st/js js.out >pull.json &&
