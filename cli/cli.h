@@ -86,6 +86,14 @@ struct xfer_flags {
 };
 /* Parse the transfer options; returns the index of the first operand, -1 after a usage error
  * was printed, -2 for --help. */
+/* -q / -v given after the verb (each verb's getopt passes them here); the long forms go in
+ * each verb's option table. */
+void cli_common_flag(int c);
+#define CLI_COMMON_LONGOPTS                                                                        \
+    {"quiet", no_argument, NULL, 'q'},                                                             \
+    {                                                                                              \
+        "verbose", no_argument, NULL, 'v'                                                          \
+    }
 int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_opts *o,
                     const struct xfer_flags *f);
 void cmd_xfer_summary(const char *verb, const struct vmsnap_xfer_stats *st, double wall);

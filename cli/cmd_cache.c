@@ -83,13 +83,19 @@ static int stat_cb(void *arg, const char *path, const struct vmsnap_pcache_stat 
 
 static int cache_stat(int argc, char **argv)
 {
-    static const struct option lopts[] = {
-        {"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+    static const struct option lopts[] = {{"json", no_argument, NULL, 'j'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          CLI_COMMON_LONGOPTS,
+                                          {NULL, 0, NULL, 0}};
     struct stat_out o = {.first = true};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "hqv", lopts, NULL)) != -1) {
         switch (c) {
+        case 'q':
+        case 'v':
+            cli_common_flag(c);
+            break;
         case 'j':
             o.json = true;
             break;
@@ -157,10 +163,13 @@ static size_t wait_schedule(double limit, double *d, size_t cap)
 
 static int cache_evict(int argc, char **argv)
 {
-    static const struct option lopts[] = {
-        {"staged", no_argument, NULL, 's'},         {"wait", required_argument, NULL, 'w'},
-        {"kick-writeback", no_argument, NULL, 'k'}, {"preserve", required_argument, NULL, 'p'},
-        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
+    static const struct option lopts[] = {{"staged", no_argument, NULL, 's'},
+                                          {"wait", required_argument, NULL, 'w'},
+                                          {"kick-writeback", no_argument, NULL, 'k'},
+                                          {"preserve", required_argument, NULL, 'p'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          CLI_COMMON_LONGOPTS,
+                                          {NULL, 0, NULL, 0}};
     struct vmsnap_pcache_evict_opts opts = {0};
     double wait = -1;
     const char **preserve = calloc((size_t)argc + 1, sizeof(char *));
@@ -171,8 +180,12 @@ static int cache_evict(int argc, char **argv)
     }
     int c, rc = EXIT_OK;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "hqv", lopts, NULL)) != -1) {
         switch (c) {
+        case 'q':
+        case 'v':
+            cli_common_flag(c);
+            break;
         case 's':
             opts.staged = true;
             break;

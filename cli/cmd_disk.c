@@ -87,6 +87,7 @@ static int disk_create(int argc, char **argv)
         {"force", no_argument, NULL, 'f'},
         {"fsync", no_argument, NULL, 'S'},
         {"help", no_argument, NULL, 'h'},
+        CLI_COMMON_LONGOPTS,
         {NULL, 0, NULL, 0},
     };
     struct vmsnap_disk_create_opts o = {0};
@@ -100,8 +101,12 @@ static int disk_create(int argc, char **argv)
     size_t n = 0;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "qv", opts, NULL)) != -1) {
         switch (c) {
+        case 'q':
+        case 'v':
+            cli_common_flag(c);
+            break;
         case 's':
             if (cli_parse_size(optarg, &o.size) < 0) {
                 rc = cli_usage("disk", "create: bad --size '%s'", optarg);
@@ -190,15 +195,23 @@ out:
 static int disk_clone(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"link", no_argument, NULL, 'l'},  {"new-uuid", no_argument, NULL, 'u'},
-        {"force", no_argument, NULL, 'f'}, {"direct", no_argument, NULL, 'd'},
-        {"help", no_argument, NULL, 'h'},  {NULL, 0, NULL, 0},
+        {"link", no_argument, NULL, 'l'},
+        {"new-uuid", no_argument, NULL, 'u'},
+        {"force", no_argument, NULL, 'f'},
+        {"direct", no_argument, NULL, 'd'},
+        {"help", no_argument, NULL, 'h'},
+        CLI_COMMON_LONGOPTS,
+        {NULL, 0, NULL, 0},
     };
     struct vmsnap_disk_clone_opts o = {0};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "qv", opts, NULL)) != -1) {
         switch (c) {
+        case 'q':
+        case 'v':
+            cli_common_flag(c);
+            break;
         case 'l':
             o.link = true;
             break;
@@ -238,14 +251,19 @@ static int disk_info(int argc, char **argv)
     static const struct option opts[] = {
         {"json", no_argument, NULL, 'j'},
         {"help", no_argument, NULL, 'h'},
+        CLI_COMMON_LONGOPTS,
         {NULL, 0, NULL, 0},
     };
     bool json = false;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "qv", opts, NULL)) != -1) {
         if (c == 'h')
             return disk_help();
+        if (c == 'q' || c == 'v') {
+            cli_common_flag(c);
+            continue;
+        }
         if (c != 'j')
             return cli_usage("disk", "info: unknown option");
         json = true;

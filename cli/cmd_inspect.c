@@ -13,6 +13,7 @@ int cmd_inspect(int argc, char **argv)
         {"verify", no_argument, NULL, 'V'},
         {"threads", required_argument, NULL, 'j'},
         {"help", no_argument, NULL, 'h'},
+        CLI_COMMON_LONGOPTS,
         {0, 0, 0, 0},
     };
     bool json = false, verify = false;
@@ -20,8 +21,12 @@ int cmd_inspect(int argc, char **argv)
     unsigned long v;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "j:h", lopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "j:hqv", lopts, NULL)) != -1) {
         switch (c) {
+        case 'q':
+        case 'v':
+            cli_common_flag(c);
+            break;
         case 'J':
             json = true;
             break;

@@ -35,17 +35,26 @@ static void summary(const char *verb, const struct vmsnap_image_stats *st, doubl
 int cmd_pack(int argc, char **argv)
 {
     static const struct option lopts[] = {
-        {"threads", required_argument, NULL, 'j'}, {"frame-size", required_argument, NULL, 'f'},
-        {"level", required_argument, NULL, 'l'},   {"keep-zero-pages", no_argument, NULL, 'z'},
-        {"keep-cache", no_argument, NULL, 'k'},    {"fsync", no_argument, NULL, 's'},
-        {"help", no_argument, NULL, 'h'},          {0, 0, 0, 0},
+        {"threads", required_argument, NULL, 'j'},
+        {"frame-size", required_argument, NULL, 'f'},
+        {"level", required_argument, NULL, 'l'},
+        {"keep-zero-pages", no_argument, NULL, 'z'},
+        {"keep-cache", no_argument, NULL, 'k'},
+        {"fsync", no_argument, NULL, 's'},
+        {"help", no_argument, NULL, 'h'},
+        CLI_COMMON_LONGOPTS,
+        {0, 0, 0, 0},
     };
     struct vmsnap_pack_opts o = {0};
     unsigned long v;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "j:h", lopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "j:hqv", lopts, NULL)) != -1) {
         switch (c) {
+        case 'q':
+        case 'v':
+            cli_common_flag(c);
+            break;
         case 'j':
             if (cli_parse_uint(optarg, 1, 256, &v) < 0)
                 return cli_usage("pack", "-j wants a thread count from 1 to 256, not '%s'", optarg);
@@ -103,17 +112,25 @@ int cmd_pack(int argc, char **argv)
 int cmd_unpack(int argc, char **argv)
 {
     static const struct option lopts[] = {
-        {"threads", required_argument, NULL, 'j'}, {"max-size", required_argument, NULL, 'm'},
-        {"fsync", no_argument, NULL, 's'},         {"drop-cache", no_argument, NULL, 'D'},
-        {"help", no_argument, NULL, 'h'},          {0, 0, 0, 0},
+        {"threads", required_argument, NULL, 'j'},
+        {"max-size", required_argument, NULL, 'm'},
+        {"fsync", no_argument, NULL, 's'},
+        {"drop-cache", no_argument, NULL, 'D'},
+        {"help", no_argument, NULL, 'h'},
+        CLI_COMMON_LONGOPTS,
+        {0, 0, 0, 0},
     };
     struct vmsnap_unpack_opts o = {0};
     bool drop_cache = false;
     unsigned long v;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "j:h", lopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "j:hqv", lopts, NULL)) != -1) {
         switch (c) {
+        case 'q':
+        case 'v':
+            cli_common_flag(c);
+            break;
         case 'j':
             if (cli_parse_uint(optarg, 1, 256, &v) < 0)
                 return cli_usage("unpack", "-j wants a thread count from 1 to 256, not '%s'",

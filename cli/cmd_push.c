@@ -36,13 +36,18 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
         {"dry-run", no_argument, NULL, 'N'},
         {"older-than", required_argument, NULL, 'O'},
         {"help", no_argument, NULL, 'h'},
+        CLI_COMMON_LONGOPTS,
         {0, 0, 0, 0},
     };
     unsigned long v;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "j:h", lopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "j:hqv", lopts, NULL)) != -1) {
         switch (c) {
+        case 'q':
+        case 'v':
+            cli_common_flag(c);
+            break;
         case 'j':
             if (cli_parse_uint(optarg, 1, 256, &v) < 0)
                 return cli_usage(verb, "-j wants a connection count from 1 to 256, not '%s'",

@@ -219,6 +219,24 @@ static void handle_stop_signals(void)
     pthread_detach(t);
 }
 
+static void set_log_level(void)
+{
+    vmsnap_set_log(log_stderr, NULL,
+                   cli_quiet
+                       ? VMSNAP_LOG_ERROR
+                       : (cli_verbose > 1 ? VMSNAP_LOG_DEBUG
+                                          : (cli_verbose ? VMSNAP_LOG_INFO : VMSNAP_LOG_WARN)));
+}
+
+void cli_common_flag(int c)
+{
+    if (c == 'q')
+        cli_quiet = true;
+    else
+        cli_verbose++;
+    set_log_level();
+}
+
 int main(int argc, char **argv)
 {
     int i = 1;
@@ -242,29 +260,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return EXIT_USAGE;
     }
-    /* -q and -v also after the verb (vmsnap pack -v ...), up to a "--"; vm has its own -v */
-    if (strcmp(argv[i], "vm")) {
-        int o = i + 1;
-        bool opts = true;
-        for (int k = i + 1; k < argc; k++) {
-            const char *a = argv[k];
-            if (opts && !strcmp(a, "--"))
-                opts = false;
-            if (opts && (!strcmp(a, "-q") || !strcmp(a, "--quiet")))
-                cli_quiet = true;
-            else if (opts && (!strcmp(a, "-v") || !strcmp(a, "--verbose")))
-                cli_verbose++;
-            else
-                argv[o++] = argv[k];
-        }
-        argv[o] = NULL;
-        argc = o;
-    }
-    vmsnap_set_log(log_stderr, NULL,
-                   cli_quiet
-                       ? VMSNAP_LOG_ERROR
-                       : (cli_verbose > 1 ? VMSNAP_LOG_DEBUG
-                                          : (cli_verbose ? VMSNAP_LOG_INFO : VMSNAP_LOG_WARN)));
+    set_log_level();
     const struct cli_verb *v = find_verb(argv[i]);
     if (!v) {
         fprintf(stderr, "vmsnap: unknown verb '%s'\n", argv[i]);

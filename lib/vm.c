@@ -323,37 +323,47 @@ static bool atomic_temp(const char *name, const char *base)
     return strncmp(name, ".vmsnap-", 8) != 0 || !strncmp(name, ".vmsnap-tmp.", 12);
 }
 
+/* Unlink the temporaries in `dir` (opened without following a symlink): regular files of
+ * this user only, never a directory's content (the RAM directory is world-writable: a planted
+ * symlink or another user's tree must not make vmsnap, run as root, delete anything). */
 static void sweep_dir(const char *dir, const char *base)
 {
-    DIR *d = opendir(dir);
-    if (!d)
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+    if (!d) {
+        if (dfd >= 0)
+            close(dfd);
         return;
+    }
     struct dirent *de;
+    struct stat sb;
     while ((de = readdir(d))) {
-        char p[PATH_LEN];
         if (!atomic_temp(de->d_name, base) ||
-            snprintf(p, sizeof(p), "%s/%s", dir, de->d_name) >= (int)sizeof(p))
+            fstatat(dfd, de->d_name, &sb, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(sb.st_mode) ||
+            sb.st_uid != geteuid())
             continue;
-        if (rm_rf(p) == 0)
-            vlog(VMSNAP_LOG_INFO, "removed %s, left by a vmsnap command that was killed", p);
+        if (unlinkat(dfd, de->d_name, 0) == 0)
+            vlog(VMSNAP_LOG_INFO, "removed %s/%s, left by a vmsnap command that was killed", dir,
+                 de->d_name);
     }
     closedir(d);
 }
 
 /* What a command on this VM left when it was killed (SIGKILL, a second Ctrl-C) before its
  * clean-up: the RAM image being copied into the RAM directory (hundreds of MiB of tmpfs, that
- * is memory, that nothing else would ever remove), a set being staged, a checkpoint file half
- * written. Called with the VM's lock held: no other command on it runs, so none is in use. */
+ * is memory, that nothing else would ever remove), files being staged, a checkpoint file half
+ * written. Called with the VM's lock held: no other command on it runs, so none is in use. The
+ * stage (in the RAM directory) only when it is ours (stage_ok). */
 static void sweep_temps(const struct vmctx *c)
 {
-    const char *rb = strrchr(c->ram, '/'), *sb = strrchr(c->stage, '/');
-    if (rb && sb) {
+    const char *rb = strrchr(c->ram, '/');
+    if (rb)
         sweep_dir(c->ram_dir, rb + 1);
-        sweep_dir(c->ram_dir, sb + 1);
-    }
-    const char *const dirs[] = {c->vmdir, c->ckpt, c->stage, c->ondemand};
+    const char *const dirs[] = {c->vmdir, c->ckpt, c->ondemand};
     for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++)
         sweep_dir(dirs[i], NULL);
+    if (stage_ok(c))
+        sweep_dir(c->stage, NULL);
     char p[PATH_LEN];
     if (pcat(p, c->ckpt, ".new") == 0)
         sweep_dir(p, NULL);
@@ -1442,6 +1452,13 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
                 goto out;
             unlink(c.disk);
             unlink(c.ram); /* a dead QEMU's guest RAM (tmpfs: memory): not a state to keep */
+            const char *rp = cfg_str(cfg, "ram_path");
+            struct stat rs;
+            if (rp && strcmp(rp, c.ram) && lstat(rp, &rs) == 0) /* not followed: see vm stop */
+                vlog(VMSNAP_LOG_WARN,
+                     "VM '%s': its dead QEMU's RAM file %s stays (it ran with another "
+                     "--ram-dir): 'vmsnap vm stop %s --ram-dir DIR' with that directory removes it",
+                     name, rp, name);
             rm_rf(c.ckpt);
             rm_rf(c.ondemand);
             if (unsaved)
@@ -2087,10 +2104,12 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
     int rc = ctx_init(&c, o, name, err);
     if (rc == 0)
         rc = load_vm(&c, &cfg, err);
+    struct stat rs, cs;
     if (rc == 0 && remove && cfg_bool(cfg, "ram_shared") && cfg_str(cfg, "ram_path") &&
-        strcmp(cfg_str(cfg, "ram_path"), c.ram))
+        lstat(cfg_str(cfg, "ram_path"), &rs) == 0 &&
+        !(stat(c.ram, &cs) == 0 && cs.st_dev == rs.st_dev && cs.st_ino == rs.st_ino))
         /* --rm would drop the record that says where the RAM file is, and leave the file
-         * (tmpfs: memory) for good */
+         * (tmpfs: memory) for good; a VM without one (paused, suspended) has nothing there */
         rc = vmsnap_err_set(err, EINVAL,
                             "VM '%s' keeps its RAM in %s, not %s: give the --ram-dir "
                             "(VMSNAP_RAM_DIR) it was started with, so that --rm removes it",

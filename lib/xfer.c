@@ -1674,24 +1674,30 @@ static bool local_same(const struct xfer *x, const char *key, const char *path, 
 int vmsnap_xfer_check_dest(const char *url, bool set, const struct vmsnap_xfer_opts *opts,
                            struct vmsnap_err *err)
 {
-    struct vmsnap_store *st = NULL;
+    struct xfer x;
     char *key = NULL;
-    static const struct vmsnap_xfer_opts none;
-    int rc = vmsnap_store_open(url, &(opts ? opts : &none)->store, &st, &key, err);
+    int rc = xfer_init(&x, url, opts, &key, err); /* the options and URL, as a push takes them */
+    if (rc < 0)
+        return rc;
     char p[PATH_MAX];
-    if (rc == 0 && st->kind == VMSNAP_STORE_LOCAL &&
-        snprintf(p, sizeof(p), "/%s", key) < (int)sizeof(p)) {
+    if (!*key) {
+        rc = vmsnap_err_set(err, EINVAL, "%s: a key (a path inside the bucket) is needed", url);
+    } else if (x.st->kind == VMSNAP_STORE_LOCAL &&
+               snprintf(p, sizeof(p), "/%s", key) < (int)sizeof(p)) {
         struct stat sb;
         char *sl;
-        while (stat(p, &sb) < 0 && (sl = strrchr(p, '/')) && sl != p)
+        while (lstat(p, &sb) < 0 && (sl = strrchr(p, '/')) && sl != p)
             *sl = '\0';
-        if (stat(p, &sb) == 0 && !S_ISDIR(sb.st_mode) && (set || strcmp(p + 1, key)))
+        bool found = stat(p, &sb) == 0;
+        if (!found)
+            rc = vmsnap_err_set(err, ENOENT, "%s: %s is a symlink to nothing", url, p);
+        else if (!S_ISDIR(sb.st_mode) && (set || strcmp(p + 1, key)))
             rc = vmsnap_err_set(err, ENOTDIR, "%s: %s is not a directory", url, p);
-        else if (stat(p, &sb) == 0 && S_ISDIR(sb.st_mode) && access(p, W_OK | X_OK) < 0)
+        else if (S_ISDIR(sb.st_mode) && access(p, W_OK | X_OK) < 0)
             rc = vmsnap_err_set(err, errno, "%s: cannot write in %s: %s", url, p, strerror(errno));
     }
-    vmsnap_store_free(st);
     free(key);
+    xfer_fini(&x, false);
     return rc;
 }
 

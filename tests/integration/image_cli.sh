@@ -92,6 +92,9 @@ done
 "$VMSNAP" pack -q "$T/src" "$T/imgq" 2>"$T/err" && [ ! -s "$T/err" ] || fail "pack -q: $(cat "$T/err")"
 "$VMSNAP" unpack "$T/imgq" "$T/outq" --quiet 2>"$T/err" && [ ! -s "$T/err" ] || fail "unpack ... --quiet: $(cat "$T/err")"
 cmp -s "$T/src" "$T/outq" || fail "pack -q round trip"
+# ... and an option's value that reads -v stays the value (a pre-scan took it for the flag)
+"$VMSNAP" disk create --size 16M --label -v "$T/lv.img" && "$VMSNAP" disk info "$T/lv.img" | grep -q "^label: *-v$" ||
+    fail "disk create --label -v"
 rc=0; "$VMSNAP" vm bogus 2>"$T/err" || rc=$?
 [ "$rc" = 2 ] && grep -q "unknown subcommand 'bogus'" "$T/err" || fail "vm bogus: exit $rc: $(cat "$T/err")"
 

@@ -30,8 +30,11 @@ stage=$(ls -d "$VMSNAP_RAM_DIR"/vmsnap-*-golden.stage | while read -r x; do
 # the next command on the VM; another VM's is left alone
 rb=$(basename "$stage" .stage)
 head -c 1M /dev/urandom >"$VMSNAP_RAM_DIR/.$rb.ram.k5veta"
-mkdir "$VMSNAP_RAM_DIR/.$rb.stage.NwGmz6"
 echo x >"$VMSNAP_RAM_DIR/.vmsnap-00000000-other.ram.abcdef"
+# (the RAM directory is world-writable: only this user's regular files go, never a directory's
+# content nor another user's file)
+mkdir "$VMSNAP_RAM_DIR/.$rb.ram.dir123" && echo keep >"$VMSNAP_RAM_DIR/.$rb.ram.dir123/f"
+echo keep >"$VMSNAP_RAM_DIR/.$rb.ram.nobody" && chown 65534 "$VMSNAP_RAM_DIR/.$rb.ram.nobody"
 ck=$S/vms/golden/checkpoint
 [ -d "$ck" ] || ck=$S/vms/golden # (no checkpoint there now: the VM directory's own)
 echo x >"$ck/.memory-ranges.ofw0ay"
@@ -39,12 +42,15 @@ echo x >"$stage/.state.Zz9yQ1"
 # ... and the resume of that stage killed before QEMU starts: the stage is still whole
 rc=0 && VMSNAP_FAILPOINT=resume-before-restore vmc "$S" resume golden 2>"$T/err" || rc=$?
 [ "$rc" = 137 ] || fail "resume-before-restore failpoint: exit $rc: $(cat "$T/err")"
-for f in "$VMSNAP_RAM_DIR/.$rb.ram.k5veta" "$VMSNAP_RAM_DIR/.$rb.stage.NwGmz6" \
-    "$ck/.memory-ranges.ofw0ay" "$stage/.state.Zz9yQ1"; do
+for f in "$VMSNAP_RAM_DIR/.$rb.ram.k5veta" "$ck/.memory-ranges.ofw0ay" "$stage/.state.Zz9yQ1"; do
     [ -e "$f" ] && fail "a killed command's temporary outlived the next command: $f"
 done
-[ -e "$VMSNAP_RAM_DIR/.vmsnap-00000000-other.ram.abcdef" ] || fail "the sweep removed another VM's file"
-rm -f "$VMSNAP_RAM_DIR/.vmsnap-00000000-other.ram.abcdef"
+for f in "$VMSNAP_RAM_DIR/.vmsnap-00000000-other.ram.abcdef" "$VMSNAP_RAM_DIR/.$rb.ram.dir123/f" \
+    "$VMSNAP_RAM_DIR/.$rb.ram.nobody"; do
+    [ -e "$f" ] || fail "the sweep removed $f (another VM's, a directory's content, another user's)"
+done
+rm -rf "$VMSNAP_RAM_DIR/.vmsnap-00000000-other.ram.abcdef" "$VMSNAP_RAM_DIR/.$rb.ram.dir123" \
+    "$VMSNAP_RAM_DIR/.$rb.ram.nobody"
 for f in memory-ranges state config.json rootfs-disk-vda.ext4 .vmsnap-unsaved; do
     [ -e "$stage/$f" ] || fail "a resume killed before QEMU started took $f from the stage"
 done
