@@ -1204,10 +1204,16 @@ static void xfer_failpoint(const char *name)
 {
     const char *f = getenv("VMSNAP_FAILPOINT");
     size_t nl = strlen(name);
-    if (f && !strncmp(f, name, nl) && !strcmp(f + nl, ":stop"))
+    if (f && !strncmp(f, name, nl) && !strcmp(f + nl, ":stop")) {
         raise(SIGSTOP);
-    else if (f && !strcmp(f, name))
+        /* continued: a signal sent while stopped (a test's SIGINT before its SIGCONT) is taken
+         * by the CLI's signal thread, not this one; give it time to set the cancel flag, or this
+         * thread runs on past the checks the test is about */
+        struct timespec ts = {0, 200 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    } else if (f && !strcmp(f, name)) {
         raise(SIGKILL);
+    }
 }
 
 /* Is another push at `lp` ("P/"): its manifest there, or a push mark other than `own`? (One
