@@ -323,12 +323,13 @@ static bool atomic_temp(const char *name, const char *base)
     return strncmp(name, ".vmsnap-", 8) != 0 || !strncmp(name, ".vmsnap-tmp.", 12);
 }
 
-/* Unlink the temporaries in `dir` (opened without following a symlink): regular files of
- * this user only, never a directory's content (the RAM directory is world-writable: a planted
- * symlink or another user's tree must not make vmsnap, run as root, delete anything). */
-static void sweep_dir(const char *dir, const char *base)
+/* Unlink the temporaries in `dir`: regular files of this user only, never a directory's
+ * content (the RAM directory is world-writable: a planted symlink or another user's tree must
+ * not make vmsnap, run as root, delete anything). `nofollow` for a directory whose name others
+ * could have made (the stage); the RAM and state directories are the user's own choice. */
+static void sweep_dir(const char *dir, const char *base, bool nofollow)
 {
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0));
     DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
     if (!d) {
         if (dfd >= 0)
@@ -358,15 +359,15 @@ static void sweep_temps(const struct vmctx *c)
 {
     const char *rb = strrchr(c->ram, '/');
     if (rb)
-        sweep_dir(c->ram_dir, rb + 1);
+        sweep_dir(c->ram_dir, rb + 1, false);
     const char *const dirs[] = {c->vmdir, c->ckpt, c->ondemand};
     for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++)
-        sweep_dir(dirs[i], NULL);
+        sweep_dir(dirs[i], NULL, true);
     if (stage_ok(c))
-        sweep_dir(c->stage, NULL);
+        sweep_dir(c->stage, NULL, true);
     char p[PATH_LEN];
     if (pcat(p, c->ckpt, ".new") == 0)
-        sweep_dir(p, NULL);
+        sweep_dir(p, NULL, true);
 }
 
 /* Lock the VM's directory against concurrent vmsnap commands on the same VM. */
