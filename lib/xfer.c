@@ -272,7 +272,7 @@ static void part_run(struct xtask *t, struct vmsnap_store_conn *c)
                                         u->base_etag, pt->src_off, pt->len, &u->parts[pt->num - 1],
                                         &e);
     if (!copy) {
-        free(pt->buf);
+        xpool_buf_free(&u->x->pool, pt->buf);
         xpool_mem_release(&u->x->pool, pt->cap);
     }
     if (rc < 0) {
@@ -361,7 +361,7 @@ static int new_part_buffer(struct up *u, uint32_t num, struct vmsnap_err *err)
 {
     size_t cap = part_cap(u, num) + part_extra(u);
     xpool_mem_acquire(&u->x->pool, cap);
-    u->cur = malloc(cap);
+    u->cur = xpool_buf_alloc(&u->x->pool, cap);
     if (!u->cur) {
         xpool_mem_release(&u->x->pool, cap);
         return vmsnap_err_set(err, ENOMEM, "out of memory (part buffer of %zu bytes)", cap);
@@ -764,7 +764,7 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
         cancel_release();
     }
     if (u.cur) {
-        free(u.cur);
+        xpool_buf_free(&x->pool, u.cur);
         xpool_mem_release(&x->pool, u.cur_cap);
     }
     unsigned char md[32];
@@ -1862,7 +1862,7 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
     pthread_mutex_unlock(&d->mu);
     if (!skip && (rc = cancel_check(&e)) < 0)
         skip = true;
-    uint8_t *buf = skip ? NULL : malloc(g->len ? g->len : 1);
+    uint8_t *buf = skip ? NULL : xpool_buf_alloc(&d->x->pool, g->len ? g->len : 1);
     if (!skip && !buf)
         rc = vmsnap_err_set(&e, ENOMEM, "out of memory (%llu-byte group)",
                             (unsigned long long)g->len);
@@ -1910,7 +1910,7 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
                 EVP_DigestUpdate(d->sha, h->buf, h->len);
             d->hashed += h->len;
         }
-        free(h->buf);
+        xpool_buf_free(&d->x->pool, h->buf);
         h->buf = NULL;
         xpool_mem_release(&d->x->pool, h->len);
         d->next_hash++;

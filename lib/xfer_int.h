@@ -25,6 +25,8 @@ struct xpool {
     struct xtask *head, *tail;
     bool stop;
     uint64_t mem_used, mem_cap, mem_peak;
+    struct xbuf *cache; /* freed buffers kept for reuse (xpool_buf_free) */
+    uint64_t cached;    /* their bytes: mem_used + cached stays within mem_cap */
     unsigned n, nconns;
     pthread_t *tids;
     struct vmsnap_store_conn **conns;
@@ -39,5 +41,13 @@ void xpool_submit(struct xpool *p, struct xtask *t);
  * nothing else is held, so it always makes progress). */
 void xpool_mem_acquire(struct xpool *p, uint64_t bytes);
 void xpool_mem_release(struct xpool *p, uint64_t bytes);
+/* A buffer of `len` bytes for a part or a frame group, taken after xpool_mem_acquire(len): a
+ * freed one of about that size when the pool kept one, else a fresh anonymous mapping (not the
+ * C heap, whose per-thread arenas keep freed memory: the process's memory then grew past the
+ * budget). NULL when out of memory. */
+void *xpool_buf_alloc(struct xpool *p, size_t len);
+/* Give back a buffer of xpool_buf_alloc (before xpool_mem_release of its bytes): kept for the
+ * next one while the bytes held and kept fit in the budget, else unmapped. NULL is ignored. */
+void xpool_buf_free(struct xpool *p, void *buf);
 
 #endif

@@ -3,8 +3,19 @@
 #include "xfer_int.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+/* The header in front of every pool buffer: the size of its mapping, and the link while kept. */
+struct xbuf {
+    size_t size;
+    struct xbuf *next;
+    max_align_t pad[];
+};
+
+#define XBUF_HDR sizeof(struct xbuf)
 
 static void *worker(void *arg)
 {
@@ -80,6 +91,12 @@ void xpool_fini(struct xpool *p)
         pthread_join(p->tids[i], NULL);
     for (unsigned i = 0; i < p->nconns; i++)
         vmsnap_store_conn_free(p->conns[i]);
+    while (p->cache) {
+        struct xbuf *b = p->cache;
+        p->cache = b->next;
+        munmap(b, b->size);
+    }
+    p->cached = 0;
     free(p->tids);
     free(p->conns);
     p->tids = NULL;
@@ -119,4 +136,67 @@ void xpool_mem_release(struct xpool *p, uint64_t bytes)
     p->mem_used -= bytes;
     pthread_cond_broadcast(&p->cv_mem);
     pthread_mutex_unlock(&p->mu);
+}
+
+static size_t map_size(size_t len)
+{
+    size_t pg = 4096;
+    return (len + XBUF_HDR + pg - 1) / pg * pg;
+}
+
+void *xpool_buf_alloc(struct xpool *p, size_t len)
+{
+    size_t want = map_size(len);
+    struct xbuf *b = NULL;
+    pthread_mutex_lock(&p->mu);
+    /* a kept buffer of this size, or up to a quarter larger (frame groups vary in size) */
+    for (struct xbuf **pp = &p->cache; *pp; pp = &(*pp)->next)
+        if ((*pp)->size >= want && (*pp)->size - want <= want / 4) {
+            b = *pp;
+            *pp = b->next;
+            p->cached -= b->size;
+            break;
+        }
+    /* else make room: what is held (this buffer's bytes included) and kept within the budget */
+    struct xbuf *drop = NULL;
+    while (!b && p->cache && p->mem_used + p->cached > p->mem_cap) {
+        struct xbuf *d = p->cache;
+        p->cache = d->next;
+        p->cached -= d->size;
+        d->next = drop;
+        drop = d;
+    }
+    pthread_mutex_unlock(&p->mu);
+    while (drop) {
+        struct xbuf *d = drop;
+        drop = d->next;
+        munmap(d, d->size);
+    }
+    if (!b) {
+        void *m = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED)
+            return NULL;
+        b = m;
+        b->size = want;
+    }
+    b->next = NULL;
+    return (uint8_t *)b + XBUF_HDR;
+}
+
+void xpool_buf_free(struct xpool *p, void *buf)
+{
+    if (!buf)
+        return;
+    struct xbuf *b = (struct xbuf *)((uint8_t *)buf - XBUF_HDR);
+    pthread_mutex_lock(&p->mu);
+    /* mem_used still counts this buffer's bytes: keeping it adds nothing held */
+    bool keep = p->mem_used + p->cached <= p->mem_cap;
+    if (keep) {
+        b->next = p->cache;
+        p->cache = b;
+        p->cached += b->size;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (!keep)
+        munmap(b, b->size);
 }
