@@ -215,8 +215,20 @@ struct devino {
 
 struct preserve_set {
     struct devino *v;
+    char **path; /* as given (joined to `base`), resolved again before a removal */
     size_t n;
 };
+
+static void preserve_fini(struct preserve_set *ps)
+{
+    for (size_t i = 0; ps->path && i < ps->n; i++)
+        free(ps->path[i]);
+    free(ps->path);
+    free(ps->v);
+    ps->path = NULL;
+    ps->v = NULL;
+    ps->n = 0;
+}
 
 static bool in_set(const struct devino *v, size_t n, dev_t dev, ino_t ino)
 {
@@ -231,6 +243,7 @@ static int preserve_init(struct preserve_set *ps, const char *base, const char *
                          struct vmsnap_err *err)
 {
     ps->v = NULL;
+    ps->path = NULL;
     ps->n = 0;
     if (!paths)
         return 0;
@@ -240,15 +253,17 @@ static int preserve_init(struct preserve_set *ps, const char *base, const char *
     if (n == 0)
         return 0;
     ps->v = calloc(n, sizeof(*ps->v));
-    if (!ps->v)
+    ps->path = calloc(n, sizeof(*ps->path));
+    if (!ps->v || !ps->path) {
+        preserve_fini(ps);
         return vmsnap_err_set(err, ENOMEM, "pcache: out of memory");
+    }
     for (size_t i = 0; i < n; i++) {
         char buf[PATH_MAX];
         const char *p = paths[i];
         if (base && p[0] != '/') {
             if ((size_t)snprintf(buf, sizeof(buf), "%s/%s", base, p) >= sizeof(buf)) {
-                free(ps->v);
-                ps->v = NULL;
+                preserve_fini(ps);
                 return vmsnap_err_set(err, ENAMETOOLONG, "preserve %s/%s: path too long", base, p);
             }
             p = buf;
@@ -256,9 +271,12 @@ static int preserve_init(struct preserve_set *ps, const char *base, const char *
         struct stat sb;
         if (stat(p, &sb) != 0) {
             int e = errno;
-            free(ps->v);
-            ps->v = NULL;
+            preserve_fini(ps);
             return vmsnap_err_set(err, e, "preserve %s: %s", p, strerror(e));
+        }
+        if (!(ps->path[ps->n] = strdup(p))) {
+            preserve_fini(ps);
+            return vmsnap_err_set(err, ENOMEM, "pcache: out of memory");
         }
         ps->v[ps->n++] = (struct devino){sb.st_dev, sb.st_ino};
     }
@@ -289,6 +307,50 @@ static bool root_preserved(const struct preserve_set *ps, const char *path)
     return found;
 }
 
+static bool same_inode(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
+}
+
+/* Test hook: VMSNAP_FAILPOINT=NAME:stop freezes the process at the point NAME (as xfer.c's). */
+static void pcache_failpoint(const char *name)
+{
+    const char *f = getenv("VMSNAP_FAILPOINT");
+    size_t nl = strlen(name);
+    if (f && !strncmp(f, name, nl) && !strcmp(f + nl, ":stop"))
+        raise(SIGSTOP);
+}
+
+/* Whether the file `sb` (`name` in the directory `dfd`) is, right now, at a preserved path or
+ * under one. The device+inode pairs are taken when the walk starts; a checkpoint writer may since
+ * have renamed a new file or directory onto a preserved path (its usual temporary + rename), and
+ * that one must not be removed either: so the paths are resolved again just before a removal. */
+static bool preserved_now(const struct preserve_set *ps, int dfd, const struct stat *sb)
+{
+    if (!ps || ps->n == 0)
+        return false;
+    char fdp[64], dir[PATH_MAX];
+    snprintf(fdp, sizeof(fdp), "/proc/self/fd/%d", dfd);
+    ssize_t k = readlink(fdp, dir, sizeof(dir) - 1);
+    bool have_dir = k > 0 && dir[0] == '/';
+    if (have_dir)
+        dir[k] = '\0';
+    for (size_t i = 0; i < ps->n; i++) {
+        struct stat now;
+        if (stat(ps->path[i], &now) == 0 && same_inode(&now, sb))
+            return true;
+        char *real = have_dir ? realpath(ps->path[i], NULL) : NULL;
+        if (!real)
+            continue;
+        size_t rl = strlen(real);
+        bool under = !strncmp(dir, real, rl) && (dir[rl] == '\0' || dir[rl] == '/' || rl == 1);
+        free(real);
+        if (under)
+            return true;
+    }
+    return false;
+}
+
 /* Record a per-file failure ("OP PATH: WHATstrerror"): the first goes to `err` and is returned
  * at the end of the walk, later ones are logged. */
 static void note_err(int *first, struct vmsnap_err *err, int code, const char *op, const char *path,
@@ -309,11 +371,6 @@ static int open_at(int dfd, const char *name, int flags)
     if (fd < 0 && errno == EPERM) /* O_NOATIME needs ownership */
         fd = openat(dfd, name, flags);
     return fd;
-}
-
-static bool same_inode(const struct stat *a, const struct stat *b)
-{
-    return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
 }
 
 /*
@@ -562,13 +619,29 @@ static void walk_dir(struct walk *w, int dfd, bool preserved)
  * unless w->follow_root) and everything else is reached from that descriptor. */
 static int walk_root(struct walk *w, const char *path)
 {
-    /* Trailing slashes would make the kernel follow a symlink despite O_NOFOLLOW. */
+    /* Trailing slashes (and "/." components) would make the kernel follow a symlink despite
+     * O_NOFOLLOW: "lnk/." is the directory lnk points to. */
     char *p = strdup(path);
     if (!p)
         return vmsnap_err_set(w->err, ENOMEM, "%s %s: out of memory", w->op, path);
     size_t n = strlen(p);
-    while (n > 1 && p[n - 1] == '/')
-        p[--n] = '\0';
+    for (;;) {
+        if (n > 1 && p[n - 1] == '/')
+            p[--n] = '\0';
+        else if (n > 2 && p[n - 1] == '.' && p[n - 2] == '/')
+            p[n -= 2] = '\0';
+        else
+            break;
+    }
+    const char *last = strrchr(p, '/');
+    last = last ? last + 1 : p;
+    if (!w->follow_root && !strcmp(last, "..")) {
+        free(p);
+        return vmsnap_err_set(w->err, EINVAL,
+                              "%s %s: a staged walk takes a directory by its own name, not '..' "
+                              "(which may be reached through a symbolic link)",
+                              w->op, path);
+    }
     int rc = path_set(w, 0, p);
     int pfd = -1, dfd = -1;
     char *real = NULL;
@@ -824,6 +897,11 @@ static void stage_file(struct evict_ctx *c, int dfd, const char *name, int fd, c
         keep_file(c, fd, path, sb, true, "opened by another process meanwhile");
         goto out;
     }
+    if (preserved_now(c->w->ps, dfd, sb)) {
+        vlog(VMSNAP_LOG_INFO, "evict %s: now at a preserved path; kept", path);
+        preserve_fd(c, fd, path, sb);
+        goto out;
+    }
     if (unlinkat(dfd, name, 0) != 0) {
         int e = errno;
         if (e != ENOENT) {
@@ -948,6 +1026,7 @@ static int evict_common(const char *path, const char *base, const char *const *p
     int rc = preserve_init(&ps, base, preserve, err);
     if (rc < 0)
         return rc;
+    pcache_failpoint("evict-preserved");
     struct evict_ctx c = {.opts = opts ? opts : &defaults, .rep = rep ? rep : &scratch};
     struct walk w = {
         .op = remove_dirs ? "release" : "evict",
@@ -964,7 +1043,7 @@ static int evict_common(const char *path, const char *base, const char *const *p
     rc = walk_root(&w, path);
     c.rep->skipped_mounts += w.skipped_mounts;
     walk_fini(&w);
-    free(ps.v);
+    preserve_fini(&ps);
     return rc;
 }
 

@@ -73,6 +73,25 @@ grep -q '^removed: 1 files (2.00 MiB' "$T/ev.out" || fail "staged report: $(cat 
 [ "$(stat -c %h "$T/r/linked.img")" = 2 ] || fail "hard link lost"
 cmp -s "$T/r/linked.img" "$T/elsewhere/linked.img" || fail "link content differs"
 
+# A checkpoint writer renames a new file, or a new directory, onto a preserved path after the
+# staged walk resolved it (the walk stops at a failpoint meanwhile): neither is removed.
+mkdir -p "$T/rr/ck" "$T/rr/tmp/newdir" && head -c 1M /dev/urandom >"$T/rr/ck/mem" &&
+    head -c 1M /dev/urandom >"$T/rr/tmp/mem.new" && head -c 1M /dev/urandom >"$T/rr/tmp/newdir/f" &&
+    mkdir "$T/rr/keepdir" && echo old >"$T/rr/keepdir/f" && head -c 1M /dev/urandom >"$T/rr/gone"
+sum_new=$(sha256sum <"$T/rr/tmp/mem.new") && sum_dir=$(sha256sum <"$T/rr/tmp/newdir/f")
+VMSNAP_FAILPOINT=evict-preserved:stop "$VMSNAP" cache evict --staged --preserve "$T/rr/ck/mem" \
+    --preserve "$T/rr/keepdir" "$T/rr" >"$T/ev.out" 2>"$T/err" &
+pid=$!
+wait_stopped $pid || fail "staged evict did not stop at evict-preserved"
+mv "$T/rr/tmp/mem.new" "$T/rr/ck/mem" && rm -r "$T/rr/keepdir" && mv "$T/rr/tmp/newdir" "$T/rr/keepdir"
+kill -CONT $pid
+wait $pid || fail "staged evict with a renamed preserved path: $(cat "$T/err")"
+[ "$(sha256sum <"$T/rr/ck/mem" 2>/dev/null)" = "$sum_new" ] ||
+    fail "a file renamed onto a preserved path during a staged evict was removed"
+[ "$(sha256sum <"$T/rr/keepdir/f" 2>/dev/null)" = "$sum_dir" ] ||
+    fail "a directory renamed onto a preserved path during a staged evict lost its file"
+[ ! -e "$T/rr/gone" ] || fail "the unpreserved file of that evict was not removed"
+
 # Errors: a missing path exits 1 naming it; bad usage exits 2.
 expect_fail "missing path" "$VMSNAP" cache stat "$T/nope"
 grep -q "$T/nope" "$T/err" || fail "error does not name the path: $(cat "$T/err")"
@@ -113,7 +132,9 @@ ln -s "$T/loop-a" "$T/sp/loop"
 mkdir -p "$T/target"
 echo precious >"$T/target/keep"
 ln -s "$T/target" "$T/lnk"
-for p in "$T/lnk/" "$T/lnk//" "$T/lnk"; do
+mkdir -p "$T/target/sub"
+ln -s "$T/target/sub" "$T/lnk2" # lnk2/.. is target, reached through the link
+for p in "$T/lnk/" "$T/lnk//" "$T/lnk" "$T/lnk/." "$T/lnk/./" "$T/lnk/./." "$T/lnk2/.."; do
     expect_fail "--staged $p" "$VMSNAP" cache evict --staged "$p"
     grep -q "symbolic link" "$T/err" || fail "--staged $p: $(cat "$T/err")"
     [ "$(cat "$T/target/keep" 2>/dev/null)" = precious ] || fail "--staged $p: the symlink's target was modified"
