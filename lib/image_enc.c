@@ -122,6 +122,21 @@ static bool all_zero(const uint8_t *p, size_t len)
  * memory. zstd still shrinks the window for smaller frames. */
 #define LOW_LEVEL_WINDOW_LOG 20
 
+int vmsnap_image_check_pack_opts(const struct vmsnap_pack_opts *opts, struct vmsnap_err *err)
+{
+    uint64_t fs = opts->frame_size ? opts->frame_size : VMSNAP_IMAGE_DEFAULT_FRAME_SIZE;
+    int level = opts->level ? opts->level : 1;
+    if (fs % VMSNAP_IMAGE_PAGE || fs < VMSNAP_IMAGE_MIN_FRAME_SIZE ||
+        fs > VMSNAP_IMAGE_MAX_FRAME_SIZE)
+        return vmsnap_err_set(
+            err, EINVAL, "frame size %llu: must be a multiple of 4 KiB between 1 MiB and 1 GiB",
+            (unsigned long long)fs);
+    if (level < ZSTD_minCLevel() || level > ZSTD_maxCLevel())
+        return vmsnap_err_set(err, EINVAL, "zstd level %d out of range [%d, %d]", level,
+                              ZSTD_minCLevel(), ZSTD_maxCLevel());
+    return 0;
+}
+
 static int set_cparams(ZSTD_CCtx *cctx, int level)
 {
     size_t r = ZSTD_CCtx_reset(cctx, ZSTD_reset_session_and_parameters);
@@ -687,14 +702,9 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
         .elide = !opts->keep_zero_pages,
         .drop_cache = !opts->keep_cache,
     };
-    if (e.frame_size % VMSNAP_IMAGE_PAGE || e.frame_size < VMSNAP_IMAGE_MIN_FRAME_SIZE ||
-        e.frame_size > VMSNAP_IMAGE_MAX_FRAME_SIZE)
-        return vmsnap_err_set(
-            err, EINVAL, "frame size %llu: must be a multiple of 4 KiB between 1 MiB and 1 GiB",
-            (unsigned long long)e.frame_size);
-    if (e.level < ZSTD_minCLevel() || e.level > ZSTD_maxCLevel())
-        return vmsnap_err_set(err, EINVAL, "zstd level %d out of range [%d, %d]", e.level,
-                              ZSTD_minCLevel(), ZSTD_maxCLevel());
+    int crc = vmsnap_image_check_pack_opts(opts, err);
+    if (crc < 0)
+        return crc;
     e.nranges = (e.size + e.frame_size - 1) / e.frame_size;
     if (e.nranges + 2 > SEEK_MAX_FRAMES)
         return vmsnap_err_set(err, EFBIG,

@@ -1431,6 +1431,63 @@ static int find_replaced(struct set_push *s, struct old_set *o, struct vmsnap_er
     return rc;
 }
 
+/* Can `key` be stored? S3 takes keys of at most 1024 bytes; the local store, names of at most
+ * NAME_MAX bytes in paths of less than PATH_MAX (less what its temporary names add). */
+static int key_fits(const struct xfer *x, const char *key, struct vmsnap_err *err)
+{
+    char u[URL_BUF];
+    vmsnap_store_url(x->st, key, u, sizeof(u));
+    if (x->st->kind == VMSNAP_STORE_S3) {
+        if (strlen(key) > 1024)
+            return vmsnap_err_set(err, ENAMETOOLONG, "%s: key of %zu bytes, S3 takes at most 1024",
+                                  u, strlen(key));
+        return 0;
+    }
+    if (strlen(u) + 32 >= PATH_MAX)
+        return vmsnap_err_set(err, ENAMETOOLONG, "%s: path too long for the local store", u);
+    for (const char *p = u; *p;) {
+        size_t n = strcspn(p, "/");
+        if (n > NAME_MAX)
+            return vmsnap_err_set(err, ENAMETOOLONG, "%s: a name longer than %d bytes", u,
+                                  NAME_MAX);
+        p += n + (p[n] == '/');
+    }
+    return 0;
+}
+
+/* Before a set push changes anything (it un-commits the set it replaces): every file opens and
+ * every key fits, so the usual local failures leave the old set in place. */
+static int set_ready(const struct xfer *x, const struct set_push *s, struct vmsnap_err *err)
+{
+    int dfd = open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return vmsnap_err_set(err, errno, "open directory %s: %s", s->dir, strerror(errno));
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < s->n; i++) {
+        const char *name = s->files[i].name;
+        int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0) {
+            rc = vmsnap_err_set(err, errno, "open %s/%s: %s", s->dir, name, strerror(errno));
+            break;
+        }
+        close(fd);
+        char obj[300];
+        snprintf(obj, sizeof(obj), "%s.zstd", name);
+        char *k = join_key(s->prefix, obj);
+        rc = k ? key_fits(x, k, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
+        free(k);
+    }
+    close(dfd);
+    if (rc == 0) {
+        char mname[64];
+        snprintf(mname, sizeof(mname), PUSH_MARK_PREFIX "%s" PUSH_MARK_SUFFIX, s->push_id);
+        char *k = join_key(s->prefix, mname);
+        rc = k ? key_fits(x, k, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
+        free(k);
+    }
+    return rc;
+}
+
 /* Store the push mark (again, with what it replaces, once that is known). */
 static int put_mark(struct vmsnap_store_conn *ctl, const struct set_push *s, int64_t started,
                     const char *url, struct vmsnap_err *err)
@@ -1461,7 +1518,7 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
     for (size_t i = 0; i < s.n; i++)
         s.order[i] = i;
     qsort_r(s.order, s.n, sizeof(*s.order), cmp_size_desc, s.files);
-    if ((rc = new_push_id(s.push_id, err)) < 0)
+    if ((rc = new_push_id(s.push_id, err)) < 0 || (rc = set_ready(x, &s, err)) < 0)
         goto out;
 
     /* the mark before anything changes: a push killed from here on leaves it for gc (not once
@@ -1726,6 +1783,16 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
     bool pool = false;
     if (!*key) {
         rc = vmsnap_err_set(err, EINVAL, "%s: a key (a path inside the bucket) is needed", url);
+        goto out;
+    }
+    /* what would fail late is refused before anything changes (a push over a set un-commits it
+     * first) */
+    struct vmsnap_pack_opts cpo = {.frame_size = x.o.frame_size, .level = x.o.level};
+    if ((rc = vmsnap_image_check_pack_opts(&cpo, err)) < 0)
+        goto out;
+    if (x.o.part_size > VMSNAP_STORE_MAX_PART) {
+        rc = vmsnap_err_set(err, EINVAL, "part size %llu: at most 5 GiB (S3's largest part)",
+                            (unsigned long long)x.o.part_size);
         goto out;
     }
     if (local_same(&x, key, path, S_ISDIR(sb.st_mode))) {

@@ -115,6 +115,11 @@ VMSNAP_API int vmsnap_image_pack_fd(int src_fd, const char *src_name,
                                     const struct vmsnap_pack_opts *opts,
                                     struct vmsnap_image_stats *stats, struct vmsnap_err *err);
 
+/* Are the frame size and level of `opts` ones the encoder takes? (A caller about to change
+ * something first, as a push over a set un-commits it, asks before.) */
+VMSNAP_API int vmsnap_image_check_pack_opts(const struct vmsnap_pack_opts *opts,
+                                            struct vmsnap_err *err);
+
 /* Encode file `src` to file `dst` ("-" = stdout). A file destination is written under a temporary
  * name in its directory (mode 0600) and renamed on success; on failure nothing is left there. */
 VMSNAP_API int vmsnap_image_pack(const char *src, const char *dst,

@@ -114,6 +114,22 @@ slack=$((${VMSNAP_SANITIZED:-0} == 1 ? 48 : 32)) # MiB: decoders, stacks; ASan's
     fail "pull --max-memory 16M peaked $(((peak - base_kib) / 1024)) MiB above a tiny pull (budget 16 + $slack)"
 rm -f "$T/rss" "$T/rss.out" "$T/rss1" "$T/rss1.out"
 
+# A push over a set that would fail on something local (an option, a name too long for the
+# store) fails before it un-commits that set: the set stays whole (it was removed, found by review)
+mkdir -p "$T/ov" && echo s >"$T/ov/state" && mk "$T/ov/mem" $((3 * 1024 * 1024))
+"$VMSNAP" -q push "$T/ov" "$S/ov" || fail "push of the set to keep"
+expect_fail "push over a set with a bad frame size" "$VMSNAP" push --frame-size 512K "$T/ov" "$S/ov"
+grep -q "frame size 524288" "$T/err" || fail "bad frame size: $(cat "$T/err")"
+expect_fail "push over a set with a too large part size" "$VMSNAP" push --part-size 6G "$T/ov" "$S/ov"
+long=$(printf 'n%.0s' $(seq 1 251))
+echo x >"$T/ov/$long"
+expect_fail "push over a set with a name too long for the store" "$VMSNAP" push "$T/ov" "$S/ov"
+grep -q "a name longer than 255 bytes" "$T/err" || fail "long name: $(cat "$T/err")"
+rm "$T/ov/$long"
+"$VMSNAP" -q pull "$S/ov" "$T/ov.out" && diff -r "$T/ov" "$T/ov.out" >/dev/null ||
+    fail "a push that failed on a local check did not leave the set it would replace"
+rm -rf "$T/ov.out"
+
 # page cache: a stored object is dropped once written, and the ranges a pull read once read
 mk "$T/r40" $((40 * 1024 * 1024))
 "$VMSNAP" -q push "$T/r40" "$S/r40" || fail "push r40"
