@@ -533,6 +533,11 @@ int vmsnap_disk_info(const char *path, struct vmsnap_disk_info *info, struct vms
     return 0;
 }
 
+/* At most this many superblock copies are rewritten by a UUID change: sparse_super puts them in
+ * groups 0, 1 and powers of 3, 5 and 7 (under 100 for any size); a 64 GiB image without it, at
+ * mke2fs's 32768 blocks per group, has 512. */
+#define SET_UUID_MAX_SUPERBLOCKS 2048
+
 int vmsnap_disk_set_uuid(const char *path, const uint8_t *uuid, bool force, struct vmsnap_err *err)
 {
     ext2_filsys fs;
@@ -576,6 +581,21 @@ int vmsnap_disk_set_uuid(const char *path, const uint8_t *uuid, bool force, stru
         memcpy(sb.s_uuid, uuid, 16);
     } else if ((rc = disk_random_uuid(sb.s_uuid)) < 0) {
         rc = vmsnap_err_set(err, -rc, "disk set-uuid %s: random UUID: %s", path, strerror(-rc));
+        goto out;
+    }
+    /* The geometry is the image's: a crafted one (8 blocks per group, no sparse_super) in a
+     * sparse file that costs nothing would have a superblock written every 32 KiB of its
+     * claimed size, filling this node's disk. Images mke2fs or vmsnap make have a few dozen. */
+    uint64_t copies = 0;
+    for (dgrp_t g = 0; g < fs->group_desc_count; g++)
+        copies += ext2fs_bg_has_super(fs, g) != 0;
+    if (copies > SET_UUID_MAX_SUPERBLOCKS) {
+        rc = vmsnap_err_set(err, EINVAL,
+                            "disk set-uuid %s: %llu superblock copies to rewrite (%u block groups "
+                            "of %u blocks%s): not a geometry mke2fs makes; refusing it",
+                            path, (unsigned long long)copies, (unsigned)fs->group_desc_count,
+                            (unsigned)fs->super->s_blocks_per_group,
+                            ext2fs_has_feature_sparse_super(fs->super) ? "" : ", no sparse_super");
         goto out;
     }
     for (dgrp_t g = 0; g < fs->group_desc_count; g++) {

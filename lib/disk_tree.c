@@ -265,8 +265,12 @@ static int copy_data(struct disk_tree *t, int fd, ext2_file_t f, uint64_t size, 
                 return vmsnap_err_set(err, errno, "disk create %s: read %s: %s", t->image, where,
                                       strerror(errno));
             }
-            if (n == 0)
-                break; /* file shrank under us: stop at what we saw */
+            if (n == 0) /* shorter than its size: it is being changed */
+                return vmsnap_err_set(err, EAGAIN,
+                                      "disk create %s: source %s changed while being copied "
+                                      "(%llu bytes read of %llu)",
+                                      t->image, where, (unsigned long long)at,
+                                      (unsigned long long)size);
             /* Write runs of non-zero blocks. */
             size_t i = 0;
             while (i < (size_t)n) {
@@ -531,7 +535,10 @@ static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const 
             "symlinks can be copied into an image",
             t->image, hostpath, kind);
     }
-    if (st.st_nlink > 1) {
+    /* An --add with its own mode or owner gets an inode of its own: linked to another name of
+     * the same source file it would share (and change, or lose) that one's. */
+    bool own = mode_ovr >= 0 || uid_ovr >= 0 || gid_ovr >= 0;
+    if (st.st_nlink > 1 && !own) {
         struct hlink *h = hl_find(t, st.st_dev, st.st_ino, false);
         if (h) {
             if (h->links >= EXT2_LINK_MAX)
@@ -574,9 +581,18 @@ static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const 
                                   hostpath);
         }
         rc = add_regular(t, parent, imgname, fd, &st, mode, uid, gid, hostpath, &ino, err);
+        /* a file written meanwhile would be in the image as it never was */
+        struct stat after;
+        if (rc == 0 && (fstat(fd, &after) < 0 || after.st_size != st.st_size ||
+                        after.st_mtim.tv_sec != st.st_mtim.tv_sec ||
+                        after.st_mtim.tv_nsec != st.st_mtim.tv_nsec))
+            rc = vmsnap_err_set(err, EAGAIN,
+                                "disk create %s: source %s changed while being copied (size or "
+                                "modification time); copy it again when it is not being written",
+                                t->image, hostpath);
         close(fd);
     }
-    if (rc == 0 && st.st_nlink > 1) {
+    if (rc == 0 && st.st_nlink > 1 && !own) {
         struct hlink *h = hl_find(t, st.st_dev, st.st_ino, true);
         if (!h)
             return vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);

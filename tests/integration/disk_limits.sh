@@ -152,4 +152,98 @@ else
     echo "note: the hard-link limit case needs root to mount a tmpfs; not run" >&2
     [ "${VMSNAP_REQUIRE_ALL:-0}" = 1 ] && fail "hard-link limit case could not run"
 fi
+# --add with its own mode/owner of a file hard-linked to another name in the image: each name
+# keeps what it was given (they shared one inode, the first one's: a key added 0600 was 0644)
+if command -v debugfs >/dev/null; then
+    mkdir -p "$T/hlt/tree" && echo secret >"$T/hlt/tree/key" && chmod 644 "$T/hlt/tree/key" &&
+        ln "$T/hlt/tree/key" "$T/hlt/key.hl"
+    "$VMSNAP" disk create --size 16M --from-dir "$T/hlt/tree" --add "$T/hlt/key.hl:/secret:0600:0:0" \
+        --add "$T/hlt/tree/key:/other:0400:1000:1000" "$T/hlt.img" || fail "create with linked --add"
+    e2fsck -fn "$T/hlt.img" >/dev/null 2>&1 || fail "linked --add: e2fsck"
+    for spec in "/key 644 0" "/secret 600 0" "/other 400 1000"; do
+        set -- $spec
+        out=$(debugfs -R "stat $1" "$T/hlt.img" 2>/dev/null)
+        mode=$(printf '%s\n' "$out" | sed -n 's/.*Mode: *0*\([0-7]*\).*/\1/p' | head -1)
+        uid=$(printf '%s\n' "$out" | sed -n 's/.*User: *\([0-9]*\).*/\1/p' | head -1)
+        [ "$mode" = "$2" ] && [ "$uid" = "$3" ] ||
+            fail "linked --add: $1 has mode $mode uid $uid, want $2 uid $3"
+    done
+fi
+
+# A source file written while it is copied fails the create, naming it (it went into the image
+# as it never was: the bytes read before a truncation, then zeros). The shim truncates it at
+# the first read of its data.
+cat >"$T/grow.c" <<'SHIM'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+static int done;
+ssize_t pread64(int fd, void *buf, size_t n, off_t off)
+{
+    char p[64], real[4096];
+    snprintf(p, sizeof(p), "/proc/self/fd/%d", fd);
+    ssize_t k = readlink(p, real, sizeof(real) - 1);
+    if (k > 0 && !done) {
+        real[k] = 0;
+        if (!strcmp(real, getenv("SHIM_FILE"))) {
+            done = 1;
+            truncate(real, 1000);
+        }
+    }
+    return ((ssize_t(*)(int, void *, size_t, off_t))dlsym(RTLD_NEXT, "pread64"))(fd, buf, n, off);
+}
+ssize_t pread(int fd, void *buf, size_t n, off_t off) { return pread64(fd, buf, n, off); }
+SHIM
+if "${CC:-cc}" -shared -fPIC -o "$T/grow.so" "$T/grow.c" -ldl 2>"$T/err"; then
+    mkdir -p "$T/chg" && head -c 3000000 /dev/urandom >"$T/chg/f"
+    SHIM_FILE="$T/chg/f" LD_PRELOAD="$T/grow.so" \
+        ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" \
+        "$VMSNAP" disk create --size 64M --from-dir "$T/chg" "$T/chg.img" 2>"$T/err" &&
+        fail "a source file truncated while copied: create succeeded"
+    [ "$(stat -c %s "$T/chg/f")" = 1000 ] || fail "changed source: the shim did not run"
+    grep -q "chg/f changed while being copied" "$T/err" || fail "changed source: $(cat "$T/err")"
+    no_leftovers "$T/chg.img" "changed source"
+elif [ "${VMSNAP_REQUIRE_ALL:-0}" = 1 ]; then
+    fail "cannot build the LD_PRELOAD shim: $(cat "$T/err")"
+fi
+# A crafted geometry (8 blocks per group, no sparse_super) in a sparse file: a new UUID would
+# write a superblock every 32 KiB of the claimed 2 GiB (256 MiB allocated); refused
+"$VMSNAP" disk create --size 8M "$T/craft.img" || fail "create for the crafted geometry"
+python3 - "$T/craft.img" $((2 << 30)) 8 <<'PYEOF'
+import struct, sys
+def crc32c(data, crc=0xFFFFFFFF):
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+    return crc
+path, size, bpg = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+with open(path, "r+b") as f:
+    f.seek(1024)
+    sb = bytearray(f.read(1024))
+    bs = 1024 << struct.unpack_from("<I", sb, 24)[0]
+    blocks = size // bs
+    groups = (blocks + bpg - 1) // bpg
+    struct.pack_into("<I", sb, 0, groups)  # inodes: one per group
+    struct.pack_into("<I", sb, 4, blocks & 0xFFFFFFFF)
+    struct.pack_into("<I", sb, 0x150, blocks >> 32)
+    for off in (12, 0x158, 16):  # free blocks (lo, hi), free inodes
+        struct.pack_into("<I", sb, off, 0)
+    for off, v in ((32, bpg), (36, bpg), (40, 1)):  # blocks, clusters, inodes per group
+        struct.pack_into("<I", sb, off, v)
+    struct.pack_into("<I", sb, 0x64, struct.unpack_from("<I", sb, 0x64)[0] & ~1)  # ^sparse_super
+    struct.pack_into("<I", sb, 0x3FC, crc32c(bytes(sb[:0x3FC])))
+    f.seek(1024)
+    f.write(sb)
+    f.truncate(size)
+PYEOF
+expect_fail "--new-uuid of a crafted geometry" "$VMSNAP" disk clone --new-uuid "$T/craft.img" "$T/craft2.img"
+grep -q "superblock copies to rewrite" "$T/err" || fail "crafted geometry: $(cat "$T/err")"
+no_leftovers "$T/craft2.img" "crafted geometry"
+rm -f "$T/craft.img"
+
 done_tests
