@@ -296,10 +296,26 @@ out:
 
 /* Hard-link src at dst; with force an existing dst is replaced atomically. Returns -EXDEV when
  * the two are on different filesystems (the caller copies instead). */
-static int do_link(const char *src, const char *dst, bool force, struct vmsnap_err *err)
+/* link(2) of SRC's name following a symlink there (plain link() would link the symlink itself:
+ * a relative one then dangles, or names another image, from DST's directory), then checked to
+ * be the file that was opened and checked (`want`): else the new name goes again. */
+static int link_checked(const char *src, const char *to, const struct stat *want)
+{
+    if (linkat(AT_FDCWD, src, AT_FDCWD, to, AT_SYMLINK_FOLLOW) != 0)
+        return -1;
+    struct stat now;
+    if (lstat(to, &now) == 0 && now.st_dev == want->st_dev && now.st_ino == want->st_ino)
+        return 0;
+    unlink(to);
+    errno = EAGAIN; /* SRC's name was given to another file meanwhile */
+    return -1;
+}
+
+static int do_link(const char *src, const char *dst, const struct stat *want, bool force,
+                   struct vmsnap_err *err)
 {
     if (!force) {
-        if (link(src, dst) == 0)
+        if (link_checked(src, dst, want) == 0)
             return 0;
         if (errno == EXDEV || errno == EPERM)
             return -EXDEV;
@@ -312,7 +328,7 @@ static int do_link(const char *src, const char *dst, bool force, struct vmsnap_e
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     for (unsigned i = 0;; i++) {
         snprintf(tmp, n, "%s.link%u.%d", dst, i, (int)getpid());
-        if (link(src, tmp) == 0)
+        if (link_checked(src, tmp, want) == 0)
             break;
         int e = errno;
         if (e == EEXIST && i < 100)
@@ -366,7 +382,7 @@ int vmsnap_disk_clone(const char *src, const char *dst, const struct vmsnap_disk
     }
     int rc;
     if (o->link) {
-        rc = do_link(src, dst, o->force, err);
+        rc = do_link(src, dst, &st, o->force, err);
         if (rc == 0) {
             close(sfd);
             if (how)

@@ -108,6 +108,16 @@ e2fsck -fn "$T/c3.img" >"$T/fsck" 2>&1 || fail "--force uuid: e2fsck: $(tail "$T
 "$VMSNAP" -v disk clone --link "$T/src.img" "$T/l.img" 2>"$T/how" || fail "clone --link"
 [ "$(stat -c %i "$T/l.img")" = "$(stat -c %i "$T/src.img")" ] || fail "--link did not link"
 grep -q link "$T/how" || fail "--link: method not reported"
+# a symlink as SRC: the image it names is linked, not the symlink (a relative one dangled from
+# DST's directory, or named another image there), with and without --force
+ln -s src.img "$T/sym.img" && mkdir -p "$T/lsub"
+for f in "" --force; do
+    rm -f "$T/lsub/out.img" && "$VMSNAP" disk clone --link $f "$T/sym.img" "$T/lsub/out.img" ||
+        fail "clone --link $f of a symlink"
+    [ ! -L "$T/lsub/out.img" ] && [ "$(stat -c %i "$T/lsub/out.img")" = "$(stat -c %i "$T/src.img")" ] ||
+        fail "clone --link $f of a symlink did not link the image it names"
+done
+rm -f "$T/lsub/out.img" "$T/sym.img"
 expect_fail "existing destination" "$VMSNAP" disk clone "$T/src.img" "$T/c1.img"
 grep -q -- "--force" "$T/err" || fail "existing destination: unclear error"
 "$VMSNAP" disk clone --force "$T/src.img" "$T/c1.img" || fail "clone --force"
