@@ -22,11 +22,15 @@ static int print_set(void *arg, const struct vmsnap_xfer_set *s)
         json_object_array_add(arr, o);
         return 0;
     }
+    /* keys are anyone's with write access to the bucket: a newline or a terminal escape in one
+     * must not forge lines of this listing */
+    static char u[4 * 4400];
+    cli_printable(u, sizeof(u), s->url);
     char a[32], b[32];
     if (!s->valid)
-        printf("%s\t(unreadable manifest)\n", s->url);
+        printf("%s\t(unreadable manifest)\n", u);
     else
-        printf("%s\t%llu files\t%s logical\t%s stored\n", s->url, (unsigned long long)s->files,
+        printf("%s\t%llu files\t%s logical\t%s stored\n", u, (unsigned long long)s->files,
                cli_bytes(a, sizeof(a), s->logical), cli_bytes(b, sizeof(b), s->object_bytes));
     return 0;
 }

@@ -867,6 +867,17 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
     free(wk.ext);
     if (rc < 0)
         goto out_sync;
+    /* A file written while it was read is encoded as it never was (ranges of different
+     * moments; a shrunk file's lost tail read as holes): refused before the object is whole. */
+    struct stat after;
+    if (fstat(src_fd, &after) < 0 || after.st_size != st.st_size ||
+        after.st_mtim.tv_sec != st.st_mtim.tv_sec || after.st_mtim.tv_nsec != st.st_mtim.tv_nsec) {
+        rc = vmsnap_err_set(err, EAGAIN,
+                            "%s changed while being read (size or modification time): encode it "
+                            "again when nothing writes to it",
+                            name);
+        goto out_sync;
+    }
 
     if ((rc = emit_word_frame(&o, cctx, e.level, UINT64_MAX, e.size, &t, err)) < 0)
         goto out_sync;

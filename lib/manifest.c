@@ -17,7 +17,9 @@ bool manifest_name_ok(const char *name, size_t len)
 {
     if (len == 0 || len > 255 || memchr(name, '\0', len) || memchr(name, '/', len))
         return false;
-    if ((len == 1 && name[0] == '.') || (len == 2 && name[0] == '.' && name[1] == '.'))
+    /* hidden names too ('.', '..', a '.bashrc', vmsnap's own '.vmsnap-*' temporaries): push
+     * never stores one, so a manifest naming one was not written by it */
+    if (name[0] == '.')
         return false;
     for (size_t i = 0; i < len; i++)
         if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)

@@ -9,6 +9,7 @@
 #include "util/util.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -126,8 +127,15 @@ static int parse_endpoint(struct s3_config *c, const char *ep, struct vmsnap_err
         return vmsnap_err_set(err, EINVAL, "endpoint '%s': expected http://HOST[:PORT] or https://",
                               ep);
     }
+    /* user:password@ is not echoed back (it may be a secret) and not taken: credentials come
+     * from the environment, and curl would read such a host as credentials for another one */
+    if (memchr(p, '@', strcspn(p, "/")))
+        return vmsnap_err_set(err, EINVAL,
+                              "endpoint: credentials in the URL (USER[:PASSWORD]@) are not "
+                              "supported; give keys in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY");
     const char *hs = p, *he;
-    if (*p == '[') {
+    const bool v6 = *p == '[';
+    if (v6) {
         he = strchr(p, ']');
         if (!he)
             return vmsnap_err_set(err, EINVAL, "endpoint '%s': unterminated [IPv6]", ep);
@@ -139,6 +147,9 @@ static int parse_endpoint(struct s3_config *c, const char *ep, struct vmsnap_err
     }
     if (he == hs)
         return vmsnap_err_set(err, EINVAL, "endpoint '%s': no host", ep);
+    for (const char *q = hs; q < he; q++)
+        if (!isalnum((unsigned char)*q) && !strchr(v6 ? ":." : ".-_", *q))
+            return vmsnap_err_set(err, EINVAL, "endpoint '%s': bad character in the host name", ep);
     c->host = xstrndup(hs, (size_t)(he - hs));
     if (*p == ':') {
         char *end;

@@ -6,15 +6,39 @@
 #include <stdio.h>
 #include <string.h>
 
+/* Copy `n` bytes of `all` into msg; when they do not fit, the middle goes (" ... "): the
+ * context at the start and the cause at the end (after a long URL or path) both stay. */
+static void fit(char *msg, size_t size, const char *all, size_t n)
+{
+    const size_t cap = size - 1;
+    if (n <= cap) {
+        memcpy(msg, all, n);
+        msg[n] = '\0';
+        return;
+    }
+    static const char gap[] = " ... ";
+    size_t head = cap / 2, tail = cap - head - (sizeof(gap) - 1);
+    memcpy(msg, all, head);
+    memcpy(msg + head, gap, sizeof(gap) - 1);
+    memcpy(msg + head + sizeof(gap) - 1, all + n - tail, tail);
+    msg[cap] = '\0';
+}
+
 int vmsnap_err_set(struct vmsnap_err *err, int code, const char *fmt, ...)
 {
     if (code <= 0)
         code = EIO;
     if (err) {
+        char all[8 * VMSNAP_ERR_MSG_MAX];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+        int n = vsnprintf(all, sizeof(all), fmt, ap);
         va_end(ap);
+        if (n < 0)
+            n = 0;
+        if ((size_t)n >= sizeof(all))
+            n = (int)sizeof(all) - 1;
+        fit(err->msg, sizeof(err->msg), all, (size_t)n);
         err->code = code;
     }
     return -code;
@@ -39,19 +63,7 @@ int vmsnap_err_wrap(struct vmsnap_err *err, const char *fmt, ...)
         pl = VMSNAP_ERR_MSG_MAX - 1;
     size_t ol = strnlen(err->msg, sizeof(err->msg) - 1);
     memcpy(all + pl, err->msg, ol);
-    size_t n = (size_t)pl + ol;
-    const size_t cap = sizeof(err->msg) - 1;
-    if (n <= cap) {
-        memcpy(err->msg, all, n);
-        err->msg[n] = '\0';
-    } else {
-        static const char gap[] = " ... ";
-        size_t head = cap / 2, tail = cap - head - (sizeof(gap) - 1);
-        memcpy(err->msg, all, head);
-        memcpy(err->msg + head, gap, sizeof(gap) - 1);
-        memcpy(err->msg + head + sizeof(gap) - 1, all + n - tail, tail);
-        err->msg[cap] = '\0';
-    }
+    fit(err->msg, sizeof(err->msg), all, (size_t)pl + ol);
     return -err->code;
 }
 

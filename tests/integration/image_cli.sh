@@ -163,4 +163,49 @@ cmp -s "$T/src" "$T/uhup" || fail "unpack with SIGHUP ignored: output differs"
 # a pipe given as a path (process substitution) is read as a stream ("Illegal seek" before)
 "$VMSNAP" -q unpack <(cat "$T/img4") "$T/ufifo" || fail "unpack from a FIFO path"
 cmp -s "$T/src" "$T/ufifo" || fail "unpack from a FIFO path: output differs"
+# A source written while it is packed (a shim appends to it at the first read of its data)
+# fails the pack, naming it, with nothing at the destination; the same for a push (an object
+# mixing two moments of the file was stored and pulled back without a word)
+cat >"$T/grow.c" <<'SHIM'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+static int done;
+ssize_t pread64(int fd, void *buf, size_t n, off_t off)
+{
+    char p[64], real[4096];
+    snprintf(p, sizeof(p), "/proc/self/fd/%d", fd);
+    ssize_t k = readlink(p, real, sizeof(real) - 1);
+    if (k > 0 && !__atomic_exchange_n(&done, 1, __ATOMIC_SEQ_CST)) {
+        real[k] = 0;
+        if (strcmp(real, getenv("SHIM_FILE")) != 0) {
+            done = 0;
+        } else {
+            int w = open(real, O_WRONLY | O_APPEND);
+            if (w >= 0 && write(w, "appended", 8) == 8)
+                close(w);
+        }
+    }
+    return ((ssize_t(*)(int, void *, size_t, off_t))dlsym(RTLD_NEXT, "pread64"))(fd, buf, n, off);
+}
+ssize_t pread(int fd, void *buf, size_t n, off_t off) { return pread64(fd, buf, n, off); }
+SHIM
+if "${CC:-cc}" -shared -fPIC -o "$T/grow.so" "$T/grow.c" -ldl 2>"$T/err"; then
+    for verb in pack push; do
+        head -c 3000000 /dev/urandom >"$T/chg"
+        SHIM_FILE="$T/chg" LD_PRELOAD="$T/grow.so" \
+            ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" \
+            "$VMSNAP" $verb "$T/chg" "$T/chg.out" 2>"$T/err" && fail "$verb of a file written meanwhile succeeded"
+        [ "$(stat -c %s "$T/chg")" = 3000008 ] || fail "$verb: the shim did not run"
+        grep -q "chg changed while being read" "$T/err" || fail "$verb of a changed file: $(cat "$T/err")"
+        [ ! -e "$T/chg.out" ] || fail "$verb of a changed file left its destination"
+    done
+elif [ "${VMSNAP_REQUIRE_ALL:-0}" = 1 ]; then
+    fail "cannot build the LD_PRELOAD shim: $(cat "$T/err")"
+fi
 done_tests

@@ -130,6 +130,31 @@ rm "$T/ov/$long"
     fail "a push that failed on a local check did not leave the set it would replace"
 rm -rf "$T/ov.out"
 
+# ls prints keys with control characters escaped (anyone who can write to a bucket could
+# forge lines of the listing, or send terminal escapes)
+mkdir -p "$T/lsset" && echo a >"$T/lsset/a"
+"$VMSNAP" -q push "$T/lsset" "$S/ctl/x
+FAKE	99 files" || fail "push to a key with a newline"
+"$VMSNAP" ls "$S/ctl" >"$T/ls.out" || fail "ls of a key with a newline"
+[ "$(wc -l <"$T/ls.out")" = 1 ] && grep -q 'x\\x0aFAKE\\x0999 files' "$T/ls.out" ||
+    fail "ls printed a control character raw: $(cat -A "$T/ls.out")"
+# a manifest naming a hidden file (push never stores one) is refused: pull wrote o/.bashrc
+echo b >"$T/lsset/bashrc" && "$VMSNAP" -q push "$T/lsset" "$S/hid" || fail "push for the hidden-name case"
+sed -i 's/"bashrc"/".bashrc"/' "$S/hid/manifest.json" && mv "$S/hid/bashrc.zstd" "$S/hid/.bashrc.zstd"
+expect_fail "pull of a manifest naming a hidden file" "$VMSNAP" pull "$S/hid" "$T/hid.out"
+grep -q "not a plain file name" "$T/err" || fail "hidden name in a manifest: $(cat "$T/err")"
+[ ! -e "$T/hid.out/.bashrc" ] || fail "pull wrote a hidden file a manifest named"
+# credentials in an endpoint are refused without being echoed
+expect_fail "endpoint with credentials" "$VMSNAP" ls --endpoint "http://u:S3cr3tPW@127.0.0.1:9/" s3://bkt/x
+grep -q "credentials in the URL" "$T/err" && ! grep -q S3cr3tPW "$T/err" ||
+    fail "endpoint with credentials: $(cat "$T/err")"
+expect_fail "endpoint with a bad host" "$VMSNAP" ls --endpoint "http://a?b/" s3://bkt/x
+# an error about a long key keeps its cause at the end (it was cut off after the key)
+longkey=$(printf 'k%.0s' $(seq 1 1100))
+expect_fail "push to a key too long for S3" env AWS_ACCESS_KEY_ID=a AWS_SECRET_ACCESS_KEY=b \
+    "$VMSNAP" push --endpoint http://127.0.0.1:9 "$T/lsset" "s3://bkt/$longkey"
+grep -q "S3 takes at most 1024$" "$T/err" || fail "long key: the cause was cut: $(tail -c 200 "$T/err")"
+
 # page cache: a stored object is dropped once written, and the ranges a pull read once read
 mk "$T/r40" $((40 * 1024 * 1024))
 "$VMSNAP" -q push "$T/r40" "$S/r40" || fail "push r40"
