@@ -108,15 +108,15 @@ static int disk_create(int argc, char **argv)
             cli_common_flag(c);
             break;
         case 's':
-            if (cli_parse_size(optarg, &o.size) < 0) {
+            if (cli_parse_size(optarg, &o.size) < 0 || o.size == 0) {
                 rc = cli_usage("disk", "create: bad --size '%s'", optarg);
                 goto out;
             }
             break;
         case 'i': {
             unsigned long v;
-            if (cli_parse_uint(optarg, 1, 0xFFFFFFFFul, &v) < 0) {
-                rc = cli_usage("disk", "create: bad --inodes '%s'", optarg);
+            if (cli_parse_uint(optarg, 1, 0xFFFFFFF0ul, &v) < 0) {
+                rc = cli_usage("disk", "create: bad --inodes '%s' (1 to 4294967280)", optarg);
                 goto out;
             }
             o.inodes = v;
@@ -135,6 +135,8 @@ static int disk_create(int argc, char **argv)
         case 'a':
         case 'm': {
             struct vmsnap_disk_entry *e = &ents[n];
+            char given[4096]; /* optarg is cut at its colons below; messages show it whole */
+            snprintf(given, sizeof(given), "%s", optarg);
             char *s = optarg;
             if (c == 'a') {
                 char *colon = strchr(s, ':');
@@ -156,7 +158,7 @@ static int disk_create(int argc, char **argv)
             e->dest = s;
             if (parse_attrs(rest, e) < 0) {
                 rc = cli_usage("disk", "create: bad MODE[:UID:GID] in '%s' (octal mode, numbers)",
-                               optarg);
+                               given);
                 goto out;
             }
             n++;

@@ -254,20 +254,27 @@ out:
 int vmsnap_disk_create(const char *path, const struct vmsnap_disk_create_opts *o,
                        struct vmsnap_err *err)
 {
-    uint64_t size =
-        (o->size ? o->size : VMSNAP_DISK_DEFAULT_SIZE) & ~(uint64_t)(DISK_BLOCK_SIZE - 1);
+    const uint64_t asked = o->size ? o->size : VMSNAP_DISK_DEFAULT_SIZE;
+    uint64_t size = asked & ~(uint64_t)(DISK_BLOCK_SIZE - 1);
     if (size < DISK_MIN_SIZE)
         return vmsnap_err_set(err, EINVAL, "disk create %s: size %llu too small (minimum 1 MiB)",
-                              path, (unsigned long long)size);
+                              path, (unsigned long long)asked);
     uint64_t blocks = size / DISK_BLOCK_SIZE;
-    if (blocks >= (1ull << 48))
-        return vmsnap_err_set(err, EFBIG, "disk create %s: size too large", path);
-    uint64_t inodes = o->inodes ? o->inodes : size / DISK_BYTES_PER_INODE;
+    /* libext2fs's layout fails from 2^32 blocks on for some sizes (16 TiB, 32 TiB: "invalid
+     * argument"); an ext4 host filesystem holds no larger file anyway */
+    if (blocks >= (1ull << 32))
+        return vmsnap_err_set(err, EFBIG,
+                              "disk create %s: size %llu too large (at most 16 TiB less 4 KiB)",
+                              path, (unsigned long long)asked);
+    /* the default (one per 16 KiB) stops at 2^31: per-group rounding takes more up past ext4's
+     * 2^32 (mke2fs caps it too) */
+    uint64_t inodes = o->inodes ? o->inodes : VMSNAP_MIN(size / DISK_BYTES_PER_INODE, 1ull << 31);
     if (inodes < 32)
         inodes = 32;
     if (inodes > 0xFFFFFFF0ull)
         return vmsnap_err_set(err, EINVAL,
-                              "disk create %s: %llu inodes requested, ext4 allows at most 2^32",
+                              "disk create %s: %llu inodes requested, ext4 allows at most "
+                              "4294967280",
                               path, (unsigned long long)inodes);
     if (o->label && strlen(o->label) > 16)
         return vmsnap_err_set(err, EINVAL, "disk create %s: label '%s' longer than 16 bytes", path,

@@ -246,4 +246,18 @@ grep -q "superblock copies to rewrite" "$T/err" || fail "crafted geometry: $(cat
 no_leftovers "$T/craft2.img" "crafted geometry"
 rm -f "$T/craft.img"
 
+# sizes: 0 is a usage error (it made a 4 GiB image), a small one is named as given, 16 TiB and
+# more is refused clearly (libext2fs said "invalid argument"); --inodes past ext4's limit
+rc=0 && "$VMSNAP" disk create --size 0 "$T/sz.img" 2>"$T/err" || rc=$?
+[ "$rc" = 2 ] && [ ! -e "$T/sz.img" ] || fail "--size 0: exit $rc: $(cat "$T/err")"
+expect_fail "--size 1K" "$VMSNAP" disk create --size 1K "$T/sz.img"
+grep -q "size 1024 too small" "$T/err" || fail "--size 1K: $(cat "$T/err")"
+expect_fail "--size 16T" "$VMSNAP" disk create --size 16T "$T/sz.img"
+grep -q "too large (at most 16 TiB" "$T/err" || fail "--size 16T: $(cat "$T/err")"
+no_leftovers "$T/sz.img" "--size 16T"
+rc=0 && "$VMSNAP" disk create --inodes 4294967295 "$T/sz.img" 2>"$T/err" || rc=$?
+[ "$rc" = 2 ] || fail "--inodes 4294967295: exit $rc: $(cat "$T/err")"
+rc=0 && "$VMSNAP" disk create --add "$T/nope:/a:zz" "$T/sz.img" 2>"$T/err" || rc=$?
+[ "$rc" = 2 ] && grep -q "in '$T/nope:/a:zz'" "$T/err" || fail "bad --add mode: exit $rc: $(cat "$T/err")"
+
 done_tests
