@@ -246,7 +246,7 @@ static int cache_evict(int argc, char **argv)
         }
     }
     uint64_t dropped_pages = rep.dropped_pages, still_dirty = rep.dirty_files;
-    uint64_t dropped_files = rep.dropped_files;
+    uint64_t dropped_files = rep.dropped_files, changed = 0;
     if (retrier) {
         if (vmsnap_pcache_retrier_wait(retrier, wait + 1.0) == -ECANCELED) {
             cli_error("cache", "interrupted while waiting for writeback (--wait)");
@@ -257,8 +257,10 @@ static int cache_evict(int argc, char **argv)
         vmsnap_pcache_retrier_free(retrier);
         dropped_pages += rs.dropped_pages;
         dropped_files += rs.dropped_files;
-        /* Scheduled files that came clean, or were replaced, are no longer ours to report. */
+        /* Scheduled files that came clean are done; replaced or written meanwhile ones were left
+         * alone (a file being written stays dirty): said on their own line. */
         still_dirty = rep.dirty_files - rep.scheduled + rs.gave_up + rs.failed + rs.pending;
+        changed = rs.replaced;
     }
     free(preserve);
     if (!cli_quiet) {
@@ -271,6 +273,9 @@ static int cache_evict(int argc, char **argv)
                (unsigned long long)rep.removed_files, cli_bytes(b2, sizeof(b2), rep.removed_bytes),
                (unsigned long long)rep.removed_pages);
         printf("still dirty: %llu files\n", (unsigned long long)still_dirty);
+        if (changed)
+            printf("written, replaced or removed during the wait (left alone): %llu files\n",
+                   (unsigned long long)changed);
         if (rep.kicked)
             printf("writeback started: %llu files\n", (unsigned long long)rep.kicked);
         if (rep.busy_files)

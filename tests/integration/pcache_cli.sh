@@ -58,6 +58,20 @@ grep -q '^still dirty: 0 files' "$T/ev.out" || fail "--wait: $(cat "$T/ev.out")"
 [ "$("$VMSNAP" cache stat --json "$T/w.img" | python3 -c 'import json,sys; print(json.load(sys.stdin)["total"]["cached"])')" -le 2 ] \
     || fail "--wait --kick-writeback left pages cached"
 
+# --wait on a file being written all along: said on its own line (it counted as neither dirty
+# nor anything: "still dirty: 0 files" while 144 pages were dirty)
+python3 -c 'import sys, time
+f = open(sys.argv[1], "ab", buffering=0)
+for i in range(50):
+    f.write(b"x" * 65536)
+    time.sleep(0.1)' "$T/wlog" &
+wpid=$!
+sleep 0.5
+"$VMSNAP" cache evict --wait 2 "$T/wlog" >"$T/ev.out" || fail "evict --wait of a file being written"
+wait $wpid
+grep -q '^written, replaced or removed during the wait (left alone): 1 files' "$T/ev.out" ||
+    fail "evict --wait of a file being written: $(cat "$T/ev.out")"
+
 # --staged: single link gone, hard-linked file kept with both links, preserved tree identical.
 mkdir -p "$T/r/keep/sub" "$T/elsewhere"
 head -c 2M /dev/urandom >"$T/r/mem.img"
