@@ -692,12 +692,23 @@ static int open_base(const struct xfer *x, struct vmsnap_store_conn *ctl, const 
     return 1;
 }
 
+/* An object stored as a multipart upload not completed yet: a set push over an existing set
+ * completes those of that set's names only once every file is uploaded, right before its
+ * commit, so that a push failing before (a cancel, a store gone) has overwritten none of the
+ * set's objects and can put its manifest back. */
+struct deferred {
+    char *upload_id; /* NULL: nothing pending */
+    struct vmsnap_store_part *parts;
+    uint32_t nparts;
+};
+
 /* Push the open regular file `fd` to `key`, reusing the frames of `base` (NULL: none) that did
- * not change. Fills the manifest entry (sizes, digest). */
+ * not change. Fills the manifest entry (sizes, digest). With `def`, the object is left as a
+ * multipart upload for the caller to complete (one part when it is small). */
 static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const char *path,
                         const char *key, const char *base_key, struct vmsnap_image *base,
                         const char *base_etag, struct mf_file *mf, bool *copy_failed,
-                        struct vmsnap_err *err)
+                        struct deferred *def, struct vmsnap_err *err)
 {
     struct up u = {.x = x, .ctl = ctl, .key = key, .base_key = base_key, .base_etag = base_etag};
     pthread_mutex_init(&u.mu, NULL);
@@ -718,7 +729,7 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
         rc = place_run(&u, &ferr);
     if (rc == 0) {
         /* the last bytes: a single PUT if no part was flushed, else the last part + complete */
-        if (!u.upload_id) {
+        if (!u.upload_id && !def) {
             rc = vmsnap_store_put(ctl, key, u.cur ? (const void *)u.cur : "", u.cur_len, &ferr);
             if (rc == 0)
                 progress_add(x, u.cur_len, 0);
@@ -727,6 +738,16 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
         }
     }
     up_wait(&u);
+    if (rc == 0 && u.rc == 0 && def && !u.upload_id) /* the encoder always writes bytes */
+        rc = vmsnap_err_set(&ferr, EIO, "%s: nothing to store", path);
+    if (rc == 0 && u.rc == 0 && def) {
+        /* left for the caller: the upload is its now (not aborted, not swept below) */
+        def->upload_id = u.upload_id;
+        def->parts = u.parts;
+        def->nparts = u.nparts;
+        u.upload_id = NULL;
+        u.parts = NULL;
+    }
     /* the completion is not cut short by a cancel: asked for, it runs to its answer */
     if (rc == 0 && u.rc == 0 && u.upload_id && (rc = cancel_check(&ferr)) == 0) {
         cancel_hold();
@@ -807,7 +828,7 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
 /* Push `fd` to `key`, with the object at `base_key` (NULL: none) as its base when it can be one.
  * If the base changes or vanishes during the push, the file is pushed again without it. */
 static int push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const char *path,
-                   const char *key, const char *base_key, struct mf_file *mf,
+                   const char *key, const char *base_key, struct mf_file *mf, struct deferred *def,
                    struct vmsnap_err *err)
 {
     struct stat sb;
@@ -822,7 +843,7 @@ static int push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const 
     }
     bool copy_failed = false;
     int rc = push_fd_once(x, ctl, fd, path, key, base ? base_key : NULL, base, etag, mf,
-                          &copy_failed, err);
+                          &copy_failed, def, err);
     /* The base changed or went away (412, 404, a fetched frame that differs), the store could
      * not copy, or the runs needed too many parts: go again without it. */
     /* would fail again, or was cancelled */
@@ -832,7 +853,7 @@ static int push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const 
         vlog(VMSNAP_LOG_WARN, "%s: the push with base %s failed (%s); pushing it whole", path,
              base_key, err ? err->msg : "");
         vmsnap_err_clear(err);
-        rc = push_fd_once(x, ctl, fd, path, key, NULL, NULL, NULL, mf, &copy_failed, err);
+        rc = push_fd_once(x, ctl, fd, path, key, NULL, NULL, NULL, mf, &copy_failed, def, err);
     }
     vmsnap_image_free(base);
     return rc;
@@ -849,6 +870,14 @@ struct set_push {
     size_t n, next;
     char **replaces; /* names of the set this push replaces that it does not have */
     size_t nr;
+    /* The set this push replaces, as it was stored (NULL: none, or unreadable), and which of
+     * this push's files have its names: until one of those is stored over (`overwrote`), a
+     * failed push can put that set back whole. */
+    char *old_raw;
+    size_t old_raw_len;
+    bool *in_old;
+    struct deferred *def; /* per file: the upload of a file in_old, completed last */
+    bool overwrote;       /* a completion of those was asked for */
     pthread_mutex_t mu;
     int rc;
     struct vmsnap_err err;
@@ -884,7 +913,8 @@ static void *producer(void *arg)
         else if (fd < 0)
             rc = vmsnap_err_set(&e, errno, "open %s: %s", path, strerror(errno));
         else
-            rc = push_fd(s->x, ctl, fd, path, key, bkey, f, &e);
+            rc = push_fd(s->x, ctl, fd, path, key, bkey, f,
+                         s->in_old && s->in_old[i] ? &s->def[i] : NULL, &e);
         if (rc < 0)
             vmsnap_err_wrap(&e, "push %s: ", f->name);
         if (fd >= 0)
@@ -999,8 +1029,15 @@ static int scan_set(const char *dir, struct mf_file **out, size_t *n, struct vms
     return 0;
 }
 
+static int read_manifest_raw(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                             uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
+                             struct vmsnap_err *err);
+
 static int read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
-                         uint64_t max_size, struct manifest *m, struct vmsnap_err *err);
+                         uint64_t max_size, struct manifest *m, struct vmsnap_err *err)
+{
+    return read_manifest_raw(c, mkey, murl, max_size, m, NULL, NULL, err);
+}
 
 /*
  * Is what the store holds this push's set? Two pushes to one prefix at the same time (a split
@@ -1314,6 +1351,159 @@ static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, con
     cancel_release();
 }
 
+/* The completion (or abort) of one deferred upload, on a pool connection. */
+struct def_task {
+    struct xtask t;
+    struct set_push *s;
+    size_t i;
+    bool abort;
+    int rc;
+    struct vmsnap_err err;
+    pthread_mutex_t *mu;
+    pthread_cond_t *cv;
+    unsigned *left;
+};
+
+static void def_run(struct xtask *xt, struct vmsnap_store_conn *c)
+{
+    struct def_task *t = (struct def_task *)xt;
+    struct deferred *d = &t->s->def[t->i];
+    char obj[300];
+    snprintf(obj, sizeof(obj), "%s.zstd", t->s->files[t->i].name);
+    char *k = join_key(t->s->prefix, obj);
+    int rc = k ? 0 : vmsnap_err_set(&t->err, ENOMEM, "out of memory");
+    if (rc == 0 && !t->abort) {
+        rc = vmsnap_store_mpu_complete(c, k, d->upload_id, d->parts, d->nparts, &t->err);
+        if (rc == -ENOENT)
+            vmsnap_err_wrap(&t->err,
+                            "the upload was aborted or removed while it completed (another push "
+                            "to the same place at the same time?); NOT stored there: ");
+        if (rc < 0)
+            vmsnap_err_wrap(&t->err, "push %s: ", t->s->files[t->i].name);
+    }
+    if (k && (t->abort || rc < 0)) {
+        struct vmsnap_err ae = {0};
+        if (vmsnap_store_mpu_abort(c, k, d->upload_id, &ae) < 0)
+            vlog(VMSNAP_LOG_WARN, "cannot abort the upload of %s (run 'vmsnap gc'): %s", k, ae.msg);
+    }
+    if (k) { /* a retried CreateMultipartUpload may have left another upload of this key */
+        struct leftover_ctx l = {.exact = k, .c = c};
+        (void)vmsnap_store_list_uploads(c, k, abort_leftover, &l, NULL);
+    }
+    free(k);
+    free(d->upload_id);
+    free(d->parts);
+    d->upload_id = NULL;
+    d->parts = NULL;
+    t->rc = rc;
+    pthread_mutex_lock(t->mu);
+    --*t->left;
+    pthread_cond_signal(t->cv);
+    pthread_mutex_unlock(t->mu);
+}
+
+/* Complete the uploads a set push left pending (in parallel on the pool; from the first request
+ * on, the set it replaces is being overwritten), or abort them all (`abort`: the push failed).
+ * Not cut short by a cancel once started. Returns the first failure. */
+static int finish_deferred(struct set_push *s, bool abort, struct vmsnap_err *err)
+{
+    if (!s->def)
+        return 0;
+    size_t n = 0;
+    for (size_t i = 0; i < s->n; i++)
+        n += s->def[i].upload_id != NULL;
+    if (n == 0)
+        return 0;
+    int rc = abort ? 0 : cancel_check(err);
+    if (rc < 0)
+        abort = true;
+    struct def_task *ts = calloc(n, sizeof(*ts));
+    if (!ts)
+        return rc < 0 ? rc : vmsnap_err_set(err, ENOMEM, "out of memory");
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    unsigned left = (unsigned)n;
+    if (!abort)
+        s->overwrote = true;
+    cancel_hold();
+    for (size_t i = 0, j = 0; i < s->n; i++) {
+        if (!s->def[i].upload_id)
+            continue;
+        ts[j] =
+            (struct def_task){.s = s, .i = i, .abort = abort, .mu = &mu, .cv = &cv, .left = &left};
+        ts[j].t.run = def_run;
+        xpool_submit(&s->x->pool, &ts[j].t);
+        j++;
+    }
+    pthread_mutex_lock(&mu);
+    while (left)
+        pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    cancel_release();
+    for (size_t j = 0; j < n && rc == 0; j++)
+        if (ts[j].rc < 0) {
+            rc = ts[j].rc;
+            if (err)
+                *err = ts[j].err;
+        }
+    free(ts);
+    pthread_mutex_destroy(&mu);
+    pthread_cond_destroy(&cv);
+    return rc;
+}
+
+/* A push that fails after its un-commit, before it stored over any object of the set it
+ * replaces (a cancel, a store gone, a file that cannot be read), puts that set's manifest back
+ * byte for byte, then removes what it stored under names that set does not have: the set is
+ * visible again, whole. Not when another push is there meanwhile (its mark, or a manifest): that
+ * one owns the prefix. True when the set is back. Runs after a cancel too. */
+static bool restore_old(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
+                        const struct set_push *s)
+{
+    if (!s->old_raw || !s->in_old || s->overwrote)
+        return false;
+    cancel_hold();
+    char url[URL_BUF];
+    vmsnap_store_url(ctl->st, prefix, url, sizeof(url));
+    char *lp = join_key(prefix, "");
+    bool back = false;
+    struct vmsnap_err e = {0};
+    if (lp && prefix_busy(ctl, lp, mkey, s->mark_key) == 0) {
+        if (vmsnap_store_put(ctl, mkey, s->old_raw, s->old_raw_len, &e) == 0)
+            back = true;
+        else
+            vlog(VMSNAP_LOG_WARN, "%s: cannot put back the set this push was replacing: %s", url,
+                 e.msg);
+    }
+    bool left = false;
+    for (size_t i = 0; back && i < s->n; i++) {
+        if (s->in_old[i])
+            continue;
+        char obj[300];
+        snprintf(obj, sizeof(obj), "%s.zstd", s->files[i].name);
+        char *k = join_key(prefix, obj);
+        vmsnap_err_clear(&e);
+        ctl->one_attempt = true;
+        int drc = k ? vmsnap_store_delete(ctl, k, &e) : -ENOMEM;
+        ctl->one_attempt = false;
+        free(k);
+        if (drc < 0 && drc != -ENOENT) {
+            vlog(VMSNAP_LOG_WARN, "%s: cannot remove %s: %s", url, obj, e.msg);
+            left = true;
+        }
+    }
+    if (back) {
+        vlog(VMSNAP_LOG_WARN, "%s: the set this push was replacing is in place again", url);
+        if (left)
+            vlog(VMSNAP_LOG_WARN, "%s: this push's mark stays for 'vmsnap gc' to finish", url);
+        else if (s->mark_key && vmsnap_store_delete(ctl, s->mark_key, NULL) < 0)
+            vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
+    }
+    free(lp);
+    cancel_release();
+    return back;
+}
+
 /* 1 when the manifest at `mkey` is push `id`'s, 0 when it is not (or gone), < 0 when it cannot
  * be read. */
 static int manifest_is(struct xfer *x, struct vmsnap_store_conn *c, const char *mkey,
@@ -1383,6 +1573,8 @@ struct old_set {
     const char *mkey;
     int rc;
     struct manifest m;
+    char *raw; /* its bytes, to store again when this push fails before replacing any object */
+    size_t raw_len;
     struct vmsnap_err err;
 };
 
@@ -1391,7 +1583,8 @@ static void old_set_run(struct xtask *xt, struct vmsnap_store_conn *c)
     struct old_set *o = (struct old_set *)xt;
     char murl[URL_BUF];
     vmsnap_store_url(o->x->st, o->mkey, murl, sizeof(murl));
-    int rc = read_manifest(c, o->mkey, murl, o->x->o.max_size, &o->m, &o->err);
+    int rc =
+        read_manifest_raw(c, o->mkey, murl, o->x->o.max_size, &o->m, &o->raw, &o->raw_len, &o->err);
     pthread_mutex_lock(&o->mu);
     o->rc = rc;
     o->done = true;
@@ -1418,15 +1611,25 @@ static int find_replaced(struct set_push *s, struct old_set *o, struct vmsnap_er
         return 0;
     }
     s->replaces = calloc(o->m.n ? o->m.n : 1, sizeof(*s->replaces));
-    int rc = s->replaces ? 0 : vmsnap_err_set(err, ENOMEM, "out of memory");
+    s->in_old = calloc(s->n ? s->n : 1, sizeof(*s->in_old));
+    s->def = calloc(s->n ? s->n : 1, sizeof(*s->def));
+    int rc = s->replaces && s->in_old && s->def ? 0 : vmsnap_err_set(err, ENOMEM, "out of memory");
     for (size_t i = 0; rc == 0 && i < o->m.n; i++) {
         struct mf_file key = {.name = o->m.files[i].name};
-        if (bsearch(&key, s->files, s->n, sizeof(*s->files), cmp_name))
+        struct mf_file *hit = bsearch(&key, s->files, s->n, sizeof(*s->files), cmp_name);
+        if (hit) {
+            s->in_old[hit - s->files] = true;
             continue;
+        }
         if (!(s->replaces[s->nr] = strdup(o->m.files[i].name)))
             rc = vmsnap_err_set(err, ENOMEM, "out of memory");
         else
             s->nr++;
+    }
+    if (rc == 0) {
+        s->old_raw = o->raw;
+        s->old_raw_len = o->raw_len;
+        o->raw = NULL;
     }
     return rc;
 }
@@ -1541,6 +1744,7 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
     struct vmsnap_err oe = {0};
     int orc = find_replaced(&s, &old, &oe);
     manifest_fini(&old.m);
+    free(old.raw);
     pthread_mutex_destroy(&old.mu);
     pthread_cond_destroy(&old.cv);
     if (rc == 0 && orc < 0) {
@@ -1587,7 +1791,8 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
     cancel_release();
     free(lp);
     if (rc < 0) {
-        remove_pushed(ctl, prefix, mkey, &s); /* the un-committed set's objects */
+        if (!restore_old(ctl, prefix, mkey, &s))
+            remove_pushed(ctl, prefix, mkey, &s); /* the un-committed set's objects */
         goto out;
     }
 
@@ -1607,16 +1812,24 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         rc = s.rc;
         if (err)
             *err = s.err;
-        /* no manifest: the set is incomplete; remove what this push stored (best effort) */
-        remove_pushed(ctl, prefix, mkey, &s);
+        /* no manifest: the set is incomplete; the old one back, or remove what this push
+         * stored (best effort) */
+        finish_deferred(&s, true, NULL);
+        if (!restore_old(ctl, prefix, mkey, &s))
+            remove_pushed(ctl, prefix, mkey, &s);
         goto out;
     }
     struct manifest m = {s.files, s.n, 2, ""};
     memcpy(m.push_id, s.push_id, sizeof(m.push_id));
     if (!(json = manifest_build(&m)))
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    if (rc < 0)
+        finish_deferred(&s, true, NULL);
+    else if ((rc = finish_deferred(&s, false, err)) < 0)
+        finish_deferred(&s, true, NULL); /* those not completed */
     if (rc < 0) {
-        remove_pushed(ctl, prefix, mkey, &s);
+        if (!restore_old(ctl, prefix, mkey, &s))
+            remove_pushed(ctl, prefix, mkey, &s);
         goto out;
     }
     /* objects first (a push racing this one may have replaced some: then nothing is
@@ -1625,7 +1838,8 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         goto out;
     /* the commit: not after a cancel; once asked for, it runs to its answer and is checked */
     if ((rc = cancel_check(err)) < 0) {
-        remove_pushed(ctl, prefix, mkey, &s);
+        if (!restore_old(ctl, prefix, mkey, &s))
+            remove_pushed(ctl, prefix, mkey, &s);
         goto out;
     }
     cancel_hold();
@@ -1667,6 +1881,9 @@ out:
     for (size_t i = 0; i < s.nr; i++)
         free(s.replaces[i]);
     free(s.replaces);
+    free(s.old_raw);
+    free(s.in_old);
+    free(s.def); /* every upload in it was completed or aborted */
     struct manifest m2 = {s.files, s.n, 0, ""};
     manifest_fini(&m2);
     return rc;
@@ -1828,7 +2045,7 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
             rc = vmsnap_store_list_uploads(ctl, key, abort_leftover, &l, err);
         struct mf_file mf = {0};
         if (rc == 0)
-            rc = push_fd(&x, ctl, fd, path, key, x.base_key, &mf, err);
+            rc = push_fd(&x, ctl, fd, path, key, x.base_key, &mf, NULL, err);
         close(fd);
         if (rc == 0 && stats) {
             stats->files = 1;
@@ -2316,8 +2533,10 @@ static int count_any(void *arg, const char *key, uint64_t size, int64_t mtime)
     return -ECANCELED; /* one is enough */
 }
 
-static int read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
-                         uint64_t max_size, struct manifest *m, struct vmsnap_err *err)
+/* ... and, when `raw` is not NULL, its bytes (the caller frees them). */
+static int read_manifest_raw(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                             uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
+                             struct vmsnap_err *err)
 {
     /* one GET of its last TAIL_READ bytes (the whole of any usual manifest) gives its size too */
     char *buf = malloc(TAIL_READ + 1);
@@ -2342,6 +2561,11 @@ static int read_manifest(struct vmsnap_store_conn *c, const char *mkey, const ch
     }
     if (rc == 0)
         rc = manifest_parse(buf, size, murl, max_size, m, err);
+    if (rc == 0 && raw) {
+        *raw = buf;
+        *raw_len = (size_t)size;
+        return 0;
+    }
     free(buf);
     return rc;
 }

@@ -482,6 +482,31 @@ rm -rf "$T/kout" && "$VMSNAP" -q pull "$S/sets/cl" "$T/kout" ||
 cmp -s "$T/kbig" "$T/kout/memory-ranges" || fail "the set pushed beside a clean-up differs"
 "$VMSNAP" -q rm "$S/sets/cl" || fail "rm cl"
 
+# a push over a set interrupted (Ctrl-C) before it stored over any of that set's objects puts
+# the set back as it was (it was gone: neither set), and removes what it stored under new names
+mkdir -p "$T/iset" && mk "$T/iset/memory-ranges" $((1024 * 1024)) && echo s1 >"$T/iset/state.json"
+"$VMSNAP" -q push "$T/iset" "$S/sets/in" || fail "push of the set to interrupt a push over"
+cp "$S/sets/in/manifest.json" "$T/in.manifest"
+mkdir -p "$T/iset2" && mk "$T/iset2/memory-ranges" $((32 * 1024 * 1024)) &&
+    echo s2 >"$T/iset2/state.json" && echo n >"$T/iset2/new-name"
+env --default-signal=INT "$VMSNAP" push -j 1 --part-size 64K --max-memory 128K "$T/iset2" \
+    "$S/sets/in" 2>"$T/ierr" &
+ipid=$!
+for _ in $(seq 1 200); do
+    ls -A "$S/sets/in" 2>/dev/null | grep -q 'mpu-' && break
+    sleep 0.05
+done
+[ -e "$S/sets/in/manifest.json" ] && fail "test did not catch the push over a set after its un-commit"
+kill -INT $ipid
+rc=0 && wait $ipid || rc=$?
+[ $rc = 1 ] || fail "the interrupted push over a set: exit $rc: $(cat "$T/ierr")"
+grep -q "the set this push was replacing is in place again" "$T/ierr" || fail "interrupted push over a set: $(cat "$T/ierr")"
+cmp -s "$T/in.manifest" "$S/sets/in/manifest.json" || fail "the interrupted push did not put the old manifest back"
+rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset" "$T/iout" >/dev/null ||
+    fail "the set an interrupted push was replacing does not pull back whole"
+[ "$(ls -A "$S/sets/in" | tr '\n' ' ')" = "manifest.json memory-ranges.zstd state.json.zstd " ] ||
+    fail "the interrupted push over a set left: $(ls -A "$S/sets/in")"
+
 # a set pushed over a set of other names: what only the old set had goes with it (it stayed
 # unlisted forever); objects of names no set had stay. Killed after the un-commit, the push's
 # mark names the old set's other names too and gc removes them; killed right after its commit,
@@ -661,20 +686,25 @@ if [ "$(id -u)" = 0 ] && mkdir "$T/small" && mount -t tmpfs -o size=16m tmpfs "$
         fail "pull out of inodes: $(cat "$T/err")"
     [ -z "$(ls -A "$T/small")" ] || fail "pull out of inodes: left $(ls -A "$T/small")"
     umount "$T/small"
-    # a push over a set that fails for want of room: the replaced set's objects go too (its
-    # manifest went first), so a retry has the room
+    # a push over a set that fails for want of room, before it stored over any of that set's
+    # objects: the set is put back whole (it was gone: neither set), nothing new is left; after
+    # an rm of the old set the retry has the room
     mount -t tmpfs -o size=16m tmpfs "$T/small"
     mkdir "$T/re" && mk "$T/re/big" $((10 * 1024 * 1024)) && echo a >"$T/re/a" && echo g >"$T/re/gone"
     "$VMSNAP" -q push "$T/re" "$T/small/re" || fail "push of the set to be replaced"
-    mk "$T/re/big" $((10 * 1024 * 1024)) && rm "$T/re/gone" # gone: a name only the old set has
+    cp -a "$T/re" "$T/re.old"
+    mk "$T/re/big" $((10 * 1024 * 1024)) && rm "$T/re/gone" && echo n >"$T/re/new" # gone: only the old set has it
     echo keep >"$T/small/re/other.zstd" # not a name of the set: left alone
     expect_fail "push over a set on a full store" "$VMSNAP" push "$T/re" "$T/small/re"
-    grep -q "No space left" "$T/err" || fail "push over a set, full: message: $(cat "$T/err")"
-    left=$(find "$T/small" -type f ! -name other.zstd)
-    [ -z "$left" ] || fail "push over a set, full: objects left: $left"
+    grep -q "No space left" "$T/err" && grep -q "the set this push was replacing is in place again" "$T/err" ||
+        fail "push over a set, full: message: $(cat "$T/err")"
+    [ "$(ls -A "$T/small/re" | tr '\n' ' ')" = "a.zstd big.zstd gone.zstd manifest.json other.zstd " ] ||
+        fail "push over a set, full: left: $(ls -A "$T/small/re")"
+    "$VMSNAP" -q pull "$T/small/re" "$T/re.back" && diff -r "$T/re.old" "$T/re.back" >/dev/null ||
+        fail "push over a set, full: the set it was replacing does not pull back whole"
     [ "$(cat "$T/small/re/other.zstd" 2>/dev/null)" = keep ] ||
         fail "a failed push removed an object that is not one of its set's"
-    "$VMSNAP" -q push "$T/re" "$T/small/re" || fail "the retry of the push over a set"
+    "$VMSNAP" -q rm "$T/small/re" && "$VMSNAP" -q push "$T/re" "$T/small/re" || fail "the retry of the push over a set"
     "$VMSNAP" -q pull "$T/small/re" "$T/re.out" && diff -r "$T/re" "$T/re.out" >/dev/null ||
         fail "the retried set does not round-trip"
     umount "$T/small"
