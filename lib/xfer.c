@@ -1844,6 +1844,15 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
     }
     cancel_hold();
     rc = vmsnap_store_put(ctl, mkey, json, strlen(json), err);
+    if (rc < 0 && manifest_is(x, ctl, mkey, s.push_id) == 1) {
+        /* the PUT was carried out and its answer lost (every retry too): committed */
+        vlog(VMSNAP_LOG_WARN,
+             "%s: the commit's answer was lost, but the manifest there is this "
+             "push's (%s)",
+             url, err ? err->msg : "");
+        vmsnap_err_clear(err);
+        rc = 0;
+    }
     if (rc < 0) {
         vmsnap_err_wrap(err, "commit %s/%s: ", url, VMSNAP_XFER_MANIFEST);
         /* not committed (a full store, a refused write): the objects are nobody's. When the

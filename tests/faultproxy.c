@@ -8,8 +8,11 @@
  *   RULE:  N:503   N:412   N:reset   N:delayMS   N+:reset (request N and every later one)
  *          N:norange (the Range header is blanked: the server answers as if ranges were not
  *          supported, a 200 with the whole object)
+ *          N:drop (forwarded whole, the server's answer thrown away and the client's connection
+ *          reset: a request carried out whose answer was lost)
  *          mN:503 ... (N counts only requests whose first line contains "partNumber=")
  *          cN:412 ... (N counts only UploadPartCopy requests: an x-amz-copy-source header)
+ *          MN:drop ... (N counts only PUTs of a key ending in manifest.json: commits)
  *
  * It listens on an ephemeral port on 127.0.0.1, writes that port to PORTFILE and runs until
  * killed. Requests must carry Content-Length bodies (vmsnap's do); responses are relayed raw.
@@ -28,10 +31,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-enum action { NONE, E503, E412, RESET, DELAY, NORANGE };
+enum action { NONE, E503, E412, RESET, DELAY, NORANGE, DROP };
 struct rule {
     bool parts_only;
     bool copies_only;
+    bool commits_only;
     long n;
     bool and_later;
     enum action a;
@@ -40,10 +44,11 @@ struct rule {
 static struct rule rules[64];
 static int nrules;
 static int target_port;
-static atomic_long nreq, npart, ncopy;
+static atomic_long nreq, npart, ncopy, ncommit;
 
 struct conn {
     int c, s;
+    atomic_bool drop; /* the next answer is thrown away and the client reset */
 };
 
 static int write_all(int fd, const char *p, size_t n)
@@ -66,6 +71,13 @@ static void *relay_back(void *arg)
     char buf[65536];
     for (;;) {
         ssize_t r = read(k->s, buf, sizeof(buf));
+        if (r > 0 && atomic_load(&k->drop)) {
+            /* the answer is lost on its way: the client sees its connection reset */
+            struct linger l = {1, 0};
+            setsockopt(k->c, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+            shutdown(k->c, SHUT_RDWR);
+            break;
+        }
         if (r <= 0 || write_all(k->c, buf, (size_t)r) < 0)
             break;
     }
@@ -80,10 +92,13 @@ static void reset_close(int fd)
     close(fd);
 }
 
-static enum action pick(long n, long pn, long cn, long *ms)
+static enum action pick(long n, long pn, long cn, long mn, long *ms)
 {
     for (int i = 0; i < nrules; i++) {
-        long x = rules[i].parts_only ? pn : rules[i].copies_only ? cn : n;
+        long x = rules[i].parts_only     ? pn
+                 : rules[i].copies_only  ? cn
+                 : rules[i].commits_only ? mn
+                                         : n;
         if (x <= 0)
             continue;
         if (x == rules[i].n || (rules[i].and_later && x >= rules[i].n)) {
@@ -140,14 +155,19 @@ static void *serve(void *arg)
         long pn = is_part ? atomic_fetch_add(&npart, 1) + 1 : 0;
         bool is_copy = memmem(buf, hl, "\nx-amz-copy-source:", 19) != NULL;
         long cn = is_copy ? atomic_fetch_add(&ncopy, 1) + 1 : 0;
+        const char *sp = eol ? memchr(buf + 4, ' ', (size_t)(eol - buf - 4)) : NULL;
+        bool is_commit = !strncmp(buf, "PUT ", 4) && sp && sp - buf >= 17 &&
+                         !memcmp(sp - 13, "manifest.json", 13);
+        long mn = is_commit ? atomic_fetch_add(&ncommit, 1) + 1 : 0;
         long ms = 0;
-        enum action act = pick(n, pn, cn, &ms);
+        enum action act = pick(n, pn, cn, mn, &ms);
         fprintf(stderr, "faultproxy: #%ld %.*s%s\n", n, eol ? (int)(eol - buf - 1) : 0, buf,
                 act == E503      ? " -> 503"
                 : act == E412    ? " -> 412"
                 : act == RESET   ? " -> reset"
                 : act == DELAY   ? " -> delay"
                 : act == NORANGE ? " -> no range"
+                : act == DROP    ? " -> answer dropped"
                                  : "");
         if (act == RESET) {
             shutdown(k->s, SHUT_RDWR);
@@ -157,6 +177,8 @@ static void *serve(void *arg)
         }
         if (act == DELAY)
             usleep((useconds_t)ms * 1000);
+        if (act == DROP)
+            atomic_store(&k->drop, true);
         if (act == NORANGE) /* same length, so nothing moves */
             for (char *p = buf; (p = memmem(p, hl - (size_t)(p - buf), "\r\nRange:", 8));)
                 memcpy(p + 2, "X-Nop", 5);
@@ -218,6 +240,9 @@ static int parse_rules(const char *spec)
         } else if (*r == 'c') {
             x->copies_only = true;
             r++;
+        } else if (*r == 'M') {
+            x->commits_only = true;
+            r++;
         }
         char *e;
         x->n = strtol(r, &e, 10);
@@ -236,6 +261,8 @@ static int parse_rules(const char *spec)
             x->a = NORANGE;
         else if (!strcmp(e, "reset"))
             x->a = RESET;
+        else if (!strcmp(e, "drop"))
+            x->a = DROP;
         else if (!strncmp(e, "delay", 5)) {
             x->a = DELAY;
             x->ms = strtol(e + 5, NULL, 10);
@@ -251,7 +278,7 @@ int main(int argc, char **argv)
     if (argc < 3 || (argc > 3 && parse_rules(argv[3]) < 0)) {
         fprintf(stderr,
                 "usage: faultproxy PORTFILE TARGET_PORT [N:503|N:412|N:reset|N:delayMS|N:norange|"
-                "N+:reset|mN:...|cN:...]\n");
+                "N:drop|N+:reset|mN:...|cN:...|MN:...]\n");
         return 2;
     }
     target_port = atoi(argv[2]);

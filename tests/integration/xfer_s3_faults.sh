@@ -126,6 +126,43 @@ interrupt TERM 1.5 "$VMSNAP" pull -j 2 --endpoint "$PEP" "s3://$BUCKET/f" "$T/pi
 grep -q "interrupted (SIGTERM)" "$T/err" || fail "interrupted pull: message: $(cat "$T/err")"
 [ -e "$T/pint" ] && fail "the interrupted pull left its destination"
 ls -A "$T" | grep -q '^\.pint' && fail "the interrupted pull left a temporary file"
+# every answer to the commit (the PUT of manifest.json) is lost, though the server stored it:
+# the push finds its own manifest there and succeeds (it said 'another push is or was there
+# meanwhile', exit 1, over a set that was committed and whole)
+mkdir -p "$T/cm" && head -c $((2 * M)) /dev/urandom >"$T/cm/memory-ranges" && echo s >"$T/cm/state"
+start_proxy "M1+:drop"
+VMSNAP_S3_ATTEMPTS=2 "$VMSNAP" push --endpoint "$PEP" "$T/cm" "s3://$BUCKET/cm" 2>"$T/err" ||
+    fail "push whose commit answers were lost: $(cat "$T/err")"
+grep -q "manifest.json HTTP/1.1 -> answer dropped" "$T/proxy.log" || fail "the commit's answer was not dropped"
+grep -q "the commit's answer was lost, but the manifest there is this push's" "$T/err" ||
+    fail "commit answer lost: $(cat "$T/err")"
+stop_proxy
+rm -rf "$T/cm.out" && "$VMSNAP" -q pull "s3://$BUCKET/cm" "$T/cm.out" && diff -r "$T/cm" "$T/cm.out" >/dev/null ||
+    fail "the set whose commit answer was lost does not pull back"
+[ -z "$(keys_under cm/ | grep vmsnap-push)" ] || fail "commit answer lost: the push mark stayed: $(keys_under cm/)"
+"$VMSNAP" -q rm "s3://$BUCKET/cm" || fail "rm cm"
+
+# a push over a set interrupted while uploading (before it stored over any of that set's
+# objects) puts the set back: the same manifest, the same objects, no upload left
+head -c $((2 * M)) /dev/urandom >"$T/cm/memory-ranges" && echo s1 >"$T/cm/state"
+"$VMSNAP" -q push "$T/cm" "s3://$BUCKET/ov" || fail "push of the set to replace"
+raw_get ov/manifest.json "$T/ov.manifest"
+mkdir -p "$T/cm2" && head -c $((17 * M)) /dev/urandom >"$T/cm2/memory-ranges" && echo s2 >"$T/cm2/state" &&
+    echo n >"$T/cm2/new"
+start_proxy "m3+:delay5000"
+interrupt INT 1.5 "$VMSNAP" push -j 2 --part-size 5M --endpoint "$PEP" "$T/cm2" "s3://$BUCKET/ov"
+stop_proxy
+[ "$irc" = 1 ] || fail "interrupted push over a set: exit $irc ($(cat "$T/err"))"
+grep -q "the set this push was replacing is in place again" "$T/err" || fail "interrupted push over a set: $(cat "$T/err")"
+raw_get ov/manifest.json "$T/ov.manifest2"
+cmp -s "$T/ov.manifest" "$T/ov.manifest2" || fail "the interrupted push did not put the old manifest back"
+rm -rf "$T/ov.out" && "$VMSNAP" -q pull "s3://$BUCKET/ov" "$T/ov.out" && diff -r "$T/cm" "$T/ov.out" >/dev/null ||
+    fail "the set an interrupted push was replacing does not pull back whole"
+[ "$(keys_under ov/ | tr '\n' ' ')" = "ov/manifest.json ov/memory-ranges.zstd ov/state.zstd " ] ||
+    fail "the interrupted push over a set left: $(keys_under ov/)"
+[ "$(uploads_left)" = 0 ] || fail "the interrupted push over a set left uploads"
+"$VMSNAP" -q rm "s3://$BUCKET/ov" || fail "rm ov"
+
 stop_proxy
 for k in f base nb nc; do OUT=/dev/null s3curl DELETE "$BUCKET/$k" >/dev/null; done
 done_tests
