@@ -1575,6 +1575,8 @@ struct old_set {
     struct manifest m;
     char *raw; /* its bytes, to store again when this push fails before replacing any object */
     size_t raw_len;
+    const char *key; /* the set's own key (its prefix) */
+    bool obj_exists; /* an object is stored at it */
     struct vmsnap_err err;
 };
 
@@ -1585,8 +1587,14 @@ static void old_set_run(struct xtask *xt, struct vmsnap_store_conn *c)
     vmsnap_store_url(o->x->st, o->mkey, murl, sizeof(murl));
     int rc =
         read_manifest_raw(c, o->mkey, murl, o->x->o.max_size, &o->m, &o->raw, &o->raw_len, &o->err);
+    /* an object stored at the set's own key (S3; on the local store a file there is no
+     * directory): pull of the URL would take the set and hide it */
+    int obj = rc == -ENOENT && o->x->st->kind == VMSNAP_STORE_S3 && *o->key
+                  ? key_exists(c, o->key, NULL)
+                  : 0;
     pthread_mutex_lock(&o->mu);
     o->rc = rc;
+    o->obj_exists = obj > 0;
     o->done = true;
     pthread_cond_signal(&o->cv);
     pthread_mutex_unlock(&o->mu);
@@ -1728,7 +1736,7 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
      * cancelled: nothing happens then). Meanwhile the pool reads the set being replaced; when
      * that has names this push has not, the mark is stored again naming them, before the
      * un-commit makes them dead. */
-    struct old_set old = {.x = x, .mkey = mkey};
+    struct old_set old = {.x = x, .mkey = mkey, .key = prefix};
     old.t.run = old_set_run;
     pthread_mutex_init(&old.mu, NULL);
     pthread_cond_init(&old.cv, NULL);
@@ -1752,6 +1760,11 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         if (err)
             *err = oe;
     }
+    if (rc == 0 && old.obj_exists)
+        rc = vmsnap_err_set(err, EEXIST,
+                            "%s holds a single object: a set pushed there would hide it (pull "
+                            "takes the set); remove it first ('vmsnap rm %s') or push elsewhere",
+                            url, url);
     bool had_old = old.rc != -ENOENT; /* a set was there (or it could not be told) */
     if (rc == 0 && s.nr)
         rc = put_mark(ctl, &s, mark_time, url, err);
@@ -3470,6 +3483,12 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
         goto out;
     struct vmsnap_err me = {0};
     int mrc = read_manifest(c, mkey, murl, x.o.max_size, &m, &me);
+    if (mrc == -ENOENT && strstr(me.msg, "no such bucket")) { /* a HEAD's 404 cannot tell */
+        rc = mrc;
+        if (err)
+            *err = me;
+        goto out;
+    }
     if (mrc == -ENOENT) {
         uint64_t size;
         rc = vmsnap_store_head(c, key, &size, err);

@@ -78,6 +78,16 @@ grep -q "obj/empty" "$T/err" || fail "empty object: the error does not name it: 
 "$VMSNAP" ls "s3://$BUCKET/sets" >"$T/ls" || fail "ls"
 grep -q "s3://$BUCKET/sets/one" "$T/ls" && grep -q "4 files" "$T/ls" || fail "ls: $(cat "$T/ls")"
 "$VMSNAP" rm "s3://$BUCKET/sets/one" || fail "rm"
+# a set pushed over a single object at its key is refused, as the reverse is (pull would take
+# the set and hide the object)
+"$VMSNAP" -q push "$T/set/state.json" "s3://$BUCKET/shadow" || fail "push of the object to shadow"
+expect_fail "push of a set over an object" "$VMSNAP" push "$T/set" "s3://$BUCKET/shadow"
+grep -q "holds a single object" "$T/err" || fail "set over an object: $(cat "$T/err")"
+[ "$(keys_under shadow)" = shadow ] || fail "set over an object left: $(keys_under shadow)"
+"$VMSNAP" -q rm "s3://$BUCKET/shadow" || fail "rm shadow"
+# a missing bucket is said as such by rm too (it said "no snapshot set here")
+expect_fail "rm in a missing bucket" "$VMSNAP" rm "s3://nosuchbucket-$BUCKET/x"
+grep -q "no such bucket" "$T/err" || fail "rm in a missing bucket: $(cat "$T/err")"
 [ "$(head_code sets/one/manifest.json)" = 404 ] || fail "rm left the manifest"
 [ "$(head_code sets/one/memory-ranges.zstd)" = 404 ] || fail "rm left an object"
 
