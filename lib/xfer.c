@@ -606,6 +606,8 @@ static int upload_last(struct vmsnap_store_conn *c, const char *key, const char 
     return rc;
 }
 
+static bool push_running_at(struct leftover_ctx *l, const char *key);
+
 static int abort_leftover(void *arg, const char *key, const char *id, int64_t started)
 {
     struct leftover_ctx *l = arg;
@@ -630,6 +632,10 @@ static int abort_leftover(void *arg, const char *key, const char *id, int64_t st
         }
         age = age_of(l, last);
         go = old_enough(g, age);
+        /* idle but a running set push's: it keeps the uploads of the names of the set it
+         * replaces open until its last file is uploaded (they are completed together) */
+        if (go && push_running_at(l, key))
+            go = false;
     }
     if (g && g->report)
         g->report(g->report_arg, VMSNAP_GC_UPLOAD, key, age, go);
@@ -743,7 +749,9 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
     if (rc == 0 && u.rc == 0 && def) {
         /* left for the caller: the upload is its now (not aborted, not swept below) */
         def->upload_id = u.upload_id;
-        def->parts = u.parts;
+        /* the list is sized for S3's 10,000 parts (~1 MB): kept for long, only what is used */
+        struct vmsnap_store_part *pp = realloc(u.parts, (u.nparts ? u.nparts : 1) * sizeof(*pp));
+        def->parts = pp ? pp : u.parts;
         def->nparts = u.nparts;
         u.upload_id = NULL;
         u.parts = NULL;
@@ -1367,6 +1375,10 @@ struct def_task {
 static void def_run(struct xtask *xt, struct vmsnap_store_conn *c)
 {
     struct def_task *t = (struct def_task *)xt;
+    cancel_hold(); /* per thread: once asked for, a completion runs to its answer */
+    static atomic_flag stopped_once = ATOMIC_FLAG_INIT;
+    if (!t->abort && !atomic_flag_test_and_set(&stopped_once))
+        xfer_failpoint("push-completion"); /* the first completion: a test's Ctrl-C here */
     struct deferred *d = &t->s->def[t->i];
     char obj[300];
     snprintf(obj, sizeof(obj), "%s.zstd", t->s->files[t->i].name);
@@ -1396,6 +1408,7 @@ static void def_run(struct xtask *xt, struct vmsnap_store_conn *c)
     d->upload_id = NULL;
     d->parts = NULL;
     t->rc = rc;
+    cancel_release();
     pthread_mutex_lock(t->mu);
     --*t->left;
     pthread_cond_signal(t->cv);
@@ -1414,6 +1427,8 @@ static int finish_deferred(struct set_push *s, bool abort, struct vmsnap_err *er
         n += s->def[i].upload_id != NULL;
     if (n == 0)
         return 0;
+    if (!abort)
+        xfer_failpoint("push-completing");
     int rc = abort ? 0 : cancel_check(err);
     if (rc < 0)
         abort = true;
@@ -1440,12 +1455,20 @@ static int finish_deferred(struct set_push *s, bool abort, struct vmsnap_err *er
         pthread_cond_wait(&cv, &mu);
     pthread_mutex_unlock(&mu);
     cancel_release();
-    for (size_t j = 0; j < n && rc == 0; j++)
-        if (ts[j].rc < 0) {
+    size_t done = 0, gone = 0;
+    for (size_t j = 0; j < n; j++) {
+        done += ts[j].rc == 0;
+        gone += ts[j].rc == -ENOENT;
+        if (ts[j].rc < 0 && rc == 0) {
             rc = ts[j].rc;
             if (err)
                 *err = ts[j].err;
         }
+    }
+    /* every completion refused as "no such upload" (aborted meanwhile: a gc): none was stored
+     * over, the old set is still whole */
+    if (!abort && done == 0 && gone == n)
+        s->overwrote = false;
     free(ts);
     pthread_mutex_destroy(&mu);
     pthread_cond_destroy(&cv);
@@ -1453,10 +1476,12 @@ static int finish_deferred(struct set_push *s, bool abort, struct vmsnap_err *er
 }
 
 /* A push that fails after its un-commit, before it stored over any object of the set it
- * replaces (a cancel, a store gone, a file that cannot be read), puts that set's manifest back
- * byte for byte, then removes what it stored under names that set does not have: the set is
- * visible again, whole. Not when another push is there meanwhile (its mark, or a manifest): that
- * one owns the prefix. True when the set is back. Runs after a cancel too. */
+ * replaces (a cancel, a store gone, a file that cannot be read), removes what it stored under
+ * names that set does not have, each after a listing that shows no other push there (as
+ * remove_pushed does), then, after one more such listing, puts that set's manifest back byte
+ * for byte: the set is visible again, whole. Not when another push is there meanwhile (its mark,
+ * or a manifest): that one owns the prefix. True when the set is back. Runs after a cancel too.
+ * What remains is one request's window between the last listing and the PUT. */
 static bool restore_old(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
                         const struct set_push *s)
 {
@@ -1466,19 +1491,15 @@ static bool restore_old(struct vmsnap_store_conn *ctl, const char *prefix, const
     char url[URL_BUF];
     vmsnap_store_url(ctl->st, prefix, url, sizeof(url));
     char *lp = join_key(prefix, "");
-    bool back = false;
+    bool ok = lp != NULL, back = false;
     struct vmsnap_err e = {0};
-    if (lp && prefix_busy(ctl, lp, mkey, s->mark_key) == 0) {
-        if (vmsnap_store_put(ctl, mkey, s->old_raw, s->old_raw_len, &e) == 0)
-            back = true;
-        else
-            vlog(VMSNAP_LOG_WARN, "%s: cannot put back the set this push was replacing: %s", url,
-                 e.msg);
-    }
-    bool left = false;
-    for (size_t i = 0; back && i < s->n; i++) {
+    for (size_t i = 0; ok && i < s->n; i++) {
         if (s->in_old[i])
             continue;
+        if (prefix_busy(ctl, lp, mkey, s->mark_key) != 0) {
+            ok = false;
+            break;
+        }
         char obj[300];
         snprintf(obj, sizeof(obj), "%s.zstd", s->files[i].name);
         char *k = join_key(prefix, obj);
@@ -1489,14 +1510,20 @@ static bool restore_old(struct vmsnap_store_conn *ctl, const char *prefix, const
         free(k);
         if (drc < 0 && drc != -ENOENT) {
             vlog(VMSNAP_LOG_WARN, "%s: cannot remove %s: %s", url, obj, e.msg);
-            left = true;
+            ok = false;
         }
+    }
+    if (ok && prefix_busy(ctl, lp, mkey, s->mark_key) == 0) {
+        vmsnap_err_clear(&e);
+        if (vmsnap_store_put(ctl, mkey, s->old_raw, s->old_raw_len, &e) == 0)
+            back = true;
+        else
+            vlog(VMSNAP_LOG_WARN, "%s: cannot put back the set this push was replacing: %s", url,
+                 e.msg);
     }
     if (back) {
         vlog(VMSNAP_LOG_WARN, "%s: the set this push was replacing is in place again", url);
-        if (left)
-            vlog(VMSNAP_LOG_WARN, "%s: this push's mark stays for 'vmsnap gc' to finish", url);
-        else if (s->mark_key && vmsnap_store_delete(ctl, s->mark_key, NULL) < 0)
+        if (s->mark_key && vmsnap_store_delete(ctl, s->mark_key, NULL) < 0)
             vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
     }
     free(lp);
@@ -1782,7 +1809,7 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
          * this push replaces is gone, its objects are dead, as after a failure past the
          * un-commit; when that cannot be told, the mark (which names them) stays for gc. */
         int ex = rc == -ECANCELED || !had_old ? 1 : key_exists(ctl, mkey, NULL);
-        if (ex == 0)
+        if (ex == 0 && !restore_old(ctl, prefix, mkey, &s))
             remove_pushed(ctl, prefix, mkey, &s);
         else if (ex < 0)
             vlog(VMSNAP_LOG_WARN,
@@ -1849,8 +1876,9 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
      * committed over them), then the commit, then all of it again */
     if ((rc = check_committed(x, prefix, mkey, &m, url, false, err)) < 0)
         goto out;
-    /* the commit: not after a cancel; once asked for, it runs to its answer and is checked */
-    if ((rc = cancel_check(err)) < 0) {
+    /* the commit: not after a cancel, unless the old set's objects are already stored over (then
+     * only the commit keeps a set there); once asked for, it runs to its answer and is checked */
+    if (!s.overwrote && (rc = cancel_check(err)) < 0) {
         if (!restore_old(ctl, prefix, mkey, &s))
             remove_pushed(ctl, prefix, mkey, &s);
         goto out;
@@ -1868,9 +1896,11 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
     }
     if (rc < 0) {
         vmsnap_err_wrap(err, "commit %s/%s: ", url, VMSNAP_XFER_MANIFEST);
-        /* not committed (a full store, a refused write): the objects are nobody's. When the
-         * answer was lost after the manifest was stored, it exists and they stay. */
-        remove_pushed(ctl, prefix, mkey, &s);
+        /* not committed (a full store, a refused write): the objects are nobody's (or the old
+         * set is back when none of its objects was stored over). When the answer was lost after
+         * the manifest was stored, it exists and they stay. */
+        if (!restore_old(ctl, prefix, mkey, &s))
+            remove_pushed(ctl, prefix, mkey, &s);
     } else {
         rc = check_committed(x, prefix, mkey, &m, url, true, err);
         /* committed and checked: the replaced set's other objects go, then the mark has done
@@ -3204,6 +3234,53 @@ static int see_upload(void *arg, const char *key, const char *id, int64_t starte
     if (last > u->newest)
         u->newest = last;
     return 0;
+}
+
+struct live_ctx {
+    size_t dl;      /* the length of the directory looked at */
+    bool mark;      /* a push mark directly in it */
+    int64_t newest; /* the newest key's time under it (-1: none) */
+    bool unknown;
+};
+
+static int see_live_key(void *arg, const char *key, uint64_t size, int64_t mtime)
+{
+    struct live_ctx *v = arg;
+    (void)size;
+    char id[33];
+    if (dir_len(key) == v->dl && mark_name(key_base(key), id))
+        v->mark = true;
+    v->unknown |= mtime < 0;
+    if (mtime > v->newest)
+        v->newest = mtime;
+    return 0;
+}
+
+/* Is a set push running at the directory of `key`? Its mark is there, and something under that
+ * directory (a key written, an upload's part) is younger than --older-than, or its age cannot be
+ * told: gc then leaves that directory's uploads as it leaves the marks of a prefix that is not
+ * quiet. */
+static bool push_running_at(struct leftover_ctx *l, const char *key)
+{
+    size_t dl = dir_len(key);
+    char *dir = strndup(key, dl);
+    char *lp = dir ? join_key(dir, "") : NULL;
+    free(dir);
+    if (!lp)
+        return true;
+    struct live_ctx v = {.dl = dl, .newest = -1};
+    struct prefix_uploads up = {.c = l->c, .newest = -1};
+    bool running = true;
+    if (vmsnap_store_list(l->c, lp, see_live_key, &v, NULL) == 0) {
+        running = v.mark;
+        if (running && vmsnap_store_list_uploads(l->c, lp, see_upload, &up, NULL) == 0) {
+            int64_t newest = VMSNAP_MAX(v.newest, up.newest);
+            running =
+                v.unknown || up.unknown || newest < 0 || !old_enough(l->gc, age_of(l, newest));
+        }
+    }
+    free(lp);
+    return running;
 }
 
 /* Keep every mark of a prefix (reported as kept). */

@@ -13,6 +13,7 @@
  *          mN:503 ... (N counts only requests whose first line contains "partNumber=")
  *          cN:412 ... (N counts only UploadPartCopy requests: an x-amz-copy-source header)
  *          MN:drop ... (N counts only PUTs of a key ending in manifest.json: commits)
+ *          UN:drop ... (N counts only DELETEs of a key ending in manifest.json: un-commits)
  *
  * It listens on an ephemeral port on 127.0.0.1, writes that port to PORTFILE and runs until
  * killed. Requests must carry Content-Length bodies (vmsnap's do); responses are relayed raw.
@@ -36,6 +37,7 @@ struct rule {
     bool parts_only;
     bool copies_only;
     bool commits_only;
+    bool uncommits_only;
     long n;
     bool and_later;
     enum action a;
@@ -44,7 +46,7 @@ struct rule {
 static struct rule rules[64];
 static int nrules;
 static int target_port;
-static atomic_long nreq, npart, ncopy, ncommit;
+static atomic_long nreq, npart, ncopy, ncommit, nuncommit;
 
 struct conn {
     int c, s;
@@ -92,13 +94,14 @@ static void reset_close(int fd)
     close(fd);
 }
 
-static enum action pick(long n, long pn, long cn, long mn, long *ms)
+static enum action pick(long n, long pn, long cn, long mn, long un, long *ms)
 {
     for (int i = 0; i < nrules; i++) {
-        long x = rules[i].parts_only     ? pn
-                 : rules[i].copies_only  ? cn
-                 : rules[i].commits_only ? mn
-                                         : n;
+        long x = rules[i].parts_only       ? pn
+                 : rules[i].copies_only    ? cn
+                 : rules[i].commits_only   ? mn
+                 : rules[i].uncommits_only ? un
+                                           : n;
         if (x <= 0)
             continue;
         if (x == rules[i].n || (rules[i].and_later && x >= rules[i].n)) {
@@ -155,12 +158,15 @@ static void *serve(void *arg)
         long pn = is_part ? atomic_fetch_add(&npart, 1) + 1 : 0;
         bool is_copy = memmem(buf, hl, "\nx-amz-copy-source:", 19) != NULL;
         long cn = is_copy ? atomic_fetch_add(&ncopy, 1) + 1 : 0;
-        const char *sp = eol ? memchr(buf + 4, ' ', (size_t)(eol - buf - 4)) : NULL;
-        bool is_commit = !strncmp(buf, "PUT ", 4) && sp && sp - buf >= 17 &&
-                         !memcmp(sp - 13, "manifest.json", 13);
+        const char *m0 = memchr(buf, ' ', hl);
+        const char *sp = m0 && eol && m0 < eol ? memchr(m0 + 1, ' ', (size_t)(eol - m0 - 1)) : NULL;
+        bool on_manifest = sp && sp - buf >= 17 && !memcmp(sp - 13, "manifest.json", 13);
+        bool is_commit = on_manifest && !strncmp(buf, "PUT ", 4);
+        bool is_uncommit = on_manifest && !strncmp(buf, "DELETE ", 7);
         long mn = is_commit ? atomic_fetch_add(&ncommit, 1) + 1 : 0;
+        long un = is_uncommit ? atomic_fetch_add(&nuncommit, 1) + 1 : 0;
         long ms = 0;
-        enum action act = pick(n, pn, cn, mn, &ms);
+        enum action act = pick(n, pn, cn, mn, un, &ms);
         fprintf(stderr, "faultproxy: #%ld %.*s%s\n", n, eol ? (int)(eol - buf - 1) : 0, buf,
                 act == E503      ? " -> 503"
                 : act == E412    ? " -> 412"
@@ -243,6 +249,9 @@ static int parse_rules(const char *spec)
         } else if (*r == 'M') {
             x->commits_only = true;
             r++;
+        } else if (*r == 'U') {
+            x->uncommits_only = true;
+            r++;
         }
         char *e;
         x->n = strtol(r, &e, 10);
@@ -278,7 +287,7 @@ int main(int argc, char **argv)
     if (argc < 3 || (argc > 3 && parse_rules(argv[3]) < 0)) {
         fprintf(stderr,
                 "usage: faultproxy PORTFILE TARGET_PORT [N:503|N:412|N:reset|N:delayMS|N:norange|"
-                "N:drop|N+:reset|mN:...|cN:...|MN:...]\n");
+                "N:drop|N+:reset|mN:...|cN:...|MN:...|UN:...]\n");
         return 2;
     }
     target_port = atoi(argv[2]);

@@ -507,6 +507,35 @@ rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset
 [ "$(ls -A "$S/sets/in" | tr '\n' ' ')" = "manifest.json memory-ranges.zstd state.json.zstd " ] ||
     fail "the interrupted push over a set left: $(ls -A "$S/sets/in")"
 
+# gc (the default --older-than 1h, as from cron) during a long push over a set: the uploads of
+# the old set's names idle until the last file is uploaded; gc keeps them while the push is
+# active at that prefix (it aborted them, and the push then removed both sets). Their files
+# and the mark are made to look two hours old; the big file's upload is active.
+mkdir -p "$T/gset" && mk "$T/gset/memory-ranges" $((1024 * 1024)) && echo s1 >"$T/gset/state.json"
+"$VMSNAP" -q push "$T/gset" "$S/sets/gc" || fail "push of the set for the gc case"
+mkdir -p "$T/gset2" && mk "$T/gset2/memory-ranges" $((32 * 1024 * 1024)) && echo s2 >"$T/gset2/state.json"
+"$VMSNAP" -q push -j 1 --part-size 64K --max-memory 128K "$T/gset2" "$S/sets/gc" 2>"$T/gerr" &
+gpid=$!
+for _ in $(seq 1 200); do
+    ls -A "$S/sets/gc" 2>/dev/null | grep -q '^\.state.json.zstd.mpu-' &&
+        ls -A "$S/sets/gc" | grep -q '^\.memory-ranges.zstd.mpu-' && break
+    sleep 0.05
+done
+kill -STOP $gpid
+touch -d '2 hours ago' "$S"/sets/gc/.state.json.zstd.mpu-* "$S"/sets/gc/vmsnap-push-*.json
+"$VMSNAP" gc "$S/sets/gc" >"$T/gc.out" 2>&1 || fail "gc beside a running push: $(cat "$T/gc.out")"
+ls -A "$S/sets/gc" | grep -q '^\.state.json.zstd.mpu-' || fail "gc aborted a running push's upload: $(cat "$T/gc.out")"
+kill -CONT $gpid
+wait $gpid || fail "the push gc ran beside: $(cat "$T/gerr")"
+rm -rf "$T/gout" && "$VMSNAP" -q pull "$S/sets/gc" "$T/gout" && diff -r "$T/gset2" "$T/gout" >/dev/null ||
+    fail "the set pushed while gc ran does not pull back"
+# ... and once a push there is killed and everything there is old, gc aborts its uploads
+mk "$T/gset2/memory-ranges" $((32 * 1024 * 1024))
+kill_push_mid_upload "$T/gset2" "$S/sets/gc"
+ls -A "$S/sets/gc" | grep -q 'mpu-' || fail "the killed push left no upload to test gc with"
+find "$S/sets/gc" -exec touch -d '2 hours ago' {} +
+"$VMSNAP" gc "$S/sets/gc" >"$T/gc.out" 2>&1 || fail "gc after a killed push: $(cat "$T/gc.out")"
+! ls -A "$S/sets/gc" 2>/dev/null | grep -q 'mpu-' || fail "gc kept a killed push's uploads: $(cat "$T/gc.out")"
 # a set pushed over a set of other names: what only the old set had goes with it (it stayed
 # unlisted forever); objects of names no set had stay. Killed after the un-commit, the push's
 # mark names the old set's other names too and gc removes them; killed right after its commit,

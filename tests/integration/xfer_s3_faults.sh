@@ -163,6 +163,43 @@ rm -rf "$T/ov.out" && "$VMSNAP" -q pull "s3://$BUCKET/ov" "$T/ov.out" && diff -r
 [ "$(uploads_left)" = 0 ] || fail "the interrupted push over a set left uploads"
 "$VMSNAP" -q rm "s3://$BUCKET/ov" || fail "rm ov"
 
+# every answer to the un-commit (the DELETE of the old manifest) is lost, though the server
+# carried it out: the push sees the manifest gone and puts the old set back (it removed it)
+mkdir -p "$T/uc" && head -c $((2 * M)) /dev/urandom >"$T/uc/memory-ranges" && echo u1 >"$T/uc/state"
+"$VMSNAP" -q push "$T/uc" "s3://$BUCKET/uc" || fail "push of the set for the un-commit case"
+mkdir -p "$T/uc2" && echo u2 >"$T/uc2/state"
+start_proxy "U1+:drop"
+VMSNAP_S3_ATTEMPTS=2 expect_fail "push whose un-commit answers were lost" \
+    "$VMSNAP" push --endpoint "$PEP" "$T/uc2" "s3://$BUCKET/uc"
+stop_proxy
+grep -q "manifest.json HTTP/1.1 -> answer dropped" "$T/proxy.log" || fail "the un-commit's answer was not dropped"
+grep -q "the set this push was replacing is in place again" "$T/err" || fail "un-commit answer lost: $(cat "$T/err")"
+rm -rf "$T/uc.out" && "$VMSNAP" -q pull "s3://$BUCKET/uc" "$T/uc.out" && diff -r "$T/uc" "$T/uc.out" >/dev/null ||
+    fail "the set whose un-commit answer was lost was not put back"
+
+# Ctrl-C once the completions of the old set's names are asked for: they go out (a completion
+# cut short left the old objects half replaced and both sets lost) and the push commits its set;
+# Ctrl-C just before them: none goes out and the old set is put back
+mkdir -p "$T/cc" && head -c $((6 * M)) /dev/urandom >"$T/cc/memory-ranges" && echo c2 >"$T/cc/state"
+for fp in push-completion push-completing; do
+    VMSNAP_FAILPOINT=$fp:stop env --default-signal=INT "$VMSNAP" push "$T/cc" "s3://$BUCKET/uc" 2>"$T/err" &
+    cpid=$!
+    wait_stopped $cpid 30 || fail "the push did not stop at $fp"
+    kill -INT $cpid && kill -CONT $cpid
+    rc=0 && wait $cpid || rc=$?
+    rm -rf "$T/cc.out" && "$VMSNAP" -q pull "s3://$BUCKET/uc" "$T/cc.out" || fail "$fp: no set after Ctrl-C: $(cat "$T/err")"
+    if [ $fp = push-completion ]; then
+        [ $rc = 0 ] && diff -r "$T/cc" "$T/cc.out" >/dev/null || fail "Ctrl-C during the completions: exit $rc: $(cat "$T/err")"
+        echo u3 >"$T/cc/state" # the next round replaces this set
+        cp -a "$T/cc.out" "$T/cc.before"
+    else
+        [ $rc = 1 ] && diff -r "$T/cc.before" "$T/cc.out" >/dev/null ||
+            fail "Ctrl-C before the completions: exit $rc, old set not back: $(cat "$T/err")"
+    fi
+done
+[ "$(uploads_left)" = 0 ] || fail "Ctrl-C around the completions left uploads"
+"$VMSNAP" -q rm "s3://$BUCKET/uc" || fail "rm uc"
+
 stop_proxy
 for k in f base nb nc; do OUT=/dev/null s3curl DELETE "$BUCKET/$k" >/dev/null; done
 done_tests
