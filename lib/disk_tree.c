@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -67,6 +68,8 @@ struct disk_tree {
     unsigned depth; /* directories being copied, nested (copy_node recurses once per level) */
     dev_t self_dev; /* the image being written (its temporary file), never copied into itself */
     ino_t self_ino;
+    uint64_t xattr_files; /* source files with extended attributes (not copied): said once */
+    char *xattr_first;
 };
 
 /* Deeper source trees are refused: the copy recurses (and holds a descriptor) per level. */
@@ -581,6 +584,10 @@ static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const 
                                   hostpath);
         }
         rc = add_regular(t, parent, imgname, fd, &st, mode, uid, gid, hostpath, &ino, err);
+        /* extended attributes (file capabilities, SELinux labels) are not copied: counted,
+         * said at the end, so a binary that needs its capability is not broken silently */
+        if (rc == 0 && flistxattr(fd, NULL, 0) > 0 && !t->xattr_files++)
+            t->xattr_first = strdup(hostpath);
         /* a file written meanwhile would be in the image as it never was */
         struct stat after;
         if (rc == 0 && (fstat(fd, &after) < 0 || after.st_size != st.st_size ||
@@ -902,6 +909,12 @@ int disk_tree_finish(struct disk_tree *t, struct vmsnap_err *err)
         if (d->changed || d->is_new)
             rc = write_dir(t, d, blk, err);
     free(blk);
+    if (rc == 0 && t->xattr_files)
+        vlog(VMSNAP_LOG_WARN,
+             "disk create %s: %llu source file%s extended attributes (file capabilities, "
+             "security labels), which are not copied (the first: %s)",
+             t->image, (unsigned long long)t->xattr_files, t->xattr_files == 1 ? " has" : "s have",
+             t->xattr_first ? t->xattr_first : "?");
     for (size_t i = 0; i < t->hl_cap && rc == 0; i++) {
         struct hlink *h = &t->hl[i];
         if (!h->e2 || h->links < 2)
@@ -931,5 +944,6 @@ void disk_tree_free(struct disk_tree *t)
     }
     free(t->hl);
     free(t->buf);
+    free(t->xattr_first);
     free(t);
 }
