@@ -1386,6 +1386,22 @@ static void def_run(struct xtask *xt, struct vmsnap_store_conn *c)
     int rc = k ? 0 : vmsnap_err_set(&t->err, ENOMEM, "out of memory");
     if (rc == 0 && !t->abort) {
         rc = vmsnap_store_mpu_complete(c, k, d->upload_id, d->parts, d->nparts, &t->err);
+        if (rc == -ENOENT) {
+            /* "no such upload": aborted meanwhile, or completed by an attempt whose answer was
+             * lost (the retry then finds it gone). The object tells: this push's (its
+             * tableSha256) means completed; another means not stored over; unknown, neither. */
+            struct vmsnap_err ce = {0};
+            int crc = check_object(t->s->x, c, k, &t->s->files[t->i], &ce);
+            if (crc == 0) {
+                vmsnap_err_clear(&t->err);
+                rc = 0;
+            } else if (crc != -ESTALE && crc != -ENOENT) {
+                rc = vmsnap_err_set(&t->err, -crc,
+                                    "%s: the upload was gone when completed, and the object "
+                                    "there cannot be read to tell whose it is: %s",
+                                    k, ce.msg);
+            }
+        }
         if (rc == -ENOENT)
             vmsnap_err_wrap(&t->err,
                             "the upload was aborted or removed while it completed (another push "

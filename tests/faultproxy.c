@@ -8,12 +8,14 @@
  *   RULE:  N:503   N:412   N:reset   N:delayMS   N+:reset (request N and every later one)
  *          N:norange (the Range header is blanked: the server answers as if ranges were not
  *          supported, a 200 with the whole object)
+ *          N:nsu (swallowed, answered 404 NoSuchUpload: what S3 may say to a retried completion)
  *          N:drop (forwarded whole, the server's answer thrown away and the client's connection
  *          reset: a request carried out whose answer was lost)
  *          mN:503 ... (N counts only requests whose first line contains "partNumber=")
  *          cN:412 ... (N counts only UploadPartCopy requests: an x-amz-copy-source header)
  *          MN:drop ... (N counts only PUTs of a key ending in manifest.json: commits)
  *          UN:drop ... (N counts only DELETEs of a key ending in manifest.json: un-commits)
+ *          KN:drop ... (N counts only CompleteMultipartUpload requests: POST ...uploadId=)
  *
  * It listens on an ephemeral port on 127.0.0.1, writes that port to PORTFILE and runs until
  * killed. Requests must carry Content-Length bodies (vmsnap's do); responses are relayed raw.
@@ -32,12 +34,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-enum action { NONE, E503, E412, RESET, DELAY, NORANGE, DROP };
+enum action { NONE, E503, E412, RESET, DELAY, NORANGE, DROP, NSU };
 struct rule {
     bool parts_only;
     bool copies_only;
     bool commits_only;
     bool uncommits_only;
+    bool completes_only;
     long n;
     bool and_later;
     enum action a;
@@ -46,7 +49,7 @@ struct rule {
 static struct rule rules[64];
 static int nrules;
 static int target_port;
-static atomic_long nreq, npart, ncopy, ncommit, nuncommit;
+static atomic_long nreq, npart, ncopy, ncommit, nuncommit, ncomplete;
 
 struct conn {
     int c, s;
@@ -94,13 +97,14 @@ static void reset_close(int fd)
     close(fd);
 }
 
-static enum action pick(long n, long pn, long cn, long mn, long un, long *ms)
+static enum action pick(long n, long pn, long cn, long mn, long un, long kn, long *ms)
 {
     for (int i = 0; i < nrules; i++) {
         long x = rules[i].parts_only       ? pn
                  : rules[i].copies_only    ? cn
                  : rules[i].commits_only   ? mn
                  : rules[i].uncommits_only ? un
+                 : rules[i].completes_only ? kn
                                            : n;
         if (x <= 0)
             continue;
@@ -165,8 +169,11 @@ static void *serve(void *arg)
         bool is_uncommit = on_manifest && !strncmp(buf, "DELETE ", 7);
         long mn = is_commit ? atomic_fetch_add(&ncommit, 1) + 1 : 0;
         long un = is_uncommit ? atomic_fetch_add(&nuncommit, 1) + 1 : 0;
+        bool is_complete = !strncmp(buf, "POST ", 5) && eol &&
+                           memmem(buf, (size_t)(eol - buf), "uploadId=", 9) != NULL;
+        long kn = is_complete ? atomic_fetch_add(&ncomplete, 1) + 1 : 0;
         long ms = 0;
-        enum action act = pick(n, pn, cn, mn, un, &ms);
+        enum action act = pick(n, pn, cn, mn, un, kn, &ms);
         fprintf(stderr, "faultproxy: #%ld %.*s%s\n", n, eol ? (int)(eol - buf - 1) : 0, buf,
                 act == E503      ? " -> 503"
                 : act == E412    ? " -> 412"
@@ -174,6 +181,7 @@ static void *serve(void *arg)
                 : act == DELAY   ? " -> delay"
                 : act == NORANGE ? " -> no range"
                 : act == DROP    ? " -> answer dropped"
+                : act == NSU     ? " -> 404 NoSuchUpload"
                                  : "");
         if (act == RESET) {
             shutdown(k->s, SHUT_RDWR);
@@ -190,7 +198,7 @@ static void *serve(void *arg)
                 memcpy(p + 2, "X-Nop", 5);
         /* forward (or swallow, for a 503) the headers and the body */
         size_t have = len - hl;
-        bool swallow = act == E503 || act == E412;
+        bool swallow = act == E503 || act == E412 || act == NSU;
         if (!swallow && write_all(k->s, buf, hl) < 0)
             goto out;
         long left = clen;
@@ -208,9 +216,13 @@ static void *serve(void *arg)
                 goto out;
             left -= r;
         }
-        if (act == E412 || act == E503) {
+        if (act == E412 || act == E503 || act == NSU) {
             const char *resp =
-                act == E412
+                act == NSU
+                    ? "HTTP/1.1 404 Not Found\r\nContent-Type: application/xml\r\n"
+                      "Content-Length: 69\r\nConnection: close\r\n\r\n"
+                      "<Error><Code>NoSuchUpload</Code><Message>injected</Message></Error>\n\n"
+                : act == E412
                     ? "HTTP/1.1 412 Precondition Failed\r\nContent-Type: application/xml\r\n"
                       "Content-Length: 76\r\nConnection: close\r\n\r\n"
                       "<Error><Code>PreconditionFailed</Code><Message>injected</Message></"
@@ -252,6 +264,9 @@ static int parse_rules(const char *spec)
         } else if (*r == 'U') {
             x->uncommits_only = true;
             r++;
+        } else if (*r == 'K') {
+            x->completes_only = true;
+            r++;
         }
         char *e;
         x->n = strtol(r, &e, 10);
@@ -272,6 +287,8 @@ static int parse_rules(const char *spec)
             x->a = RESET;
         else if (!strcmp(e, "drop"))
             x->a = DROP;
+        else if (!strcmp(e, "nsu"))
+            x->a = NSU;
         else if (!strncmp(e, "delay", 5)) {
             x->a = DELAY;
             x->ms = strtol(e + 5, NULL, 10);
@@ -287,7 +304,7 @@ int main(int argc, char **argv)
     if (argc < 3 || (argc > 3 && parse_rules(argv[3]) < 0)) {
         fprintf(stderr,
                 "usage: faultproxy PORTFILE TARGET_PORT [N:503|N:412|N:reset|N:delayMS|N:norange|"
-                "N:drop|N+:reset|mN:...|cN:...|MN:...|UN:...]\n");
+                "N:drop|N+:reset|mN:...|cN:...|MN:...|UN:...|KN:...]\n");
         return 2;
     }
     target_port = atoi(argv[2]);

@@ -198,6 +198,22 @@ for fp in push-completion push-completing; do
     fi
 done
 [ "$(uploads_left)" = 0 ] || fail "Ctrl-C around the completions left uploads"
+
+# the answer to a completion is lost, the server carried it out: its retry finds no such upload,
+# and the object there is this push's (its digest): completed, the push commits (it took the
+# answer for "aborted meanwhile" and removed both sets)
+# (one name in common, so one completion: its retry is request K2)
+"$VMSNAP" -q rm "s3://$BUCKET/uc" || fail "rm uc"
+mkdir -p "$T/k1" "$T/k2" && head -c $((2 * M)) /dev/urandom >"$T/k1/memory-ranges" &&
+    head -c $((6 * M)) /dev/urandom >"$T/k2/memory-ranges" && echo k2 >"$T/k2/state"
+"$VMSNAP" -q push "$T/k1" "s3://$BUCKET/uc" || fail "push of the set for the lost completion"
+start_proxy "K1:drop,K2:nsu" # the retry: 'no such upload', as S3 may answer once it completed
+"$VMSNAP" push --endpoint "$PEP" "$T/k2" "s3://$BUCKET/uc" 2>"$T/err" || fail "push whose completion answer was lost: $(cat "$T/err")"
+stop_proxy
+grep -q "uploadId=.* -> answer dropped" "$T/proxy.log" && grep -q "uploadId=.* -> 404 NoSuchUpload" "$T/proxy.log" ||
+    fail "the completion's answer was not dropped and its retry not refused"
+rm -rf "$T/cc.out" && "$VMSNAP" -q pull "s3://$BUCKET/uc" "$T/cc.out" && diff -r "$T/k2" "$T/cc.out" >/dev/null ||
+    fail "the set whose completion answer was lost does not pull back"
 "$VMSNAP" -q rm "s3://$BUCKET/uc" || fail "rm uc"
 
 stop_proxy
