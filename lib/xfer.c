@@ -1306,6 +1306,27 @@ static int key_exists(struct vmsnap_store_conn *c, const char *key, struct vmsna
     return rc < 0 ? rc : 1;
 }
 
+/* Delete the object of the set file `name` under `prefix` in one attempt (no back-off between
+ * the caller's check that no other push is there and the DELETE). A missing one is fine; any
+ * other failure is logged ("cannot remove NAME.zstd[what]") and returned. */
+static int delete_set_object(struct vmsnap_store_conn *ctl, const char *prefix, const char *name,
+                             const char *url, const char *what)
+{
+    char obj[300];
+    snprintf(obj, sizeof(obj), "%s.zstd", name);
+    char *k = join_key(prefix, obj);
+    struct vmsnap_err e = {0};
+    ctl->one_attempt = true;
+    int drc = k ? vmsnap_store_delete(ctl, k, &e) : vmsnap_err_set(&e, ENOMEM, "out of memory");
+    ctl->one_attempt = false;
+    free(k);
+    if (drc < 0 && drc != -ENOENT) {
+        vlog(VMSNAP_LOG_WARN, "%s: cannot remove %s%s: %s", url, obj, what, e.msg);
+        return drc;
+    }
+    return drc == -ENOENT ? 1 : 0;
+}
+
 /* A failed push removes what it stored, unless another push committed a set there meanwhile
  * (the objects may be that push's now). Clean-up: runs after a cancel too. */
 static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
@@ -1332,18 +1353,9 @@ static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, con
             left = true;
             break;
         }
-        char obj[300];
-        snprintf(obj, sizeof(obj), "%s.zstd", i < s->n ? s->files[i].name : s->replaces[i - s->n]);
-        char *k = join_key(prefix, obj);
-        struct vmsnap_err e = {0};
-        ctl->one_attempt = true;
-        int drc = k ? vmsnap_store_delete(ctl, k, &e) : -ENOMEM;
-        ctl->one_attempt = false;
-        if (drc < 0 && drc != -ENOENT) {
-            vlog(VMSNAP_LOG_WARN, "%s: cannot remove %s: %s", url, obj, e.msg);
+        if (delete_set_object(ctl, prefix, i < s->n ? s->files[i].name : s->replaces[i - s->n], url,
+                              "") < 0)
             left = true;
-        }
-        free(k);
         if (i == 0)
             xfer_failpoint("push-cleanup-deleted"); /* after its first delete */
     }
@@ -1516,18 +1528,8 @@ static bool restore_old(struct vmsnap_store_conn *ctl, const char *prefix, const
             ok = false;
             break;
         }
-        char obj[300];
-        snprintf(obj, sizeof(obj), "%s.zstd", s->files[i].name);
-        char *k = join_key(prefix, obj);
-        vmsnap_err_clear(&e);
-        ctl->one_attempt = true;
-        int drc = k ? vmsnap_store_delete(ctl, k, &e) : -ENOMEM;
-        ctl->one_attempt = false;
-        free(k);
-        if (drc < 0 && drc != -ENOENT) {
-            vlog(VMSNAP_LOG_WARN, "%s: cannot remove %s: %s", url, obj, e.msg);
+        if (delete_set_object(ctl, prefix, s->files[i].name, url, "") < 0)
             ok = false;
-        }
     }
     if (ok && prefix_busy(ctl, lp, mkey, s->mark_key) == 0) {
         vmsnap_err_clear(&e);
@@ -1577,18 +1579,9 @@ static bool remove_replaced(struct vmsnap_store_conn *ctl, const char *prefix, c
         if (prefix_busy(ctl, lp, NULL, s->mark_key) != 0 ||
             manifest_is(s->x, ctl, mkey, s->push_id) != 1)
             break;
-        char obj[300];
-        snprintf(obj, sizeof(obj), "%s.zstd", s->replaces[i]);
-        char *k = join_key(prefix, obj);
-        struct vmsnap_err e = {0};
-        ctl->one_attempt = true;
-        int drc = k ? vmsnap_store_delete(ctl, k, &e) : -ENOMEM;
-        ctl->one_attempt = false;
-        free(k);
-        if (drc < 0 && drc != -ENOENT) {
-            vlog(VMSNAP_LOG_WARN, "%s: cannot remove %s of the replaced set: %s", url, obj, e.msg);
+        int drc = delete_set_object(ctl, prefix, s->replaces[i], url, " of the replaced set");
+        if (drc < 0)
             break;
-        }
         gone++;
         removed += drc == 0;
     }

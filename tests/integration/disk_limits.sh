@@ -173,34 +173,9 @@ fi
 # A source file written while it is copied fails the create, naming it (it went into the image
 # as it never was: the bytes read before a truncation, then zeros). The shim truncates it at
 # the first read of its data.
-cat >"$T/grow.c" <<'SHIM'
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/types.h>
-#include <unistd.h>
-static int done;
-ssize_t pread64(int fd, void *buf, size_t n, off_t off)
-{
-    char p[64], real[4096];
-    snprintf(p, sizeof(p), "/proc/self/fd/%d", fd);
-    ssize_t k = readlink(p, real, sizeof(real) - 1);
-    if (k > 0 && !done) {
-        real[k] = 0;
-        if (!strcmp(real, getenv("SHIM_FILE"))) {
-            done = 1;
-            truncate(real, 1000);
-        }
-    }
-    return ((ssize_t(*)(int, void *, size_t, off_t))dlsym(RTLD_NEXT, "pread64"))(fd, buf, n, off);
-}
-ssize_t pread(int fd, void *buf, size_t n, off_t off) { return pread64(fd, buf, n, off); }
-SHIM
-if "${CC:-cc}" -shared -fPIC -o "$T/grow.so" "$T/grow.c" -ldl 2>"$T/err"; then
+if "${CC:-cc}" -shared -fPIC -o "$T/grow.so" "$SRC/tests/shims/pread_change.c" -ldl 2>"$T/err"; then
     mkdir -p "$T/chg" && head -c 3000000 /dev/urandom >"$T/chg/f"
-    SHIM_FILE="$T/chg/f" LD_PRELOAD="$T/grow.so" \
+    SHIM_ACT=truncate SHIM_FILE="$T/chg/f" LD_PRELOAD="$T/grow.so" \
         ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" \
         "$VMSNAP" disk create --size 64M --from-dir "$T/chg" "$T/chg.img" 2>"$T/err" &&
         fail "a source file truncated while copied: create succeeded"

@@ -166,36 +166,7 @@ cmp -s "$T/src" "$T/ufifo" || fail "unpack from a FIFO path: output differs"
 # A source written while it is packed (a shim appends to it at the first read of its data)
 # fails the pack, naming it, with nothing at the destination; the same for a push (an object
 # mixing two moments of the file was stored and pulled back without a word)
-cat >"$T/grow.c" <<'SHIM'
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <fcntl.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/types.h>
-#include <unistd.h>
-static int done;
-ssize_t pread64(int fd, void *buf, size_t n, off_t off)
-{
-    char p[64], real[4096];
-    snprintf(p, sizeof(p), "/proc/self/fd/%d", fd);
-    ssize_t k = readlink(p, real, sizeof(real) - 1);
-    if (k > 0 && !__atomic_exchange_n(&done, 1, __ATOMIC_SEQ_CST)) {
-        real[k] = 0;
-        if (strcmp(real, getenv("SHIM_FILE")) != 0) {
-            done = 0;
-        } else {
-            int w = open(real, O_WRONLY | O_APPEND);
-            if (w >= 0 && write(w, "appended", 8) == 8)
-                close(w);
-        }
-    }
-    return ((ssize_t(*)(int, void *, size_t, off_t))dlsym(RTLD_NEXT, "pread64"))(fd, buf, n, off);
-}
-ssize_t pread(int fd, void *buf, size_t n, off_t off) { return pread64(fd, buf, n, off); }
-SHIM
-if "${CC:-cc}" -shared -fPIC -o "$T/grow.so" "$T/grow.c" -ldl 2>"$T/err"; then
+if "${CC:-cc}" -shared -fPIC -o "$T/grow.so" "$SRC/tests/shims/pread_change.c" -ldl 2>"$T/err"; then
     for verb in pack push; do
         head -c 3000000 /dev/urandom >"$T/chg"
         SHIM_FILE="$T/chg" LD_PRELOAD="$T/grow.so" \
