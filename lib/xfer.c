@@ -554,6 +554,7 @@ static void up_wait(struct up *u)
 struct leftover_ctx {
     const char *exact; /* abort uploads of this key only; NULL: every upload listed */
     const char *under; /* or: of this key and the keys under it ("K/..."), not "K1/..." */
+    const char *in;    /* and only of keys directly in this prefix ("P/name", not "P/sub/x") */
     struct vmsnap_store_conn *c;
     unsigned n;
     const struct vmsnap_gc_opts *gc; /* gc: its selection and report; NULL: abort every one */
@@ -615,6 +616,8 @@ static int abort_leftover(void *arg, const char *key, const char *id, int64_t st
         return 0;
     if (!key_under(l->under, key))
         return 0;
+    if (l->in && (strncmp(key, l->in, strlen(l->in)) || strchr(key + strlen(l->in), '/')))
+        return 0; /* a set below this one: its pushes' uploads are theirs */
     const struct vmsnap_gc_opts *g = l->gc;
     int64_t age = age_of(l, started);
     bool go = old_enough(g, age);
@@ -746,8 +749,10 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
     up_wait(&u);
     if (rc == 0 && u.rc == 0 && def && !u.upload_id) /* the encoder always writes bytes */
         rc = vmsnap_err_set(&ferr, EIO, "%s: nothing to store", path);
+    bool handed = false;
     if (rc == 0 && u.rc == 0 && def) {
         /* left for the caller: the upload is its now (not aborted, not swept below) */
+        handed = true;
         def->upload_id = u.upload_id;
         /* the list is sized for S3's 10,000 parts (~1 MB): kept for long, only what is used */
         struct vmsnap_store_part *pp = realloc(u.parts, (u.nparts ? u.nparts : 1) * sizeof(*pp));
@@ -805,6 +810,15 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
                             (unsigned long long)stats.object_size, (unsigned long long)u.total);
     if (rc == 0 && !u.table_seen)
         rc = vmsnap_err_set(err, EIO, "%s: the encoder wrote no seek table", path);
+    if (rc < 0 && handed) { /* not the caller's after all (it may push the file again) */
+        struct vmsnap_err ae = {0};
+        if (vmsnap_store_mpu_abort(ctl, key, def->upload_id, &ae) < 0)
+            vlog(VMSNAP_LOG_WARN, "cannot abort the upload of %s (run 'vmsnap gc'): %s", key,
+                 ae.msg);
+        free(def->upload_id);
+        free(def->parts);
+        *def = (struct deferred){0};
+    }
     if (rc == 0 && mf) {
         mf->detail = true;
         mf->size = stats.total_size;
@@ -867,6 +881,32 @@ static int push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const 
     return rc;
 }
 
+/* The push marks found at a prefix when a push began (key and time): a killed push's, there
+ * before this one, are not "another push meanwhile" to its restore. */
+struct prior_marks {
+    char **keys;
+    int64_t *mtimes;
+    size_t n, cap;
+    size_t lpn; /* the length of the listed prefix ("P/"): marks directly in it count */
+};
+
+static void prior_marks_fini(struct prior_marks *p)
+{
+    for (size_t i = 0; i < p->n; i++)
+        free(p->keys[i]);
+    free(p->keys);
+    free(p->mtimes);
+    memset(p, 0, sizeof(*p));
+}
+
+static bool prior_mark(const struct prior_marks *p, const char *key, int64_t mtime)
+{
+    for (size_t i = 0; p && i < p->n; i++)
+        if (!strcmp(p->keys[i], key) && p->mtimes[i] == mtime && mtime >= 0)
+            return true;
+    return false;
+}
+
 struct set_push {
     struct xfer *x;
     const char *dir;
@@ -884,8 +924,10 @@ struct set_push {
     char *old_raw;
     size_t old_raw_len;
     bool *in_old;
-    struct deferred *def; /* per file: the upload of a file in_old, completed last */
-    bool overwrote;       /* a completion of those was asked for */
+    struct mf_file *old_files; /* per file in_old: the old set's entry for that name */
+    struct prior_marks prior;  /* the marks there when this push began */
+    struct deferred *def;      /* per file: the upload of a file in_old, completed last */
+    bool overwrote;            /* a completion of those was asked for */
     pthread_mutex_t mu;
     int rc;
     struct vmsnap_err err;
@@ -1267,29 +1309,61 @@ static void xfer_failpoint(const char *name)
  * object and its manifest before removing the mark. */
 struct busy_ctx {
     const char *lp, *mkey, *own;
+    const struct prior_marks *prior;
     bool busy;
 };
 
 static int see_busy(void *arg, const char *key, uint64_t size, int64_t mtime)
 {
     (void)size;
-    (void)mtime;
     struct busy_ctx *b = arg;
     char id[33];
     if (strchr(key + strlen(b->lp), '/'))
         return 0; /* below the set */
     if ((b->mkey && !strcmp(key, b->mkey)) ||
-        (mark_name(key_base(key), id) && (!b->own || strcmp(key, b->own))))
+        (mark_name(key_base(key), id) && (!b->own || strcmp(key, b->own)) &&
+         !prior_mark(b->prior, key, mtime)))
         b->busy = true;
     return b->busy ? -ECANCELED : 0;
+}
+
+static int prefix_busy_but(struct vmsnap_store_conn *c, const char *lp, const char *mkey,
+                           const char *own, const struct prior_marks *prior)
+{
+    struct busy_ctx b = {lp, mkey, own, prior, false};
+    int rc = vmsnap_store_list(c, lp, see_busy, &b, NULL);
+    return b.busy ? 1 : rc < 0 ? rc : 0;
 }
 
 static int prefix_busy(struct vmsnap_store_conn *c, const char *lp, const char *mkey,
                        const char *own)
 {
-    struct busy_ctx b = {lp, mkey, own, false};
-    int rc = vmsnap_store_list(c, lp, see_busy, &b, NULL);
-    return b.busy ? 1 : rc < 0 ? rc : 0;
+    return prefix_busy_but(c, lp, mkey, own, NULL);
+}
+
+static int see_prior(void *arg, const char *key, uint64_t size, int64_t mtime)
+{
+    (void)size;
+    struct prior_marks *p = arg;
+    char id[33];
+    if (strchr(key + p->lpn, '/') || !mark_name(key_base(key), id))
+        return 0;
+    if (p->n == p->cap) {
+        size_t nc = p->cap ? 2 * p->cap : 8;
+        char **k = realloc(p->keys, nc * sizeof(*k));
+        if (k)
+            p->keys = k;
+        int64_t *m = k ? realloc(p->mtimes, nc * sizeof(*m)) : NULL;
+        if (m)
+            p->mtimes = m;
+        if (!k || !m)
+            return -ENOMEM;
+        p->cap = nc;
+    }
+    if (!(p->keys[p->n] = strdup(key)))
+        return -ENOMEM;
+    p->mtimes[p->n++] = mtime;
+    return 0;
 }
 
 /* 1 when `key` exists, 0 when it does not, < 0 on an error (one GET of its last byte). */
@@ -1378,6 +1452,7 @@ struct def_task {
     size_t i;
     bool abort;
     int rc;
+    bool old_intact; /* failed, and the old set's object is still at the key */
     struct vmsnap_err err;
     pthread_mutex_t *mu;
     pthread_cond_t *cv;
@@ -1392,39 +1467,36 @@ static void def_run(struct xtask *xt, struct vmsnap_store_conn *c)
     if (!t->abort && !atomic_flag_test_and_set(&stopped_once))
         xfer_failpoint("push-completion"); /* the first completion: a test's Ctrl-C here */
     struct deferred *d = &t->s->def[t->i];
+    const struct mf_file *mine = &t->s->files[t->i], *old = &t->s->old_files[t->i];
     char obj[300];
-    snprintf(obj, sizeof(obj), "%s.zstd", t->s->files[t->i].name);
+    snprintf(obj, sizeof(obj), "%s.zstd", mine->name);
     char *k = join_key(t->s->prefix, obj);
     int rc = k ? 0 : vmsnap_err_set(&t->err, ENOMEM, "out of memory");
-    if (rc == 0 && !t->abort) {
+    if (rc == 0 && !t->abort)
         rc = vmsnap_store_mpu_complete(c, k, d->upload_id, d->parts, d->nparts, &t->err);
-        if (rc == -ENOENT) {
-            /* "no such upload": aborted meanwhile, or completed by an attempt whose answer was
-             * lost (the retry then finds it gone). The object tells: this push's (its
-             * tableSha256) means completed; another means not stored over; unknown, neither. */
-            struct vmsnap_err ce = {0};
-            int crc = check_object(t->s->x, c, k, &t->s->files[t->i], &ce);
-            if (crc == 0) {
-                vmsnap_err_clear(&t->err);
-                rc = 0;
-            } else if (crc != -ESTALE && crc != -ENOENT) {
-                rc = vmsnap_err_set(&t->err, -crc,
-                                    "%s: the upload was gone when completed, and the object "
-                                    "there cannot be read to tell whose it is: %s",
-                                    k, ce.msg);
-            }
+    if (k && (t->abort || rc < 0)) { /* first, so that it cannot complete later */
+        struct vmsnap_err ae = {0};
+        if (vmsnap_store_mpu_abort(c, k, d->upload_id, &ae) < 0 && ae.code != ENOENT)
+            vlog(VMSNAP_LOG_WARN, "cannot abort the upload of %s (run 'vmsnap gc'): %s", k, ae.msg);
+    }
+    if (k && !t->abort && rc < 0) {
+        /* A failed completion (no such upload: aborted meanwhile, or completed by an attempt
+         * whose answer was lost; RGW's 500 "already in progress" for an aborted one; a store
+         * gone) is judged by what the key holds: this push's object (its tableSha256) means
+         * completed; the old set's object means not stored over; anything else, stored over. */
+        struct vmsnap_err ce = {0};
+        if (check_object(t->s->x, c, k, mine, &ce) == 0) {
+            vmsnap_err_clear(&t->err);
+            rc = 0;
+        } else if (old->detail && old->table_digest && check_object(t->s->x, c, k, old, &ce) == 0) {
+            t->old_intact = true;
         }
         if (rc == -ENOENT)
             vmsnap_err_wrap(&t->err,
                             "the upload was aborted or removed while it completed (another push "
                             "to the same place at the same time?); NOT stored there: ");
         if (rc < 0)
-            vmsnap_err_wrap(&t->err, "push %s: ", t->s->files[t->i].name);
-    }
-    if (k && (t->abort || rc < 0)) {
-        struct vmsnap_err ae = {0};
-        if (vmsnap_store_mpu_abort(c, k, d->upload_id, &ae) < 0)
-            vlog(VMSNAP_LOG_WARN, "cannot abort the upload of %s (run 'vmsnap gc'): %s", k, ae.msg);
+            vmsnap_err_wrap(&t->err, "push %s: ", mine->name);
     }
     if (k) { /* a retried CreateMultipartUpload may have left another upload of this key */
         struct leftover_ctx l = {.exact = k, .c = c};
@@ -1483,19 +1555,19 @@ static int finish_deferred(struct set_push *s, bool abort, struct vmsnap_err *er
         pthread_cond_wait(&cv, &mu);
     pthread_mutex_unlock(&mu);
     cancel_release();
-    size_t done = 0, gone = 0;
+    size_t done = 0, intact = 0;
     for (size_t j = 0; j < n; j++) {
         done += ts[j].rc == 0;
-        gone += ts[j].rc == -ENOENT;
+        intact += ts[j].old_intact;
         if (ts[j].rc < 0 && rc == 0) {
             rc = ts[j].rc;
             if (err)
                 *err = ts[j].err;
         }
     }
-    /* every completion refused as "no such upload" (aborted meanwhile: a gc): none was stored
-     * over, the old set is still whole */
-    if (!abort && done == 0 && gone == n)
+    /* every completion failed and every key still holds the old set's object: none was stored
+     * over, the old set is whole and can be put back */
+    if (!abort && done == 0 && intact == n)
         s->overwrote = false;
     free(ts);
     pthread_mutex_destroy(&mu);
@@ -1519,21 +1591,26 @@ static bool restore_old(struct vmsnap_store_conn *ctl, const char *prefix, const
     char url[URL_BUF];
     vmsnap_store_url(ctl->st, prefix, url, sizeof(url));
     char *lp = join_key(prefix, "");
-    bool ok = lp != NULL, back = false;
+    bool ok = lp != NULL, back = false, left = false;
     struct vmsnap_err e = {0};
-    for (size_t i = 0; ok && i < s->n; i++) {
+    /* a failed delete stops the deletes, not the restore: the mark names what is left, the
+     * manifest put back does not, so gc removes exactly that */
+    for (size_t i = 0; ok && !left && i < s->n; i++) {
         if (s->in_old[i])
             continue;
-        if (prefix_busy(ctl, lp, mkey, s->mark_key) != 0) {
+        if (prefix_busy_but(ctl, lp, mkey, s->mark_key, &s->prior) != 0) {
             ok = false;
             break;
         }
         if (delete_set_object(ctl, prefix, s->files[i].name, url, "") < 0)
-            ok = false;
+            left = true;
     }
-    if (ok && prefix_busy(ctl, lp, mkey, s->mark_key) == 0) {
+    if (ok && prefix_busy_but(ctl, lp, mkey, s->mark_key, &s->prior) == 0) {
         vmsnap_err_clear(&e);
-        if (vmsnap_store_put(ctl, mkey, s->old_raw, s->old_raw_len, &e) == 0)
+        ctl->one_attempt = true; /* no back-off between the listing and the PUT */
+        int prc = vmsnap_store_put(ctl, mkey, s->old_raw, s->old_raw_len, &e);
+        ctl->one_attempt = false;
+        if (prc == 0)
             back = true;
         else
             vlog(VMSNAP_LOG_WARN, "%s: cannot put back the set this push was replacing: %s", url,
@@ -1541,7 +1618,9 @@ static bool restore_old(struct vmsnap_store_conn *ctl, const char *prefix, const
     }
     if (back) {
         vlog(VMSNAP_LOG_WARN, "%s: the set this push was replacing is in place again", url);
-        if (s->mark_key && vmsnap_store_delete(ctl, s->mark_key, NULL) < 0)
+        if (left)
+            vlog(VMSNAP_LOG_WARN, "%s: this push's mark stays for 'vmsnap gc' to finish", url);
+        else if (s->mark_key && vmsnap_store_delete(ctl, s->mark_key, NULL) < 0)
             vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
     }
     free(lp);
@@ -1611,8 +1690,9 @@ struct old_set {
     struct manifest m;
     char *raw; /* its bytes, to store again when this push fails before replacing any object */
     size_t raw_len;
-    const char *key; /* the set's own key (its prefix) */
-    bool obj_exists; /* an object is stored at it */
+    const char *key;           /* the set's own key (its prefix) */
+    bool obj_exists;           /* an object is stored at it */
+    struct prior_marks *prior; /* filled with the push marks there (a listing) */
     struct vmsnap_err err;
 };
 
@@ -1628,6 +1708,15 @@ static void old_set_run(struct xtask *xt, struct vmsnap_store_conn *c)
     int obj = rc == -ENOENT && o->x->st->kind == VMSNAP_STORE_S3 && *o->key
                   ? key_exists(c, o->key, NULL)
                   : 0;
+    /* the marks there now (a killed push's): not "another push meanwhile" to a restore. Not
+     * listed, none are ignored. */
+    char *lp = rc == 0 ? join_key(o->key, "") : NULL;
+    if (lp) {
+        o->prior->lpn = strlen(lp);
+        if (vmsnap_store_list(c, lp, see_prior, o->prior, NULL) < 0)
+            prior_marks_fini(o->prior);
+        free(lp);
+    }
     pthread_mutex_lock(&o->mu);
     o->rc = rc;
     o->obj_exists = obj > 0;
@@ -1657,12 +1746,18 @@ static int find_replaced(struct set_push *s, struct old_set *o, struct vmsnap_er
     s->replaces = calloc(o->m.n ? o->m.n : 1, sizeof(*s->replaces));
     s->in_old = calloc(s->n ? s->n : 1, sizeof(*s->in_old));
     s->def = calloc(s->n ? s->n : 1, sizeof(*s->def));
-    int rc = s->replaces && s->in_old && s->def ? 0 : vmsnap_err_set(err, ENOMEM, "out of memory");
+    s->old_files = calloc(s->n ? s->n : 1, sizeof(*s->old_files));
+    int rc = s->replaces && s->in_old && s->def && s->old_files
+                 ? 0
+                 : vmsnap_err_set(err, ENOMEM, "out of memory");
     for (size_t i = 0; rc == 0 && i < o->m.n; i++) {
         struct mf_file key = {.name = o->m.files[i].name};
         struct mf_file *hit = bsearch(&key, s->files, s->n, sizeof(*s->files), cmp_name);
         if (hit) {
-            s->in_old[hit - s->files] = true;
+            size_t j = (size_t)(hit - s->files);
+            s->in_old[j] = true;
+            s->old_files[j] = o->m.files[i]; /* its digest, to tell the old object there */
+            s->old_files[j].name = s->files[j].name;
             continue;
         }
         if (!(s->replaces[s->nr] = strdup(o->m.files[i].name)))
@@ -1772,7 +1867,7 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
      * cancelled: nothing happens then). Meanwhile the pool reads the set being replaced; when
      * that has names this push has not, the mark is stored again naming them, before the
      * un-commit makes them dead. */
-    struct old_set old = {.x = x, .mkey = mkey, .key = prefix};
+    struct old_set old = {.x = x, .mkey = mkey, .key = prefix, .prior = &s.prior};
     old.t.run = old_set_run;
     pthread_mutex_init(&old.mu, NULL);
     pthread_cond_init(&old.cv, NULL);
@@ -1834,7 +1929,7 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
         goto out;
     }
-    struct leftover_ctx l = {.c = ctl};
+    struct leftover_ctx l = {.c = ctl, .in = lp};
     cancel_hold();
     rc = vmsnap_store_list_uploads(ctl, lp, abort_leftover, &l, err);
     cancel_release();
@@ -1887,6 +1982,11 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         goto out;
     /* the commit: not after a cancel, unless the old set's objects are already stored over (then
      * only the commit keeps a set there); once asked for, it runs to its answer and is checked */
+    if (s.overwrote && cancel_pending())
+        vlog(VMSNAP_LOG_WARN,
+             "%s: interrupted after the set there was stored over: committing this push's set "
+             "(the only way to leave one there)",
+             url);
     if (!s.overwrote && (rc = cancel_check(err)) < 0) {
         if (!restore_old(ctl, prefix, mkey, &s))
             remove_pushed(ctl, prefix, mkey, &s);
@@ -1944,6 +2044,8 @@ out:
     free(s.replaces);
     free(s.old_raw);
     free(s.in_old);
+    free(s.old_files);
+    prior_marks_fini(&s.prior);
     free(s.def); /* every upload in it was completed or aborted */
     struct manifest m2 = {s.files, s.n, 0, ""};
     manifest_fini(&m2);
@@ -3252,17 +3354,31 @@ struct live_ctx {
     bool unknown;
 };
 
+/* Only what is directly in the directory: a set pushed below it is another push's. */
 static int see_live_key(void *arg, const char *key, uint64_t size, int64_t mtime)
 {
     struct live_ctx *v = arg;
     (void)size;
     char id[33];
-    if (dir_len(key) == v->dl && mark_name(key_base(key), id))
+    if (dir_len(key) != v->dl)
+        return 0;
+    if (mark_name(key_base(key), id))
         v->mark = true;
     v->unknown |= mtime < 0;
     if (mtime > v->newest)
         v->newest = mtime;
     return 0;
+}
+
+struct live_uploads {
+    struct prefix_uploads up;
+    size_t dl;
+};
+
+static int see_live_upload(void *arg, const char *key, const char *id, int64_t started)
+{
+    struct live_uploads *u = arg;
+    return dir_len(key) == u->dl ? see_upload(&u->up, key, id, started) : 0;
 }
 
 /* Is a set push running at the directory of `key`? Its mark is there, and something under that
@@ -3278,14 +3394,14 @@ static bool push_running_at(struct leftover_ctx *l, const char *key)
     if (!lp)
         return true;
     struct live_ctx v = {.dl = dl, .newest = -1};
-    struct prefix_uploads up = {.c = l->c, .newest = -1};
+    struct live_uploads lu = {.up = {.c = l->c, .newest = -1}, .dl = dl};
     bool running = true;
     if (vmsnap_store_list(l->c, lp, see_live_key, &v, NULL) == 0) {
         running = v.mark;
-        if (running && vmsnap_store_list_uploads(l->c, lp, see_upload, &up, NULL) == 0) {
-            int64_t newest = VMSNAP_MAX(v.newest, up.newest);
+        if (running && vmsnap_store_list_uploads(l->c, lp, see_live_upload, &lu, NULL) == 0) {
+            int64_t newest = VMSNAP_MAX(v.newest, lu.up.newest);
             running =
-                v.unknown || up.unknown || newest < 0 || !old_enough(l->gc, age_of(l, newest));
+                v.unknown || lu.up.unknown || newest < 0 || !old_enough(l->gc, age_of(l, newest));
         }
     }
     free(lp);

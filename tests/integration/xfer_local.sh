@@ -507,6 +507,44 @@ rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset
 [ "$(ls -A "$S/sets/in" | tr '\n' ' ')" = "manifest.json memory-ranges.zstd state.json.zstd " ] ||
     fail "the interrupted push over a set left: $(ls -A "$S/sets/in")"
 
+# ... also when a push killed earlier left its mark there (it counted as another push running,
+# and the old set was lost)
+VMSNAP_FAILPOINT=push-marked "$VMSNAP" -q push "$T/iset2" "$S/sets/in" 2>/dev/null && fail "the push to be killed was not"
+ls "$S"/sets/in/vmsnap-push-*.json >/dev/null 2>&1 || fail "the killed push left no mark"
+env --default-signal=INT "$VMSNAP" push -j 1 --part-size 64K --max-memory 128K "$T/iset2" \
+    "$S/sets/in" 2>"$T/ierr" &
+ipid=$!
+for _ in $(seq 1 200); do
+    ls -A "$S/sets/in" 2>/dev/null | grep -q 'mpu-' && break
+    sleep 0.05
+done
+kill -INT $ipid
+rc=0 && wait $ipid || rc=$?
+[ $rc = 1 ] && grep -q "the set this push was replacing is in place again" "$T/ierr" ||
+    fail "interrupted push over a set beside an old mark: exit $rc: $(cat "$T/ierr")"
+rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset" "$T/iout" >/dev/null ||
+    fail "the set an interrupted push was replacing (beside an old mark) does not pull back"
+# ... and when an object of a new name cannot be removed (a directory in its place): the set is
+# put back all the same, the mark stays for gc (it removed the old set)
+mkdir -p "$S/sets/in/new-name.zstd/x"
+expect_fail "push over a set where an object cannot be written" "$VMSNAP" push "$T/iset2" "$S/sets/in"
+grep -q "the set this push was replacing is in place again" "$T/err" || fail "undeletable new name: $(cat "$T/err")"
+rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset" "$T/iout" >/dev/null ||
+    fail "the set a push with an unremovable new name was replacing does not pull back"
+rm -rf "$S/sets/in/new-name.zstd"
+# a push to a set below another (P/sub) is not disturbed by a push to P: P's sweep of leftover
+# uploads left alone what is below it (it aborted the held uploads of the push to P/sub)
+"$VMSNAP" -q push "$T/iset" "$S/sets/in/daily" || fail "push of the nested set"
+VMSNAP_FAILPOINT=push-completing:stop "$VMSNAP" -q push "$T/iset2" "$S/sets/in/daily" 2>"$T/nerr" &
+npid=$!
+wait_stopped $npid 60 || fail "the nested push did not stop before its completions"
+"$VMSNAP" -q push "$T/iset" "$S/sets/in" || fail "push to the parent of a stopped push"
+kill -CONT $npid
+wait $npid || fail "the nested push, after a push to its parent: $(cat "$T/nerr")"
+rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in/daily" "$T/iout" && diff -r "$T/iset2" "$T/iout" >/dev/null ||
+    fail "the nested set pushed beside a push to its parent does not pull back"
+rm -rf "$S/sets/in"
+
 # gc (the default --older-than 1h, as from cron) during a long push over a set: the uploads of
 # the old set's names idle until the last file is uploaded; gc keeps them while the push is
 # active at that prefix (it aborted them, and the push then removed both sets). Their files

@@ -216,6 +216,20 @@ rm -rf "$T/cc.out" && "$VMSNAP" -q pull "s3://$BUCKET/uc" "$T/cc.out" && diff -r
     fail "the set whose completion answer was lost does not pull back"
 "$VMSNAP" -q rm "s3://$BUCKET/uc" || fail "rm uc"
 
+# every completion fails (503s to the end of its retries; RGW answers the completion of an
+# aborted upload with a 500 as well) and the key still holds the old set's object: nothing was
+# stored over, the old set is put back (only 'no such upload' counted: both sets were removed)
+"$VMSNAP" -q push "$T/k1" "s3://$BUCKET/kc" || fail "push of the set for the failed completion"
+start_proxy "K1+:503"
+VMSNAP_S3_ATTEMPTS=2 expect_fail "push whose completions all fail" \
+    "$VMSNAP" push --endpoint "$PEP" "$T/k2" "s3://$BUCKET/kc"
+stop_proxy
+grep -q "the set this push was replacing is in place again" "$T/err" || fail "completions failing: $(cat "$T/err")"
+rm -rf "$T/kc.out" && "$VMSNAP" -q pull "s3://$BUCKET/kc" "$T/kc.out" && diff -r "$T/k1" "$T/kc.out" >/dev/null ||
+    fail "the set whose replacing push's completions failed was not put back"
+[ "$(uploads_left)" = 0 ] || fail "failed completions left uploads"
+"$VMSNAP" -q rm "s3://$BUCKET/kc" || fail "rm kc"
+
 stop_proxy
 for k in f base nb nc; do OUT=/dev/null s3curl DELETE "$BUCKET/$k" >/dev/null; done
 done_tests
