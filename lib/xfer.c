@@ -899,10 +899,17 @@ static void prior_marks_fini(struct prior_marks *p)
     memset(p, 0, sizeof(*p));
 }
 
+/* A mark there before this push, unchanged since, and older than gc's default --older-than: a
+ * killed push's. A younger one may be a push running now (started just before this one: its
+ * mark changes only when it names what it replaces), so it still counts. */
+#define PRIOR_MARK_DEAD_SECONDS 3600
+
 static bool prior_mark(const struct prior_marks *p, const char *key, int64_t mtime)
 {
+    int64_t now = (int64_t)time(NULL);
     for (size_t i = 0; p && i < p->n; i++)
-        if (!strcmp(p->keys[i], key) && p->mtimes[i] == mtime && mtime >= 0)
+        if (!strcmp(p->keys[i], key) && p->mtimes[i] == mtime && mtime >= 0 &&
+            now - mtime >= PRIOR_MARK_DEAD_SECONDS)
             return true;
     return false;
 }
@@ -1474,22 +1481,35 @@ static void def_run(struct xtask *xt, struct vmsnap_store_conn *c)
     int rc = k ? 0 : vmsnap_err_set(&t->err, ENOMEM, "out of memory");
     if (rc == 0 && !t->abort)
         rc = vmsnap_store_mpu_complete(c, k, d->upload_id, d->parts, d->nparts, &t->err);
+    bool dead = false;               /* the upload can no longer complete */
     if (k && (t->abort || rc < 0)) { /* first, so that it cannot complete later */
         struct vmsnap_err ae = {0};
-        if (vmsnap_store_mpu_abort(c, k, d->upload_id, &ae) < 0 && ae.code != ENOENT)
+        int arc = vmsnap_store_mpu_abort(c, k, d->upload_id, &ae);
+        dead = arc == 0 || arc == -ENOENT;
+        if (!dead)
             vlog(VMSNAP_LOG_WARN, "cannot abort the upload of %s (run 'vmsnap gc'): %s", k, ae.msg);
     }
+    /* the same content as the old set's object (an unchanged file): the key holds the old
+     * object whatever happened */
+    bool same = old->detail && old->table_digest && mine->object_size == old->object_size &&
+                !strcmp(mine->sha256, old->sha256);
     if (k && !t->abort && rc < 0) {
         /* A failed completion (no such upload: aborted meanwhile, or completed by an attempt
          * whose answer was lost; RGW's 500 "already in progress" for an aborted one; a store
-         * gone) is judged by what the key holds: this push's object (its tableSha256) means
-         * completed; the old set's object means not stored over; anything else, stored over. */
+         * gone) is judged, once the upload is dead, by what the key holds: this push's object
+         * (its tableSha256) means completed; the old set's object (or, for an old entry without
+         * a table digest, any other object: this completion was this push's only write there)
+         * means not stored over; anything else, or an upload that may still complete, stored
+         * over. */
         struct vmsnap_err ce = {0};
-        if (check_object(t->s->x, c, k, mine, &ce) == 0) {
+        int mrc = check_object(t->s->x, c, k, mine, &ce);
+        if (mrc == 0) {
             vmsnap_err_clear(&t->err);
             rc = 0;
-        } else if (old->detail && old->table_digest && check_object(t->s->x, c, k, old, &ce) == 0) {
-            t->old_intact = true;
+        } else if (dead && old->detail && old->table_digest) {
+            t->old_intact = check_object(t->s->x, c, k, old, &ce) == 0;
+        } else if (dead) {
+            t->old_intact = mrc == -ESTALE;
         }
         if (rc == -ENOENT)
             vmsnap_err_wrap(&t->err,
@@ -1498,6 +1518,8 @@ static void def_run(struct xtask *xt, struct vmsnap_store_conn *c)
         if (rc < 0)
             vmsnap_err_wrap(&t->err, "push %s: ", mine->name);
     }
+    if (same && rc == 0)
+        t->old_intact = true;
     if (k) { /* a retried CreateMultipartUpload may have left another upload of this key */
         struct leftover_ctx l = {.exact = k, .c = c};
         (void)vmsnap_store_list_uploads(c, k, abort_leftover, &l, NULL);
@@ -1555,9 +1577,8 @@ static int finish_deferred(struct set_push *s, bool abort, struct vmsnap_err *er
         pthread_cond_wait(&cv, &mu);
     pthread_mutex_unlock(&mu);
     cancel_release();
-    size_t done = 0, intact = 0;
+    size_t intact = 0;
     for (size_t j = 0; j < n; j++) {
-        done += ts[j].rc == 0;
         intact += ts[j].old_intact;
         if (ts[j].rc < 0 && rc == 0) {
             rc = ts[j].rc;
@@ -1565,9 +1586,9 @@ static int finish_deferred(struct set_push *s, bool abort, struct vmsnap_err *er
                 *err = ts[j].err;
         }
     }
-    /* every completion failed and every key still holds the old set's object: none was stored
-     * over, the old set is whole and can be put back */
-    if (!abort && done == 0 && intact == n)
+    /* every key still holds the old set's object (its completion failed, or stored the same
+     * content): none was stored over, the old set is whole and can be put back */
+    if (!abort && rc < 0 && intact == n)
         s->overwrote = false;
     free(ts);
     pthread_mutex_destroy(&mu);
@@ -1605,14 +1626,21 @@ static bool restore_old(struct vmsnap_store_conn *ctl, const char *prefix, const
         if (delete_set_object(ctl, prefix, s->files[i].name, url, "") < 0)
             left = true;
     }
-    if (ok && prefix_busy_but(ctl, lp, mkey, s->mark_key, &s->prior) == 0) {
+    /* a few tries, each right after a listing (no back-off between listing and PUT): one
+     * transient failure must not turn into the loss of the set */
+    for (unsigned a = 0; ok && !back && a < 4; a++) {
+        if (a) {
+            long ms = 250L << a;
+            struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        if (prefix_busy_but(ctl, lp, mkey, s->mark_key, &s->prior) != 0)
+            break;
         vmsnap_err_clear(&e);
-        ctl->one_attempt = true; /* no back-off between the listing and the PUT */
-        int prc = vmsnap_store_put(ctl, mkey, s->old_raw, s->old_raw_len, &e);
+        ctl->one_attempt = true;
+        back = vmsnap_store_put(ctl, mkey, s->old_raw, s->old_raw_len, &e) == 0;
         ctl->one_attempt = false;
-        if (prc == 0)
-            back = true;
-        else
+        if (!back)
             vlog(VMSNAP_LOG_WARN, "%s: cannot put back the set this push was replacing: %s", url,
                  e.msg);
     }

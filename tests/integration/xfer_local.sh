@@ -511,6 +511,7 @@ rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset
 # and the old set was lost)
 VMSNAP_FAILPOINT=push-marked "$VMSNAP" -q push "$T/iset2" "$S/sets/in" 2>/dev/null && fail "the push to be killed was not"
 ls "$S"/sets/in/vmsnap-push-*.json >/dev/null 2>&1 || fail "the killed push left no mark"
+touch -d '2 hours ago' "$S"/sets/in/vmsnap-push-*.json # a younger one may be a push running now
 env --default-signal=INT "$VMSNAP" push -j 1 --part-size 64K --max-memory 128K "$T/iset2" \
     "$S/sets/in" 2>"$T/ierr" &
 ipid=$!
@@ -524,6 +525,20 @@ rc=0 && wait $ipid || rc=$?
     fail "interrupted push over a set beside an old mark: exit $rc: $(cat "$T/ierr")"
 rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset" "$T/iout" >/dev/null ||
     fail "the set an interrupted push was replacing (beside an old mark) does not pull back"
+# ... and when its uploads are gone at completion time (aborted meanwhile) while one file is
+# unchanged (its object the same as the old one's): every key holds the old set's object, the
+# set is put back (the unchanged file counted as stored over, and both sets were lost)
+mkdir -p "$T/uset" && cp "$T/iset/state.json" "$T/uset/" && mk "$T/uset/memory-ranges" $((1024 * 1024))
+VMSNAP_FAILPOINT=push-completing:stop "$VMSNAP" push "$T/uset" "$S/sets/in" 2>"$T/uerr" &
+upid=$!
+wait_stopped $upid 60 || fail "the push with an unchanged file did not stop before its completions"
+rm -f "$S"/sets/in/.*.mpu-*
+kill -CONT $upid
+rc=0 && wait $upid || rc=$?
+[ $rc = 1 ] && grep -q "the set this push was replacing is in place again" "$T/uerr" ||
+    fail "uploads gone, one file unchanged: exit $rc: $(cat "$T/uerr")"
+rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset" "$T/iout" >/dev/null ||
+    fail "the set whose replacing push lost its uploads (one file unchanged) does not pull back"
 # ... and when an object of a new name cannot be removed (a directory in its place): the set is
 # put back all the same, the mark stays for gc (it removed the old set)
 mkdir -p "$S/sets/in/new-name.zstd/x"
