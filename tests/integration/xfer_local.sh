@@ -22,6 +22,22 @@ kill_push_mid_upload() {
     wait $pid 2>/dev/null || true
 }
 
+# interrupt_push_mid_upload SRC DEST: push SRC over the set at DEST in 64 KiB parts, send it
+# SIGINT (as a Ctrl-C) once an upload is under way there (the set is un-committed by then); its
+# exit status in $irc, its stderr in $T/ierr
+interrupt_push_mid_upload() {
+    env --default-signal=INT "$VMSNAP" push -j 1 --part-size 64K --max-memory 128K "$1" "$2" \
+        2>"$T/ierr" &
+    local pid=$!
+    for _ in $(seq 1 200); do
+        ls -A "$2" 2>/dev/null | grep -q 'mpu-' && break
+        sleep 0.05
+    done
+    [ -e "$2/manifest.json" ] && fail "test did not catch the push to $2 after its un-commit"
+    kill -INT $pid
+    irc=0 && wait $pid || irc=$?
+}
+
 # a mistyped URL is refused, not taken for a relative path (it made ./s3:/bucket/key)
 echo x >"$T/u1"
 cd "$T"
@@ -489,17 +505,8 @@ mkdir -p "$T/iset" && mk "$T/iset/memory-ranges" $((1024 * 1024)) && echo s1 >"$
 cp "$S/sets/in/manifest.json" "$T/in.manifest"
 mkdir -p "$T/iset2" && mk "$T/iset2/memory-ranges" $((32 * 1024 * 1024)) &&
     echo s2 >"$T/iset2/state.json" && echo n >"$T/iset2/new-name"
-env --default-signal=INT "$VMSNAP" push -j 1 --part-size 64K --max-memory 128K "$T/iset2" \
-    "$S/sets/in" 2>"$T/ierr" &
-ipid=$!
-for _ in $(seq 1 200); do
-    ls -A "$S/sets/in" 2>/dev/null | grep -q 'mpu-' && break
-    sleep 0.05
-done
-[ -e "$S/sets/in/manifest.json" ] && fail "test did not catch the push over a set after its un-commit"
-kill -INT $ipid
-rc=0 && wait $ipid || rc=$?
-[ $rc = 1 ] || fail "the interrupted push over a set: exit $rc: $(cat "$T/ierr")"
+interrupt_push_mid_upload "$T/iset2" "$S/sets/in"
+[ $irc = 1 ] || fail "the interrupted push over a set: exit $irc: $(cat "$T/ierr")"
 grep -q "the set this push was replacing is in place again" "$T/ierr" || fail "interrupted push over a set: $(cat "$T/ierr")"
 cmp -s "$T/in.manifest" "$S/sets/in/manifest.json" || fail "the interrupted push did not put the old manifest back"
 rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset" "$T/iout" >/dev/null ||
@@ -512,17 +519,9 @@ rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset
 VMSNAP_FAILPOINT=push-marked "$VMSNAP" -q push "$T/iset2" "$S/sets/in" 2>/dev/null && fail "the push to be killed was not"
 ls "$S"/sets/in/vmsnap-push-*.json >/dev/null 2>&1 || fail "the killed push left no mark"
 touch -d '2 hours ago' "$S"/sets/in/vmsnap-push-*.json # a younger one may be a push running now
-env --default-signal=INT "$VMSNAP" push -j 1 --part-size 64K --max-memory 128K "$T/iset2" \
-    "$S/sets/in" 2>"$T/ierr" &
-ipid=$!
-for _ in $(seq 1 200); do
-    ls -A "$S/sets/in" 2>/dev/null | grep -q 'mpu-' && break
-    sleep 0.05
-done
-kill -INT $ipid
-rc=0 && wait $ipid || rc=$?
-[ $rc = 1 ] && grep -q "the set this push was replacing is in place again" "$T/ierr" ||
-    fail "interrupted push over a set beside an old mark: exit $rc: $(cat "$T/ierr")"
+interrupt_push_mid_upload "$T/iset2" "$S/sets/in"
+[ $irc = 1 ] && grep -q "the set this push was replacing is in place again" "$T/ierr" ||
+    fail "interrupted push over a set beside an old mark: exit $irc: $(cat "$T/ierr")"
 rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset" "$T/iout" >/dev/null ||
     fail "the set an interrupted push was replacing (beside an old mark) does not pull back"
 # ... and when its uploads are gone at completion time (aborted meanwhile) while one file is
