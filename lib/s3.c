@@ -14,6 +14,7 @@
 #include "sigv4_int.h"
 #include "store_int.h"
 
+#include "sys/sys.h"
 #include "util/util.h"
 
 #include <ctype.h>
@@ -290,13 +291,6 @@ static uint64_t rng_next(uint64_t *s)
     x ^= x >> 27;
     *s = x;
     return x * 0x2545F4914F6CDD1DULL;
-}
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
 }
 
 static int cmp_q(const void *a, const void *b)
@@ -690,7 +684,7 @@ static int perform(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
              r->method, cfg->bucket, r->key, j, err ? err->msg : "");
         for (unsigned left = j; left > 0 && !(req_abortable(r) && cancel_pending());) {
             unsigned k = left < 100 ? left : 100; /* a cancel is seen within 0.1 s */
-            sleep_ms(k);
+            sys_sleep_ms(k);
             left -= k;
         }
         if (req_abortable(r) && (rc = cancel_check(err)) < 0)

@@ -17,6 +17,7 @@
  */
 #include "vmm_int.h"
 
+#include "sys/sys.h"
 #include "util/util.h"
 
 #include <limits.h>
@@ -43,12 +44,6 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 int qemu_opt_escape(const char *s, char *out, size_t len)
@@ -286,7 +281,7 @@ static int qmp_open(struct vmsnap_vmm *v, struct qmp *q, double timeout, struct 
             rc = vmsnap_err_set(err, e, "QMP connect %s: %s", v->qmp_sock, strerror(e));
             goto fail;
         }
-        sleep_ms(20);
+        sys_sleep_ms(20);
     }
     char *line;
     rc = qmp_readline(q, now() + QMP_TIMEOUT, &line, err); /* greeting */
@@ -612,7 +607,7 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
                                   timeout ? "did not open its QMP socket in 30 s" : "exited",
                                   tail[0] ? tail : e2.msg, hint);
         }
-        sleep_ms(20);
+        sys_sleep_ms(20);
     }
     vlog(VMSNAP_LOG_DEBUG, "QEMU started for %s (pid %d, accel %s)", v->run_dir, (int)read_pid(v),
          v->accel);
@@ -663,7 +658,7 @@ static int wait_migration(struct qmp *q, const char *what, struct vmsnap_err *er
         json_object_put(ret);
         if (now() > deadline)
             return vmsnap_err_set(err, ETIMEDOUT, "%s: migration not done after 300 s", what);
-        sleep_ms(ms);
+        sys_sleep_ms(ms);
         ms = ms < 50 ? ms * 2 : 50;
     }
 }
@@ -774,7 +769,7 @@ static bool wait_gone(struct vmsnap_vmm *v, pid_t pid, double secs)
     while (pid_is_ours(v, pid)) {
         if (now() > deadline)
             return false;
-        sleep_ms(10);
+        sys_sleep_ms(10);
     }
     return true;
 }

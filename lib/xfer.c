@@ -555,6 +555,8 @@ struct leftover_ctx {
     const char *exact; /* abort uploads of this key only; NULL: every upload listed */
     const char *under; /* or: of this key and the keys under it ("K/..."), not "K1/..." */
     const char *in;    /* and only of keys directly in this prefix ("P/name", not "P/sub/x") */
+    char *live_dir;    /* gc: the directory push_running_at last looked at, and its answer */
+    bool live;
     struct vmsnap_store_conn *c;
     unsigned n;
     const struct vmsnap_gc_opts *gc; /* gc: its selection and report; NULL: abort every one */
@@ -1629,11 +1631,8 @@ static bool restore_old(struct vmsnap_store_conn *ctl, const char *prefix, const
     /* a few tries, each right after a listing (no back-off between listing and PUT): one
      * transient failure must not turn into the loss of the set */
     for (unsigned a = 0; ok && !back && a < 4; a++) {
-        if (a) {
-            long ms = 250L << a;
-            struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-            nanosleep(&ts, NULL);
-        }
+        if (a)
+            sys_sleep_ms(250u << a);
         if (prefix_busy_but(ctl, lp, mkey, s->mark_key, &s->prior) != 0)
             break;
         vmsnap_err_clear(&e);
@@ -3416,11 +3415,15 @@ static int see_live_upload(void *arg, const char *key, const char *id, int64_t s
 static bool push_running_at(struct leftover_ctx *l, const char *key)
 {
     size_t dl = dir_len(key);
+    /* uploads come listed by key: a directory's are asked about once */
+    if (l->live_dir && strlen(l->live_dir) == dl && !strncmp(l->live_dir, key, dl))
+        return l->live;
     char *dir = strndup(key, dl);
     char *lp = dir ? join_key(dir, "") : NULL;
-    free(dir);
-    if (!lp)
+    if (!lp) {
+        free(dir);
         return true;
+    }
     struct live_ctx v = {.dl = dl, .newest = -1};
     struct live_uploads lu = {.up = {.c = l->c, .newest = -1}, .dl = dl};
     bool running = true;
@@ -3433,6 +3436,9 @@ static bool push_running_at(struct leftover_ctx *l, const char *key)
         }
     }
     free(lp);
+    free(l->live_dir);
+    l->live_dir = dir;
+    l->live = running;
     return running;
 }
 
@@ -3680,6 +3686,7 @@ int vmsnap_xfer_gc(const char *url, const struct vmsnap_gc_opts *g,
                                          .kept = l.kept,
                                          .unknown_age = l.unknown,
                                          .failed = l.failed};
+    free(l.live_dir);
     vmsnap_store_conn_free(c);
     xfer_fini(&x, false);
     free(key);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 ssize_t sys_pread_full(int fd, void *buf, size_t len, uint64_t off)
@@ -61,6 +62,13 @@ int sys_write_full(int fd, const void *buf, size_t len)
         done += (size_t)n;
     }
     return 0;
+}
+
+void sys_sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
 }
 
 unsigned sys_cpus(void)

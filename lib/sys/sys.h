@@ -18,6 +18,8 @@ int sys_write_full(int fd, const void *buf, size_t len);
 
 /* Online CPUs (at least 1). */
 unsigned sys_cpus(void);
+/* Sleep `ms` milliseconds (the whole time: resumed after a signal). */
+void sys_sleep_ms(unsigned ms);
 
 /* A file created under a temporary name beside `path` and renamed onto it by commit.
  * Abort (or a failed commit) unlinks the temporary file; nothing appears at `path`. */
