@@ -13,6 +13,11 @@
  *
  * Memory: each worker owns one content buffer (<= frame_size + headers) and a window of
  * threads + 1 compressed frames waits for the writer, so at most about 2 x threads x frame_size.
+ * Buffers are anonymous mappings kept across ranges. With a budget (opts->mem, a push's
+ * --max-memory) every buffer is charged by its size: a range waits for the budget to take
+ * more, unless it is the range the writer waits for next (that one never waits, so the output
+ * always moves); a frame's buffer shrinks to the frame once compressed; and while more is
+ * charged than the budget allows, buffers are given back after each use instead of kept.
  */
 #include "image_int.h"
 #include "sys/sys.h"
@@ -25,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -32,12 +38,18 @@
 
 enum slot_state { SLOT_FREE, SLOT_BUSY, SLOT_DONE };
 
+/* A buffer kept across ranges: an anonymous mapping (not the C heap, whose per-thread arenas
+ * keep what is freed), charged by its size to the budget when there is one. */
+struct ebuf {
+    uint8_t *p;
+    size_t cap;
+};
+
 struct slot {
     enum slot_state state;
     int rc;
     struct vmsnap_err err;
-    uint8_t *cbuf; /* compressed frame buffer, kept across uses of the slot */
-    size_t ccap;
+    struct ebuf c; /* compressed frame, kept across uses of the slot */
     size_t clen;
     bool has_frame;              /* false for a range without data */
     bool reused;                 /* the frame is the base's */
@@ -49,7 +61,7 @@ struct slot {
 
 /* The records of one range, built in the worker's buffer. */
 struct recs {
-    size_t len; /* bytes of records in w->buf (0: the range has no data) */
+    size_t len; /* bytes of records in w->b.p (0: the range has no data) */
     uint64_t populated, extents, zero;
 };
 
@@ -82,7 +94,8 @@ struct enc {
     uint64_t written;       /* ranges consumed by the writer */
     unsigned window;
     struct slot *slots;
-    bool abort;
+    bool abort;                        /* set under mu (set_abort); gate_stop reads it without */
+    const struct vmsnap_pack_mem *mem; /* budget for the buffers; NULL: none */
 };
 
 struct extent {
@@ -93,11 +106,92 @@ struct extent {
 struct worker {
     struct enc *e;
     ZSTD_CCtx *cctx;
-    uint8_t *buf;
-    size_t cap;
+    struct ebuf b; /* the records of the range being encoded */
     struct extent *ext;
     size_t next_cap;
+    uint64_t cur; /* that range (gate_stop) */
+    bool wait;    /* may wait for the budget (not the writer's) */
 };
+
+/* With a budget: a range's buffer stops waiting for it when the range is the one the writer
+ * waits for (everything held waits for that one, directly or not), or when the encode stops.
+ * Called by the waiting thread. */
+static bool gate_stop(void *ctx)
+{
+    const struct worker *w = ctx;
+    return __atomic_load_n(&w->e->abort, __ATOMIC_ACQUIRE) ||
+           w->cur <= __atomic_load_n(&w->e->written, __ATOMIC_ACQUIRE);
+}
+
+#define EBUF_STEP ((size_t)1 << 20)
+
+static size_t ebuf_round(size_t len)
+{
+    return len ? (len + EBUF_STEP - 1) / EBUF_STEP * EBUF_STEP : 0;
+}
+
+static void ebuf_trim(const struct enc *e, struct ebuf *b, size_t keep);
+
+/* Make `b` hold at least `len` bytes (what it held is lost). With a budget, a buffer too small
+ * is given back first (nothing waits holding it) and the new one charged before it is mapped:
+ * for worker `gw` that waits while the budget is spent (see gate_stop); NULL: never waits. */
+static int ebuf_reserve(const struct enc *e, struct ebuf *b, size_t len, struct worker *gw,
+                        struct vmsnap_err *err)
+{
+    if (len <= b->cap)
+        return 0;
+    size_t cap = ebuf_round(len);
+    void *np;
+    if (e->mem) {
+        ebuf_trim(e, b, 0);
+        e->mem->acquire(e->mem->arg, cap, gw && gw->wait, gate_stop, gw);
+        np = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (np == MAP_FAILED)
+            e->mem->release(e->mem->arg, cap);
+    } else {
+        np = b->p ? mremap(b->p, b->cap, cap, MREMAP_MAYMOVE)
+                  : mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    }
+    if (np == MAP_FAILED)
+        return vmsnap_err_set(err, ENOMEM, "out of memory (%zu bytes for a range)", cap);
+    b->p = np;
+    b->cap = cap;
+    return 0;
+}
+
+/* Keep only the first `keep` bytes of `b` (whole steps; 0: unmap it) and uncharge the rest. */
+static void ebuf_trim(const struct enc *e, struct ebuf *b, size_t keep)
+{
+    size_t cap = ebuf_round(keep);
+    if (cap >= b->cap)
+        return;
+    if (cap == 0) {
+        munmap(b->p, b->cap);
+        b->p = NULL;
+    } else if (mremap(b->p, b->cap, cap, 0) == MAP_FAILED) {
+        return; /* (shrinking in place does not fail) */
+    }
+    if (e->mem)
+        e->mem->release(e->mem->arg, b->cap - cap);
+    b->cap = cap;
+}
+
+/* After a use: kept for the next range, unless more is charged than the budget allows or
+ * another range waits for it. */
+static void ebuf_settle(const struct enc *e, struct ebuf *b)
+{
+    if (e->mem && e->mem->over(e->mem->arg))
+        ebuf_trim(e, b, 0);
+}
+
+/* Set the abort flag (under e->mu) and wake whatever waits for it. */
+static void set_abort(struct enc *e)
+{
+    __atomic_store_n(&e->abort, true, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&e->cv_work);
+    if (e->mem)
+        e->mem->kick(e->mem->arg);
+}
 
 /* True when `len` bytes at p are all zero: 64 bytes per step, stop at the first non-zero word. */
 static bool all_zero(const uint8_t *p, size_t len)
@@ -153,50 +247,46 @@ static int set_cparams(ZSTD_CCtx *cctx, int level)
     return ZSTD_isError(r) ? -EINVAL : 0;
 }
 
-/* Compress `len` bytes into *out, grown to the compress bound when too small, as a frame carrying
+/* The buffer compress_frame needs for `len` bytes. */
+static size_t frame_bound(size_t len)
+{
+    return ZSTD_compressBound(len) + 4;
+}
+
+/* Compress `len` bytes into `out` (frame_bound(len) bytes) as a frame carrying
  * zstd's content checksum. `checksum` is the caller's XXH64 of `src` (seed 0), which is what zstd
  * would hash: zstd compresses without its own pass over the data, and the frame gets the checksum
  * flag (bit 2 of the frame header descriptor, right after the magic) and the hash's low 32 bits
  * after its last block, byte for byte the frame zstd itself would write. The buffer is reused
  * across calls, so its pages are faulted in once per slot rather than once per frame. */
 static int compress_frame(ZSTD_CCtx *cctx, int level, const uint8_t *src, size_t len,
-                          uint64_t checksum, uint8_t **out, size_t *cap, size_t *out_len,
-                          struct vmsnap_err *err)
+                          uint64_t checksum, uint8_t *out, size_t *out_len, struct vmsnap_err *err)
 {
     if (set_cparams(cctx, level) < 0)
         return vmsnap_err_set(err, EINVAL, "zstd: cannot set level %d", level);
-    size_t need = ZSTD_compressBound(len) + 4;
-    if (need > *cap) {
-        free(*out);
-        *out = malloc(need);
-        *cap = *out ? need : 0;
-        if (!*out)
-            return vmsnap_err_set(err, ENOMEM, "out of memory (%zu bytes for a frame)", need);
-    }
-    size_t n = ZSTD_compress2(cctx, *out, *cap - 4, src, len);
+    size_t n = ZSTD_compress2(cctx, out, frame_bound(len) - 4, src, len);
     if (ZSTD_isError(n))
         return vmsnap_err_set(err, EIO, "zstd compress: %s", ZSTD_getErrorName(n));
-    if (n < 6 || get_le32(*out) != ZSTD_MAGICNUMBER || (*out)[4] & 0x04)
+    if (n < 6 || get_le32(out) != ZSTD_MAGICNUMBER || out[4] & 0x04)
         return vmsnap_err_set(err, EIO, "zstd compress: unexpected frame header");
-    (*out)[4] |= 0x04;
-    put_le32(*out + n, (uint32_t)checksum);
+    out[4] |= 0x04;
+    put_le32(out + n, (uint32_t)checksum);
     *out_len = n + 4;
     return 0;
 }
 
-static int reserve(struct worker *w, size_t need, struct vmsnap_err *err)
+/* Compress the records `len` bytes at `src` into slot buffer `c` (grown as needed, charged
+ * for worker `gw`, see ebuf_reserve); with a budget, `c` then shrinks to the frame. */
+static int compress_into(const struct enc *e, ZSTD_CCtx *cctx, const uint8_t *src, size_t len,
+                         uint64_t checksum, struct ebuf *c, size_t *out_len, struct worker *gw,
+                         struct vmsnap_err *err)
 {
-    if (need <= w->cap)
-        return 0;
-    size_t cap = w->cap ? w->cap : (1u << 20);
-    while (cap < need)
-        cap *= 2;
-    uint8_t *b = realloc(w->buf, cap);
-    if (!b)
-        return vmsnap_err_set(err, ENOMEM, "out of memory (%zu bytes for a range)", cap);
-    w->buf = b;
-    w->cap = cap;
-    return 0;
+    int rc = ebuf_reserve(e, c, frame_bound(len), gw, err);
+    if (rc == 0)
+        rc = compress_frame(cctx, e->level, src, len, checksum, c->p, out_len, err);
+    if (rc == 0 && e->mem)
+        ebuf_trim(e, c, *out_len);
+    return rc;
 }
 
 /* Write the record {off, len} at *o, its data moved from `from` (never before *o + 16: an
@@ -252,7 +342,7 @@ static int find_extents(struct worker *w, uint64_t start, uint64_t end, size_t *
 }
 
 /*
- * Build the records of range `idx` in w->buf. For each extent we reserve a header, read the data
+ * Build the records of range `idx` in w->b.p. For each extent we reserve a header, read the data
  * behind it, then (when eliding) rewrite it as runs of non-zero blocks. Blocks are aligned to
  * absolute 4 KiB source pages, so the edges of an unaligned extent are partial blocks. Drops the
  * range's clean page cache afterwards when `drop` (and the encoder drops cache at all).
@@ -274,16 +364,16 @@ static int build_records(struct worker *w, uint64_t idx, bool drop, struct recs 
         need += REC_HDR_LEN + w->ext[i].len;
     if (need == 0)
         return 0;
-    rc = reserve(w, need, err);
+    rc = ebuf_reserve(e, &w->b, need, w, err);
     if (rc < 0)
         return rc;
 
-    size_t o = 0; /* write position in w->buf */
+    size_t o = 0; /* write position in w->b.p */
     uint64_t populated = 0, extents = 0, zero = 0;
     for (size_t i = 0; i < n; i++) {
         const uint64_t d = w->ext[i].off, len = w->ext[i].len;
         const size_t p = o + REC_HDR_LEN; /* where this extent's data is read to */
-        ssize_t got = sys_pread_full(e->fd, w->buf + p, len, d);
+        ssize_t got = sys_pread_full(e->fd, w->b.p + p, len, d);
         if (got < 0)
             return vmsnap_err_set(err, (int)-got, "%s: read %llu bytes at offset %llu: %s", e->name,
                                   (unsigned long long)len, (unsigned long long)d,
@@ -293,7 +383,7 @@ static int build_records(struct worker *w, uint64_t idx, bool drop, struct recs 
                                   "%s: file shrank while reading (offset %llu): is it in use?",
                                   e->name, (unsigned long long)(d + (uint64_t)got));
         if (!e->elide) {
-            put_record(w->buf, &o, d, p, len);
+            put_record(w->b.p, &o, d, p, len);
             populated += len;
             extents++;
             continue;
@@ -305,9 +395,9 @@ static int build_records(struct worker *w, uint64_t idx, bool drop, struct recs 
             const bool at_end = b == d + len;
             const uint64_t bend =
                 at_end ? b : VMSNAP_MIN((b / VMSNAP_IMAGE_PAGE + 1) * VMSNAP_IMAGE_PAGE, d + len);
-            const bool z = !at_end && all_zero(w->buf + p + (b - d), bend - b);
+            const bool z = !at_end && all_zero(w->b.p + p + (b - d), bend - b);
             if (in_run && (z || at_end)) {
-                put_record(w->buf, &o, run_start, p + (run_start - d), b - run_start);
+                put_record(w->b.p, &o, run_start, p + (run_start - d), b - run_start);
                 populated += b - run_start;
                 extents++;
                 in_run = false;
@@ -371,9 +461,9 @@ static int encode_range(struct worker *w, uint64_t idx, struct slot *s)
     if (r.len == 0)
         return 0; /* all zero: no frame */
     s->has_frame = true;
-    s->fi.checksum = XXH64(w->buf, r.len, 0);
-    rc = compress_frame(w->cctx, e->level, w->buf, r.len, s->fi.checksum, &s->cbuf, &s->ccap,
-                        &s->clen, &s->err);
+    s->fi.checksum = XXH64(w->b.p, r.len, 0);
+    rc = compress_into(e, w->cctx, w->b.p, r.len, s->fi.checksum, &s->c, &s->clen, w, &s->err);
+    ebuf_settle(e, &w->b);
     if (rc < 0)
         return rc;
     uint64_t start = idx * e->frame_size;
@@ -382,7 +472,7 @@ static int encode_range(struct worker *w, uint64_t idx, struct slot *s)
     s->fi.src_start = start;
     s->fi.src_end = VMSNAP_MIN(start + e->frame_size, e->size);
     s->fi.populated = r.populated;
-    s->fi.ccheck = XXH64(s->cbuf, s->clen, 0);
+    s->fi.ccheck = XXH64(s->c.p, s->clen, 0);
     return 0;
 }
 
@@ -412,6 +502,7 @@ static void *scan_main(void *arg)
             break;
         struct recs r = {0};
         struct vmsnap_err er = {0};
+        sc->w->cur = idx;
         int rc = cancel_check(&er);
         if (rc < 0) {
             /* cancelled: reported below */
@@ -426,9 +517,10 @@ static void *scan_main(void *arg)
         }
         struct vmsnap_frame_info bf;
         if (rc == 0 && r.len) {
-            e->plan[idx].reuse = same_as_base(e, idx, &r, XXH64(sc->w->buf, r.len, 0), &bf);
+            e->plan[idx].reuse = same_as_base(e, idx, &r, XXH64(sc->w->b.p, r.len, 0), &bf);
             e->plan[idx].scan = r;
         }
+        ebuf_settle(e, &sc->w->b);
         if (rc < 0) {
             pthread_mutex_lock(sc->mu);
             if (*sc->rc == 0) {
@@ -439,6 +531,8 @@ static void *scan_main(void *arg)
             pthread_mutex_unlock(sc->mu);
         }
     }
+    if (e->mem) /* another scan may wait for the budget: nothing kept idle */
+        ebuf_trim(e, &sc->w->b, 0);
     return NULL;
 }
 
@@ -525,7 +619,8 @@ static void *worker_main(void *arg)
             break;
         uint64_t idx = e->next++;
         struct slot *s = &e->slots[idx % e->window];
-        *s = (struct slot){.state = SLOT_BUSY, .cbuf = s->cbuf, .ccap = s->ccap};
+        *s = (struct slot){.state = SLOT_BUSY, .c = s->c};
+        w->cur = idx;
         pthread_mutex_unlock(&e->mu);
 
         s->rc = encode_range(w, idx, s);
@@ -535,6 +630,8 @@ static void *worker_main(void *arg)
         pthread_cond_broadcast(&e->cv_done);
     }
     pthread_mutex_unlock(&e->mu);
+    if (e->mem) /* a range still encoding may wait for the budget: nothing kept idle */
+        ebuf_trim(e, &w->b, 0);
     return NULL;
 }
 
@@ -578,10 +675,11 @@ static int emit_word_frame(struct out *o, ZSTD_CCtx *cctx, int level, uint64_t w
 {
     uint8_t w[8];
     put_le64(w, word);
-    uint8_t *c = NULL;
-    size_t cap = 0, clen = 0;
+    uint8_t c[128];
+    size_t clen = 0;
     uint64_t sum = XXH64(w, sizeof(w), 0);
-    int rc = compress_frame(cctx, level, w, sizeof(w), sum, &c, &cap, &clen, err);
+    _Static_assert(sizeof(c) >= ZSTD_COMPRESSBOUND(sizeof(w)) + 4, "word frame buffer");
+    int rc = compress_frame(cctx, level, w, sizeof(w), sum, c, &clen, err);
     if (rc < 0)
         return rc;
     struct vmsnap_frame_info fi = {.offset = o->pos,
@@ -593,7 +691,6 @@ static int emit_word_frame(struct out *o, ZSTD_CCtx *cctx, int level, uint64_t w
                                    .checksum = sum,
                                    .ccheck = XXH64(c, clen, 0)};
     rc = emit(o, c, clen, err);
-    free(c);
     if (rc < 0)
         return rc;
     return table_add(t, &fi, err);
@@ -663,19 +760,20 @@ static int demote(struct worker *wk, uint64_t idx, struct slot *sl, struct vmsna
     struct enc *e = wk->e;
     struct recs r;
     int rc = build_records(wk, idx, false, &r, err);
-    if (rc == 0 && (r.len != sl->bf.dsize || XXH64(wk->buf, r.len, 0) != sl->bf.checksum))
+    if (rc == 0 && (r.len != sl->bf.dsize || XXH64(wk->b.p, r.len, 0) != sl->bf.checksum))
         rc = vmsnap_err_set(err, EIO, "%s: changed while being read (offset %llu): is it in use?",
                             e->name, (unsigned long long)(idx * e->frame_size));
-    if (rc == 0)
-        rc = compress_frame(wk->cctx, e->level, wk->buf, r.len, sl->bf.checksum, &sl->cbuf,
-                            &sl->ccap, &sl->clen, err);
+    if (rc == 0) /* the writer's: never waits for the budget */
+        rc =
+            compress_into(e, wk->cctx, wk->b.p, r.len, sl->bf.checksum, &sl->c, &sl->clen, wk, err);
+    ebuf_settle(e, &wk->b);
     if (rc < 0)
         return rc;
     uint64_t off = sl->fi.offset;
     sl->reused = false;
     sl->fi.offset = off;
     sl->fi.csize = sl->clen;
-    sl->fi.ccheck = XXH64(sl->cbuf, sl->clen, 0);
+    sl->fi.ccheck = XXH64(sl->c.p, sl->clen, 0);
     return 0;
 }
 
@@ -701,6 +799,7 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
         .level = opts->level ? opts->level : 1,
         .elide = !opts->keep_zero_pages,
         .drop_cache = !opts->keep_cache,
+        .mem = opts->mem,
     };
     int crc = vmsnap_image_check_pack_opts(opts, err);
     if (crc < 0)
@@ -767,7 +866,7 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
         goto out_sync;
 
     for (unsigned i = 0; i < threads; i++)
-        ws[i].e = &e;
+        ws[i] = (struct worker){.e = &e, .wait = true};
     if (e.base && (rc = prescan(&e, ws, threads, err)) < 0)
         goto out_sync;
 
@@ -833,7 +932,7 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
                 s.reused++;
                 s.reused_bytes += sl->fi.csize;
             } else {
-                rc = emit(&o, sl->cbuf, sl->clen, err);
+                rc = emit(&o, sl->c.p, sl->clen, err);
                 seg += sl->clen;
             }
             if (rc == 0)
@@ -841,29 +940,31 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
             s.populated += sl->fi.populated;
             s.frames++;
         }
+        ebuf_settle(&e, &sl->c);
         s.zero_elided += sl->zero_elided;
         s.extents += sl->extents;
         pthread_mutex_lock(&e.mu);
         sl->state = SLOT_FREE;
-        e.written++;
+        __atomic_store_n(&e.written, e.written + 1, __ATOMIC_RELEASE);
         if (rc < 0)
-            e.abort = true;
+            set_abort(&e);
         pthread_cond_broadcast(&e.cv_work);
+        if (e.mem) /* the range now waited for may be waiting for the budget: not any more */
+            e.mem->kick(e.mem->arg);
         pthread_mutex_unlock(&e.mu);
         if (rc == 0 && opts->progress)
             opts->progress(opts->progress_arg, VMSNAP_MIN((i + 1) * e.frame_size, e.size), e.size);
     }
     pthread_mutex_lock(&e.mu);
-    e.abort = true;
-    pthread_cond_broadcast(&e.cv_work);
+    set_abort(&e);
     pthread_mutex_unlock(&e.mu);
     for (unsigned i = 0; i < started; i++) {
         pthread_join(tids[i], NULL);
         ZSTD_freeCCtx(ws[i].cctx);
     }
     for (unsigned i = 0; i < e.window; i++)
-        free(e.slots[i].cbuf);
-    free(wk.buf);
+        ebuf_trim(&e, &e.slots[i].c, 0);
+    ebuf_trim(&e, &wk.b, 0);
     free(wk.ext);
     if (rc < 0)
         goto out_sync;
@@ -885,7 +986,7 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
     s.object_size = o.pos;
 out_sync:
     for (unsigned i = 0; ws && i < threads; i++) {
-        free(ws[i].buf);
+        ebuf_trim(&e, &ws[i].b, 0);
         free(ws[i].ext);
     }
     pthread_cond_destroy(&e.cv_done);

@@ -166,7 +166,7 @@ static int lmpu_part(struct vmsnap_store_conn *c, const char *key, const char *u
     if (!p)
         return -err_code_or(err, EINVAL);
     int rc = 0;
-    int fd = open(p, O_WRONLY | O_CLOEXEC);
+    int fd = open(p, O_WRONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
         rc = errno == ENOENT
                  ? vmsnap_err_set(err, ENOENT, "upload %s of %s no longer exists", upload_id, key)
@@ -206,7 +206,7 @@ static int lmpu_complete(struct vmsnap_store_conn *c, const char *key, const cha
         return -err_code_or(err, EINVAL);
     char *dst = store_local_path(c->st, key);
     int rc = 0;
-    int fd = dst ? open(p, O_RDONLY | O_CLOEXEC) : -1;
+    int fd = dst ? open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK) : -1;
     if (!dst)
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
     else if (fd < 0)
@@ -246,7 +246,16 @@ static int open_obj(struct vmsnap_store_conn *c, const char *key, char **pathp,
     char *p = store_local_path(c->st, key);
     if (!p)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    /* An object is a regular file. A symlink is not followed (a set written by someone else
+     * would read any file this process can, a host's or another tenant's, as its own object)
+     * and a FIFO does not block the open (O_NONBLOCK; nothing is read from it). */
+    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0 && errno == ELOOP) {
+        vmsnap_err_set(err, EINVAL, "%s: a symbolic link, not an object (refused, not followed)",
+                       p);
+        free(p);
+        return -EINVAL;
+    }
     if (fd < 0) {
         int e = errno == ENOTDIR ? ENOENT : errno;
         vmsnap_err_set(err, e, "%s: %s", p, e == ENOENT ? "no such object" : strerror(e));
@@ -255,11 +264,15 @@ static int open_obj(struct vmsnap_store_conn *c, const char *key, char **pathp,
     }
     struct stat sb;
     if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
+        /* a directory is no object (a set's prefix, looked up as one); anything else is refused */
+        int e = fstat(fd, &sb) == 0 && S_ISDIR(sb.st_mode) ? ENOENT : EINVAL;
         close(fd);
-        vmsnap_err_set(err, ENOENT, "%s: not a regular file", p);
+        vmsnap_err_set(err, e, "%s: not a regular file%s", p,
+                       e == EINVAL ? " (a FIFO, socket or device): not an object, refused" : "");
         free(p);
-        return -ENOENT;
+        return -e;
     }
+    (void)fcntl(fd, F_SETFL, 0); /* back to blocking reads (a regular file's are anyway) */
     *pathp = p;
     return fd;
 }
@@ -424,7 +437,7 @@ static int lmpu_part_copy(struct vmsnap_store_conn *c, const char *key, const ch
                                 (unsigned long long)src_off, (unsigned long long)len);
     }
     int fd = -1;
-    if (rc == 0 && (fd = open(p, O_WRONLY | O_CLOEXEC)) < 0)
+    if (rc == 0 && (fd = open(p, O_WRONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)) < 0)
         rc = errno == ENOENT
                  ? vmsnap_err_set(err, ENOENT, "upload %s of %s no longer exists", upload_id, key)
                  : vmsnap_err_set(err, errno, "open %s: %s", p, strerror(errno));

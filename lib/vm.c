@@ -33,7 +33,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,21 +130,11 @@ static int mkdir_p(const char *path, struct vmsnap_err *err)
     return 0;
 }
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *f)
-{
-    (void)sb;
-    (void)f;
-    return (flag == FTW_DP ? rmdir(p) : unlink(p)) < 0 && errno != ENOENT ? -1 : 0;
-}
-
+/* A stage (in the RAM directory, often world-writable) or a VM's directory: removed through
+ * descriptors, so a directory in it swapped for a link meanwhile removes nothing elsewhere. */
 static int rm_rf(const char *path)
 {
-    struct stat st;
-    if (lstat(path, &st) < 0)
-        return errno == ENOENT ? 0 : -errno;
-    if (!S_ISDIR(st.st_mode))
-        return unlink(path) < 0 ? -errno : 0;
-    return nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS) < 0 ? -errno : 0;
+    return sys_rm_tree(path);
 }
 
 static bool exists(const char *p)

@@ -343,6 +343,7 @@ static int flush_part(struct up *u, struct vmsnap_err *err)
     int rc = submit_part(u, u->cur, u->cur_len, u->cur_cap, 0, err);
     if (rc < 0)
         return rc;
+    xpool_fill(&u->x->pool, -(int64_t)u->cur_cap);
     u->cur = NULL;
     u->cur_len = u->cur_cap = 0;
     return 0;
@@ -368,6 +369,7 @@ static int new_part_buffer(struct up *u, uint32_t num, struct vmsnap_err *err)
     }
     u->cur_cap = cap;
     u->cur_len = 0;
+    xpool_fill(&u->x->pool, (int64_t)cap);
     return 0;
 }
 
@@ -703,6 +705,27 @@ static int open_base(const struct xfer *x, struct vmsnap_store_conn *ctl, const 
     return 1;
 }
 
+/* The encoder's buffers are charged to the pool's budget (--max-memory covers them too). */
+static void enc_acquire(void *arg, uint64_t bytes, bool wait, bool (*stop)(void *ctx), void *ctx)
+{
+    xpool_enc_acquire(arg, bytes, wait, stop, ctx);
+}
+
+static void enc_release(void *arg, uint64_t bytes)
+{
+    xpool_enc_release(arg, bytes);
+}
+
+static bool enc_over(void *arg)
+{
+    return xpool_over(arg);
+}
+
+static void enc_kick(void *arg)
+{
+    xpool_kick(arg);
+}
+
 /* An object stored as a multipart upload not completed yet: a set push over an existing set
  * completes those of that set's names only once every file is uploaded, right before its
  * commit, so that a push failing before (a cancel, a store gone) has overwritten none of the
@@ -730,8 +753,12 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
         return vmsnap_err_set(err, ENOMEM, "sha256 context");
     }
     struct vmsnap_sink sink = {sink_write, &u, base ? sink_copy : NULL};
-    struct vmsnap_pack_opts po = {
-        .threads = x->o.threads, .frame_size = x->o.frame_size, .level = x->o.level, .base = base};
+    const struct vmsnap_pack_mem mem = {enc_acquire, enc_release, enc_over, enc_kick, &x->pool};
+    struct vmsnap_pack_opts po = {.threads = x->o.threads,
+                                  .frame_size = x->o.frame_size,
+                                  .level = x->o.level,
+                                  .base = base,
+                                  .mem = &mem};
     struct vmsnap_image_stats stats = {0};
     struct vmsnap_err perr = {0};
     int rc = vmsnap_image_pack_fd(fd, path, &sink, &po, &stats, &perr);
@@ -800,6 +827,7 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
         cancel_release();
     }
     if (u.cur) {
+        xpool_fill(&x->pool, -(int64_t)u.cur_cap);
         xpool_buf_free(&x->pool, u.cur);
         xpool_mem_release(&x->pool, u.cur_cap);
     }

@@ -119,14 +119,88 @@ void xpool_submit(struct xpool *p, struct xtask *t)
     pthread_mutex_unlock(&p->mu);
 }
 
+/* Take kept buffers off the cache while what is held and kept passes the budget; the caller
+ * unmaps them (unmap_all) after unlocking. */
+static struct xbuf *uncache_locked(struct xpool *p)
+{
+    struct xbuf *drop = NULL;
+    while (p->cache && p->mem_used + p->cached > p->mem_cap) {
+        struct xbuf *d = p->cache;
+        p->cache = d->next;
+        p->cached -= d->size;
+        d->next = drop;
+        drop = d;
+    }
+    return drop;
+}
+
+static void unmap_all(struct xbuf *drop)
+{
+    while (drop) {
+        struct xbuf *d = drop;
+        drop = d->next;
+        munmap(d, d->size);
+    }
+}
+
 void xpool_mem_acquire(struct xpool *p, uint64_t bytes)
 {
     pthread_mutex_lock(&p->mu);
-    while (p->mem_used > 0 && p->mem_used + bytes > p->mem_cap)
+    while (p->mem_used > p->enc_used && p->mem_used + bytes > p->mem_cap)
         pthread_cond_wait(&p->cv_mem, &p->mu);
     p->mem_used += bytes;
     if (p->mem_used > p->mem_peak)
         p->mem_peak = p->mem_used;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void xpool_enc_acquire(struct xpool *p, uint64_t bytes, bool wait, bool (*stop)(void *ctx),
+                       void *ctx)
+{
+    pthread_mutex_lock(&p->mu);
+    while (wait && p->mem_used > p->fill_used && p->mem_used + bytes > p->mem_cap &&
+           !(stop && stop(ctx))) {
+        p->enc_waiting++;
+        pthread_cond_wait(&p->cv_mem, &p->mu);
+        p->enc_waiting--;
+    }
+    p->mem_used += bytes;
+    p->enc_used += bytes;
+    if (p->mem_used > p->mem_peak)
+        p->mem_peak = p->mem_used;
+    struct xbuf *drop = uncache_locked(p); /* the encoder maps its own: make room for it */
+    pthread_mutex_unlock(&p->mu);
+    unmap_all(drop);
+}
+
+void xpool_enc_release(struct xpool *p, uint64_t bytes)
+{
+    pthread_mutex_lock(&p->mu);
+    p->mem_used -= bytes;
+    p->enc_used -= bytes;
+    pthread_cond_broadcast(&p->cv_mem);
+    pthread_mutex_unlock(&p->mu);
+}
+
+bool xpool_over(struct xpool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    bool over = p->mem_used > p->mem_cap || p->enc_waiting > 0;
+    pthread_mutex_unlock(&p->mu);
+    return over;
+}
+
+void xpool_fill(struct xpool *p, int64_t bytes)
+{
+    pthread_mutex_lock(&p->mu);
+    p->fill_used += (uint64_t)bytes;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void xpool_kick(struct xpool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_broadcast(&p->cv_mem);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -158,20 +232,9 @@ void *xpool_buf_alloc(struct xpool *p, size_t len)
             break;
         }
     /* else make room: what is held (this buffer's bytes included) and kept within the budget */
-    struct xbuf *drop = NULL;
-    while (!b && p->cache && p->mem_used + p->cached > p->mem_cap) {
-        struct xbuf *d = p->cache;
-        p->cache = d->next;
-        p->cached -= d->size;
-        d->next = drop;
-        drop = d;
-    }
+    struct xbuf *drop = b ? NULL : uncache_locked(p);
     pthread_mutex_unlock(&p->mu);
-    while (drop) {
-        struct xbuf *d = drop;
-        drop = d->next;
-        munmap(d, d->size);
-    }
+    unmap_all(drop);
     if (!b) {
         void *m = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED)

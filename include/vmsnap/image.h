@@ -67,6 +67,22 @@ struct vmsnap_source {
 
 struct vmsnap_image; /* an opened image with a seek table (below) */
 
+/* A byte budget the encoder's buffers are charged to (vmsnap_pack_opts.mem): a caller that
+ * bounds its own buffers too (a push: --max-memory) shares one budget with the encoder.
+ * acquire() charges `bytes`, blocking while the budget is spent and something is held, unless
+ * `wait` is false or stop(ctx) is true; the encoder's stop is true for the range its output
+ * waits for next, and once it stops (that range never waits, so the output always moves; the
+ * budget can be passed by what that range takes). kick() wakes the waiting acquires to ask
+ * stop() again. over() says more is charged than the budget allows: the encoder then gives
+ * back the buffers it would keep for the next range. */
+struct vmsnap_pack_mem {
+    void (*acquire)(void *arg, uint64_t bytes, bool wait, bool (*stop)(void *ctx), void *ctx);
+    void (*release)(void *arg, uint64_t bytes);
+    bool (*over)(void *arg);
+    void (*kick)(void *arg);
+    void *arg;
+};
+
 struct vmsnap_pack_opts {
     unsigned threads;     /* 0: online CPUs */
     uint64_t frame_size;  /* source range per frame; 0: 64 MiB; multiple of 4 KiB */
@@ -91,6 +107,9 @@ struct vmsnap_pack_opts {
      * that follows too few bytes, itself. So a sink can make every run and every stretch of
      * written bytes a multipart part. 0: 5 MiB (S3's smallest part). */
     uint64_t base_min_run;
+    /* A budget for the encoder's buffers (the ranges' records, their frames until written).
+     * NULL: none, about 3 x threads x frame_size at most. */
+    const struct vmsnap_pack_mem *mem;
 };
 
 struct vmsnap_image_stats {
@@ -109,7 +128,8 @@ struct vmsnap_image_stats {
 };
 
 /* Encode the regular file open at `src_fd` into `sink`. The output is byte-identical for any
- * thread count. Memory: about threads x 3 x frame_size at most. */
+ * thread count. Memory: about threads x 3 x frame_size at most, or what opts->mem allows plus
+ * about two frames. */
 VMSNAP_API int vmsnap_image_pack_fd(int src_fd, const char *src_name,
                                     const struct vmsnap_sink *sink,
                                     const struct vmsnap_pack_opts *opts,

@@ -5,10 +5,11 @@
  *
  * Push: the codec encodes each file; its output is cut in order into parts of part_size bytes
  * that upload over `connections` streams while later ranges still compress. Bytes buffered for
- * upload are capped by max_memory (the encoder waits). An object that fits in one part is one
- * PutObject. A directory (a snapshot set) goes to <url>/<name>.zstd for every regular file,
- * files in parallel and parts in parallel, then <url>/manifest.json LAST (the commit marker; an
- * existing manifest is deleted first so a half-replaced set is never visible as complete).
+ * upload and the encoder's own buffers are capped by max_memory together (the encoder waits). An
+ * object that fits in one part is one PutObject. A directory (a snapshot set) goes to
+ * <url>/<name>.zstd for every regular file, files in parallel and parts in parallel, then
+ * <url>/manifest.json LAST (the commit marker; an existing manifest is deleted first so a
+ * half-replaced set is never visible as complete).
  *
  * Pull: the mirror. HeadObject, the seek table through ranged GETs, then groups of whole frames
  * (about 16 MiB) fetched over the connections and decoded in parallel into a sparse file under
@@ -51,8 +52,8 @@ extern "C" {
 struct vmsnap_xfer_opts {
     unsigned connections; /* parallel streams (-j); 0: 8 */
     uint64_t part_size;   /* upload part size; 0: 16 MiB (>= 5 MiB for S3) */
-    uint64_t max_memory;  /* cap on buffered parts/frame groups; 0: 256 MiB (a push's
-                           * encoders hold up to 2 x threads x frame_size more each) */
+    uint64_t max_memory;  /* cap on buffered parts/frame groups and a push's encoder buffers;
+                           * 0: 256 MiB (a push passes it by about two frames per file) */
     unsigned threads;     /* codec threads; 0: CPUs */
     uint64_t frame_size;  /* codec frame size on push; 0: codec default */
     int level;            /* zstd level on push; 0: codec default */

@@ -2,6 +2,7 @@
 /* Whole-buffer I/O and atomically published files. */
 #include "sys/sys.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -196,4 +197,59 @@ bool sys_same_file(int fd, const char *path)
     struct stat a, b;
     return fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev &&
            a.st_ino == b.st_ino;
+}
+
+/* Remove `name` in the directory open at `pfd` (see sys_rm_tree). */
+static int rm_at(int pfd, const char *name, int depth)
+{
+    struct stat st;
+    if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return errno == ENOENT ? 0 : -errno;
+    int fd = -1;
+    if (S_ISDIR(st.st_mode) && depth < 128)
+        fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        /* not a directory (or replaced by a link since): the name itself goes */
+        if (unlinkat(pfd, name, 0) == 0 || errno == ENOENT)
+            return 0;
+        return -errno;
+    }
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    int rc = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        int r = rm_at(dirfd(d), de->d_name, depth + 1);
+        if (r < 0 && rc == 0)
+            rc = r;
+    }
+    closedir(d);
+    int r = unlinkat(pfd, name, AT_REMOVEDIR);
+    if (r < 0 && errno == ENOTDIR) /* moved away and replaced meanwhile: the replacement goes */
+        r = unlinkat(pfd, name, 0);
+    if (r < 0 && errno != ENOENT && rc == 0)
+        rc = -errno;
+    return rc;
+}
+
+int sys_rm_tree(const char *path)
+{
+    char dir[PATH_MAX], base[PATH_MAX];
+    if (snprintf(dir, sizeof(dir), "%s", path) >= (int)sizeof(dir) ||
+        snprintf(base, sizeof(base), "%s", path) >= (int)sizeof(base))
+        return -ENAMETOOLONG;
+    const char *b = basename(base);
+    if (!strcmp(b, "/") || !strcmp(b, ".") || !strcmp(b, ".."))
+        return -EINVAL;
+    int pfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (pfd < 0)
+        return errno == ENOENT ? 0 : -errno;
+    int rc = rm_at(pfd, b, 0);
+    close(pfd);
+    return rc;
 }

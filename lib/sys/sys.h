@@ -43,5 +43,10 @@ void sys_atomic_abort(struct sys_atomic_file *af);
 
 /* fsync the directory holding `path`. */
 int sys_fsync_parent(const char *path, struct vmsnap_err *err);
+/* Remove `path` and, when it is a directory (not a link to one), everything below it, through
+ * directory descriptors opened without following links: a directory of the tree renamed away
+ * and replaced by a link while this runs (a tree in a world-writable place such as /dev/shm)
+ * makes nothing outside the tree go. 0, or -errno of the first failure (it goes on). */
+int sys_rm_tree(const char *path);
 
 #endif

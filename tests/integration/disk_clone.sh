@@ -5,7 +5,7 @@
 # XFS (reflink=1) and btrfs the clone uses FICLONE and takes no extra space; --new-uuid
 # changes the UUID and e2fsck stays clean (and is refused without metadata_csum_seed unless
 # --force); --link makes a hard link.
-. "$VMSNAP_SRC/tests/lib.sh"
+. "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/lib.sh"
 command -v e2fsck >/dev/null || skip "e2fsprogs not installed"
 [ "$(id -u)" = 0 ] || skip "needs root for loop mounts"
 command -v mkfs.xfs >/dev/null || skip "xfsprogs not installed"

@@ -6,7 +6,7 @@
 # destination (nor a temporary file beside it). Hostile inputs: a FIFO (refused, not waited on),
 # truncated images and lying superblocks (refused; nothing written past the image), a tree
 # deeper than 1000 levels, more hard links than ext4 allows.
-. "$VMSNAP_SRC/tests/lib.sh"
+. "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/lib.sh"
 command -v e2fsck >/dev/null || skip "e2fsprogs not installed"
 
 no_leftovers() { # IMAGE DESC

@@ -4,7 +4,7 @@
 # same tree (bytes, modes, owners, symlink targets, mtimes, hard links, holes) through a
 # read-only loop mount; the kernel mounts it read-write, writes, unmounts, e2fsck stays clean;
 # debugfs rdump gives back the same bytes (a peer reader that is not the kernel).
-. "$VMSNAP_SRC/tests/lib.sh"
+. "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/lib.sh"
 PY="python3 $SRC/tests/integration/disk_tree.py"
 command -v e2fsck >/dev/null && command -v debugfs >/dev/null || skip "e2fsprogs not installed"
 [ "$(id -u)" = 0 ] || skip "needs root for loop mounts and chown"

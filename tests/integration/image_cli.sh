@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # The codec through the CLI as a user drives it: exit codes, usage errors, modes, stdout/stdin,
 # an existing destination untouched by a failed unpack, inspect's output and --json.
-. "$VMSNAP_SRC/tests/lib.sh"
+. "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/lib.sh"
 
 truncate -s 20M "$T/src"
 dd if=/dev/urandom of="$T/src" bs=1M count=2 seek=3 conv=notrunc status=none

@@ -9,7 +9,7 @@
 # executed is only evicted, a read-only mount is only evicted, unavailable leases are said once; a
 # symlink loop, a FIFO or a device given as PATH exits 1. The last part needs root (mounts,
 # setpriv); it is skipped otherwise.
-. "$VMSNAP_SRC/tests/lib.sh"
+. "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/lib.sh"
 
 mounts=()
 umount_all() {

@@ -8,7 +8,7 @@
 #   a pause killed after its checkpoint was written but before it replaced the old one,
 #   a resume of a new VM killed after QEMU restored it (vm ls shows it, vm stop stops it).
 # And a VM record (vm.json) as hostile input: a ram_path naming another file, a FIFO.
-. "$VMSNAP_SRC/tests/integration/vm_lib.sh"
+. "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
 S=$T/state
 STORE=$T/store
 from_golden "$S"

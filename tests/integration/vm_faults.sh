@@ -6,7 +6,7 @@
 # untouched and nothing left on the resuming node; hostile sets (a node file as initrd, QEMU
 # options as accelerator, a memory image of the wrong size) refused; a failed resume keeps a
 # stopped VM's disk; a snapshot stored nowhere stays in the stage until a suspend stores it.
-. "$VMSNAP_SRC/tests/integration/vm_lib.sh"
+. "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
 S=$T/state
 from_golden "$S"
 resume_check "$S" golden "$golden_ram" "$golden_data" || done_tests

@@ -11,7 +11,7 @@
 # it on the failed disk write (io-error); resume continues it once there is room, a pause
 # checkpoints it as it is. And a RAM directory without room for the guest's memory to grow
 # (the guest would die of SIGBUS): run and resume refuse before QEMU starts.
-. "$VMSNAP_SRC/tests/integration/vm_lib.sh"
+. "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
 [ "$(id -u)" = 0 ] || skip "mounting a small tmpfs needs root"
 [ -f "$GOLDEN/golden.env" ] || skip "no golden checkpoint (vm_golden did not run or failed)"
 F=$(mktemp -d "${TMPDIR:-/tmp}/vmsnap-full.XXXXXX")

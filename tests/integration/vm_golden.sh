@@ -3,7 +3,7 @@
 # Fixture for the VM tests: boot the counter guest once (real QEMU, TCG here), check it runs and
 # writes its upper disk, pause it to a local checkpoint and keep that state directory as the
 # golden the other VM tests resume from. Asserts the checkpoint layout along the way.
-. "$VMSNAP_SRC/tests/integration/vm_lib.sh"
+. "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
 G=$(guest_dir)
 rm -rf "$GOLDEN"
 S=$T/state

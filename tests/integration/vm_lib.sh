@@ -3,7 +3,7 @@
 # ctest run by vm_golden.sh, and helpers that read the guest's serial console.
 # Every VM a test starts lives under a state directory listed in VM_DIRS; the EXIT trap stops
 # them all (and removes their RAM files), whatever happened.
-. "$VMSNAP_SRC/tests/lib.sh"
+. "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/lib.sh"
 command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 not installed (scripts/deps.sh vm)"
 command -v e2fsck >/dev/null || skip "e2fsck not installed"
 GOLDEN=${VMSNAP_BUILD:?}/vm-golden

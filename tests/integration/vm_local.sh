@@ -3,7 +3,7 @@
 # pause -> resume on the same node: both counters continue and the RAM blob's md5 is intact
 # (eager and on-demand), twice in a row; the upper disk is e2fsck-clean once the guest
 # unmounted it, and holds the guest's last file counter. QEMU runs under -sandbox.
-. "$VMSNAP_SRC/tests/integration/vm_lib.sh"
+. "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
 S=$T/state
 from_golden "$S"
 resume_check "$S" golden "$golden_ram" "$golden_data" || done_tests

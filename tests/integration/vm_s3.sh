@@ -4,7 +4,7 @@
 # both counters continue. S3 down during suspend (the endpoint refuses connections): the local
 # checkpoint survives, the error says so, and a later suspend to the real RGW succeeds. A suspend
 # interrupted during its upload keeps its checkpoint locally and leaves nothing in the bucket.
-. "$VMSNAP_SRC/tests/integration/vm_lib.sh"
+. "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
 . "$VMSNAP_SRC/tests/integration/xfer_s3_lib.sh"
 A=$T/node-a
 B=$T/node-b

@@ -3,7 +3,7 @@
 # suspend to the local store -> resume under another state directory (another "node"), four
 # cycles in a row with the guest writing in between, eager and on demand: both counters go on,
 # the RAM blob stays intact, and each suspend leaves no local state but the VM's record.
-. "$VMSNAP_SRC/tests/integration/vm_lib.sh"
+. "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
 A=$T/node-a
 B=$T/node-b
 from_golden "$A"

@@ -3,7 +3,7 @@
 # push/pull/ls/rm through the local store: round trips at the part-size edges, snapshot sets,
 # byte-identical objects for any -j / part size and equal to `vmsnap pack`, refusal of incomplete
 # and hostile sets, a killed push, and a full disk on pull.
-. "$VMSNAP_SRC/tests/lib.sh"
+. "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/lib.sh"
 S=$T/store
 mkdir -p "$S"
 
@@ -128,7 +128,16 @@ cmp -s "$T/rss" "$T/rss.out" || fail "pull for the RSS check: bytes differ"
 slack=$((${VMSNAP_SANITIZED:-0} == 1 ? 48 : 32)) # MiB: decoders, stacks; ASan's own more
 [ "$base_kib" -gt 0 ] && [ "$peak" -gt 0 ] && [ $(((peak - base_kib) / 1024)) -le $((16 + slack)) ] ||
     fail "pull --max-memory 16M peaked $(((peak - base_kib) / 1024)) MiB above a tiny pull (budget 16 + $slack)"
-rm -f "$T/rss" "$T/rss.out" "$T/rss1" "$T/rss1.out"
+# and a push's encoders are inside it too (they held up to 3 x --threads x --frame-size beside
+# it: this push peaked 88 MiB above a tiny one); past the budget by at most the range written
+# next and its frame (two frames)
+base_kib=$(peak_kib "$VMSNAP" -q push --max-memory 16M "$T/rss1" "$S/rss1p")
+peak=$(peak_kib "$VMSNAP" -q push --threads 8 --frame-size 4M --part-size 8M --max-memory 16M \
+    "$T/rss" "$S/rssp")
+cmp -s "$S/rss" "$S/rssp" || fail "push for the RSS check: object differs from an unbounded push"
+[ "$base_kib" -gt 0 ] && [ "$peak" -gt 0 ] && [ $(((peak - base_kib) / 1024)) -le $((16 + 8 + slack)) ] ||
+    fail "push --max-memory 16M peaked $(((peak - base_kib) / 1024)) MiB above a tiny push (budget 16 + 8 + $slack)"
+rm -f "$T/rss" "$T/rss.out" "$T/rss1" "$T/rss1.out" "$S/rssp" "$S/rss1p"
 
 # A push over a set that would fail on something local (an option, a name too long for the
 # store) fails before it un-commits that set: the set stays whole (it was removed, found by review)
@@ -281,6 +290,28 @@ rm -rf "$S/sets/sw" "$T/hout" && cp -r "$S/sets/a" "$S/sets/sw" && cp "$S/sets/a
 expect_fail "pull with a swapped object" "$VMSNAP" pull "$S/sets/sw" "$T/hout"
 grep -q "state.json.zstd: tableSha256 .* does not match the manifest" "$T/err" || fail "swapped object: message: $(cat "$T/err")"
 [ -e "$T/hout" ] && fail "swapped object: left $T/hout"
+# objects that are links or FIFOs: a set written by someone else read any file this process can
+# through a link (a host's zstd file, another tenant's set with its manifest), and a FIFO hung
+# the pull (SIGTERM could not stop it). Refused, naming the object, without waiting.
+mkdir -p "$T/victim" && printf 'TOP SECRET' >"$T/victim/secret" && zstd -q "$T/victim/secret" -o "$T/victim/secret.zst"
+for kind in link fifo mlink; do
+    rm -rf "$S/sets/ln" "$T/hout" && cp -r "$S/sets/a" "$S/sets/ln"
+    case $kind in
+    link) ln -sf "$T/victim/secret.zst" "$S/sets/ln/base-id.zstd"
+        printf '{"snapshotFiles":["base-id","config.json","memory-ranges","state.json"]}' >"$S/sets/ln/manifest.json" ;;
+    fifo) rm "$S/sets/ln/state.json.zstd" && mkfifo "$S/sets/ln/state.json.zstd" ;;
+    mlink) mv "$S/sets/ln/manifest.json" "$T/victim/m.json" && ln -s "$T/victim/m.json" "$S/sets/ln/manifest.json" ;;
+    esac
+    expect_fail "pull of a set with a $kind object" timeout 60 "$VMSNAP" pull "$S/sets/ln" "$T/hout"
+    case $kind in
+    link) want="base-id.zstd: a symbolic link, not an object" ;;
+    fifo) want="state.json.zstd: not a regular file (a FIFO" ;;
+    mlink) want="manifest.json: a symbolic link, not an object" ;;
+    esac
+    grep -q "$want" "$T/err" || fail "$kind object: message: $(cat "$T/err")"
+    [ -e "$T/hout" ] && fail "$kind object: left $T/hout"
+done
+rm -rf "$S/sets/ln" "$T/victim"
 # a pull into a directory where one file's place is taken by a directory: refused before any
 # file is replaced (not half one set and half the other)
 rm -rf "$T/mix" && mkdir -p "$T/mix/memory-ranges"

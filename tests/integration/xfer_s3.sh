@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # push/pull/ls/rm against a real Ceph RGW: part-size edges, byte-identical objects for -j1/-j8 and
 # equal to the local store's, a 1 GiB sparse image, sets, wrong credentials, a killed push.
-. "$VMSNAP_SRC/tests/lib.sh"
+. "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/lib.sh"
 . "$VMSNAP_SRC/tests/integration/xfer_s3_lib.sh"
 mk() { head -c "$2" /dev/urandom >"$1"; }
 M=$((1024 * 1024))

@@ -3,7 +3,7 @@
 # Faults between vmsnap and RGW through tests/faultproxy.c: 503s, resets and delays on chosen
 # requests are retried and the result is byte-identical; a server that goes away mid-push or
 # mid-pull gives an error after bounded retries with no object, upload or file left behind.
-. "$VMSNAP_SRC/tests/lib.sh"
+. "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/lib.sh"
 . "$VMSNAP_SRC/tests/integration/xfer_s3_lib.sh"
 FP=${VMSNAP_FAULTPROXY:?}
 M=$((1024 * 1024))
