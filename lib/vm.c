@@ -390,6 +390,12 @@ static int check_ram_dir(struct vmctx *c, struct vmsnap_err *err)
 
 /* ---- config ---- */
 
+/* A record or config file larger than this is refused; a snapshot's config.json may take at
+ * most SET_CFG_MAX, so that the record made from it (pretty-printed, with the node's fields)
+ * always fits. */
+#define CFG_MAX (1 << 20)
+#define SET_CFG_MAX (64 << 10)
+
 static int cfg_load(const char *path, json_object **out, struct vmsnap_err *err)
 {
     *out = NULL;
@@ -403,12 +409,17 @@ static int cfg_load(const char *path, json_object **out, struct vmsnap_err *err)
         close(fd);
         return vmsnap_err_set(err, EINVAL, "%s: not a regular file", path);
     }
-    char *buf = malloc(1 << 20);
+    if (fs.st_size >= CFG_MAX) {
+        close(fd);
+        return vmsnap_err_set(err, EFBIG, "%s: %lld bytes, larger than a VM's record (%d) can be",
+                              path, (long long)fs.st_size, CFG_MAX);
+    }
+    char *buf = malloc(CFG_MAX);
     if (!buf) {
         close(fd);
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     }
-    ssize_t n = sys_pread_full(fd, buf, (1 << 20) - 1, 0);
+    ssize_t n = sys_pread_full(fd, buf, CFG_MAX - 1, 0);
     close(fd);
     if (n < 0) {
         free(buf);
@@ -419,6 +430,9 @@ static int cfg_load(const char *path, json_object **out, struct vmsnap_err *err)
     json_object *o = tok ? json_tokener_parse_ex(tok, buf, (int)n) : NULL;
     bool ok = tok && json_tokener_get_error(tok) == json_tokener_success && o &&
               json_object_is_type(o, json_type_object);
+    /* one object and nothing after it but white space (as manifests are read) */
+    for (size_t i = ok ? json_tokener_get_parse_end(tok) : 0; ok && i < (size_t)n; i++)
+        ok = buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\t' || buf[i] == '\r';
     json_tokener_free(tok);
     free(buf);
     if (!ok) {
@@ -524,6 +538,45 @@ static int vmm_from_cfg(struct vmctx *c, json_object *cfg, struct vmsnap_vmm **o
     int rc = vmsnap_vmm_new(cfg_str(cfg, "driver"), &vc, out, err);
     if (rc < 0)
         return vmsnap_err_wrap(err, "VM '%s': ", c->name);
+    return 0;
+}
+
+/* A snapshot's config.json comes from a store another node (or tenant) wrote: before anything
+ * is staged, its fields must be what a VM's config holds, each refusal naming the field. */
+static int check_set_cfg(const char *path, json_object *cfg, struct vmsnap_err *err)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0 && sb.st_size > SET_CFG_MAX)
+        return vmsnap_err_set(err, EFBIG, "%s: %lld bytes, more than a VM's config takes (%d)",
+                              path, (long long)sb.st_size, SET_CFG_MAX);
+    static const struct {
+        const char *key;
+        int64_t min, max;
+    } ints[] = {
+        {"memory", 1 << 20, INT64_C(1) << 46}, /* 64 TiB: the codec's cap */
+        {"cpus", 1, 64},
+        {"generation", 0, INT64_C(1) << 62},
+    };
+    for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
+        json_object *v;
+        if (!json_object_object_get_ex(cfg, ints[i].key, &v))
+            continue;
+        int64_t x = json_object_get_int64(v);
+        if (!json_object_is_type(v, json_type_int) || x < ints[i].min || x > ints[i].max)
+            return vmsnap_err_set(err, EINVAL,
+                                  "%s: \"%s\" is %s, not a whole number in [%lld, %lld]", path,
+                                  ints[i].key, json_object_to_json_string(v),
+                                  (long long)ints[i].min, (long long)ints[i].max);
+    }
+    if (cfg_int(cfg, "memory") % (1 << 20))
+        return vmsnap_err_set(err, EINVAL, "%s: \"memory\" %lld is not a multiple of 1 MiB", path,
+                              (long long)cfg_int(cfg, "memory"));
+    const char *cmd = cfg_str(cfg, "cmdline");
+    if (cmd && strlen(cmd) > 4096)
+        return vmsnap_err_set(
+            err, EINVAL,
+            "%s: \"cmdline\" is %zu bytes, more than a kernel command line takes (4096)", path,
+            strlen(cmd));
     return 0;
 }
 
@@ -1129,7 +1182,10 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
     /* every checkpoint of a VM's lineage (base_id) gets the next generation: a resume can tell
      * a stale snapshot from a newer local checkpoint */
     int64_t gen = cfg_int(cfg, "generation");
-    json_object_object_add(cfg, "generation", json_object_new_int64(gen > 0 ? gen + 1 : 1));
+    json_object_object_add(cfg, "generation",
+                           json_object_new_int64(gen > 0 && gen < INT64_MAX ? gen + 1
+                                                 : gen > 0                  ? gen
+                                                                            : 1));
     /* From the stop on, `sdir` (the device state) and the RAM file and live disk are the VM's
      * newest state, until the checkpoint is complete: the config and a mark saying so go in
      * first, so a process killed meanwhile leaves what finish_taken() completes. */
@@ -1849,6 +1905,8 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     rc = pjoin(p, src, "config.json", err);
     if (rc == 0)
         rc = cfg_load(p, &cfg, err);
+    if (rc == 0 && url)
+        rc = check_set_cfg(p, cfg, err);
     if (rc < 0)
         goto out_src;
     if (cfg_int(cfg, "memory") <= 0 || !cfg_str(cfg, "kernel")) {

@@ -128,6 +128,23 @@ grep -q "accelerator 'tcg,thread=single' is neither kvm nor tcg" "$T/err" || fai
 hostile h-mem 'c["memory"] = c["memory"] // 2'
 expect_fail "resume of a set whose memory image is not the VM's memory" vmc "$C" resume golden "$STORE/h-mem"
 grep -q "the memory image holds .* the VM's memory is" "$T/err" || fail "memory size: $(cat "$T/err")"
+# fields out of what a VM's config holds, each refused naming the field before anything is
+# staged: a generation at 2^63-1 wrapped to -2^63 at the next pause and then an older snapshot
+# replaced the newer checkpoint; a 400 KB config made a record no command could read again
+# (the VM unlisted and unstoppable); "cpus": "1" was reported as "vCPUs 0"
+hostile h-gen 'c["generation"] = 9223372036854775807'
+expect_fail "resume of a set with a generation at the top" vmc "$C" resume golden "$STORE/h-gen"
+grep -q '"generation" is 9223372036854775807, not a whole number in \[0, ' "$T/err" || fail "generation: $(cat "$T/err")"
+hostile h-cpus 'c["cpus"] = "1"'
+expect_fail "resume of a set with vCPUs as a string" vmc "$C" resume golden "$STORE/h-cpus"
+grep -q '"cpus" is "1", not a whole number in \[1, 64\]' "$T/err" || fail "cpus: $(cat "$T/err")"
+hostile h-big 'c["x"] = [0] * 200000'
+expect_fail "resume of a set with a 400 KB config" vmc "$C" resume golden "$STORE/h-big"
+grep -q "config.json: [0-9]* bytes, more than a VM's config takes" "$T/err" || fail "big config: $(cat "$T/err")"
+rm -rf "$T/h2" && cp -a "$T/h" "$T/h2" && printf ' garbage {{{' >>"$T/h2/config.json"
+"$VMSNAP" -q push "$T/h2" "$STORE/h-trail" || fail "push of the set with bytes after its config"
+expect_fail "resume of a set with bytes after its config" vmc "$C" resume golden "$STORE/h-trail"
+grep -q "config.json: not a JSON object" "$T/err" || fail "trailing bytes: $(cat "$T/err")"
 VMSNAP_ASSET_DIRS= expect_fail "resume from a store with no asset directory" vmc "$C" resume golden "$STORE/good"
 grep -q "no asset directory" "$T/err" || fail "no asset directory: $(cat "$T/err")"
 [ -z "$(vmc "$C" ls | tail -n +2)" ] || fail "refused resumes left a VM record: $(vmc "$C" ls)"
