@@ -1063,9 +1063,17 @@ static int fd_sink_write(void *arg, const void *buf, size_t len, struct vmsnap_e
 int vmsnap_image_pack(const char *src, const char *dst, const struct vmsnap_pack_opts *opts,
                       struct vmsnap_image_stats *stats, struct vmsnap_err *err)
 {
-    int fd = open(src, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO given as the source must not block the open (where no signal stops
+     * it); the encoder refuses anything but a regular file */
+    int fd = open(src, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return vmsnap_err_set(err, errno, "open %s: %s", src, strerror(errno));
+    (void)fcntl(fd, F_SETFL, 0);
+    struct stat sst;
+    if (fstat(fd, &sst) < 0 || !S_ISREG(sst.st_mode)) {
+        close(fd);
+        return vmsnap_err_set(err, EINVAL, "%s: not a regular file (pack reads a file)", src);
+    }
     struct sys_atomic_file af = {.fd = STDOUT_FILENO};
     bool to_stdout = strcmp(dst, "-") == 0;
     int rc = 0;

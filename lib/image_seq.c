@@ -337,7 +337,15 @@ static int sparse_feed(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len,
             sd->skip_magic = get_le32(sd->fhdr);
             sd->skip_left = get_le32(sd->fhdr + 4);
             sd->fhdr_fill = 0;
-            if (sd->skip_magic == INFO_SKIP_MAGIC || sd->skip_magic == SEEK_SKIP_MAGIC) {
+            /* vmsnap's own skippable frames: the info frame right after the header (its magic
+             * and size there: damaged, it is an error, not skipped), and the seek table of an
+             * object that has an info frame. Any other skippable frame, these magics included
+             * (0x184D2A5E is also zstd's seekable format's), is skipped, as the reference
+             * reader skips every one (the reference writer writes none). */
+            bool ours = (sd->skip_magic == INFO_SKIP_MAGIC && sd->frame_start == IMG_HEADER_LEN &&
+                         sd->skip_left == INFO_CONTENT_LEN) ||
+                        (sd->skip_magic == SEEK_SKIP_MAGIC && sd->expect_table);
+            if (ours) {
                 uint64_t lim =
                     8 + SEEK_HDR_LEN + (uint64_t)SEEK_MAX_FRAMES * SEEK_ENTRY_LEN + SEEK_FOOTER_LEN;
                 if (sd->skip_left > lim)

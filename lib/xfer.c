@@ -2258,6 +2258,29 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
                                 "hidden by it; remove the set first ('vmsnap rm %s') or push "
                                 "elsewhere",
                                 url, url, VMSNAP_XFER_MANIFEST, url);
+        /* nor inside a set: it would replace one of the set's objects or its manifest (a
+         * committed set was destroyed so) */
+        const char *slash = strrchr(key, '/');
+        const char *base = slash ? slash + 1 : key;
+        char *parent = rc == 0 ? strndup(key, slash ? (size_t)(slash - key) : 0) : NULL;
+        char *pm = parent ? join_key(parent, VMSNAP_XFER_MANIFEST) : NULL;
+        if (rc == 0 && !strcmp(base, VMSNAP_XFER_MANIFEST))
+            rc = vmsnap_err_set(err, EINVAL,
+                                "%s: %s is the name of a snapshot set's manifest, not one for an "
+                                "object",
+                                url, VMSNAP_XFER_MANIFEST);
+        else if (rc == 0 && !pm)
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        else if (rc == 0 && (rc = key_exists(ctl, pm, err)) > 0) {
+            const char *us = strrchr(url, '/');
+            rc =
+                vmsnap_err_set(err, EEXIST,
+                               "%s is inside the snapshot set %.*s (it has a %s): a file pushed "
+                               "there would replace or join its objects; push elsewhere",
+                               url, us ? (int)(us - url) : 1, us ? url : ".", VMSNAP_XFER_MANIFEST);
+        }
+        free(pm);
+        free(parent);
         struct leftover_ctx l = {.exact = key, .c = ctl};
         if (rc == 0)
             rc = vmsnap_store_list_uploads(ctl, key, abort_leftover, &l, err);

@@ -78,10 +78,32 @@ unsigned sys_cpus(void)
     return n > 0 ? (unsigned)n : 1;
 }
 
+/* Only a regular file (or nothing) is replaced: a rename over a device node, a FIFO or a
+ * symbolic link put a file in its place (`pack IMG /dev/null` as root replaced /dev/null), and
+ * one over a directory failed only after all the work. */
+static int check_replaceable(const char *path, struct vmsnap_err *err)
+{
+    struct stat sb;
+    if (lstat(path, &sb) < 0 || S_ISREG(sb.st_mode))
+        return 0;
+    const char *what = S_ISDIR(sb.st_mode)    ? "a directory"
+                       : S_ISLNK(sb.st_mode)  ? "a symbolic link"
+                       : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                       : S_ISSOCK(sb.st_mode) ? "a socket"
+                                              : "a device";
+    return vmsnap_err_set(err, S_ISDIR(sb.st_mode) ? EISDIR : EEXIST,
+                          "%s is %s, not a file: not replaced (name a regular file or a new one)",
+                          path, what);
+}
+
 int sys_atomic_open(struct sys_atomic_file *af, const char *path, mode_t mode,
                     struct vmsnap_err *err)
 {
     af->fd = -1;
+    af->path = af->tmp = NULL;
+    int crc = check_replaceable(path, err);
+    if (crc < 0)
+        return crc;
     af->path = strdup(path);
     size_t n = strlen(path) + 32;
     af->tmp = malloc(n);
@@ -161,6 +183,8 @@ int sys_atomic_commit(struct sys_atomic_file *af, bool sync, struct vmsnap_err *
         goto fail;
     }
     if ((rc = sys_atomic_close(af, err)) < 0)
+        goto fail;
+    if ((rc = check_replaceable(af->path, err)) < 0) /* (one put there meanwhile) */
         goto fail;
     if (rename(af->tmp, af->path) < 0) {
         rc = vmsnap_err_set(err, errno, "rename %s to %s: %s", af->tmp, af->path, strerror(errno));

@@ -28,6 +28,23 @@ expect_fail "unpack from stdin to itself" sh -c "'$VMSNAP' unpack - '$T/selfimg'
 grep -q "$T/selfimg: the destination is the source" "$T/err" || fail "unpack to itself: $(cat "$T/err")"
 expect_fail "pack to stdout appended to the source" sh -c "'$VMSNAP' pack '$T/self' - >>'$T/self'"
 cmp -s "$T/src" "$T/self" && cmp -s "$T/img" "$T/selfimg" || fail "a refused pack or unpack changed its source"
+# only a regular file is ever replaced: a rename over a device, a FIFO or a link put a file in
+# its place (`pack IMG /dev/null` as root replaced /dev/null), and a directory failed only
+# after all the work; a FIFO as pack's source no longer blocks the open (a signal could not
+# stop it)
+mknod "$T/dev" c 1 3 && mkfifo "$T/fifo" && ln -s "$T/keep-target" "$T/lnk" && echo t >"$T/keep-target" &&
+    mkdir "$T/adir" || fail "test setup: special files"
+for d in dev fifo lnk adir; do
+    expect_fail "pack to a $d" timeout 30 "$VMSNAP" pack "$T/src" "$T/$d"
+    grep -q "$T/$d is a .*, not a file: not replaced" "$T/err" || fail "pack to a $d: $(cat "$T/err")"
+    expect_fail "unpack to a $d" timeout 30 "$VMSNAP" unpack "$T/img" "$T/$d"
+    grep -q "$T/$d is a .*, not a file: not replaced" "$T/err" || fail "unpack to a $d: $(cat "$T/err")"
+done
+[ -c "$T/dev" ] && [ -p "$T/fifo" ] && [ -L "$T/lnk" ] && [ "$(cat "$T/keep-target")" = t ] && [ -d "$T/adir" ] ||
+    fail "a refused destination was replaced: $(ls -l "$T")"
+expect_fail "pack of a FIFO" timeout 30 "$VMSNAP" pack "$T/fifo" "$T/fromfifo"
+grep -q "fifo: not a regular file" "$T/err" || fail "pack of a FIFO: $(cat "$T/err")"
+rm -f "$T/dev" "$T/fifo" "$T/lnk" "$T/keep-target" && rmdir "$T/adir"
 # plain zstd over --max-size is refused as over the cap (a policy), not as corrupt
 zstd -q -c "$T/src" >"$T/plain.zst"
 expect_fail "plain zstd over --max-size" "$VMSNAP" unpack --max-size 1M "$T/plain.zst" "$T/pz"

@@ -312,6 +312,15 @@ for kind in link fifo mlink; do
     [ -e "$T/hout" ] && fail "$kind object: left $T/hout"
 done
 rm -rf "$S/sets/ln" "$T/victim"
+# a single file pushed into a committed set replaced one of its objects or its manifest (the
+# set was lost): refused, the set untouched
+cp -a "$S/sets/a" "$T/seta.before"
+expect_fail "push of a file over a set's object" "$VMSNAP" push "$T/r12" "$S/sets/a/state.json.zstd"
+grep -q "is inside the snapshot set $S/sets/a (it has a manifest.json)" "$T/err" || fail "file into a set: $(cat "$T/err")"
+expect_fail "push of a file as a manifest" "$VMSNAP" push "$T/r12" "$S/sets/a/manifest.json"
+grep -q "manifest.json is the name of a snapshot set's manifest" "$T/err" || fail "file as a manifest: $(cat "$T/err")"
+diff -r "$T/seta.before" "$S/sets/a" >/dev/null || fail "a refused push into a set changed it"
+rm -rf "$T/seta.before"
 # a pull into a directory where one file's place is taken by a directory: refused before any
 # file is replaced (not half one set and half the other)
 rm -rf "$T/mix" && mkdir -p "$T/mix/memory-ranges"

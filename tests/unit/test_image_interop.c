@@ -214,6 +214,41 @@ int main(void)
         /* through stdin with the CLI too */
         CHECK(t_sh("'%s' -q unpack - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0);
         CHECK(t_files_equal(src, out));
+
+        /* skippable frames of others, with the magics vmsnap uses too (0x184D2A5E is also
+         * zstd's seekable format's): the reference reader skips them all, and so does vmsnap
+         * (it took them for its own info frame and seek table and refused the object) */
+        reference_write(src, obj, false);
+        size_t olen;
+        uint8_t *o = t_read_file(obj, &olen);
+        REQUIRE(o && olen > 12);
+        uint8_t *b = calloc(1, olen + 256);
+        REQUIRE(b);
+        size_t bl = 12;
+        memcpy(b, o, 12);
+        const uint32_t skips[][2] = {{0x184D2A5Du, 23}, /* where an info frame goes */
+                                     {0x184D2A5Eu, 9},
+                                     {0x184D2A5Du, 16},
+                                     {0x184D2A5Eu, 77}};
+        for (int k = 0; k < 4; k++) {
+            if (k == 1) { /* the data frames after the first, the others at the end */
+                memcpy(b + bl, o + 12, olen - 12);
+                bl += olen - 12;
+            }
+            for (int j = 0; j < 4; j++)
+                b[bl + j] = (uint8_t)(skips[k][0] >> (8 * j));
+            for (int j = 0; j < 4; j++)
+                b[bl + 4 + j] = (uint8_t)(skips[k][1] >> (8 * j));
+            bl += 8 + skips[k][1]; /* content: zeros */
+        }
+        write_file(obj, b, bl);
+        struct vmsnap_image_stats st;
+        CHECKF(unpack(obj, out, &st), "reference object with others' skippable frames refused");
+        CHECK(t_files_equal(src, out));
+        CHECK(t_sh("'%s' -q unpack - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0);
+        CHECK(t_files_equal(src, out));
+        free(b);
+        free(o);
     }
 
     /* 3. Plain zstd of a whole file (libzstd one-shot, and the zstd CLI): decoded sparse. */
