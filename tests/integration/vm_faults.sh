@@ -122,25 +122,24 @@ grep -q "not a file under the asset directories" "$T/err" || fail "symlinked ini
 hostile h-rel 'c["initrd"] = "initrd.cpio.gz"'
 (cd "$G" && expect_fail "resume of a set naming a relative initrd" vmc "$C" resume golden "$STORE/h-rel")
 grep -q "not a file under the asset directories" "$T/err" || fail "relative initrd: $(cat "$T/err")"
-hostile h-accel 'c["accel"] = "tcg,thread=single"'
-expect_fail "resume of a set with QEMU options as its accelerator" vmc "$C" resume golden "$STORE/h-accel"
-grep -q "accelerator 'tcg,thread=single' is neither kvm nor tcg" "$T/err" || fail "accel: $(cat "$T/err")"
-hostile h-mem 'c["memory"] = c["memory"] // 2'
-expect_fail "resume of a set whose memory image is not the VM's memory" vmc "$C" resume golden "$STORE/h-mem"
-grep -q "the memory image holds .* the VM's memory is" "$T/err" || fail "memory size: $(cat "$T/err")"
+refused() { # NAME PYTHON DESCRIPTION EXPECTED: a set edited so is refused with that message
+    hostile "$1" "$2"
+    expect_fail "resume of a set with $3" vmc "$C" resume golden "$STORE/$1"
+    grep -q "$4" "$T/err" || fail "$3: $(cat "$T/err")"
+}
+refused h-accel 'c["accel"] = "tcg,thread=single"' "QEMU options as its accelerator" \
+    "accelerator 'tcg,thread=single' is neither kvm nor tcg"
+refused h-mem 'c["memory"] = c["memory"] // 2' "a memory image that is not the VM's memory" \
+    "the memory image holds .* the VM's memory is"
 # fields out of what a VM's config holds, each refused naming the field before anything is
 # staged: a generation at 2^63-1 wrapped to -2^63 at the next pause and then an older snapshot
 # replaced the newer checkpoint; a 400 KB config made a record no command could read again
 # (the VM unlisted and unstoppable); "cpus": "1" was reported as "vCPUs 0"
-hostile h-gen 'c["generation"] = 9223372036854775807'
-expect_fail "resume of a set with a generation at the top" vmc "$C" resume golden "$STORE/h-gen"
-grep -q '"generation" is 9223372036854775807, not a whole number in \[0, ' "$T/err" || fail "generation: $(cat "$T/err")"
-hostile h-cpus 'c["cpus"] = "1"'
-expect_fail "resume of a set with vCPUs as a string" vmc "$C" resume golden "$STORE/h-cpus"
-grep -q '"cpus" is "1", not a whole number in \[1, 64\]' "$T/err" || fail "cpus: $(cat "$T/err")"
-hostile h-big 'c["x"] = [0] * 200000'
-expect_fail "resume of a set with a 400 KB config" vmc "$C" resume golden "$STORE/h-big"
-grep -q "config.json: [0-9]* bytes, more than a VM's config takes" "$T/err" || fail "big config: $(cat "$T/err")"
+refused h-gen 'c["generation"] = 9223372036854775807' "a generation at the top" \
+    '"generation" is 9223372036854775807, not a whole number in \[0, '
+refused h-cpus 'c["cpus"] = "1"' "vCPUs as a string" '"cpus" is "1", not a whole number in \[1, 64\]'
+refused h-big 'c["x"] = [0] * 200000' "a 400 KB config" \
+    "config.json: [0-9]* bytes, more than a VM's config takes"
 rm -rf "$T/h2" && cp -a "$T/h" "$T/h2" && printf ' garbage {{{' >>"$T/h2/config.json"
 "$VMSNAP" -q push "$T/h2" "$STORE/h-trail" || fail "push of the set with bytes after its config"
 expect_fail "resume of a set with bytes after its config" vmc "$C" resume golden "$STORE/h-trail"
