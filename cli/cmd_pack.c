@@ -61,7 +61,7 @@ int cmd_pack(int argc, char **argv)
             o.threads = (unsigned)v;
             break;
         case 'f':
-            if (cli_parse_size(optarg, &o.frame_size) < 0)
+            if (cli_parse_size(optarg, &o.frame_size) < 0 || o.frame_size == 0)
                 return cli_usage("pack", "--frame-size wants a size like 64M, not '%s'", optarg);
             break;
         case 'l':
@@ -89,6 +89,9 @@ int cmd_pack(int argc, char **argv)
     }
     if (argc - optind != 2)
         return cli_usage("pack", "wants SRC and DST");
+    struct vmsnap_err perr = {0};
+    if (vmsnap_image_check_pack_opts(&o, &perr) < 0)
+        return cli_usage("pack", "%s", perr.msg);
     const char *src = argv[optind], *dst = argv[optind + 1];
     if (strcmp(dst, "-") == 0 && isatty(STDOUT_FILENO))
         return cli_usage("pack", "refusing to write an image to a terminal");

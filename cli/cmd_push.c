@@ -149,6 +149,10 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
     }
     if (o->part_size && o->max_memory && o->max_memory < o->part_size)
         return cli_usage(verb, "--max-memory must be at least --part-size"), -1;
+    struct vmsnap_pack_opts po = {.frame_size = o->frame_size, .level = o->level};
+    struct vmsnap_err perr = {0};
+    if (vmsnap_image_check_pack_opts(&po, &perr) < 0) /* a usage error, as pack says it */
+        return cli_usage(verb, "%s", perr.msg), -1;
     return optind;
 }
 
@@ -216,8 +220,8 @@ int cmd_push(int argc, char **argv)
     if (argc - i != 2)
         return cli_usage("push", "expected PATH and URL");
     if (!strcmp(argv[i], "-"))
-        return cli_usage("push", "PATH '-': push reads a file or a directory, not stdin (pack "
-                                 "reads stdin: 'vmsnap pack - FILE', then push FILE)");
+        return cli_usage("push", "PATH '-': push reads a file or a directory, not stdin (it walks "
+                                 "the file's extents: save the stream to a file, then push it)");
     struct cli_progress p;
     cli_progress_init(&p, "push");
     o.progress = cli_progress_cb;

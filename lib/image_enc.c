@@ -790,6 +790,12 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
         return vmsnap_err_set(err, errno, "stat %s: %s", name, strerror(errno));
     if (!S_ISREG(st.st_mode))
         return vmsnap_err_set(err, EINVAL, "%s: not a regular file", name);
+    char probe;
+    if (st.st_size == 0 && pread(src_fd, &probe, 1, 0) == 1) /* packed as empty, exit 0 */
+        return vmsnap_err_set(err, EINVAL,
+                              "%s reports a size of 0 but has data (a /proc or /sys file?): the "
+                              "encoder reads a file by its size; copy it to a file first",
+                              name);
 
     struct enc e = {
         .fd = src_fd,

@@ -45,6 +45,9 @@ done
 expect_fail "pack of a FIFO" timeout 30 "$VMSNAP" pack "$T/fifo" "$T/fromfifo"
 grep -q "fifo: not a regular file" "$T/err" || fail "pack of a FIFO: $(cat "$T/err")"
 rm -f "$T/dev" "$T/fifo" "$T/lnk" "$T/keep-target" && rmdir "$T/adir"
+# a file that reports size 0 but has data (/proc) was packed as an empty image, exit 0
+expect_fail "pack of a /proc file" "$VMSNAP" pack /proc/self/status "$T/proc.vs"
+grep -q "reports a size of 0 but has data" "$T/err" || fail "pack of a /proc file: $(cat "$T/err")"
 # plain zstd over --max-size is refused as over the cap (a policy), not as corrupt
 zstd -q -c "$T/src" >"$T/plain.zst"
 expect_fail "plain zstd over --max-size" "$VMSNAP" unpack --max-size 1M "$T/plain.zst" "$T/pz"
@@ -89,8 +92,15 @@ for v in nan inf 0x1p20 -1M 1Q; do
     rc=0; "$VMSNAP" pack --frame-size "$v" "$T/src" "$T/x" 2>"$T/err" || rc=$?
     [ "$rc" = 2 ] || fail "--frame-size $v: exit $rc, want 2"
 done
-rc=0; "$VMSNAP" pack --frame-size 1000 "$T/src" "$T/x" 2>"$T/err" || rc=$?
-[ "$rc" = 1 ] || fail "--frame-size 1000: exit $rc, want 1"
+# a frame size the encoder does not take is a usage error too, as --level 0 and -j 0 are
+# (it exited 1), and 0 is not taken as the default (it was)
+for v in 1000 0 4095 2G; do
+    rc=0; "$VMSNAP" pack --frame-size "$v" "$T/src" "$T/x" 2>"$T/err" || rc=$?
+    [ "$rc" = 2 ] || fail "--frame-size $v: exit $rc, want 2"
+    rc=0; "$VMSNAP" push --frame-size "$v" "$T/src" "$T/xs" 2>"$T/err" || rc=$?
+    [ "$rc" = 2 ] || fail "push --frame-size $v: exit $rc, want 2"
+done
+[ -e "$T/x" ] || [ -e "$T/xs" ] && fail "a refused --frame-size wrote something"
 rc=0; "$VMSNAP" unpack "$T/img" 2>/dev/null || rc=$?
 [ "$rc" = 2 ] || fail "missing DST: exit $rc, want 2"
 rc=0; "$VMSNAP" frobnicate 2>/dev/null || rc=$?
