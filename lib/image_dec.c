@@ -47,7 +47,10 @@ struct vmsnap_image {
 static int src_read(const struct vmsnap_source *src, void *buf, size_t len, uint64_t off,
                     struct vmsnap_err *err)
 {
-    return src->pread(src->arg, buf, len, off, err);
+    int rc = src->pread(src->arg, buf, len, off, err);
+    if (rc < 0 && err && src->name && !strstr(err->msg, src->name))
+        vmsnap_err_wrap(err, "%s: ", src->name); /* (a file's reads do not know its name) */
+    return rc;
 }
 
 int img_table_parse(const uint8_t *t, size_t tsize, uint64_t toff, uint64_t max_size,
@@ -530,7 +533,8 @@ int vmsnap_image_decode_parallel(const struct vmsnap_image *img, const struct vm
     if (!opts)
         opts = &defaults;
     if (dst_fd >= 0 && ftruncate(dst_fd, (off_t)img->total_size) < 0)
-        return vmsnap_err_set(err, errno, "set destination size to %llu: %s", ULL(img->total_size),
+        return vmsnap_err_set(err, errno, "%s: set its size to %llu (the image's logical size): %s",
+                              opts->dst_name ? opts->dst_name : "destination", ULL(img->total_size),
                               strerror(errno));
     unsigned threads = opts->threads ? opts->threads : sys_cpus();
     if (threads > 256)

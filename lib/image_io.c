@@ -21,7 +21,9 @@ static int fd_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsna
         return vmsnap_err_set(err, (int)-n, "read %zu bytes at offset %llu: %s", len,
                               (unsigned long long)off, strerror((int)-n));
     if ((size_t)n != len)
-        return vmsnap_err_set(err, EBADMSG, "truncated: wanted %zu bytes at offset %llu, got %zd",
+        return vmsnap_err_set(err, EBADMSG,
+                              "truncated (did it shrink while read?): wanted %zu bytes at offset "
+                              "%llu, got %zd",
                               len, (unsigned long long)off, n);
     return 0;
 }
