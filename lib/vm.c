@@ -571,6 +571,12 @@ static int check_set_cfg(const char *path, json_object *cfg, struct vmsnap_err *
     if (cfg_int(cfg, "memory") % (1 << 20))
         return vmsnap_err_set(err, EINVAL, "%s: \"memory\" %lld is not a multiple of 1 MiB", path,
                               (long long)cfg_int(cfg, "memory"));
+    json_object *disks;
+    if (!json_object_object_get_ex(cfg, "disks", &disks) ||
+        !json_object_is_type(disks, json_type_array) || json_object_array_length(disks) < 1 ||
+        !json_object_is_type(json_object_array_get_idx(disks, 0), json_type_object))
+        return vmsnap_err_set(err, EINVAL, "%s: \"disks\" is missing or not a list of disk objects",
+                              path);
     const char *cmd = cfg_str(cfg, "cmdline");
     if (cmd && strlen(cmd) > 4096)
         return vmsnap_err_set(

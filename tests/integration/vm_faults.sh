@@ -138,6 +138,7 @@ refused h-mem 'c["memory"] = c["memory"] // 2' "a memory image that is not the V
 refused h-gen 'c["generation"] = 9223372036854775807' "a generation at the top" \
     '"generation" is 9223372036854775807, not a whole number in \[0, '
 refused h-cpus 'c["cpus"] = "1"' "vCPUs as a string" '"cpus" is "1", not a whole number in \[1, 64\]'
+refused h-disks 'del c["disks"]' "no disks" '"disks" is missing or not a list of disk objects'
 refused h-big 'c["x"] = [0] * 200000' "a 400 KB config" \
     "config.json: [0-9]* bytes, more than a VM's config takes"
 rm -rf "$T/h2" && cp -a "$T/h" "$T/h2" && printf ' garbage {{{' >>"$T/h2/config.json"
