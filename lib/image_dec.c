@@ -373,6 +373,7 @@ int vmsnap_image_decode_frame_mem(const struct vmsnap_image *img, uint32_t i, co
     struct rec_parser rp;
     const bool header = i == 0, trailer = i == img->n - 1;
     rec_init(&rp, header ? REC_TOTAL : REC_OFF, dst_fd, img->name, img->total_size);
+    rp.table_total = true;
     rp.dst_name = dec->dst_name;
     snprintf(rp.where, sizeof(rp.where), "frame %u at byte %llu", i, ULL(fi->offset));
     rp.total = img->total_size;

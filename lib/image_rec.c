@@ -55,6 +55,9 @@ static int word(struct rec_parser *rp, uint64_t v, struct vmsnap_err *err)
     case REC_TOTAL:
         if (sv < 0)
             return bad(rp, err, "negative totalSize %lld", (long long)sv);
+        if (rp->table_total && v != rp->max_size)
+            return bad(rp, err, "totalSize %llu disagrees with the seek table (%llu)", ULL(v),
+                       ULL(rp->max_size));
         if (v > rp->max_size) /* a policy, not damage */
             return vmsnap_err_set(err, EFBIG,
                                   "%s: totalSize %llu exceeds the cap of %llu bytes (--max-size; "

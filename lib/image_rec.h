@@ -20,6 +20,7 @@ struct rec_parser {
     uint64_t data_off, data_left;
     uint64_t total;
     bool have_total;
+    bool table_total;       /* max_size is the seek table's totalSize: another one is damage */
     bool truncate_on_total; /* ftruncate fd to totalSize when it is read */
     bool allow_sentinel;
     uint64_t max_size;

@@ -265,6 +265,26 @@ int main(void)
         vmsnap_image_free(img);
         free(data);
     }
+    /* A table whose totalSize is smaller than frame 0's, over a tail that is a hole (no frame
+     * past it): damage, not the --max-size policy it was reported as ("raise it") */
+    {
+        struct gen_extent ext[] = {{0, 8192, FILL_RANDOM}};
+        gen_file(src, 16 * MiB, ext, 1, 98);
+        REQUIRE(t_sh("'%s' -q pack --frame-size 1M '%s' '%s'", bin, src, obj) == 0);
+        size_t len;
+        uint8_t *o = t_read_file(obj, &len);
+        REQUIRE(o != NULL);
+        uint32_t tsize = get_le32(o + len - SEEK_FOOTER_LEN + 12);
+        uint8_t *h = o + len - tsize + 8;
+        uint32_t nt = get_le32(h + 56);
+        put64(h + 8, 8 * MiB);
+        put64(h + SEEK_HDR_LEN + (nt - 1) * SEEK_ENTRY_LEN + 16, 8 * MiB); /* the sentinel's */
+        put64(h + SEEK_HDR_LEN + (nt - 1) * SEEK_ENTRY_LEN + 24, 8 * MiB); /* place */
+        put64(o + len - SEEK_FOOTER_LEN, XXH64(h, SEEK_HDR_LEN + (size_t)nt * SEEK_ENTRY_LEN, 0));
+        expect_reject("table totalSize under frame 0's", o, len, false, "",
+                      "totalSize 16777216 disagrees with the seek table");
+        free(o);
+    }
     /* A table whose ranges are self-consistent but that fences records out: data at both ends
      * of the first 1 MiB range, the range's end pulled in by 4 KiB. */
     {
