@@ -382,6 +382,12 @@ int vmsnap_disk_clone(const char *src, const char *dst, const struct vmsnap_disk
     }
     int rc;
     if (o->link) {
+        /* only a regular file is replaced, as by a copy (a FIFO, a link, a device went) */
+        rc = sys_check_replaceable(dst, err);
+        if (rc < 0) {
+            close(sfd);
+            return rc;
+        }
         rc = do_link(src, dst, &st, o->force, err);
         if (rc == 0) {
             close(sfd);

@@ -254,11 +254,22 @@ static int check_table(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
     return rc;
 }
 
+/* A skippable frame read whole: vmsnap's info frame, its seek table, or someone else's.
+ * vmsnap's are told by their content (the info frame's "VMSNINFO" first, the table's footer
+ * "VMSNSEEK" last) or by their place (an info frame's magic and size right after the header,
+ * a seek-table magic in an object with an info frame): a damaged one of them is an error, as
+ * the file decoder finds it; any other is skipped, as the reference reader skips every one
+ * (0x184D2A5E is also zstd's seekable format's magic). */
 static int end_capture(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
 {
-    if (sd->skip_magic == INFO_SKIP_MAGIC) {
+    const bool info_sig = sd->cap_len >= 8 && !memcmp(sd->cap_buf, INFO_MAGIC, 8);
+    const bool seek_sig =
+        sd->cap_len >= 8 && !memcmp(sd->cap_buf + sd->cap_len - 8, SEEK_FOOTER_MAGIC, 8);
+    const bool info_place = sd->frame_start == IMG_HEADER_LEN &&
+                            sd->skip_magic == INFO_SKIP_MAGIC && sd->cap_len == INFO_CONTENT_LEN;
+    if (info_sig || info_place) {
         uint8_t whole[8 + INFO_CONTENT_LEN];
-        put_le32(whole, INFO_SKIP_MAGIC);
+        put_le32(whole, sd->skip_magic);
         put_le32(whole + 4, (uint32_t)sd->cap_len);
         memcpy(whole + 8, sd->cap_buf, VMSNAP_MIN(sd->cap_len, (size_t)INFO_CONTENT_LEN));
         if (sd->frame_start != IMG_HEADER_LEN || sd->cap_len != INFO_CONTENT_LEN ||
@@ -270,6 +281,15 @@ static int end_capture(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
         sd->fs = F_MAGIC;
         return 0;
     }
+    if (!seek_sig && !(sd->skip_magic == SEEK_SKIP_MAGIC && sd->expect_table)) {
+        sd->fs = F_MAGIC; /* someone else's: skipped */
+        return 0;
+    }
+    if (!sd->expect_table || sd->skip_magic != SEEK_SKIP_MAGIC)
+        return img_corrupt(err, sd->name, "seek table at byte %llu %s", ULL(sd->frame_start),
+                           sd->expect_table
+                               ? "under another frame magic"
+                               : "in an object whose info frame is missing or damaged");
     /* The seek table: it must come after the sentinel and end the object. */
     if (sd->rp.state != REC_DONE)
         return img_corrupt(err, sd->name,
@@ -337,21 +357,16 @@ static int sparse_feed(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len,
             sd->skip_magic = get_le32(sd->fhdr);
             sd->skip_left = get_le32(sd->fhdr + 4);
             sd->fhdr_fill = 0;
-            /* vmsnap's own skippable frames: the info frame right after the header (its magic
-             * and size there: damaged, it is an error, not skipped), and the seek table of an
-             * object that has an info frame. Any other skippable frame, these magics included
-             * (0x184D2A5E is also zstd's seekable format's), is skipped, as the reference
-             * reader skips every one (the reference writer writes none). */
-            bool ours = (sd->skip_magic == INFO_SKIP_MAGIC && sd->frame_start == IMG_HEADER_LEN &&
-                         sd->skip_left == INFO_CONTENT_LEN) ||
-                        (sd->skip_magic == SEEK_SKIP_MAGIC && sd->expect_table);
-            if (ours) {
-                uint64_t lim =
-                    8 + SEEK_HDR_LEN + (uint64_t)SEEK_MAX_FRAMES * SEEK_ENTRY_LEN + SEEK_FOOTER_LEN;
-                if (sd->skip_left > lim)
-                    return img_corrupt(err, sd->name,
-                                       "vmsnap skippable frame at byte %llu too large (%llu)",
-                                       ULL(sd->frame_start), ULL(sd->skip_left));
+            /* A skippable frame that can be vmsnap's own is read whole and told by its content
+             * (end_capture); a larger one is skipped, as the reference reader skips every one,
+             * unless it stands where the seek table of an object with an info frame must. */
+            uint64_t lim =
+                8 + SEEK_HDR_LEN + (uint64_t)SEEK_MAX_FRAMES * SEEK_ENTRY_LEN + SEEK_FOOTER_LEN;
+            if (sd->skip_left > lim && sd->skip_magic == SEEK_SKIP_MAGIC && sd->expect_table)
+                return img_corrupt(err, sd->name,
+                                   "vmsnap skippable frame at byte %llu too large (%llu)",
+                                   ULL(sd->frame_start), ULL(sd->skip_left));
+            if (sd->skip_left <= lim) {
                 free(sd->cap_buf);
                 sd->cap_buf = malloc(sd->skip_left ? sd->skip_left : 1);
                 if (!sd->cap_buf)

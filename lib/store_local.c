@@ -126,7 +126,9 @@ static int lmpu_create(struct vmsnap_store_conn *c, const char *key, char **uplo
     char *path = store_local_path(c->st, key);
     if (!path)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
-    int rc = mkparents(path, err);
+    int rc = sys_check_replaceable(path, err); /* refused before anything is uploaded */
+    if (rc == 0)
+        rc = mkparents(path, err);
     const char *base;
     char *dir = rc == 0 ? dir_of(path, &base) : NULL;
     char *tmp = NULL;
@@ -213,6 +215,8 @@ static int lmpu_complete(struct vmsnap_store_conn *c, const char *key, const cha
         rc = vmsnap_err_set(err, errno, "open %s: %s", p, strerror(errno));
     else if (fsync(fd) < 0)
         rc = vmsnap_err_set(err, errno, "fsync %s: %s", p, strerror(errno));
+    if (rc == 0)
+        rc = sys_check_replaceable(dst, err); /* (one put there meanwhile) */
     if (rc == 0) {
         (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED); /* clean after the fsync: no I/O */
         if (rename(p, dst) < 0)

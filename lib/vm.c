@@ -395,6 +395,8 @@ static int check_ram_dir(struct vmctx *c, struct vmsnap_err *err)
  * always fits. */
 #define CFG_MAX (1 << 20)
 #define SET_CFG_MAX (64 << 10)
+#define GEN_MAX (INT64_C(1) << 62) /* a snapshot's generation at most (never wraps) */
+#define CMDLINE_MAX 4096           /* a kernel command line at most (vm run and resume) */
 
 static int cfg_load(const char *path, json_object **out, struct vmsnap_err *err)
 {
@@ -542,11 +544,13 @@ static int vmm_from_cfg(struct vmctx *c, json_object *cfg, struct vmsnap_vmm **o
 }
 
 /* A snapshot's config.json comes from a store another node (or tenant) wrote: before anything
- * is staged, its fields must be what a VM's config holds, each refusal naming the field. */
-static int check_set_cfg(const char *path, json_object *cfg, struct vmsnap_err *err)
+ * is staged, its fields must be what a VM's config holds, each refusal naming the field and
+ * `path` (the object's name: `file` is its staged copy). */
+static int check_set_cfg(const char *file, const char *path, json_object *cfg,
+                         struct vmsnap_err *err)
 {
     struct stat sb;
-    if (stat(path, &sb) == 0 && sb.st_size > SET_CFG_MAX)
+    if (stat(file, &sb) == 0 && sb.st_size > SET_CFG_MAX)
         return vmsnap_err_set(err, EFBIG, "%s: %lld bytes, more than a VM's config takes (%d)",
                               path, (long long)sb.st_size, SET_CFG_MAX);
     static const struct {
@@ -555,7 +559,7 @@ static int check_set_cfg(const char *path, json_object *cfg, struct vmsnap_err *
     } ints[] = {
         {"memory", 1 << 20, INT64_C(1) << 46}, /* 64 TiB: the codec's cap */
         {"cpus", 1, 64},
-        {"generation", 0, INT64_C(1) << 62},
+        {"generation", 0, GEN_MAX},
     };
     for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
         json_object *v;
@@ -578,11 +582,11 @@ static int check_set_cfg(const char *path, json_object *cfg, struct vmsnap_err *
         return vmsnap_err_set(err, EINVAL, "%s: \"disks\" is missing or not a list of disk objects",
                               path);
     const char *cmd = cfg_str(cfg, "cmdline");
-    if (cmd && strlen(cmd) > 4096)
-        return vmsnap_err_set(
-            err, EINVAL,
-            "%s: \"cmdline\" is %zu bytes, more than a kernel command line takes (4096)", path,
-            strlen(cmd));
+    if (cmd && strlen(cmd) > CMDLINE_MAX)
+        return vmsnap_err_set(err, EINVAL,
+                              "%s: \"cmdline\" is %zu bytes, more than a kernel command line "
+                              "takes (%d)",
+                              path, strlen(cmd), CMDLINE_MAX);
     return 0;
 }
 
@@ -1041,6 +1045,12 @@ int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
         rc = vmsnap_err_set(err, EINVAL, "vm run %s: a kernel is required", name);
         goto out;
     }
+    if (a->append && strlen(a->append) > CMDLINE_MAX) { /* (a resume would refuse its snapshot) */
+        rc = vmsnap_err_set(err, EINVAL,
+                            "--append is %zu bytes, more than a kernel command line takes (%d)",
+                            strlen(a->append), CMDLINE_MAX);
+        goto out;
+    }
     const char *accel;
     rc = vmsnap_vmm_pick_accel(o ? o->accel : NULL, &accel, err);
     if (rc == 0)
@@ -1189,9 +1199,9 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
      * a stale snapshot from a newer local checkpoint */
     int64_t gen = cfg_int(cfg, "generation");
     json_object_object_add(cfg, "generation",
-                           json_object_new_int64(gen > 0 && gen < INT64_MAX ? gen + 1
-                                                 : gen > 0                  ? gen
-                                                                            : 1));
+                           json_object_new_int64(gen > 0 && gen < GEN_MAX ? gen + 1
+                                                 : gen > 0                ? GEN_MAX
+                                                                          : 1));
     /* From the stop on, `sdir` (the device state) and the RAM file and live disk are the VM's
      * newest state, until the checkpoint is complete: the config and a mark saying so go in
      * first, so a process killed meanwhile leaves what finish_taken() completes. */
@@ -1911,8 +1921,11 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     rc = pjoin(p, src, "config.json", err);
     if (rc == 0)
         rc = cfg_load(p, &cfg, err);
-    if (rc == 0 && url)
-        rc = check_set_cfg(p, cfg, err);
+    if (rc == 0 && url) {
+        char shown[PATH_LEN];
+        snprintf(shown, sizeof(shown), "%s/config.json", url);
+        rc = check_set_cfg(p, shown, cfg, err);
+    }
     if (rc < 0)
         goto out_src;
     if (cfg_int(cfg, "memory") <= 0 || !cfg_str(cfg, "kernel")) {
@@ -2204,10 +2217,10 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
             cfg_set_str(cfg, "status", "stopped");
             rc = cfg_save(c.cfgpath, cfg, err);
         }
-        if (remove)
-            rc = rm_rf(c.vmdir) < 0
-                     ? vmsnap_err_set(err, errno, "remove %s: %s", c.vmdir, strerror(errno))
-                     : 0;
+        if (remove) {
+            int r = rm_rf(c.vmdir);
+            rc = r < 0 ? vmsnap_err_set(err, -r, "remove %s: %s", c.vmdir, strerror(-r)) : 0;
+        }
     }
     if (rc < 0)
         vmsnap_err_wrap(err, "vm stop %s: ", name);

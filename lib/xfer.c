@@ -92,6 +92,25 @@ static int xfer_init(struct xfer *x, const char *url, const struct vmsnap_xfer_o
     int rc = vmsnap_store_open(url, &x->o.store, &x->st, key, err);
     if (rc < 0)
         return rc;
+    /* Local store: the directory a URL names (a set's, or the prefix of ls and gc) is not
+     * entered through a symbolic link: one planted in a shared store pulled another tenant's
+     * set with its manifest as this one, and rm of it emptied the set it points at. The
+     * directories above it are the user's path, links included. */
+    struct stat lsb;
+    char *lp = x->st->kind == VMSNAP_STORE_LOCAL && **key ? store_local_path(x->st, *key) : NULL;
+    if (lp && lstat(lp, &lsb) == 0 && S_ISLNK(lsb.st_mode) && stat(lp, &lsb) == 0 &&
+        S_ISDIR(lsb.st_mode))
+        rc = vmsnap_err_set(err, EINVAL,
+                            "%s is a symbolic link to a directory: a set or prefix is not read or "
+                            "changed through a link (name the directory itself)",
+                            url);
+    free(lp);
+    if (rc < 0) {
+        vmsnap_store_free(x->st);
+        free(*key);
+        *key = NULL;
+        return rc;
+    }
     if (x->st->kind == VMSNAP_STORE_S3 && x->o.part_size < VMSNAP_STORE_MIN_PART) {
         vmsnap_store_free(x->st);
         free(*key);
@@ -2199,6 +2218,29 @@ int vmsnap_xfer_check_dest(const char *url, bool set, const struct vmsnap_xfer_o
     return rc;
 }
 
+/* No file is pushed inside a committed set (KEY's parent holds a manifest): it would replace
+ * one of its objects or its manifest (a set was destroyed so). A set below a set is another
+ * matter: its objects are in its own directory. */
+static int not_inside_set(struct vmsnap_store_conn *ctl, const char *key, const char *url,
+                          const char *what, struct vmsnap_err *err)
+{
+    const char *slash = strrchr(key, '/');
+    char *parent = strndup(key, slash ? (size_t)(slash - key) : 0);
+    char *pm = parent ? join_key(parent, VMSNAP_XFER_MANIFEST) : NULL;
+    int rc = pm ? key_exists(ctl, pm, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
+    if (rc > 0) {
+        const char *us = strrchr(url, '/');
+        rc = vmsnap_err_set(err, EEXIST,
+                            "%s is inside the snapshot set %.*s (it has a %s): %s pushed there "
+                            "would replace or join its objects; push elsewhere",
+                            url, us ? (int)(us - url) : 1, us ? url : ".", VMSNAP_XFER_MANIFEST,
+                            what);
+    }
+    free(pm);
+    free(parent);
+    return rc < 0 ? rc : 0;
+}
+
 int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer_opts *opts,
                      struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
 {
@@ -2241,7 +2283,7 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
         goto out;
     pool = true;
     if (S_ISDIR(sb.st_mode)) {
-        rc = push_set(&x, ctl, path, key, url, stats, err);
+        rc = push_set(&x, ctl, path, key, url, stats, err); /* (a set below a set is fine) */
     } else {
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) {
@@ -2258,29 +2300,14 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
                                 "hidden by it; remove the set first ('vmsnap rm %s') or push "
                                 "elsewhere",
                                 url, url, VMSNAP_XFER_MANIFEST, url);
-        /* nor inside a set: it would replace one of the set's objects or its manifest (a
-         * committed set was destroyed so) */
         const char *slash = strrchr(key, '/');
-        const char *base = slash ? slash + 1 : key;
-        char *parent = rc == 0 ? strndup(key, slash ? (size_t)(slash - key) : 0) : NULL;
-        char *pm = parent ? join_key(parent, VMSNAP_XFER_MANIFEST) : NULL;
-        if (rc == 0 && !strcmp(base, VMSNAP_XFER_MANIFEST))
+        if (rc == 0 && !strcmp(slash ? slash + 1 : key, VMSNAP_XFER_MANIFEST))
             rc = vmsnap_err_set(err, EINVAL,
                                 "%s: %s is the name of a snapshot set's manifest, not one for an "
                                 "object",
                                 url, VMSNAP_XFER_MANIFEST);
-        else if (rc == 0 && !pm)
-            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-        else if (rc == 0 && (rc = key_exists(ctl, pm, err)) > 0) {
-            const char *us = strrchr(url, '/');
-            rc =
-                vmsnap_err_set(err, EEXIST,
-                               "%s is inside the snapshot set %.*s (it has a %s): a file pushed "
-                               "there would replace or join its objects; push elsewhere",
-                               url, us ? (int)(us - url) : 1, us ? url : ".", VMSNAP_XFER_MANIFEST);
-        }
-        free(pm);
-        free(parent);
+        if (rc == 0)
+            rc = not_inside_set(ctl, key, url, "a file", err);
         struct leftover_ctx l = {.exact = key, .c = ctl};
         if (rc == 0)
             rc = vmsnap_store_list_uploads(ctl, key, abort_leftover, &l, err);

@@ -81,7 +81,7 @@ unsigned sys_cpus(void)
 /* Only a regular file (or nothing) is replaced: a rename over a device node, a FIFO or a
  * symbolic link put a file in its place (`pack IMG /dev/null` as root replaced /dev/null), and
  * one over a directory failed only after all the work. */
-static int check_replaceable(const char *path, struct vmsnap_err *err)
+int sys_check_replaceable(const char *path, struct vmsnap_err *err)
 {
     struct stat sb;
     if (lstat(path, &sb) < 0 || S_ISREG(sb.st_mode))
@@ -101,7 +101,7 @@ int sys_atomic_open(struct sys_atomic_file *af, const char *path, mode_t mode,
 {
     af->fd = -1;
     af->path = af->tmp = NULL;
-    int crc = check_replaceable(path, err);
+    int crc = sys_check_replaceable(path, err);
     if (crc < 0)
         return crc;
     af->path = strdup(path);
@@ -184,7 +184,7 @@ int sys_atomic_commit(struct sys_atomic_file *af, bool sync, struct vmsnap_err *
     }
     if ((rc = sys_atomic_close(af, err)) < 0)
         goto fail;
-    if ((rc = check_replaceable(af->path, err)) < 0) /* (one put there meanwhile) */
+    if ((rc = sys_check_replaceable(af->path, err)) < 0) /* (one put there meanwhile) */
         goto fail;
     if (rename(af->tmp, af->path) < 0) {
         rc = vmsnap_err_set(err, errno, "rename %s to %s: %s", af->tmp, af->path, strerror(errno));
@@ -229,15 +229,17 @@ static int rm_at(int pfd, const char *name, int depth)
     struct stat st;
     if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
         return errno == ENOENT ? 0 : -errno;
-    int fd = -1;
-    if (S_ISDIR(st.st_mode) && depth < 128)
-        fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-        /* not a directory (or replaced by a link since): the name itself goes */
-        if (unlinkat(pfd, name, 0) == 0 || errno == ENOENT)
-            return 0;
-        return -errno;
+    if (!S_ISDIR(st.st_mode))
+        return unlinkat(pfd, name, 0) == 0 || errno == ENOENT ? 0 : -errno;
+    if (depth >= 128) /* deeper than any tree vmsnap makes: not left half removed silently */
+        return -ELOOP;
+    int fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && (errno == ELOOP || errno == ENOTDIR)) {
+        /* replaced by a link or a file since: the name itself goes */
+        return unlinkat(pfd, name, 0) == 0 || errno == ENOENT ? 0 : -errno;
     }
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -errno;
     DIR *d = fdopendir(fd);
     if (!d) {
         int e = errno;

@@ -43,6 +43,9 @@ void sys_atomic_abort(struct sys_atomic_file *af);
 
 /* fsync the directory holding `path`. */
 int sys_fsync_parent(const char *path, struct vmsnap_err *err);
+/* 0 when `path` is a regular file or nothing: what may be replaced by a rename. Else an error
+ * naming what is there (a directory, a link, a FIFO, a socket, a device). */
+int sys_check_replaceable(const char *path, struct vmsnap_err *err);
 /* Remove `path` and, when it is a directory (not a link to one), everything below it, through
  * directory descriptors opened without following links: a directory of the tree renamed away
  * and replaced by a link while this runs (a tree in a world-writable place such as /dev/shm)

@@ -118,6 +118,14 @@ for f in "" --force; do
         fail "clone --link $f of a symlink did not link the image it names"
 done
 rm -f "$T/lsub/out.img" "$T/sym.img"
+# --link --force replaces only a regular file (a FIFO or a link at DST went, as a copy refuses)
+mkfifo "$T/lfifo" && ln -s "$T/nothere" "$T/llnk"
+for d in lfifo llnk; do
+    expect_fail "clone --link --force over a $d" "$VMSNAP" disk clone --link --force "$T/src.img" "$T/$d"
+    grep -q "$T/$d is a .*, not a file: not replaced" "$T/err" || fail "--link over a $d: $(cat "$T/err")"
+done
+[ -p "$T/lfifo" ] && [ -L "$T/llnk" ] || fail "clone --link --force replaced a FIFO or a link"
+rm -f "$T/lfifo" "$T/llnk"
 expect_fail "existing destination" "$VMSNAP" disk clone "$T/src.img" "$T/c1.img"
 grep -q -- "--force" "$T/err" || fail "existing destination: unclear error"
 "$VMSNAP" disk clone --force "$T/src.img" "$T/c1.img" || fail "clone --force"

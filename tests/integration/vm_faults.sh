@@ -139,6 +139,11 @@ refused h-gen 'c["generation"] = 9223372036854775807' "a generation at the top" 
     '"generation" is 9223372036854775807, not a whole number in \[0, '
 refused h-cpus 'c["cpus"] = "1"' "vCPUs as a string" '"cpus" is "1", not a whole number in \[1, 64\]'
 refused h-disks 'del c["disks"]' "no disks" '"disks" is missing or not a list of disk objects'
+# vm run takes no command line that a resume would refuse (its only snapshot could be one)
+expect_fail "vm run with a 5000-byte --append" vmc "$C" run tbig --kernel "$G/vmlinux" \
+    --append "$(head -c 5000 /dev/zero | tr '\0' a)"
+grep -q "append is 5000 bytes, more than a kernel command line takes (4096)" "$T/err" ||
+    fail "vm run --append 5000: $(cat "$T/err")"
 refused h-big 'c["x"] = [0] * 200000' "a 400 KB config" \
     "config.json: [0-9]* bytes, more than a VM's config takes"
 rm -rf "$T/h2" && cp -a "$T/h" "$T/h2" && printf ' garbage {{{' >>"$T/h2/config.json"

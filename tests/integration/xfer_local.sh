@@ -321,6 +321,23 @@ expect_fail "push of a file as a manifest" "$VMSNAP" push "$T/r12" "$S/sets/a/ma
 grep -q "manifest.json is the name of a snapshot set's manifest" "$T/err" || fail "file as a manifest: $(cat "$T/err")"
 diff -r "$T/seta.before" "$S/sets/a" >/dev/null || fail "a refused push into a set changed it"
 rm -rf "$T/seta.before"
+# a set is not read or changed through a link to its directory: one planted in a shared store
+# pulled another set with its manifest as this one, and rm of it emptied the set it points at
+ln -s "$S/sets/a" "$S/sets/alink"
+expect_fail "pull of a set through a link" "$VMSNAP" pull "$S/sets/alink" "$T/lout"
+grep -q "alink is a symbolic link to a directory" "$T/err" || fail "pull through a link: $(cat "$T/err")"
+expect_fail "rm of a set through a link" "$VMSNAP" rm "$S/sets/alink"
+[ -f "$S/sets/a/manifest.json" ] && [ -f "$S/sets/a/state.json.zstd" ] || fail "rm through a link emptied the set"
+[ -e "$T/lout" ] && fail "pull through a link left $T/lout"
+rm "$S/sets/alink"
+# an object uploaded in parts (larger than --part-size) replaces only a regular file too (its
+# completion renamed over a device, as a single put no longer did)
+mknod "$S/devnode" c 1 3
+expect_fail "multipart push over a device" "$VMSNAP" push --part-size 5M "$T/r40" "$S/devnode"
+grep -q "devnode is a device, not a file: not replaced" "$T/err" || fail "push over a device: $(cat "$T/err")"
+[ -c "$S/devnode" ] || fail "a multipart push replaced a device node"
+ls -A "$S" | grep -q '^\.devnode' && fail "a refused multipart push left its upload file"
+rm -f "$S/devnode"
 # a pull into a directory where one file's place is taken by a directory: refused before any
 # file is replaced (not half one set and half the other)
 rm -rf "$T/mix" && mkdir -p "$T/mix/memory-ranges"
