@@ -860,6 +860,14 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
     pthread_cond_init(&e.cv_work, NULL);
     pthread_cond_init(&e.cv_done, NULL);
 
+    /* The pre-scan first: it writes nothing, so the sink holds no part being filled while its
+     * threads wait for a shared budget (with two files at once, the other file's writer waited
+     * for that part, and the part for this file's pre-scan: a deadlock found by review). */
+    for (unsigned i = 0; i < threads; i++)
+        ws[i] = (struct worker){.e = &e, .wait = true};
+    if (e.base && (rc = prescan(&e, ws, threads, err)) < 0)
+        goto out_sync;
+
     /* Header, info frame and the totalSize frame go out before any worker starts. */
     uint8_t hdr[IMG_HEADER_LEN];
     memcpy(hdr, IMG_MAGIC, IMG_MAGIC_LEN);
@@ -869,11 +877,6 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
         goto out_sync;
     const uint64_t frames_start = o.pos;
     if ((rc = emit_word_frame(&o, cctx, e.level, e.size, 0, &t, err)) < 0)
-        goto out_sync;
-
-    for (unsigned i = 0; i < threads; i++)
-        ws[i] = (struct worker){.e = &e, .wait = true};
-    if (e.base && (rc = prescan(&e, ws, threads, err)) < 0)
         goto out_sync;
 
     for (; started < threads; started++) {

@@ -2,11 +2,14 @@
 /* The transfer worker pool (see xfer_int.h). */
 #include "xfer_int.h"
 
+#include "util/util.h"
+
 #include <errno.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 /* The header in front of every pool buffer: the size of its mapping, and the link while kept. */
 struct xbuf {
@@ -143,11 +146,26 @@ static void unmap_all(struct xbuf *drop)
     }
 }
 
+/* Wait for memory to be given back, and at least every 100 ms: a cancel (Ctrl-C) is only a
+ * flag, and a wait that never looked at it outlived the first signal. Under p->mu. */
+static void mem_wait(struct xpool *p)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100 * 1000 * 1000;
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&p->cv_mem, &p->mu, &ts);
+}
+
 void xpool_mem_acquire(struct xpool *p, uint64_t bytes)
 {
     pthread_mutex_lock(&p->mu);
-    while (p->mem_used > p->enc_used && p->mem_used + bytes > p->mem_cap)
-        pthread_cond_wait(&p->cv_mem, &p->mu);
+    while (p->mem_used > p->enc_used + p->fill_used && p->mem_used + bytes > p->mem_cap &&
+           !cancel_pending())
+        mem_wait(p);
     p->mem_used += bytes;
     if (p->mem_used > p->mem_peak)
         p->mem_peak = p->mem_used;
@@ -159,9 +177,9 @@ void xpool_enc_acquire(struct xpool *p, uint64_t bytes, bool wait, bool (*stop)(
 {
     pthread_mutex_lock(&p->mu);
     while (wait && p->mem_used > p->fill_used && p->mem_used + bytes > p->mem_cap &&
-           !(stop && stop(ctx))) {
+           !(stop && stop(ctx)) && !cancel_pending()) {
         p->enc_waiting++;
-        pthread_cond_wait(&p->cv_mem, &p->mu);
+        mem_wait(p);
         p->enc_waiting--;
     }
     p->mem_used += bytes;
