@@ -56,7 +56,7 @@ static const struct cli_verb verbs[] = {
      "AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY[/AWS_SESSION_TOKEN], --path-style),\n"
      "gs://bucket/key (Cloud Storage XML API with HMAC keys). -j: connections (default 8);\n"
      "parts of 16M (--part-size); at most 256M of parts and encoder buffers (--max-memory; passed\n"
-     "by about two frames of --frame-size, 64M, per file encoding; a set encodes two at once).\n"
+     "by about three frames of --frame-size, 64M, per file encoding; a set encodes two at once).\n"
      "--base URL: an earlier set (or object) in the same store; frames that did not change are\n"
      "copied there by the store (S3 UploadPartCopy) instead of being compressed and uploaded.\n"
      "All options: [--json] [-j N] [--part-size SIZE] [--max-memory SIZE] [--threads N]\n"

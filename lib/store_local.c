@@ -267,9 +267,10 @@ static int open_obj(struct vmsnap_store_conn *c, const char *key, char **pathp,
         return -e;
     }
     struct stat sb;
-    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
+    bool st_ok = fstat(fd, &sb) == 0;
+    if (!st_ok || !S_ISREG(sb.st_mode)) {
         /* a directory is no object (a set's prefix, looked up as one); anything else is refused */
-        int e = fstat(fd, &sb) == 0 && S_ISDIR(sb.st_mode) ? ENOENT : EINVAL;
+        int e = st_ok && S_ISDIR(sb.st_mode) ? ENOENT : EINVAL;
         close(fd);
         vmsnap_err_set(err, e, "%s: not a regular file%s", p,
                        e == EINVAL ? " (a FIFO, socket or device): not an object, refused" : "");

@@ -129,7 +129,7 @@ struct vmsnap_image_stats {
 
 /* Encode the regular file open at `src_fd` into `sink`. The output is byte-identical for any
  * thread count. Memory: about threads x 3 x frame_size at most, or what opts->mem allows plus
- * about two frames. */
+ * about three frames. */
 VMSNAP_API int vmsnap_image_pack_fd(int src_fd, const char *src_name,
                                     const struct vmsnap_sink *sink,
                                     const struct vmsnap_pack_opts *opts,

@@ -53,7 +53,7 @@ struct vmsnap_xfer_opts {
     unsigned connections; /* parallel streams (-j); 0: 8 */
     uint64_t part_size;   /* upload part size; 0: 16 MiB (>= 5 MiB for S3) */
     uint64_t max_memory;  /* cap on buffered parts/frame groups and a push's encoder buffers;
-                           * 0: 256 MiB (a push passes it by about two frames per file) */
+                           * 0: 256 MiB (a push passes it by ~three frames per file) */
     unsigned threads;     /* codec threads; 0: CPUs */
     uint64_t frame_size;  /* codec frame size on push; 0: codec default */
     int level;            /* zstd level on push; 0: codec default */
