@@ -21,6 +21,7 @@ void rec_init(struct rec_parser *rp, enum rec_state start, int fd, const char *n
     rp->name = name;
     rp->max_size = max_size;
     rp->hi = UINT64_MAX;
+    rp->span_lo = UINT64_MAX;
 }
 
 int img_corrupt(struct vmsnap_err *err, const char *name, const char *fmt, ...)
@@ -107,6 +108,8 @@ static int word(struct rec_parser *rp, uint64_t v, struct vmsnap_err *err)
         rp->next_min = rp->off + v;
         rp->extents++;
         rp->populated += v;
+        rp->span_lo = VMSNAP_MIN(rp->span_lo, rp->off);
+        rp->span_hi = VMSNAP_MAX(rp->span_hi, rp->off + v);
         rp->state = v ? REC_DATA : REC_OFF;
         return 0;
     default:

@@ -28,7 +28,9 @@ struct rec_parser {
     uint64_t lo, hi;   /* the frame's source range */
     uint64_t pos;      /* decoded bytes consumed, for messages */
     uint64_t extents, populated;
-    int fd; /* destination, -1 to discard */
+    uint64_t span_lo, span_hi; /* extents seen since span_lo was set to UINT64_MAX: lowest start, */
+                               /* highest end (the sequential decoder resets them per frame) */
+    int fd;                    /* destination, -1 to discard */
     const char *name;
     const char *dst_name;
     char where[96]; /* "frame 3 at object offset 1234" */

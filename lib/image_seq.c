@@ -5,7 +5,7 @@
  * It is push-driven (the caller feeds bytes) and tracks zstd frame boundaries itself, so that
  * vmsnap's skippable frames are not just skipped but checked: the info frame after the header
  * announces a seek table, and a seek table met in the stream is validated against the frames
- * actually decoded (sizes and XXH64 per frame). An object that announced a table and ends
+ * actually decoded (sizes, XXH64s, records inside each frame's source range, data bytes). An object that announced a table and ends
  * without one was truncated. Objects without the "ATESPRSE" magic are plain zstd of a whole
  * file; their output is written in 64 KiB blocks, all-zero blocks left as holes.
  */
@@ -28,6 +28,10 @@ enum fstate { F_MAGIC, F_ZSTD, F_SKIPHDR, F_SKIP, F_CAPTURE, F_END };
 
 struct seen_frame {
     uint64_t csize, dsize, xxh, cxxh;
+    uint64_t populated;        /* data bytes of the records in it */
+    uint64_t span_lo, span_hi; /* its extents' lowest start and highest end (lo > hi: none) */
+    bool boundary;             /* it ended between records */
+    bool sentinel;             /* the end-of-extents sentinel was in it */
 };
 
 struct vmsnap_seqdec {
@@ -57,6 +61,8 @@ struct vmsnap_seqdec {
     XXH64_state_t *xxh;                 /* of the current frame's decoded content */
     XXH64_state_t *cxxh;                /* of the current frame's compressed bytes */
     uint64_t frame_dsize;
+    uint64_t frame_pop0; /* rp.populated when the current frame began */
+    enum rec_state state_before_frame;
     struct seen_frame *seen;
     size_t n_seen, seen_cap;
     struct rec_parser rp;
@@ -178,7 +184,13 @@ static int add_seen(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
     sd->seen[sd->n_seen++] = (struct seen_frame){.csize = sd->in_off - sd->frame_start,
                                                  .dsize = sd->frame_dsize,
                                                  .xxh = XXH64_digest(sd->xxh),
-                                                 .cxxh = XXH64_digest(sd->cxxh)};
+                                                 .cxxh = XXH64_digest(sd->cxxh),
+                                                 .populated = sd->rp.populated - sd->frame_pop0,
+                                                 .span_lo = sd->rp.span_lo,
+                                                 .span_hi = sd->rp.span_hi,
+                                                 .boundary = rec_at_boundary(&sd->rp),
+                                                 .sentinel = sd->rp.state == REC_DONE &&
+                                                             sd->state_before_frame != REC_DONE};
     return 0;
 }
 
@@ -243,11 +255,34 @@ static int check_table(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
     for (uint32_t i = 0; rc == 0 && i < n; i++) {
         struct vmsnap_frame_info fi;
         vmsnap_image_frame(img, i, &fi);
-        if (fi.csize != sd->seen[i].csize || fi.dsize != sd->seen[i].dsize ||
-            fi.checksum != sd->seen[i].xxh || fi.ccheck != sd->seen[i].cxxh)
+        const struct seen_frame *f = &sd->seen[i];
+        const bool trailer = i == n - 1, middle = i > 0 && !trailer;
+        if (fi.csize != f->csize || fi.dsize != f->dsize || fi.checksum != f->xxh ||
+            fi.ccheck != f->cxxh)
             rc = img_corrupt(err, sd->name,
                              "frame %u at byte %llu does not match its seek table entry", i,
                              ULL(fi.offset));
+        /* what the file decoder checks frame by frame (image_dec.c), checked here once the
+         * table is known: records whole in their frame, inside its source range, the data
+         * bytes the table gives it, the sentinel in the last frame only */
+        else if (!f->boundary)
+            rc = img_corrupt(err, sd->name, "frame %u at byte %llu ends inside a record", i,
+                             ULL(fi.offset));
+        else if (f->sentinel != trailer)
+            rc = img_corrupt(err, sd->name,
+                             "frame %u at byte %llu %s the end-of-extents sentinel (the seek "
+                             "table's last frame is %u)",
+                             i, ULL(fi.offset), f->sentinel ? "holds" : "lacks", n - 1);
+        else if (middle && f->populated != fi.populated)
+            rc = img_corrupt(err, sd->name,
+                             "frame %u at byte %llu holds %llu data bytes (seek table: %llu)", i,
+                             ULL(fi.offset), ULL(f->populated), ULL(fi.populated));
+        else if (f->span_lo <= f->span_hi && (f->span_lo < fi.src_start || f->span_hi > fi.src_end))
+            rc = img_corrupt(err, sd->name,
+                             "frame %u at byte %llu holds extents from %llu to %llu, outside its "
+                             "source range [%llu, %llu) in the seek table",
+                             i, ULL(fi.offset), ULL(f->span_lo), ULL(f->span_hi), ULL(fi.src_start),
+                             ULL(fi.src_end));
     }
     vmsnap_image_free(img);
     sd->table_seen = true;
@@ -337,6 +372,10 @@ static int sparse_feed(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len,
                     sd->fs = F_ZSTD;
                     sd->fhdr_fill = 0;
                     sd->frame_dsize = 0;
+                    sd->frame_pop0 = sd->rp.populated;
+                    sd->state_before_frame = sd->rp.state;
+                    sd->rp.span_lo = UINT64_MAX;
+                    sd->rp.span_hi = 0;
                     sd->any_frame = true;
                     XXH64_reset(sd->xxh, 0);
                     XXH64_reset(sd->cxxh, 0);
