@@ -39,10 +39,15 @@
 enum slot_state { SLOT_FREE, SLOT_BUSY, SLOT_DONE };
 
 /* A buffer kept across ranges: an anonymous mapping (not the C heap, whose per-thread arenas
- * keep what is freed), charged by its size to the budget when there is one. */
+ * keep what is freed), charged by its usable size to the budget when there is one. With a
+ * budget, a trimmed buffer keeps its mapping: the bytes past `cap` are given back to the kernel
+ * (MADV_DONTNEED) and uncharged, and a later use that fits in the mapping charges them again
+ * without mapping anew, so the pages it kept need no new page faults (a frame buffer is trimmed
+ * to its frame after every range). Only bytes below `cap` are ever resident. */
 struct ebuf {
     uint8_t *p;
-    size_t cap;
+    size_t cap; /* usable bytes, and what is charged */
+    size_t map; /* bytes mapped at p (>= cap) */
 };
 
 struct slot {
@@ -132,9 +137,10 @@ static size_t ebuf_round(size_t len)
 
 static void ebuf_trim(const struct enc *e, struct ebuf *b, size_t keep);
 
-/* Make `b` hold at least `len` bytes (what it held is lost). With a budget, a buffer too small
- * is given back first (nothing waits holding it) and the new one charged before it is mapped:
- * for worker `gw` that waits while the budget is spent (see gate_stop); NULL: never waits. */
+/* Make `b` hold at least `len` bytes (what it held is lost). With a budget, a buffer that can
+ * be charged more at once (nothing waits) grows in place; otherwise it is given back first
+ * (nothing waits holding it) and the new one charged before it is mapped: for worker `gw` that
+ * waits while the budget is spent (see gate_stop); NULL: never waits. */
 static int ebuf_reserve(const struct enc *e, struct ebuf *b, size_t len, struct worker *gw,
                         struct vmsnap_err *err)
 {
@@ -142,6 +148,18 @@ static int ebuf_reserve(const struct enc *e, struct ebuf *b, size_t len, struct 
         return 0;
     size_t cap = ebuf_round(len);
     void *np;
+    if (e->mem && b->p && e->mem->try_acquire(e->mem->arg, cap - b->cap)) {
+        np = cap <= b->map ? b->p : mremap(b->p, b->map, cap, MREMAP_MAYMOVE);
+        if (np == MAP_FAILED) {
+            e->mem->release(e->mem->arg, cap - b->cap);
+            ebuf_trim(e, b, 0);
+        } else {
+            b->p = np;
+            b->map = VMSNAP_MAX(b->map, cap);
+            b->cap = cap;
+            return 0;
+        }
+    }
     if (e->mem) {
         ebuf_trim(e, b, 0);
         e->mem->acquire(e->mem->arg, cap, gw && gw->wait, gate_stop, gw);
@@ -149,27 +167,29 @@ static int ebuf_reserve(const struct enc *e, struct ebuf *b, size_t len, struct 
         if (np == MAP_FAILED)
             e->mem->release(e->mem->arg, cap);
     } else {
-        np = b->p ? mremap(b->p, b->cap, cap, MREMAP_MAYMOVE)
+        np = b->p ? mremap(b->p, b->map, cap, MREMAP_MAYMOVE)
                   : mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     }
     if (np == MAP_FAILED)
         return vmsnap_err_set(err, ENOMEM, "out of memory (%zu bytes for a range)", cap);
     b->p = np;
-    b->cap = cap;
+    b->cap = b->map = cap;
     return 0;
 }
 
-/* Keep only the first `keep` bytes of `b` (whole steps; 0: unmap it) and uncharge the rest. */
+/* Keep only the first `keep` bytes of `b` (whole steps; 0: unmap it) and uncharge the rest.
+ * The mapping stays (see struct ebuf); the bytes past the kept ones go back to the kernel. */
 static void ebuf_trim(const struct enc *e, struct ebuf *b, size_t keep)
 {
     size_t cap = ebuf_round(keep);
     if (cap >= b->cap)
         return;
     if (cap == 0) {
-        munmap(b->p, b->cap);
+        munmap(b->p, b->map);
         b->p = NULL;
-    } else if (mremap(b->p, b->cap, cap, 0) == MAP_FAILED) {
-        return; /* (shrinking in place does not fail) */
+        b->map = 0;
+    } else if (madvise(b->p + cap, b->map - cap, MADV_DONTNEED) < 0) {
+        return; /* (cannot fail on a private anonymous mapping of ours) */
     }
     if (e->mem)
         e->mem->release(e->mem->arg, b->cap - cap);

@@ -5,9 +5,10 @@
  * It is push-driven (the caller feeds bytes) and tracks zstd frame boundaries itself, so that
  * vmsnap's skippable frames are not just skipped but checked: the info frame after the header
  * announces a seek table, and a seek table met in the stream is validated against the frames
- * actually decoded (sizes, XXH64s, records inside each frame's source range, data bytes). An object that announced a table and ends
- * without one was truncated. Objects without the "ATESPRSE" magic are plain zstd of a whole
- * file; their output is written in 64 KiB blocks, all-zero blocks left as holes.
+ * actually decoded (sizes, XXH64s, records inside each frame's source range, data bytes). An object
+ * that announced a table and ends without one was truncated. Objects without the "ATESPRSE" magic
+ * are plain zstd of a whole file; their output is written in 64 KiB blocks, all-zero blocks left as
+ * holes.
  */
 #include "image_rec.h"
 #include "sys/sys.h"

@@ -730,6 +730,11 @@ static void enc_acquire(void *arg, uint64_t bytes, bool wait, bool (*stop)(void 
     xpool_enc_acquire(arg, bytes, wait, stop, ctx);
 }
 
+static bool enc_try_acquire(void *arg, uint64_t bytes)
+{
+    return xpool_enc_try_acquire(arg, bytes);
+}
+
 static void enc_release(void *arg, uint64_t bytes)
 {
     xpool_enc_release(arg, bytes);
@@ -772,7 +777,12 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
         return vmsnap_err_set(err, ENOMEM, "sha256 context");
     }
     struct vmsnap_sink sink = {sink_write, &u, base ? sink_copy : NULL};
-    const struct vmsnap_pack_mem mem = {enc_acquire, enc_release, enc_over, enc_kick, &x->pool};
+    const struct vmsnap_pack_mem mem = {.acquire = enc_acquire,
+                                        .try_acquire = enc_try_acquire,
+                                        .release = enc_release,
+                                        .over = enc_over,
+                                        .kick = enc_kick,
+                                        .arg = &x->pool};
     struct vmsnap_pack_opts po = {.threads = x->o.threads,
                                   .frame_size = x->o.frame_size,
                                   .level = x->o.level,

@@ -51,6 +51,9 @@ void xpool_mem_release(struct xpool *p, uint64_t bytes);
  * again at every release and xpool_kick); never blocks when `wait` is false. */
 void xpool_enc_acquire(struct xpool *p, uint64_t bytes, bool wait, bool (*stop)(void *ctx),
                        void *ctx);
+/* Charge `bytes` to the encoders only when xpool_enc_acquire would not wait and no encoder
+ * waits; true when charged. */
+bool xpool_enc_try_acquire(struct xpool *p, uint64_t bytes);
 void xpool_enc_release(struct xpool *p, uint64_t bytes);
 /* More is held than the budget allows, or an encoder waits for it: an encoder then gives back
  * what it would keep for its next range. */

@@ -191,6 +191,24 @@ void xpool_enc_acquire(struct xpool *p, uint64_t bytes, bool wait, bool (*stop)(
     unmap_all(drop);
 }
 
+bool xpool_enc_try_acquire(struct xpool *p, uint64_t bytes)
+{
+    pthread_mutex_lock(&p->mu);
+    bool ok =
+        p->enc_waiting == 0 && !(p->mem_used > p->fill_used && p->mem_used + bytes > p->mem_cap);
+    struct xbuf *drop = NULL;
+    if (ok) {
+        p->mem_used += bytes;
+        p->enc_used += bytes;
+        if (p->mem_used > p->mem_peak)
+            p->mem_peak = p->mem_used;
+        drop = uncache_locked(p);
+    }
+    pthread_mutex_unlock(&p->mu);
+    unmap_all(drop);
+    return ok;
+}
+
 void xpool_enc_release(struct xpool *p, uint64_t bytes)
 {
     pthread_mutex_lock(&p->mu);
