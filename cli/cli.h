@@ -96,6 +96,8 @@ void cli_common_flag(int c);
     }
 int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_opts *o,
                     const struct xfer_flags *f);
+/* A URL operand of a transfer verb: "-" is a usage error (printed), -1. */
+int cmd_xfer_url(const char *verb, const char *url);
 void cmd_xfer_summary(const char *verb, const struct vmsnap_xfer_stats *st, double wall);
 /* The same as one JSON object on stdout (push/pull --json). */
 void cmd_xfer_json(const char *src, const char *dst, const struct vmsnap_xfer_stats *st,

@@ -61,6 +61,8 @@ int cmd_gc(int argc, char **argv)
         return EXIT_USAGE;
     if (argc - i != 1)
         return cli_usage("gc", "expected one URL");
+    if (cmd_xfer_url("gc", argv[i]) < 0)
+        return EXIT_USAGE;
     struct vmsnap_err err = {0};
     struct vmsnap_gc_result res;
     struct vmsnap_gc_opts g = {

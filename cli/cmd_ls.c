@@ -30,8 +30,9 @@ static int print_set(void *arg, const struct vmsnap_xfer_set *s)
     if (!s->valid)
         printf("%s\t(unreadable manifest)\n", u);
     else
-        printf("%s\t%llu files\t%s logical\t%s stored\n", u, (unsigned long long)s->files,
-               cli_bytes(a, sizeof(a), s->logical), cli_bytes(b, sizeof(b), s->object_bytes));
+        printf("%s\t%llu file%s\t%s logical\t%s stored\n", u, (unsigned long long)s->files,
+               s->files == 1 ? "" : "s", cli_bytes(a, sizeof(a), s->logical),
+               cli_bytes(b, sizeof(b), s->object_bytes));
     return 0;
 }
 
@@ -48,6 +49,8 @@ int cmd_ls(int argc, char **argv)
         return EXIT_USAGE;
     if (argc - i != 1)
         return cli_usage("ls", "expected one URL");
+    if (cmd_xfer_url("ls", argv[i]) < 0)
+        return EXIT_USAGE;
     struct vmsnap_err err = {0};
     json_object *arr = json ? json_object_new_array() : NULL;
     int rc = vmsnap_xfer_list(argv[i], &o, print_set, arr, &err);

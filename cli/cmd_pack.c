@@ -93,6 +93,9 @@ int cmd_pack(int argc, char **argv)
     if (vmsnap_image_check_pack_opts(&o, &perr) < 0)
         return cli_usage("pack", "%s", perr.msg);
     const char *src = argv[optind], *dst = argv[optind + 1];
+    if (!strcmp(src, "-"))
+        return cli_usage("pack", "SRC '-': pack reads a file, not stdin (it walks the file's "
+                                 "extents: save the stream to a file, then pack it)");
     if (strcmp(dst, "-") == 0 && isatty(STDOUT_FILENO))
         return cli_usage("pack", "refusing to write an image to a terminal");
     struct cli_progress p;

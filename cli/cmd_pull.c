@@ -24,6 +24,8 @@ int cmd_pull(int argc, char **argv)
         return EXIT_USAGE;
     if (argc - i != 2)
         return cli_usage("pull", "expected URL and PATH");
+    if (cmd_xfer_url("pull", argv[i]) < 0)
+        return EXIT_USAGE;
     if (!strcmp(argv[i + 1], "-"))
         return cli_usage("pull", "PATH '-': pull writes a file or a directory, not stdout");
     struct cli_progress p;

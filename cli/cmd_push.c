@@ -39,10 +39,32 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
         CLI_COMMON_LONGOPTS,
         {0, 0, 0, 0},
     };
+    /* options that mean something to some of the verbs only: refused elsewhere rather than
+     * silently ignored (pull --level 9 would look as if it did something) */
+    static const struct {
+        int c;
+        const char *verbs, *name, *who;
+    } only[] = {
+        {'j', " push pull ", "-j/--connections", "push and pull"},
+        {'p', " push ", "--part-size", "push"},
+        {'m', " push pull ", "--max-memory", "push and pull"},
+        {'t', " push pull ", "--threads", "push and pull"},
+        {'f', " push ", "--frame-size", "push"},
+        {'l', " push ", "--level", "push"},
+        {'n', " pull ", "--no-fsync", "pull"},
+    };
     unsigned long v;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "j:hqv", lopts, NULL)) != -1) {
+        for (size_t k = 0; k < sizeof(only) / sizeof(only[0]); k++) {
+            char w[16];
+            snprintf(w, sizeof(w), " %s ", verb);
+            if (only[k].c == c && !strstr(only[k].verbs, w))
+                return cli_usage(verb, "%s is an option of %s only (%s does not use it)",
+                                 only[k].name, only[k].who, verb),
+                       -1;
+        }
         switch (c) {
         case 'q':
         case 'v':
@@ -156,6 +178,15 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
     return optind;
 }
 
+int cmd_xfer_url(const char *verb, const char *url)
+{
+    if (strcmp(url, "-"))
+        return 0;
+    cli_usage(verb, "URL '-': name a store URL or a local path (stdin and stdout are not stores; "
+                    "./- names a path called -)");
+    return -1;
+}
+
 double cmd_xfer_cpu(void)
 {
     struct rusage ru;
@@ -219,6 +250,8 @@ int cmd_push(int argc, char **argv)
         return EXIT_USAGE;
     if (argc - i != 2)
         return cli_usage("push", "expected PATH and URL");
+    if (cmd_xfer_url("push", argv[i + 1]) < 0)
+        return EXIT_USAGE;
     if (!strcmp(argv[i], "-"))
         return cli_usage("push", "PATH '-': push reads a file or a directory, not stdin (it walks "
                                  "the file's extents: save the stream to a file, then push it)");

@@ -4,6 +4,7 @@
 #include "vmsnap/xfer.h"
 
 #include <stdio.h>
+#include <string.h>
 
 int cmd_rm(int argc, char **argv)
 {
@@ -18,12 +19,37 @@ int cmd_rm(int argc, char **argv)
         return EXIT_USAGE;
     if (argc - i != 1)
         return cli_usage("rm", "expected one URL");
+    if (cmd_xfer_url("rm", argv[i]) < 0)
+        return EXIT_USAGE;
     struct vmsnap_err err = {0};
-    int rc = vmsnap_xfer_remove(argv[i], force, &o, &err);
+    struct vmsnap_rm_result r;
+    int rc = vmsnap_xfer_remove(argv[i], force, &o, &r, &err);
     vmsnap_store_global_cleanup();
     if (rc < 0) {
         cli_error("rm", "%s", err.msg);
         return EXIT_FAIL;
+    }
+    /* what went, so that a user sees what a --force removed */
+    if (!cli_quiet) {
+        if (r.object)
+            fprintf(stderr, "rm: removed the object %s\n", argv[i]);
+        else
+            fprintf(stderr, "rm: removed %s%s: %u object%s%s", argv[i],
+                    r.set ? " (its manifest first)" : " (no manifest)", r.objects,
+                    r.objects == 1 ? "" : "s", r.set ? " of the set" : "");
+        if (!r.object && r.uploads)
+            fprintf(stderr, ", %u unfinished upload%s aborted", r.uploads,
+                    r.uploads == 1 ? "" : "s");
+        if (!r.object && r.pushes)
+            fprintf(stderr, ", %u unfinished push%s cleaned up", r.pushes,
+                    r.pushes == 1 ? "" : "es");
+        if (!r.object)
+            fputc('\n', stderr);
+        if (r.kept)
+            fprintf(stderr,
+                    "rm: kept the *.zstd objects there that are not vmsnap images (%u, first: "
+                    "%s)\n",
+                    r.kept, r.kept_key);
     }
     return EXIT_OK;
 }

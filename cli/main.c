@@ -74,8 +74,10 @@ static const struct cli_verb verbs[] = {
      "List the snapshot sets under a prefix with their manifest summary (--json: an array\n"
      "of {url, valid, files, logical_size, object_size})."},
     {"rm", cmd_rm, "rm [--force] URL",
-     "Delete a snapshot set, manifest first, or one object. --force also deletes the *.zstd\n"
-     "objects of an incomplete set (no manifest) and aborts its unfinished uploads."},
+     "Delete a snapshot set, manifest first, or one snapshot object (vmsnap, reference or zstd\n"
+     "magic; anything else is refused). --force also deletes the *.zstd objects of an incomplete\n"
+     "set (no manifest) that are vmsnap images, keeps the others (it names them), and aborts\n"
+     "its unfinished uploads. Says what it removed; nothing to remove is an error."},
     {"gc", cmd_gc, "gc [--older-than 1h] [--dry-run] URL",
      "Clean what killed pushes left under a prefix once it is --older-than old (default 1h;\n"
      "0: all, which fails pushes running now): unfinished multipart uploads (the next push to\n"

@@ -3213,7 +3213,8 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
     d.af_open = d.af_open && rc < 0;
     down_free(&d, false);
 out:
-    if (rc < 0 && err && !strstr(err->msg, "incomplete snapshot"))
+    if (rc < 0 && err && !strstr(err->msg, "incomplete snapshot") &&
+        strncmp(err->msg, url, strlen(url)))
         vmsnap_err_wrap(err, "pull %s: ", url);
     manifest_fini(&m);
     free(mkey);
@@ -3283,6 +3284,22 @@ int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsna
     char *lp = join_key(key, "");
     if (!lp)
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    if (rc == 0 && x.st->kind == VMSNAP_STORE_LOCAL && *key) {
+        /* a local prefix is a directory that exists: a mistyped path is not an empty store
+         * (S3 cannot tell: a prefix without objects is just empty) */
+        char *dir = store_local_path(x.st, key);
+        struct stat sb;
+        if (!dir)
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        else if (stat(dir, &sb) < 0)
+            rc = vmsnap_err_set(err, errno, "%s: %s", url, strerror(errno));
+        else if (!S_ISDIR(sb.st_mode))
+            rc = vmsnap_err_set(err, ENOTDIR,
+                                "%s: not a directory of sets (an object: 'vmsnap inspect' or "
+                                "'vmsnap pull' it)",
+                                url);
+        free(dir);
+    }
     if (rc == 0)
         rc = vmsnap_store_conn_new(x.st, &c, err);
     if (rc == 0) {
@@ -3781,9 +3798,32 @@ int vmsnap_xfer_gc(const char *url, const struct vmsnap_gc_opts *g,
     return rc;
 }
 
-int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opts *opts,
-                       struct vmsnap_err *err)
+/* The first bytes of object `key` begin a snapshot image: 1 (vmsnap's or the reference's
+ * sparse-extent magic; with `zstd_too`, also a zstd or skippable frame: a plain-zstd snapshot),
+ * 0 when they do not, -errno when they cannot be read. */
+static int snapshot_magic(struct vmsnap_store_conn *c, const char *key, uint64_t size,
+                          bool zstd_too, struct vmsnap_err *err)
 {
+    uint8_t h[8];
+    size_t n = (size_t)VMSNAP_MIN(size, (uint64_t)sizeof(h));
+    if (n < 4)
+        return 0;
+    int rc = vmsnap_store_get(c, key, 0, n, h, err);
+    if (rc < 0)
+        return rc;
+    if (n == 8 && !memcmp(h, "ATESPRSE", 8))
+        return 1;
+    uint32_t m = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
+    return zstd_too && (m == 0xFD2FB528u || (m & 0xFFFFFFF0u) == 0x184D2A50u);
+}
+
+int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opts *opts,
+                       struct vmsnap_rm_result *res, struct vmsnap_err *err)
+{
+    struct vmsnap_rm_result r0 = {0};
+    if (!res)
+        res = &r0;
+    *res = r0;
     struct xfer x;
     char *key = NULL;
     int rc = xfer_init(&x, url, opts, &key, err);
@@ -3817,8 +3857,15 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
     if (mrc == -ENOENT) {
         uint64_t size;
         rc = vmsnap_store_head(c, key, &size, err);
-        if (rc == 0) { /* a single object */
-            rc = vmsnap_store_delete(c, key, err);
+        if (rc == 0) { /* a single object: a snapshot's only (rm is not a general delete) */
+            rc = snapshot_magic(c, key, size, true, err);
+            if (rc == 0)
+                rc = vmsnap_err_set(err, EINVAL,
+                                    "%s: not a snapshot (no vmsnap, reference or zstd magic at "
+                                    "byte 0): not removed",
+                                    url);
+            else if (rc > 0 && (rc = vmsnap_store_delete(c, key, err)) == 0)
+                res->object = true;
             goto out;
         }
         if (rc != -ENOENT)
@@ -3841,23 +3888,53 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
         /* the manifest first: from here on the set is no longer visible */
         if ((rc = vmsnap_store_delete(c, mkey, err)) < 0)
             goto out;
+        res->set = true;
     }
     for (size_t i = 0; i < m.n && rc == 0; i++) {
         char obj[300];
         snprintf(obj, sizeof(obj), "%s.zstd", m.files[i].name);
         char *ok = join_key(key, obj);
         rc = ok ? vmsnap_store_delete(c, ok, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
+        if (rc == 0) {
+            char kurl[URL_BUF];
+            vlog(VMSNAP_LOG_INFO, "removed %s", vmsnap_store_url(x.st, ok, kurl, sizeof(kurl)));
+            res->objects++;
+        }
         free(ok);
     }
     if (rc == 0 && force) {
+        /* the set's objects are vmsnap images: anything else named *.zstd here (a plain zstd
+         * backup, a file of the user's) is not the set's, and stays */
         k.direct = lp;
         rc = vmsnap_store_list(c, lp, collect, &k, err);
-        for (size_t i = 0; i < k.n && rc == 0; i++)
-            rc = vmsnap_store_delete(c, k.v[i], err);
+        for (size_t i = 0; i < k.n && rc == 0; i++) {
+            uint64_t size;
+            rc = vmsnap_store_head(c, k.v[i], &size, err);
+            if (rc == -ENOENT) {
+                rc = 0; /* deleted above (a manifest's) or meanwhile */
+                continue;
+            }
+            if (rc == 0)
+                rc = snapshot_magic(c, k.v[i], size, false, err);
+            char kurl[URL_BUF];
+            vmsnap_store_url(x.st, k.v[i], kurl, sizeof(kurl));
+            if (rc == 0) {
+                vlog(VMSNAP_LOG_INFO, "kept %s: not a vmsnap image", kurl);
+                if (!res->kept++) { /* (a URL past the field is cut) */
+                    size_t kl = strnlen(kurl, sizeof(res->kept_key) - 1);
+                    memcpy(res->kept_key, kurl, kl);
+                    res->kept_key[kl] = 0;
+                }
+            } else if (rc > 0 && (rc = vmsnap_store_delete(c, k.v[i], err)) == 0) {
+                vlog(VMSNAP_LOG_INFO, "removed %s", kurl);
+                res->objects++;
+            }
+        }
     }
     if (rc == 0) {
         struct leftover_ctx l = {.c = c};
         rc = vmsnap_store_list_uploads(c, lp, abort_leftover, &l, err);
+        res->uploads = l.n;
     }
     if (rc == 0) {
         /* the marks of pushes that did not finish here, and the objects they name (the set
@@ -3881,11 +3958,20 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
                 }
                 push_mark_fini(&pm);
             }
-            if (rc == 0)
-                rc = vmsnap_store_delete(c, mk.k.v[i], err);
+            if (rc == 0 && (rc = vmsnap_store_delete(c, mk.k.v[i], err)) == 0)
+                res->pushes++;
         }
         keys_free(&mk.k);
     }
+    if (rc == 0 && !res->set && !res->objects && !res->uploads && !res->pushes)
+        rc = res->kept ? vmsnap_err_set(err, EINVAL,
+                                        "%s: nothing removed: no %s, and the *.zstd objects here "
+                                        "(%u) are not vmsnap images (first: %s)",
+                                        url, VMSNAP_XFER_MANIFEST, res->kept, res->kept_key)
+                       : vmsnap_err_set(err, ENOENT,
+                                        "%s: nothing to remove (no %s, no object, no unfinished "
+                                        "upload or push here)",
+                                        url, VMSNAP_XFER_MANIFEST);
     if (rc == 0)
         vmsnap_store_tidy(c, lp);
 out:

@@ -116,12 +116,25 @@ typedef int (*vmsnap_xfer_list_fn)(void *arg, const struct vmsnap_xfer_set *set)
 VMSNAP_API int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts,
                                 vmsnap_xfer_list_fn fn, void *arg, struct vmsnap_err *err);
 
+/* What vmsnap_xfer_remove() removed. */
+struct vmsnap_rm_result {
+    bool set;           /* a manifest was removed (a set) */
+    bool object;        /* a single object was removed */
+    unsigned objects;   /* a set's objects removed (the manifest's, and with force the others) */
+    unsigned kept;      /* force: *.zstd objects under the prefix kept, not vmsnap images */
+    unsigned uploads;   /* unfinished multipart uploads aborted */
+    unsigned pushes;    /* marks of unfinished pushes removed */
+    char kept_key[512]; /* the first kept object's URL */
+};
+
 /* Delete the snapshot set at `url`: the manifest first (so the set is never half-visible),
  * then its objects. Without a manifest: -ENOENT, unless `force`, which deletes the *.zstd
- * objects directly under the prefix and aborts its multipart uploads. A single object (no
- * manifest, the key itself exists) is deleted. */
+ * objects directly under the prefix that are vmsnap images (sparse-extent magic at byte 0;
+ * others are kept and counted) and aborts its multipart uploads; finding nothing to remove is
+ * -ENOENT. A single object (no manifest, the key itself exists) is deleted only when it is a
+ * snapshot image (vmsnap's or the reference's magic, or zstd's): anything else is -EINVAL. */
 VMSNAP_API int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opts *opts,
-                                  struct vmsnap_err *err);
+                                  struct vmsnap_rm_result *res, struct vmsnap_err *err);
 
 /* What vmsnap_xfer_gc() found: an unfinished multipart upload, or the mark of a set push that
  * did not finish (`<prefix>/vmsnap-push-<id>.json`: a push stores it before any object and

@@ -75,7 +75,7 @@ long=$long/$(printf 'g%.0s' $(seq 200))/$(printf 'h%.0s' $(seq 200))/$(printf 'i
 "$VMSNAP" -q push u1 "$long/one" && mkdir -p ls1 && echo a >ls1/a && "$VMSNAP" -q push ls1 "$long" ||
     fail "push under a long path"
 "$VMSNAP" ls st >ls.out || fail "ls under a long path"
-grep -q "^$T/$long	1 files" ls.out || fail "ls cut a long URL: $(cut -c1-80 ls.out)..."
+grep -q "^$T/$long	1 file" ls.out || fail "ls cut a long URL: $(cut -c1-80 ls.out)..."
 rm -rf st ls1 ls.out
 # a destination that is the source: push FILE FILE (it replaced the file with its object), a
 # set into its own directory, pull into where the snapshot is stored
@@ -419,6 +419,41 @@ diff -r "$T/set" "$T/refout" >/dev/null || fail "reference manifest pull differs
 expect_fail "rm of an incomplete set without --force" "$VMSNAP" rm "$S/sets/inc"
 "$VMSNAP" rm --force "$S/sets/inc" || fail "rm --force"
 [ -e "$S/sets/inc" ] && fail "rm --force left the set's directory: $(ls -A "$S/sets/inc")"
+# rm removes snapshots only, says what it removed, and fails when there is nothing to remove
+mkdir -p "$S/rmx/set" "$S/rmx/lone"
+mk "$T/rmx.a" 70000
+"$VMSNAP" -q push "$T/rmx.a" "$S/rmx/set/a.zstd" || fail "push rmx a"
+"$VMSNAP" -q push "$T/rmx.a" "$S/rmx/set/b.zstd" || fail "push rmx b"
+zstd -q -1 -c "$T/rmx.a" >"$S/rmx/set/backup.zstd"
+echo notes >"$S/rmx/set/notes.zstd"
+echo text >"$S/rmx/other.txt"
+"$VMSNAP" rm --force "$S/rmx/set" 2>"$T/err" || fail "rm --force rmx: $(cat "$T/err")"
+[ -e "$S/rmx/set/a.zstd" ] || [ -e "$S/rmx/set/b.zstd" ] && fail "rm --force left the set's images"
+[ -e "$S/rmx/set/backup.zstd" ] && [ -e "$S/rmx/set/notes.zstd" ] ||
+    fail "rm --force removed *.zstd files that are not vmsnap images"
+grep -q 'removed .*rmx/set (no manifest): 2 objects' "$T/err" || fail "rm --force report: $(cat "$T/err")"
+grep -q 'kept the \*.zstd objects there that are not vmsnap images (2' "$T/err" ||
+    fail "rm --force did not say what it kept: $(cat "$T/err")"
+expect_fail "rm --force with only foreign files" "$VMSNAP" rm --force "$S/rmx/set"
+grep -q 'are not vmsnap images' "$T/err" || fail "rm of foreign files: $(cat "$T/err")"
+expect_fail "rm of a file that is not a snapshot" "$VMSNAP" rm "$S/rmx/other.txt"
+grep -q 'not a snapshot' "$T/err" && [ -e "$S/rmx/other.txt" ] || fail "rm other.txt: $(cat "$T/err")"
+expect_fail "rm --force of nothing" "$VMSNAP" rm --force "$S/rmx/missing"
+grep -q 'nothing to remove' "$T/err" || fail "rm of nothing: $(cat "$T/err")"
+"$VMSNAP" -q push "$T/rmx.a" "$S/rmx/lone/o.zstd" || fail "push rmx lone"
+"$VMSNAP" rm "$S/rmx/lone/o.zstd" 2>"$T/err" && [ ! -e "$S/rmx/lone/o.zstd" ] &&
+    grep -q 'removed the object' "$T/err" || fail "rm of a single object: $(cat "$T/err")"
+# ls of a local path that is not a directory of sets fails (an empty list looked like success)
+expect_fail "ls of a missing directory" "$VMSNAP" ls "$S/rmx/missing"
+expect_fail "ls of an object" "$VMSNAP" ls "$S/rmx/other.txt"
+# options a verb does not use are refused, not ignored; '-' is not a store
+for bad in "ls --level 3" "ls --threads 2" "rm --part-size 1M" "pull --frame-size 2M" \
+    "pull --level 9" "push --no-fsync" "gc --max-memory 1M" "rm -j 2"; do
+    rc=0 && "$VMSNAP" $bad "$S/rmx" "$T/x" >/dev/null 2>"$T/err" || rc=$?
+    [ $rc = 2 ] && grep -q 'is an option of' "$T/err" || fail "'$bad': exit $rc, $(cat "$T/err")"
+done
+rc=0 && "$VMSNAP" push "$T/rmx.a" - 2>"$T/err" || rc=$?
+[ $rc = 2 ] && [ ! -e ./- ] || fail "push to '-': exit $rc"
 
 # every push so far finished: none left its push mark
 [ -z "$(find "$S" -name 'vmsnap-push-*')" ] || fail "push marks left by finished pushes: $(find "$S" -name 'vmsnap-push-*')"
