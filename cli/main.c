@@ -28,9 +28,11 @@ static const struct cli_verb verbs[] = {
      "DST is written under a temporary name and renamed only on success (mode 0600).\n"
      "--drop-cache then drops DST's page cache (writeback started, retried for a few seconds),\n"
      "so a restored snapshot does not stay in memory next to the guest."},
-    {"inspect", cmd_inspect, "inspect [--json] [--verify] [-j N] SRC",
+    {"inspect", cmd_inspect, "inspect [--json] [--verify] [-j N] [--max-size 64T] SRC",
      "Show an image's logical size, populated bytes, zero pages elided, frames, compressed size\n"
-     "and ratio. --verify decodes everything and checks every checksum without writing."},
+     "and ratio. --verify decodes everything and checks every checksum without writing. An image\n"
+     "without a seek table (a reference stream, plain zstd) is always decoded; what only the\n"
+     "table records (zero pages elided, frame size) is then n/a (null in --json)."},
     {"cache", cmd_cache,
      "cache stat [--json] PATH... | cache evict [--staged] [--preserve PATH]... [--wait SECONDS] "
      "[--kick-writeback] PATH...",

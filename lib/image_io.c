@@ -192,11 +192,13 @@ int vmsnap_image_unpack(const char *src, const char *dst, const struct vmsnap_un
     return rc;
 }
 
-int vmsnap_image_inspect(const char *src, bool verify, unsigned threads,
+int vmsnap_image_inspect(const char *src, bool verify, unsigned threads, uint64_t max_size,
                          struct vmsnap_image_stats *stats, struct vmsnap_err *err)
 {
     struct input in;
-    int rc = input_open(&in, src, VMSNAP_IMAGE_DEFAULT_MAX_SIZE, err);
+    if (!max_size)
+        max_size = VMSNAP_IMAGE_DEFAULT_MAX_SIZE;
+    int rc = input_open(&in, src, max_size, err);
     if (rc < 0)
         return rc;
     if (in.img && !verify) {
@@ -204,7 +206,7 @@ int vmsnap_image_inspect(const char *src, bool verify, unsigned threads,
             vmsnap_image_get_stats(in.img, stats);
     } else {
         struct vmsnap_unpack_opts o = {.threads = threads};
-        rc = input_decode(&in, -1, NULL, VMSNAP_IMAGE_DEFAULT_MAX_SIZE, &o, stats, err);
+        rc = input_decode(&in, -1, NULL, max_size, &o, stats, err);
     }
     input_close(&in);
     return rc < 0 ? rc : 0;

@@ -72,6 +72,8 @@ struct vmsnap_seqdec {
     uint8_t *blk;
     size_t blk_fill;
     uint64_t plain_pos;
+    uint64_t plain_data;   /* bytes in blocks that are not all zero (written) */
+    uint64_t plain_frames; /* zstd frames ended */
     bool plain_open;
 };
 
@@ -123,6 +125,8 @@ static int plain_flush(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
     bool zero = true;
     for (size_t i = 0; i < sd->blk_fill && zero; i++)
         zero = sd->blk[i] == 0;
+    if (!zero)
+        sd->plain_data += sd->blk_fill;
     if (!zero && sd->fd >= 0) {
         int rc = sys_pwrite_full(sd->fd, sd->blk, sd->blk_fill, sd->plain_pos);
         if (rc < 0)
@@ -151,6 +155,8 @@ static int plain_feed(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len,
             return img_corrupt(err, sd->name, "zstd: %s (near byte %llu)", ZSTD_getErrorName(ret),
                                ULL(sd->in_off + in.pos));
         sd->blk_fill = out.pos;
+        if (ret == 0) /* a frame ended (each call after one starts the next frame) */
+            sd->plain_frames++;
         sd->plain_open = ret != 0;
         bool full = sd->blk_fill == PLAIN_BLOCK;
         if (full) {
@@ -548,6 +554,8 @@ int vmsnap_seqdec_finish(struct vmsnap_seqdec *sd, struct vmsnap_image_stats *st
             return vmsnap_err_set(err, errno, "%s: set destination size: %s", sd->name,
                                   strerror(errno));
         st.total_size = sd->plain_pos;
+        st.populated = sd->plain_data; /* what unpack writes: the blocks that are not all zero */
+        st.frames = sd->plain_frames;
         st.plain_zstd = true;
         break;
     case M_SPARSE:
@@ -572,7 +580,11 @@ int vmsnap_seqdec_finish(struct vmsnap_seqdec *sd, struct vmsnap_image_stats *st
         st.total_size = sd->rp.total;
         st.populated = sd->rp.populated;
         st.extents = sd->rp.extents;
-        st.frames = sd->table_seen && sd->n_seen >= 2 ? sd->n_seen - 2 : sd->n_seen;
+        st.frames = 0; /* the frames holding records (a table's header and sentinel hold none) */
+        for (size_t i = 0; i < sd->n_seen; i++)
+            st.frames += sd->seen[i].span_lo <= sd->seen[i].span_hi;
+        if (sd->table_seen) /* as the table counts them: its data frames */
+            st.frames = sd->n_seen >= 2 ? sd->n_seen - 2 : 0;
         st.has_seek_table = sd->table_seen;
         if (sd->table_seen) { /* what only the table records (a file's inspect reads it too) */
             st.zero_elided = sd->table_st.zero_elided;

@@ -251,9 +251,11 @@ VMSNAP_API void vmsnap_seqdec_free(struct vmsnap_seqdec *dec);
 VMSNAP_API void vmsnap_seqdec_set_dst(struct vmsnap_seqdec *dec, const char *dst_name);
 
 /* Decode everything and check every checksum without writing. Fills `stats` (from the table when
- * there is one, else from the stream). `verify`=false reads only the table when there is one. */
+ * there is one, else from the stream). `verify`=false reads only the table when there is one.
+ * `max_size` caps totalSize as for unpack (0: 64 TiB). */
 VMSNAP_API int vmsnap_image_inspect(const char *src, bool verify, unsigned threads,
-                                    struct vmsnap_image_stats *stats, struct vmsnap_err *err);
+                                    uint64_t max_size, struct vmsnap_image_stats *stats,
+                                    struct vmsnap_err *err);
 
 /* A source over a regular file descriptor (not owned). */
 VMSNAP_API void vmsnap_source_fd(struct vmsnap_source *src, int fd, uint64_t size,

@@ -53,6 +53,18 @@ zstd -q -c "$T/src" >"$T/plain.zst"
 expect_fail "plain zstd over --max-size" "$VMSNAP" unpack --max-size 1M "$T/plain.zst" "$T/pz"
 grep -q "passes the cap of 1048576 bytes (--max-size" "$T/err" && ! grep -q corrupt "$T/err" ||
     fail "plain zstd over --max-size: $(cat "$T/err")"
+# inspect of plain zstd: populated is what unpack writes (64 KiB blocks not all zero), frames
+# counted, what only a seek table records is null (it read 0 populated, 0 frames, ratio 0)
+want=$(python3 -c '
+import sys
+d = open(sys.argv[1], "rb").read()
+print(sum(len(d[i:i + 65536]) for i in range(0, len(d), 65536) if d[i:i + 65536].strip(b"\0")))' "$T/src")
+"$VMSNAP" inspect --json "$T/plain.zst" >"$T/jp" || fail "inspect plain zstd"
+grep -q "\"populated\":$want,\"zero_elided\":null,\"frames\":1,\"frame_size\":null," "$T/jp" ||
+    fail "inspect of plain zstd (want populated $want): $(cat "$T/jp")"
+# inspect has the --max-size its cap message names
+expect_fail "inspect over --max-size" "$VMSNAP" inspect --max-size 1M "$T/plain.zst"
+"$VMSNAP" inspect --max-size 1G "$T/plain.zst" >/dev/null || fail "inspect --max-size 1G"
 
 # options change the output the way they say
 "$VMSNAP" -q pack --level 9 --frame-size 4M "$T/src" "$T/img9" || fail "pack --level 9"
@@ -63,8 +75,8 @@ grep -q '"frames":3,"frame_size":4194304,' "$T/j9" ||
 grep -q '"frames":1,"frame_size":67108864,' "$T/j1" ||
     fail "64M frames: all data in range 0: $(cat "$T/j1")"
 grep -q '"logical_size":20971520' "$T/j1" || fail "logical size in --json"
-# a stream on stdin (a pipe: read in order) reports what the file does (zero_elided and
-# frame_size read 0 there: only the seek table at the end records them)
+# a stream on stdin (a pipe: read in order) reports what the file does (its seek table comes
+# last and gives zero_elided and frame_size)
 cat "$T/img9" | "$VMSNAP" inspect --json - | sed 's/"path":"-"/"path":"X"/' >"$T/j9p"
 sed 's/"path":"[^"]*"/"path":"X"/' "$T/j9" | cmp -s - "$T/j9p" || fail "inspect of a pipe: $(cat "$T/j9p") vs $(cat "$T/j9")"
 "$VMSNAP" inspect --verify "$T/img" > "$T/iv" || fail "inspect --verify"
