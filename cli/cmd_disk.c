@@ -101,7 +101,7 @@ static int disk_create(int argc, char **argv)
     size_t n = 0;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "qv", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "hqv", opts, NULL)) != -1) {
         switch (c) {
         case 'q':
         case 'v':
@@ -208,7 +208,7 @@ static int disk_clone(int argc, char **argv)
     struct vmsnap_disk_clone_opts o = {0};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "qv", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "hqv", opts, NULL)) != -1) {
         switch (c) {
         case 'q':
         case 'v':
@@ -259,7 +259,7 @@ static int disk_info(int argc, char **argv)
     bool json = false;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "qv", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "hqv", opts, NULL)) != -1) {
         if (c == 'h')
             return disk_help();
         if (c == 'q' || c == 'v') {

@@ -49,7 +49,9 @@ static const struct cli_verb verbs[] = {
      "  disk clone [--link] [--new-uuid] [--force] [--direct] SRC DST  (FICLONE, else a\n"
      "      hole-keeping copy; --direct: O_DIRECT, nothing left in the page cache)\n"
      "  disk info [--json] IMAGE\n"
-     "IMAGE/DST appear only when complete; an existing one is refused unless --force."},
+     "IMAGE/DST appear only when complete; an existing one is refused unless --force. With\n"
+     "--new-uuid, --force also adds metadata_csum_seed to an image whose metadata checksums lack\n"
+     "it (kernel 4.4+); an image without metadata checksums needs no --force."},
     {"push", cmd_push,
      "push [-j N] [--part-size SIZE] [--max-memory SIZE] [--base URL] ... PATH URL",
      "Encode and upload a file (one object at URL) or a snapshot-set directory (every regular\n"

@@ -545,7 +545,8 @@ int vmsnap_disk_info(const char *path, struct vmsnap_disk_info *info, struct vms
  * mke2fs's 32768 blocks per group, has 512. */
 #define SET_UUID_MAX_SUPERBLOCKS 2048
 
-int vmsnap_disk_set_uuid(const char *path, const uint8_t *uuid, bool force, struct vmsnap_err *err)
+int disk_set_uuid(const char *path, const char *name, const uint8_t *uuid, bool force,
+                  struct vmsnap_err *err)
 {
     ext2_filsys fs;
     int rofd;
@@ -559,24 +560,26 @@ int vmsnap_disk_set_uuid(const char *path, const uint8_t *uuid, bool force, stru
     int fd = rofd;
     ssize_t n = sys_pread_full(fd, &sb, sizeof(sb), SUPERBLOCK_OFFSET);
     if (n != (ssize_t)sizeof(sb)) {
-        rc = vmsnap_err_set(err, n < 0 ? (int)-n : EIO, "disk set-uuid %s: read superblock: %s",
-                            path, n < 0 ? strerror((int)-n) : "short read");
+        rc = vmsnap_err_set(err, n < 0 ? (int)-n : EIO, "new UUID for %s: read superblock: %s",
+                            name, n < 0 ? strerror((int)-n) : "short read");
         goto out;
     }
     if (!ext2fs_has_feature_csum_seed(&sb)) {
         if (ext2fs_has_feature_gdt_csum(&sb) && !ext2fs_has_feature_metadata_csum(&sb)) {
             rc = vmsnap_err_set(err, EINVAL,
-                                "disk set-uuid %s: the group descriptor checksums (uninit_bg) "
+                                "new UUID for %s: the group descriptor checksums (uninit_bg) "
                                 "depend on the UUID; use 'tune2fs -U' to rewrite them",
-                                path);
+                                name);
             goto out;
         }
-        if (!force) {
+        /* without metadata checksums nothing else depends on the UUID */
+        if (!force && ext2fs_has_feature_metadata_csum(&sb)) {
             rc = vmsnap_err_set(
                 err, EINVAL,
-                "disk set-uuid %s: no metadata_csum_seed feature, so a new UUID would need every "
-                "metadata checksum rewritten; --force adds the feature (kernel 4.4+) instead",
-                path);
+                "new UUID for %s: metadata checksums without the metadata_csum_seed feature, so a "
+                "new UUID would need every metadata checksum rewritten; --force adds the feature "
+                "(kernel 4.4+) instead",
+                name);
             goto out;
         }
         if (ext2fs_has_feature_metadata_csum(&sb)) {
@@ -587,7 +590,7 @@ int vmsnap_disk_set_uuid(const char *path, const uint8_t *uuid, bool force, stru
     if (uuid) {
         memcpy(sb.s_uuid, uuid, 16);
     } else if ((rc = disk_random_uuid(sb.s_uuid)) < 0) {
-        rc = vmsnap_err_set(err, -rc, "disk set-uuid %s: random UUID: %s", path, strerror(-rc));
+        rc = vmsnap_err_set(err, -rc, "new UUID for %s: random UUID: %s", name, strerror(-rc));
         goto out;
     }
     /* The geometry is the image's: a crafted one (8 blocks per group, no sparse_super) in a
@@ -598,9 +601,9 @@ int vmsnap_disk_set_uuid(const char *path, const uint8_t *uuid, bool force, stru
         copies += ext2fs_bg_has_super(fs, g) != 0;
     if (copies > SET_UUID_MAX_SUPERBLOCKS) {
         rc = vmsnap_err_set(err, EINVAL,
-                            "disk set-uuid %s: %llu superblock copies to rewrite (%u block groups "
+                            "new UUID for %s: %llu superblock copies to rewrite (%u block groups "
                             "of %u blocks%s): not a geometry mke2fs makes; refusing it",
-                            path, (unsigned long long)copies, (unsigned)fs->group_desc_count,
+                            name, (unsigned long long)copies, (unsigned)fs->group_desc_count,
                             (unsigned)fs->super->s_blocks_per_group,
                             ext2fs_has_feature_sparse_super(fs->super) ? "" : ", no sparse_super");
         goto out;
@@ -614,7 +617,7 @@ int vmsnap_disk_set_uuid(const char *path, const uint8_t *uuid, bool force, stru
         ext2fs_superblock_csum_set(fs, &sb);
         int w = sys_pwrite_full(fd, &sb, sizeof(sb), off);
         if (w < 0) {
-            rc = vmsnap_err_set(err, -w, "disk set-uuid %s: write superblock of group %u: %s", path,
+            rc = vmsnap_err_set(err, -w, "new UUID for %s: write superblock of group %u: %s", name,
                                 (unsigned)g, strerror(-w));
             goto out;
         }
@@ -623,6 +626,11 @@ int vmsnap_disk_set_uuid(const char *path, const uint8_t *uuid, bool force, stru
 out:
     ext2fs_free(fs);
     if (close(rofd) < 0 && rc == 0)
-        rc = vmsnap_err_set(err, errno, "disk set-uuid %s: close: %s", path, strerror(errno));
+        rc = vmsnap_err_set(err, errno, "new UUID for %s: close: %s", name, strerror(errno));
     return rc;
+}
+
+int vmsnap_disk_set_uuid(const char *path, const uint8_t *uuid, bool force, struct vmsnap_err *err)
+{
+    return disk_set_uuid(path, path, uuid, force, err);
 }

@@ -434,7 +434,7 @@ int vmsnap_disk_clone(const char *src, const char *dst, const struct vmsnap_disk
         }
     }
     if (o->new_uuid) {
-        rc = vmsnap_disk_set_uuid(af.tmp, NULL, o->force, err);
+        rc = disk_set_uuid(af.tmp, dst, NULL, o->force, err);
         if (rc < 0) {
             vmsnap_err_wrap(err, "disk clone %s to %s: ", src, dst);
             goto fail;

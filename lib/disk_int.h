@@ -50,4 +50,9 @@ int disk_tree_apply(struct disk_tree *t, const struct vmsnap_disk_entry *e, stru
 int disk_tree_finish(struct disk_tree *t, struct vmsnap_err *err);
 void disk_tree_free(struct disk_tree *t);
 
+/* vmsnap_disk_set_uuid() of the image at `path`, its messages naming `name` (a clone's
+ * destination, while the image is still under its temporary name). */
+int disk_set_uuid(const char *path, const char *name, const uint8_t *uuid, bool force,
+                  struct vmsnap_err *err);
+
 #endif

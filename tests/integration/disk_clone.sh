@@ -95,7 +95,7 @@ nsb=$(dumpe2fs "$T/src.img" 2>/dev/null | grep -c "superblock at")
 mount -o loop,ro "$T/c2.img" "$MNT" && cmp -s "$MNT/data" "$T/seed/data" || fail "--new-uuid clone unreadable"
 umount "$MNT" 2>/dev/null || true
 
-# without metadata_csum_seed (mke2fs 1.47's default ext4): refused unless --force
+# metadata checksums without metadata_csum_seed (mke2fs 1.47's default ext4): refused unless --force
 mke2fs -q -t ext4 -O ^metadata_csum_seed,^has_journal "$T/plain.img" 64M
 expect_fail "--new-uuid without csum seed" "$VMSNAP" disk clone --new-uuid "$T/plain.img" "$T/c3.img"
 grep -q "metadata_csum_seed" "$T/err" || fail "refusal does not name the feature: $(cat "$T/err")"
@@ -103,6 +103,13 @@ grep -q "metadata_csum_seed" "$T/err" || fail "refusal does not name the feature
 "$VMSNAP" disk clone --new-uuid --force "$T/plain.img" "$T/c3.img" || fail "--new-uuid --force"
 e2fsck -fn "$T/c3.img" >"$T/fsck" 2>&1 || fail "--force uuid: e2fsck: $(tail "$T/fsck")"
 [ "$(uuid_of "$T/plain.img")" != "$(uuid_of "$T/c3.img")" ] || fail "--force: UUID unchanged"
+grep -q "c3.img: metadata checksums without" "$T/err" && ! grep -q '\.c3\.img\.' "$T/err" ||
+    fail "refusal names the temporary file, not the destination: $(cat "$T/err")"
+# without metadata checksums at all nothing depends on the UUID: no --force needed
+mke2fs -q -t ext4 -O ^metadata_csum,^metadata_csum_seed,^has_journal,^uninit_bg "$T/nocsum.img" 64M
+"$VMSNAP" disk clone --new-uuid "$T/nocsum.img" "$T/c4.img" 2>"$T/err" || fail "--new-uuid without checksums: $(cat "$T/err")"
+e2fsck -fn "$T/c4.img" >"$T/fsck" 2>&1 || fail "no-csum uuid: e2fsck: $(tail "$T/fsck")"
+[ "$(uuid_of "$T/nocsum.img")" != "$(uuid_of "$T/c4.img")" ] || fail "no-csum: UUID unchanged"
 
 # --link: a hard link; existing destination refused without --force
 "$VMSNAP" -v disk clone --link "$T/src.img" "$T/l.img" 2>"$T/how" || fail "clone --link"
