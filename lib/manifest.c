@@ -202,14 +202,22 @@ int manifest_parse(const char *buf, size_t len, const char *where, uint64_t max_
             goto out;
         }
         f->table_digest = has_th;
-        if (f->size > max_size || f->populated > f->size || f->object_size == 0 ||
+        if (f->size > max_size) { /* a policy, not damage */
+            rc = vmsnap_err_set(err, EFBIG,
+                                "%s: '%s' is %llu bytes, over the cap of %llu (--max-size; "
+                                "raise it for a larger image)",
+                                where, name, (unsigned long long)f->size,
+                                (unsigned long long)max_size);
+            goto out;
+        }
+        if (f->populated > f->size || f->object_size == 0 ||
             f->object_size > (f->size + (1ull << 30)) * 2) {
             rc = vmsnap_err_set(err, EINVAL,
                                 "%s: entry for '%s' has impossible sizes (size %llu, populated "
-                                "%llu, object %llu; limit %llu)",
+                                "%llu, object %llu)",
                                 where, name, (unsigned long long)f->size,
                                 (unsigned long long)f->populated,
-                                (unsigned long long)f->object_size, (unsigned long long)max_size);
+                                (unsigned long long)f->object_size);
             goto out;
         }
         memcpy(f->sha256, json_object_get_string(has_sh ? sh : th), 65);

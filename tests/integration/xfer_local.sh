@@ -266,7 +266,8 @@ hostile "missing file" '{"snapshotFiles":["nothere"]}' "missing"
 hostile "duplicate" '{"snapshotFiles":["base-id","base-id"]}' "twice"
 hostile "no files" '{"snapshotFiles":[]}' "snapshotFiles is empty"
 hostile "not json" '{"snapshotFiles":' "JSON"
-hostile "huge size" "$(sed 's/"size":[0-9]*/"size":9223372036854775807/' "$S/sets/a/manifest.json")" "impossible sizes"
+hostile "huge size" "$(sed 's/"size":[0-9]*/"size":9223372036854775807/' "$S/sets/a/manifest.json")" "over the cap of 70368744177664 (--max-size"
+hostile "populated over size" "$(sed '0,/"populated":[0-9]*/s//"populated":999999999999/' "$S/sets/a/manifest.json")" "impossible sizes"
 hostile "wrong digest" "$(sed '0,/"tableSha256":"[0-9a-f]/s//"tableSha256":"0/' "$S/sets/a/manifest.json" | sed 's/"tableSha256":"00/"tableSha256":"01/')" "tableSha256 [0-9a-f]* does not match"
 hostile "two digests" "$(sed 's/"tableSha256":\("[0-9a-f]*"\)/"tableSha256":\1,"sha256":\1/' "$S/sets/a/manifest.json")" "one lowercase hex digest"
 # a manifest with the whole object's sha256 (older vmsnap) is verified that way
@@ -452,8 +453,8 @@ for bad in "ls --level 3" "ls --threads 2" "rm --part-size 1M" "pull --frame-siz
     rc=0 && "$VMSNAP" $bad "$S/rmx" "$T/x" >/dev/null 2>"$T/err" || rc=$?
     [ $rc = 2 ] && grep -q 'is an option of' "$T/err" || fail "'$bad': exit $rc, $(cat "$T/err")"
 done
-rc=0 && "$VMSNAP" push "$T/rmx.a" - 2>"$T/err" || rc=$?
-[ $rc = 2 ] && [ ! -e ./- ] || fail "push to '-': exit $rc"
+rc=0 && (cd "$T" && "$VMSNAP" push "$T/rmx.a" - 2>"$T/err") || rc=$?
+[ $rc = 2 ] && [ ! -e "$T/-" ] || fail "push to '-': exit $rc"
 
 # every push so far finished: none left its push mark
 [ -z "$(find "$S" -name 'vmsnap-push-*')" ] || fail "push marks left by finished pushes: $(find "$S" -name 'vmsnap-push-*')"
