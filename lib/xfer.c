@@ -2116,7 +2116,6 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
             stats->object_bytes += s.files[i].object_size;
             stats->copied_bytes += s.files[i].copied;
         }
-        stats->object_bytes += strlen(json);
     }
 out:
     free(json);

@@ -73,9 +73,10 @@ struct vmsnap_xfer_opts {
 
 struct vmsnap_xfer_stats {
     uint64_t files;
-    uint64_t logical;   /* sum of logical sizes */
-    uint64_t populated; /* sum of populated bytes */
-    uint64_t object_bytes;
+    uint64_t logical;      /* sum of logical sizes */
+    uint64_t populated;    /* sum of populated bytes */
+    uint64_t object_bytes; /* the files' objects (a set's manifest not counted, as pull and ls */
+                           /* count them) */
     uint64_t copied_bytes; /* push with a base: object bytes the store copied from it */
 };
 

@@ -67,6 +67,8 @@ assert q["files"] == 2 and q["logical_size"] == 5004 and q["destination"] == "js
 assert isinstance(p["seconds"], float) and isinstance(p["cpu_seconds"], float), p
 assert l == [{"url": sys.argv[1], "valid": True, "files": 2, "logical_size": 5004,
               "object_size": l[0]["object_size"]}], l
+# the same set's object bytes, whoever counts them (push counted the manifest too)
+assert p["object_size"] == q["object_size"] == l[0]["object_size"], (p, q, l)
 PYEOF
 rm -rf js js.out st push.json pull.json ls.json
 # a set under a long path (1.5 KB): ls shows its whole URL (1200-byte buffers cut it short)
