@@ -8,7 +8,7 @@
  *                    rootfs-disk-vda.ext4
  *   ondemand/        a pulled memory image mapped privately by an on-demand VM
  *   qmp.sock console.sock console.log qemu.log pid
- * and the guest RAM file on tmpfs: <ram_dir>/vmsnap-<hash of the VM dir>-<name>.ram.
+ * and the guest RAM file on tmpfs: <ram_dir>/vmsnap-<hash of the state dir>-<name>.ram.
  *
  * How the RAM image moves (docs/vm.md): the RAM file is the memory image (share=on,
  * x-ignore-shared). Pause copies it sparsely to checkpoint/memory-ranges on disk (the one copy

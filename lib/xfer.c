@@ -3,17 +3,17 @@
  * Push and pull of snapshot files and sets (see include/vmsnap/xfer.h).
  *
  * Push: the codec runs in a producer thread and writes its object in order into a sink that
- * hashes it (sha256 for the manifest) and cuts it into parts; a full part is handed whole to the
- * worker pool, whose threads each own one store connection. A full buffer is flushed only when
- * more bytes arrive, so an object of at most one part is a single PutObject. Parts are
- * part_size bytes (doubled every 2,500 parts to stay under S3's 10,000) and every part buffer
- * is taken from the pool's byte budget before it is allocated: when uploads fall behind the
+ * hashes its head and seek table (the manifest's tableSha256) and cuts it into parts; a full part
+ * is handed whole to the worker pool, whose threads each own one store connection. A full buffer is
+ * flushed only when more bytes arrive, so an object of at most one part is a single PutObject.
+ * Parts are part_size bytes (doubled every 2,500 parts to stay under S3's 10,000) and every part
+ * buffer is taken from the pool's byte budget before it is allocated: when uploads fall behind the
  * encoder blocks, memory does not grow. Sets run up to two producers (files in parallel), the
  * largest files first, sharing one pool (connections are reused across files).
  *
- * Pull: HEAD, then the codec reads the seek table through ranged GETs; the object is cut into
- * groups of whole frames of about 16 MiB (the first group starts at byte 0, the last ends at the
- * object's end, so together they cover every byte), each fetched by one GET on a pool thread,
+ * Pull: one suffix-range GET gives the size, footer and seek table (no HEAD); the object is cut
+ * into groups of whole frames of about 16 MiB (the first group starts at byte 0, the last ends at
+ * the object's end, so together they cover every byte), each fetched by one GET on a pool thread,
  * decoded there (at most `threads` decodes at once, the codec's own buffers being per frame)
  * and pwritten into the sparse temporary file. Groups are hashed in object order as they
  * complete; a group's buffer is released once hashed, so the budget also bounds reordering.

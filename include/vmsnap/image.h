@@ -110,7 +110,7 @@ struct vmsnap_pack_opts {
      * written bytes a multipart part. 0: 5 MiB (S3's smallest part). */
     uint64_t base_min_run;
     /* A budget for the encoder's buffers (the ranges' records, their frames until written).
-     * NULL: none, about 3 x threads x frame_size at most. */
+     * NULL: none, about 2 x threads x frame_size at most. */
     const struct vmsnap_pack_mem *mem;
 };
 
@@ -130,7 +130,7 @@ struct vmsnap_image_stats {
 };
 
 /* Encode the regular file open at `src_fd` into `sink`. The output is byte-identical for any
- * thread count. Memory: about threads x 3 x frame_size at most, or what opts->mem allows plus
+ * thread count. Memory: about 2 x threads x frame_size at most, or what opts->mem allows plus
  * about three frames. */
 VMSNAP_API int vmsnap_image_pack_fd(int src_fd, const char *src_name,
                                     const struct vmsnap_sink *sink,

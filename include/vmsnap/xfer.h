@@ -11,10 +11,10 @@
  * <url>/manifest.json LAST (the commit marker; an existing manifest is deleted first so a
  * half-replaced set is never visible as complete).
  *
- * Pull: the mirror. HeadObject, the seek table through ranged GETs, then groups of whole frames
- * (about 16 MiB) fetched over the connections and decoded in parallel into a sparse file under
- * a temporary name; objects without a seek table stream through the sequential decoder. A set's
- * manifest is read first and validated (plain names, sizes, the digest of every object:
+ * Pull: the mirror. One suffix-range GET (size, footer, seek table; no HEAD), then groups of whole
+ * frames (about 16 MiB) fetched over the connections and decoded in parallel into a sparse file
+ * under a temporary name; objects without a seek table stream through the sequential decoder. A
+ * set's manifest is read first and validated (plain names, sizes, the digest of every object:
  * tableSha256, or a whole-object sha256 from older manifests); files are renamed into place only
  * when all are complete and verified.
  *
