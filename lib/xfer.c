@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +49,10 @@
 
 struct xfer {
     struct vmsnap_store *st;
-    char *base_key; /* opts.base as a key in st (NULL: none) */
+    char *base_key;           /* opts.base as a key in st (NULL: none) */
+    atomic_uint base_used;    /* files pushed with their base */
+    atomic_bool base_why_set; /* base_why holds why a file's base was not used */
+    char base_why[320];
     struct xpool pool;
     struct vmsnap_xfer_opts o;
     pthread_mutex_t mu;
@@ -688,7 +692,20 @@ static int abort_leftover(void *arg, const char *key, const char *id, int64_t st
 /* Open the base object `bkey` for a push: its ETag (guarding copies) and seek table. Returns 1
  * with *img set, 0 when it cannot serve as a base (missing, no seek table: logged), < 0 on
  * memory errors. */
-static int open_base(const struct xfer *x, struct vmsnap_store_conn *ctl, const char *bkey,
+__attribute__((format(printf, 3, 4))) static void base_unused(struct xfer *x, const char *bkey,
+                                                              const char *fmt, ...)
+{
+    char why[sizeof(x->base_why)];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    vlog(VMSNAP_LOG_INFO, "base %s not used: %s", bkey, why);
+    if (!atomic_exchange(&x->base_why_set, true))
+        memcpy(x->base_why, why, sizeof(why));
+}
+
+static int open_base(struct xfer *x, struct vmsnap_store_conn *ctl, const char *bkey,
                      char etag[VMSNAP_STORE_ETAG_MAX], struct vmsnap_image **img,
                      struct vmsnap_err *err)
 {
@@ -706,7 +723,7 @@ static int open_base(const struct xfer *x, struct vmsnap_store_conn *ctl, const 
     if (rc == -ENOMEM)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     if (rc <= 0) {
-        vlog(VMSNAP_LOG_INFO, "base %s not used: %s", bkey, rc == 0 ? "no seek table" : e.msg);
+        base_unused(x, bkey, "%s", rc == 0 ? "no seek table" : e.msg);
         return 0;
     }
     struct vmsnap_image_stats bs;
@@ -714,9 +731,8 @@ static int open_base(const struct xfer *x, struct vmsnap_store_conn *ctl, const 
     uint64_t fs = x->o.frame_size ? x->o.frame_size : VMSNAP_IMAGE_DEFAULT_FRAME_SIZE;
     int level = x->o.level ? x->o.level : 1;
     if (bs.frame_size != fs || bs.level != level) {
-        vlog(VMSNAP_LOG_INFO,
-             "base %s not used: frame size %llu and level %d, this push %llu and %d", bkey,
-             (unsigned long long)bs.frame_size, bs.level, (unsigned long long)fs, level);
+        base_unused(x, bkey, "frame size %llu and level %d, this push %llu and %d",
+                    (unsigned long long)bs.frame_size, bs.level, (unsigned long long)fs, level);
         vmsnap_image_free(*img);
         *img = NULL;
         return 0;
@@ -921,6 +937,8 @@ static int push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const 
         int rc = open_base(x, ctl, base_key, etag, &base, err);
         if (rc < 0)
             return rc;
+        if (base)
+            atomic_fetch_add(&x->base_used, 1);
     }
     bool copy_failed = false;
     int rc = push_fd_once(x, ctl, fd, path, key, base ? base_key : NULL, base, etag, mf,
@@ -2334,6 +2352,9 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
     }
     if (rc < 0 && err && !strstr(err->msg, url))
         vmsnap_err_wrap(err, "push %s to %s: ", path, url);
+    if (rc == 0 && x.base_key && !atomic_load(&x.base_used)) /* a typo costs the whole saving */
+        vlog(VMSNAP_LOG_WARN, "base %s was not used (%s): every frame was compressed and uploaded",
+             x.o.base, atomic_load(&x.base_why_set) ? x.base_why : "no file had one");
 out:
     vmsnap_store_conn_free(ctl);
     xfer_fini(&x, pool);

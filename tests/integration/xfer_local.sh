@@ -805,6 +805,7 @@ cp --sparse=always "$T/v2" "$T/bs2/memory-ranges" && echo two >"$T/bs2/state"
 "$VMSNAP" -q push --frame-size 1M "$T/bs1" "$S/b/s1" || fail "push set s1"
 "$VMSNAP" push --frame-size 1M --base "$S/b/s1" "$T/bs2" "$S/b/s2" 2>"$T/log" || fail "push set with a base: $(cat "$T/log")"
 grep -q "copied by the store" "$T/log" || fail "set push with a base copied nothing: $(cat "$T/log")"
+grep -q "was not used" "$T/log" && fail "set push with a base warned it was unused: $(cat "$T/log")"
 "$VMSNAP" -q pull "$S/b/s2" "$T/bs2.out" && diff -r "$T/bs2" "$T/bs2.out" >/dev/null || fail "set with a base: round trip differs"
 "$VMSNAP" push --frame-size 1M --base "$S/b/s1" "$T/bs2" "$S/b/s1" 2>"$T/log" || fail "push a set over its own base: $(cat "$T/log")"
 grep -q "copied by the store" "$T/log" || fail "push over its own base copied nothing: $(cat "$T/log")"
@@ -828,6 +829,9 @@ rm -rf "$T/dl" "$T/dl.out" "$S/dl1" "$S/dl2"
 for b in "$S/b/nothere" "$S/b/v1-2m" "$S/b/raw"; do
     "$VMSNAP" push --frame-size 1M --base "$b" "$T/v2" "$S/b/v2x" 2>"$T/log" || fail "push with unusable base $b: $(cat "$T/log")"
     grep -q "copied by the store" "$T/log" && fail "push with unusable base $b reports copies"
+    # said without -v: a mistyped --base costs the whole saving
+    grep -q "warning: base .* was not used (.*): every frame was compressed" "$T/log" ||
+        fail "push with unusable base $b: no warning: $(cat "$T/log")"
     cmp -s "$T/v2.pk" "$S/b/v2x" || fail "push with unusable base $b: object differs"
 done
 expect_fail "base in another store" "$VMSNAP" push --base s3://bucket/x "$T/v2" "$S/b/v2y"
