@@ -34,6 +34,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+/* for ZSTD_c_stableInBuffer / ZSTD_c_stableOutBuffer: experimental names of parameters of the
+ * stable ZSTD_CCtx_setParameter (since zstd 1.4.5), the buffer modes ZSTD_compress2 itself uses */
+#define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 
 enum slot_state { SLOT_FREE, SLOT_BUSY, SLOT_DONE };
@@ -273,20 +276,47 @@ static size_t frame_bound(size_t len)
     return ZSTD_compressBound(len) + 4;
 }
 
+/* Input fed to zstd per call: the encode stops between steps when it is cancelled or aborted
+ * (a 64 MiB frame at --level 19 takes half a minute; Ctrl-C waited for it). */
+#define COMPRESS_STEP ((size_t)4 << 20)
+
 /* Compress `len` bytes into `out` (frame_bound(len) bytes) as a frame carrying
  * zstd's content checksum. `checksum` is the caller's XXH64 of `src` (seed 0), which is what zstd
  * would hash: zstd compresses without its own pass over the data, and the frame gets the checksum
  * flag (bit 2 of the frame header descriptor, right after the magic) and the hash's low 32 bits
- * after its last block, byte for byte the frame zstd itself would write. The buffer is reused
- * across calls, so its pages are faulted in once per slot rather than once per frame. */
-static int compress_frame(ZSTD_CCtx *cctx, int level, const uint8_t *src, size_t len,
-                          uint64_t checksum, uint8_t *out, size_t *out_len, struct vmsnap_err *err)
+ * after its last block, byte for byte the frame zstd itself would write. The input goes to zstd
+ * in COMPRESS_STEP pieces of one stable buffer, its size pledged up front: the frame is the same
+ * bytes ZSTD_compress2 makes of the whole (tested at levels 1-19 with odd step sizes), and
+ * between pieces a cancel or the encoder's abort (`e`, NULL: none) stops it. */
+static int compress_frame(const struct enc *e, ZSTD_CCtx *cctx, int level, const uint8_t *src,
+                          size_t len, uint64_t checksum, uint8_t *out, size_t *out_len,
+                          struct vmsnap_err *err)
 {
-    if (set_cparams(cctx, level) < 0)
-        return vmsnap_err_set(err, EINVAL, "zstd: cannot set level %d", level);
-    size_t n = ZSTD_compress2(cctx, out, frame_bound(len) - 4, src, len);
-    if (ZSTD_isError(n))
-        return vmsnap_err_set(err, EIO, "zstd compress: %s", ZSTD_getErrorName(n));
+    size_t r = 0;
+    if (set_cparams(cctx, level) < 0 ||
+        ZSTD_isError(r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_stableInBuffer, 1)) ||
+        ZSTD_isError(r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_stableOutBuffer, 1)) ||
+        ZSTD_isError(r = ZSTD_CCtx_setPledgedSrcSize(cctx, len)))
+        return vmsnap_err_set(err, EINVAL, "zstd: cannot set level %d%s%s", level, r ? ": " : "",
+                              r ? ZSTD_getErrorName(r) : "");
+    ZSTD_outBuffer ob = {out, frame_bound(len) - 4, 0};
+    ZSTD_inBuffer ib = {src, 0, 0};
+    for (;;) {
+        ib.size = len - ib.size > COMPRESS_STEP ? ib.size + COMPRESS_STEP : len;
+        const bool last = ib.size == len;
+        r = ZSTD_compressStream2(cctx, &ob, &ib, last ? ZSTD_e_end : ZSTD_e_continue);
+        if (ZSTD_isError(r))
+            return vmsnap_err_set(err, EIO, "zstd compress: %s", ZSTD_getErrorName(r));
+        if (last && r == 0)
+            break;
+        if (last) /* the bound leaves room for the whole frame: never reached */
+            return vmsnap_err_set(err, EIO, "zstd compress: frame larger than its bound");
+        if (cancel_pending() || (e && __atomic_load_n(&e->abort, __ATOMIC_ACQUIRE))) {
+            int rc = cancel_check(err);
+            return rc < 0 ? rc : vmsnap_err_set(err, ECANCELED, "encode stopped");
+        }
+    }
+    size_t n = ob.pos;
     if (n < 6 || get_le32(out) != ZSTD_MAGICNUMBER || out[4] & 0x04)
         return vmsnap_err_set(err, EIO, "zstd compress: unexpected frame header");
     out[4] |= 0x04;
@@ -303,7 +333,7 @@ static int compress_into(const struct enc *e, ZSTD_CCtx *cctx, const uint8_t *sr
 {
     int rc = ebuf_reserve(e, c, frame_bound(len), gw, err);
     if (rc == 0)
-        rc = compress_frame(cctx, e->level, src, len, checksum, c->p, out_len, err);
+        rc = compress_frame(e, cctx, e->level, src, len, checksum, c->p, out_len, err);
     if (rc == 0 && e->mem)
         ebuf_trim(e, c, *out_len);
     return rc;
@@ -699,7 +729,7 @@ static int emit_word_frame(struct out *o, ZSTD_CCtx *cctx, int level, uint64_t w
     size_t clen = 0;
     uint64_t sum = XXH64(w, sizeof(w), 0);
     _Static_assert(sizeof(c) >= ZSTD_COMPRESSBOUND(sizeof(w)) + 4, "word frame buffer");
-    int rc = compress_frame(cctx, level, w, sizeof(w), sum, c, &clen, err);
+    int rc = compress_frame(NULL, cctx, level, w, sizeof(w), sum, c, &clen, err);
     if (rc < 0)
         return rc;
     struct vmsnap_frame_info fi = {.offset = o->pos,

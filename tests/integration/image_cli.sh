@@ -189,6 +189,17 @@ rc=0 && wait "$pid" || rc=$?
 exec 3<&-
 [ "$rc" = 1 ] || fail "pack to a stalled pipe, interrupted: exit $rc ($(cat "$T/err"))"
 grep -q "interrupted (SIGTERM)" "$T/err" || fail "pack to a stalled pipe: message: $(cat "$T/err")"
+# ... and a pack inside one long frame (--level 19: 32 MiB of ELF text takes tens of seconds):
+# the signal stops the compression, it does not wait for the frame (it did, then exited 0)
+{ cat /usr/lib/x86_64-linux-gnu/lib*.so* 2>/dev/null || true; } | head -c 32M >"$T/slow" || true
+"$VMSNAP" pack --level 19 "$T/slow" "$T/slow.img" 2>"$T/err" &
+pid=$!
+sleep 2
+kill -TERM "$pid"
+rc=0 && wait "$pid" || rc=$?
+[ "$rc" = 1 ] && grep -q "interrupted (SIGTERM)" "$T/err" && [ ! -e "$T/slow.img" ] ||
+    fail "pack --level 19, interrupted inside a frame: exit $rc ($(cat "$T/err"))"
+rm -f "$T/slow"
 # ... and a signal inherited as ignored (nohup, a script's background job) stays ignored
 half=$(($(stat -c %s "$T/img4") / 2))
 { head -c "$half" "$T/img4"; sleep 2; tail -c +"$((half + 1))" "$T/img4"; } |
