@@ -199,9 +199,14 @@ static int cache_evict(int argc, char **argv)
             char *end;
             errno = 0;
             wait = strtod(optarg, &end);
+            if (*end == 's' || *end == 'm' || *end == 'h') /* 90s, 2m, 1h, as gc --older-than */
+                wait *= *end == 'm' ? 60 : *end == 'h' ? 3600 : 1, end++;
             if (errno || end == optarg || *end || !(wait >= 0) || wait > 3600) {
                 free(preserve);
-                return cli_usage("cache", "--wait '%s': expected seconds in [0, 3600]", optarg);
+                return cli_usage("cache",
+                                 "--wait '%s': expected a duration up to an hour (seconds, or "
+                                 "with s, m or h: 90, 2.5s, 10m, 1h)",
+                                 optarg);
             }
             break;
         }

@@ -113,6 +113,11 @@ expect_fail "missing preserve path" "$VMSNAP" cache evict --staged --preserve "$
 [ -e "$T/r/linked.img" ] || fail "a failed evict touched files"
 rc=0; "$VMSNAP" cache evict --wait abc "$T/r" 2>/dev/null || rc=$?
 [ "$rc" = 2 ] || fail "--wait abc: exit $rc, expected 2"
+for w in 2h 1x 61m; do
+    rc=0; "$VMSNAP" cache evict --wait $w "$T/r" 2>/dev/null || rc=$?
+    [ "$rc" = 2 ] || fail "--wait $w: exit $rc, expected 2"
+done
+"$VMSNAP" -q cache evict --wait 0.1s "$T/r" || fail "--wait 0.1s refused"
 rc=0; "$VMSNAP" cache frob 2>/dev/null || rc=$?
 [ "$rc" = 2 ] || fail "unknown subcommand: exit $rc, expected 2"
 rc=0; "$VMSNAP" cache stat 2>/dev/null || rc=$?
