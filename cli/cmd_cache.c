@@ -13,7 +13,7 @@
 
 #define STAT_USAGE "cache stat [--json] PATH..."
 #define EVICT_USAGE                                                                                \
-    "cache evict [--staged] [--preserve PATH]... [--wait SECONDS] [--kick-writeback] PATH..."
+    "cache evict [--staged] [--preserve PATH]... [--wait DURATION] [--kick-writeback] PATH..."
 
 struct stat_out {
     bool json;

@@ -34,7 +34,7 @@ static const struct cli_verb verbs[] = {
      "without a seek table (a reference stream, plain zstd) is always decoded; what only the\n"
      "table records (zero pages elided, frame size) is then n/a (null in --json)."},
     {"cache", cmd_cache,
-     "cache stat [--json] PATH... | cache evict [--staged] [--preserve PATH]... [--wait SECONDS] "
+     "cache stat [--json] PATH... | cache evict [--staged] [--preserve PATH]... [--wait DURATION] "
      "[--kick-writeback] PATH...",
      "stat: pages cached, dirty, under writeback, evicted and recently evicted per file and in\n"
      "total (cachestat; mincore where unavailable, marked). evict: drop clean pages of files that\n"
