@@ -108,8 +108,10 @@ static int disk_create(int argc, char **argv)
             cli_common_flag(c);
             break;
         case 's':
-            if (cli_parse_size(optarg, &o.size) < 0 || o.size == 0) {
-                rc = cli_usage("disk", "create: bad --size '%s'", optarg);
+            if (cli_parse_size(optarg, &o.size) < 0 || o.size < VMSNAP_DISK_MIN_SIZE ||
+                o.size > VMSNAP_DISK_MAX_SIZE + 4095) {
+                rc =
+                    cli_usage("disk", "create: --size '%s': expected 1M to 16T less 4 KiB", optarg);
                 goto out;
             }
             break;
@@ -123,6 +125,10 @@ static int disk_create(int argc, char **argv)
             break;
         }
         case 'L':
+            if (strlen(optarg) > VMSNAP_DISK_LABEL_MAX) {
+                rc = cli_usage("disk", "create: --label '%s' is longer than 16 bytes", optarg);
+                goto out;
+            }
             o.label = optarg;
             break;
         case 'U':

@@ -30,7 +30,7 @@
 #define DISK_BLOCK_SIZE 4096u
 #define DISK_INODE_SIZE 256u
 #define DISK_BYTES_PER_INODE 16384u
-#define DISK_MIN_SIZE (1ull << 20)
+#define DISK_MIN_SIZE VMSNAP_DISK_MIN_SIZE
 
 int disk_ext2_errno(errcode_t code)
 {
@@ -276,7 +276,7 @@ int vmsnap_disk_create(const char *path, const struct vmsnap_disk_create_opts *o
                               "disk create %s: %llu inodes requested, ext4 allows at most "
                               "4294967280",
                               path, (unsigned long long)inodes);
-    if (o->label && strlen(o->label) > 16)
+    if (o->label && strlen(o->label) > VMSNAP_DISK_LABEL_MAX)
         return vmsnap_err_set(err, EINVAL, "disk create %s: label '%s' longer than 16 bytes", path,
                               o->label);
     struct stat st;

@@ -24,6 +24,11 @@ extern "C" {
 
 /* Default virtual size of `vmsnap disk create`: 4 GiB (costs ~150 KiB allocated). */
 #define VMSNAP_DISK_DEFAULT_SIZE (4ull << 30)
+/* The sizes disk create takes: from 1 MiB to 16 TiB less one 4 KiB block (libext2fs's layout
+ * fails from 2^32 blocks on); a label of at most 16 bytes. */
+#define VMSNAP_DISK_MIN_SIZE (1ull << 20)
+#define VMSNAP_DISK_MAX_SIZE ((1ull << 44) - 4096)
+#define VMSNAP_DISK_LABEL_MAX 16
 
 /* What to put into a new image, applied in order after --from-dir. */
 enum vmsnap_disk_op {

@@ -188,6 +188,23 @@ static void test_uuid_and_clone(void)
     CHECK(!t_exists(t_path("c2.img")));
 }
 
+/* The library refuses what the CLI refuses as usage (callers other than the CLI). */
+static void test_create_limits(void)
+{
+    struct vmsnap_err err = {0};
+    const char *p = t_path("lim.img");
+    struct vmsnap_disk_create_opts o = {.size = 1024};
+    CHECK(vmsnap_disk_create(p, &o, &err) == -EINVAL && strstr(err.msg, "too small"));
+    o.size = VMSNAP_DISK_MAX_SIZE + 4096;
+    CHECK(vmsnap_disk_create(p, &o, &err) == -EFBIG && strstr(err.msg, "too large"));
+    o = (struct vmsnap_disk_create_opts){.size = VMSNAP_DISK_MIN_SIZE,
+                                         .label = "12345678901234567"};
+    CHECK(vmsnap_disk_create(p, &o, &err) == -EINVAL && strstr(err.msg, "longer than 16"));
+    CHECK(!t_exists(p));
+    o.label = "1234567890123456";
+    CHECK(vmsnap_disk_create(p, &o, &err) == 0 && fsck_clean(p));
+}
+
 int main(void)
 {
     if (t_sh("command -v e2fsck >/dev/null && command -v debugfs >/dev/null") != 0)
@@ -196,5 +213,6 @@ int main(void)
     test_create_empty();
     test_big_and_sparse_files();
     test_uuid_and_clone();
+    test_create_limits();
     return t_done();
 }
