@@ -96,6 +96,8 @@ void cli_common_flag(int c);
     }
 int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_opts *o,
                     const struct xfer_flags *f);
+/* After a verb's own --help usage line: what `vmsnap help VERB` says of it. */
+void cli_verb_description(const char *name);
 /* A URL operand of a transfer verb: "-" is a usage error (printed), -1. */
 int cmd_xfer_url(const char *verb, const char *url);
 void cmd_xfer_summary(const char *verb, const struct vmsnap_xfer_stats *st, double wall);

@@ -55,6 +55,7 @@ int cmd_gc(int argc, char **argv)
                "  (default 1h; 30m, 2h, 7d; 0: all, which also fails pushes running now):\n"
                "  unfinished multipart uploads, and the objects of set pushes that never\n"
                "  committed their manifest; --dry-run lists them and what gc would do\n");
+        cli_verb_description("gc");
         return EXIT_OK;
     }
     if (i < 0)

@@ -46,6 +46,7 @@ int cmd_inspect(int argc, char **argv)
             break;
         case 'h':
             printf("usage: vmsnap inspect [--json] [--verify] [-j N] [--max-size SIZE] SRC\n");
+            cli_verb_description("inspect");
             return EXIT_OK;
         default:
             return cli_usage("inspect", "bad option");

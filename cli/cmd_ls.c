@@ -43,6 +43,7 @@ int cmd_ls(int argc, char **argv)
     int i = cmd_xfer_getopt("ls", argc, argv, &o, &(struct xfer_flags){.json = &json});
     if (i == -2) {
         printf("usage: vmsnap ls [--json] [--endpoint URL] [--region R] [--path-style] URL\n");
+        cli_verb_description("ls");
         return EXIT_OK;
     }
     if (i < 0)

@@ -82,6 +82,7 @@ int cmd_pack(int argc, char **argv)
         case 'h':
             printf("usage: vmsnap pack [-j N] [--frame-size SIZE] [--level L] [--keep-zero-pages] "
                    "[--keep-cache] [--fsync] SRC DST\n");
+            cli_verb_description("pack");
             return EXIT_OK;
         default:
             return cli_usage("pack", "bad option");
@@ -156,6 +157,7 @@ int cmd_unpack(int argc, char **argv)
         case 'h':
             printf(
                 "usage: vmsnap unpack [-j N] [--max-size SIZE] [--fsync] [--drop-cache] SRC DST\n");
+            cli_verb_description("unpack");
             return EXIT_OK;
         default:
             return cli_usage("unpack", "bad option");

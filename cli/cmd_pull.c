@@ -18,6 +18,7 @@ int cmd_pull(int argc, char **argv)
                "       [--no-fsync] [--drop-cache] [--endpoint URL] [--region R] [--path-style]\n"
                "       [--retries N]\n"
                "       URL PATH\n");
+        cli_verb_description("pull");
         return EXIT_OK;
     }
     if (i < 0)

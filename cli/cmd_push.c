@@ -244,6 +244,7 @@ int cmd_push(int argc, char **argv)
                "[--threads N]\n"
                "       [--frame-size SIZE] [--level L] [--endpoint URL] [--region R]\n"
                "       [--path-style] [--retries N] [--base URL] PATH URL\n");
+        cli_verb_description("push");
         return EXIT_OK;
     }
     if (i < 0)

@@ -13,6 +13,7 @@ int cmd_rm(int argc, char **argv)
     int i = cmd_xfer_getopt("rm", argc, argv, &o, &(struct xfer_flags){.force = &force});
     if (i == -2) {
         printf("usage: vmsnap rm [--force] [--endpoint URL] [--region R] [--path-style] URL\n");
+        cli_verb_description("rm");
         return EXIT_OK;
     }
     if (i < 0)

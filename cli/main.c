@@ -18,13 +18,15 @@ static const struct cli_verb verbs[] = {
      "SRC DST",
      "Encode the sparse file SRC (a guest memory image, a disk image) into DST ('-' = stdout):\n"
      "populated extents only, all-zero pages skipped, independent zstd frames per source range\n"
-     "(default 64M) compressed on N threads (default: all CPUs), and a seek table.\n"
-     "The output is byte-identical for every N. DST appears only when complete (mode 0600);\n"
+     "(default 64M) compressed on N threads (default: all CPUs) at zstd --level L (default 1,\n"
+     "up to 22), and a seek table. The output is byte-identical for every N. DST appears only when "
+     "complete (mode 0600);\n"
      "--fsync makes it durable first (a filesystem that reports a full disk only on writeback\n"
      "then fails the pack, not a later read)."},
     {"unpack", cmd_unpack, "unpack [-j N] [--max-size SIZE] [--fsync] [--drop-cache] SRC DST",
      "Decode SRC ('-' = stdin) into the sparse file DST: vmsnap images in parallel, reference\n"
      "single-stream images and plain zstd sequentially. Every field and checksum is validated;\n"
+     "an image larger than --max-size (default 64T) is refused.\n"
      "DST is written under a temporary name and renamed only on success (mode 0600).\n"
      "--drop-cache then drops DST's page cache (writeback started, retried for a few seconds),\n"
      "so a restored snapshot does not stay in memory next to the guest."},
@@ -59,6 +61,7 @@ static const struct cli_verb verbs[] = {
      "URL: a path or file:///abs (local store), s3://bucket/key (--endpoint or AWS_ENDPOINT_URL,\n"
      "AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY[/AWS_SESSION_TOKEN], --path-style),\n"
      "gs://bucket/key (Cloud Storage XML API with HMAC keys). -j: connections (default 8);\n"
+     "--threads: encoder threads (default: all CPUs); --level: zstd level (default 1);\n"
      "parts of 16M (--part-size); at most 256M of parts and encoder buffers (--max-memory; passed\n"
      "by about three frames of --frame-size, 64M, per file encoding; a set encodes two at once).\n"
      "--base URL: an earlier set (or object) in the same store; frames that did not change are\n"
@@ -119,6 +122,13 @@ static void usage(FILE *f)
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
         fprintf(f, "  %s\n", verbs[i].synopsis);
     fprintf(f, "\nExit codes: 0 ok, 1 failure, 2 usage. 'vmsnap help VERB' for details.\n");
+}
+
+void cli_verb_description(const char *name)
+{
+    const struct cli_verb *v = find_verb(name);
+    if (v)
+        printf("\n%s\n", v->help);
 }
 
 static int cmd_help(int argc, char **argv)
