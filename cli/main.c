@@ -19,10 +19,9 @@ static const struct cli_verb verbs[] = {
      "Encode the sparse file SRC (a guest memory image, a disk image) into DST ('-' = stdout):\n"
      "populated extents only, all-zero pages skipped, independent zstd frames per source range\n"
      "(default 64M) compressed on N threads (default: all CPUs) at zstd --level L (default 1,\n"
-     "up to 22), and a seek table. The output is byte-identical for every N. DST appears only when "
-     "complete (mode 0600);\n"
-     "--fsync makes it durable first (a filesystem that reports a full disk only on writeback\n"
-     "then fails the pack, not a later read)."},
+     "up to 22), and a seek table. The output is byte-identical for every N. DST appears only\n"
+     "when complete (mode 0600); --fsync makes it durable first (a filesystem that reports a\n"
+     "full disk only on writeback then fails the pack, not a later read)."},
     {"unpack", cmd_unpack, "unpack [-j N] [--max-size SIZE] [--fsync] [--drop-cache] SRC DST",
      "Decode SRC ('-' = stdin) into the sparse file DST: vmsnap images in parallel, reference\n"
      "single-stream images and plain zstd sequentially. Every field and checksum is validated;\n"
