@@ -151,7 +151,7 @@ static int ebuf_reserve(const struct enc *e, struct ebuf *b, size_t len, struct 
         return 0;
     size_t cap = ebuf_round(len);
     void *np;
-    if (e->mem && b->p && e->mem->try_acquire(e->mem->arg, cap - b->cap)) {
+    if (e->mem && b->p && e->mem->try_acquire && e->mem->try_acquire(e->mem->arg, cap - b->cap)) {
         np = cap <= b->map ? b->p : mremap(b->p, b->map, cap, MREMAP_MAYMOVE);
         if (np == MAP_FAILED) {
             e->mem->release(e->mem->arg, cap - b->cap);
@@ -276,23 +276,50 @@ static size_t frame_bound(size_t len)
     return ZSTD_compressBound(len) + 4;
 }
 
-/* Input fed to zstd per call: the encode stops between steps when it is cancelled or aborted
- * (a 64 MiB frame at --level 19 takes half a minute; Ctrl-C waited for it). */
+/* The `n`-byte zstd frame at `out` gets the checksum flag and `checksum`'s low 32 bits. */
+static int finish_frame(uint8_t *out, size_t n, uint64_t checksum, size_t *out_len,
+                        struct vmsnap_err *err)
+{
+    if (n < 6 || get_le32(out) != ZSTD_MAGICNUMBER || out[4] & 0x04)
+        return vmsnap_err_set(err, EIO, "zstd compress: unexpected frame header");
+    out[4] |= 0x04;
+    put_le32(out + n, (uint32_t)checksum);
+    *out_len = n + 4;
+    return 0;
+}
+
+/* At --level STEPPED_LEVEL and above a frame is compressed in COMPRESS_STEP pieces, so that the
+ * encode stops between pieces when it is cancelled or aborted (a 64 MiB frame at --level 19 takes
+ * half a minute; Ctrl-C waited for it, then the pack exited 0). Below, where a frame takes a
+ * fraction of a second, ZSTD_compress2 takes it whole. */
 #define COMPRESS_STEP ((size_t)4 << 20)
+#define STEPPED_LEVEL 10
 
 /* Compress `len` bytes into `out` (frame_bound(len) bytes) as a frame carrying
  * zstd's content checksum. `checksum` is the caller's XXH64 of `src` (seed 0), which is what zstd
  * would hash: zstd compresses without its own pass over the data, and the frame gets the checksum
  * flag (bit 2 of the frame header descriptor, right after the magic) and the hash's low 32 bits
- * after its last block, byte for byte the frame zstd itself would write. The input goes to zstd
- * in COMPRESS_STEP pieces of one stable buffer, its size pledged up front: the frame is the same
- * bytes ZSTD_compress2 makes of the whole (tested at levels 1-19 with odd step sizes), and
- * between pieces a cancel or the encoder's abort (`e`, NULL: none) stops it. */
+ * after its last block, byte for byte the frame zstd itself would write. Stepped (see above),
+ * the input goes to zstd in pieces of one stable buffer whose size grows, its size pledged up
+ * front, and a cancel or the encoder's abort (`e`, NULL: none) stops it between pieces. zstd
+ * before 1.5.4 refuses a stable buffer that grows ("Source buffer is wrong"): there every frame
+ * is compressed whole. The stepped frame is the bytes ZSTD_compress2 makes with zstd 1.5.4 to
+ * 1.5.6 (checked at levels 1-19); from 1.5.7 its block pre-splitter may cut the blocks of a
+ * streamed frame differently, so high-level output can differ by zstd version (as FORMAT.md
+ * allows: identical for a given libzstd, for any thread count). */
 static int compress_frame(const struct enc *e, ZSTD_CCtx *cctx, int level, const uint8_t *src,
                           size_t len, uint64_t checksum, uint8_t *out, size_t *out_len,
                           struct vmsnap_err *err)
 {
     size_t r = 0;
+    if (level < STEPPED_LEVEL || len <= COMPRESS_STEP || ZSTD_versionNumber() < 10504) {
+        if (set_cparams(cctx, level) < 0)
+            return vmsnap_err_set(err, EINVAL, "zstd: cannot set level %d", level);
+        r = ZSTD_compress2(cctx, out, frame_bound(len) - 4, src, len);
+        if (ZSTD_isError(r))
+            return vmsnap_err_set(err, EIO, "zstd compress: %s", ZSTD_getErrorName(r));
+        return finish_frame(out, r, checksum, out_len, err);
+    }
     if (set_cparams(cctx, level) < 0 ||
         ZSTD_isError(r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_stableInBuffer, 1)) ||
         ZSTD_isError(r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_stableOutBuffer, 1)) ||
@@ -316,13 +343,7 @@ static int compress_frame(const struct enc *e, ZSTD_CCtx *cctx, int level, const
             return rc < 0 ? rc : vmsnap_err_set(err, ECANCELED, "encode stopped");
         }
     }
-    size_t n = ob.pos;
-    if (n < 6 || get_le32(out) != ZSTD_MAGICNUMBER || out[4] & 0x04)
-        return vmsnap_err_set(err, EIO, "zstd compress: unexpected frame header");
-    out[4] |= 0x04;
-    put_le32(out + n, (uint32_t)checksum);
-    *out_len = n + 4;
-    return 0;
+    return finish_frame(out, ob.pos, checksum, out_len, err);
 }
 
 /* Compress the records `len` bytes at `src` into slot buffer `c` (grown as needed, charged

@@ -77,12 +77,13 @@ struct vmsnap_image; /* an opened image with a seek table (below) */
  * back the buffers it would keep for the next range. */
 struct vmsnap_pack_mem {
     void (*acquire)(void *arg, uint64_t bytes, bool wait, bool (*stop)(void *ctx), void *ctx);
-    /* charge `bytes` only if that needs no wait and nothing waits; true when charged */
-    bool (*try_acquire)(void *arg, uint64_t bytes);
     void (*release)(void *arg, uint64_t bytes);
     bool (*over)(void *arg);
     void (*kick)(void *arg);
     void *arg;
+    /* charge `bytes` only if that needs no wait and nothing waits; true when charged (NULL: a
+     * buffer that grows is always given back and acquired anew) */
+    bool (*try_acquire)(void *arg, uint64_t bytes);
 };
 
 struct vmsnap_pack_opts {
