@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* vmsnap cache stat|evict: page-cache state of snapshot files, and hygiene on demand. */
 #include "cli.h"
+
+#include <ctype.h>
 #include "vmsnap/pcache.h"
 
 #include <errno.h>
@@ -196,11 +198,21 @@ static int cache_evict(int argc, char **argv)
             preserve[npreserve++] = optarg;
             break;
         case 'w': {
-            char *end;
+            /* digits and a point, then s, m, h or d (90, 2.5s, 10m, 1h, as gc --older-than):
+             * no sign, space, hex or exponent, which strtod alone would take */
+            const size_t n = strspn(optarg, "0123456789.");
+            const char u = optarg[n];
+            char *end = optarg;
             errno = 0;
-            wait = strtod(optarg, &end);
-            if (*end == 's' || *end == 'm' || *end == 'h') /* 90s, 2m, 1h, as gc --older-than */
-                wait *= *end == 'm' ? 60 : *end == 'h' ? 3600 : 1, end++;
+            wait = -1;
+            if (n && isdigit((unsigned char)optarg[0]) &&
+                (!u || (strchr("smhd", u) && !optarg[n + 1]))) {
+                wait = strtod(optarg, &end);
+                if (end != optarg + n)
+                    wait = -1;
+                wait *= u == 'm' ? 60 : u == 'h' ? 3600 : u == 'd' ? 86400 : 1;
+                end = optarg + n + (u != 0);
+            }
             if (errno || end == optarg || *end || !(wait >= 0) || wait > 3600) {
                 free(preserve);
                 return cli_usage("cache",

@@ -49,8 +49,9 @@ int cmd_gc(int argc, char **argv)
     int i = cmd_xfer_getopt("gc", argc, argv, &o,
                             &(struct xfer_flags){.dry_run = &dry, .older_than = &age});
     if (i == -2) {
-        printf("usage: vmsnap gc [--older-than DURATION] [--dry-run] [--endpoint URL] [--region R] "
-               "[--path-style] URL\n"
+        printf("usage: vmsnap gc [--older-than DURATION] [--dry-run] [--max-size SIZE] [--endpoint "
+               "URL] "
+               "[--region R] [--path-style] [--retries N] URL\n"
                "  cleans what killed pushes left under URL, once it is at least DURATION old\n"
                "  (default 1h; 30m, 2h, 7d; 0: all, which also fails pushes running now):\n"
                "  unfinished multipart uploads, and the objects of set pushes that never\n"

@@ -42,7 +42,8 @@ int cmd_ls(int argc, char **argv)
     bool json = false;
     int i = cmd_xfer_getopt("ls", argc, argv, &o, &(struct xfer_flags){.json = &json});
     if (i == -2) {
-        printf("usage: vmsnap ls [--json] [--endpoint URL] [--region R] [--path-style] URL\n");
+        printf("usage: vmsnap ls [--json] [--max-size SIZE] [--endpoint URL] [--region R] "
+               "[--path-style] [--retries N] URL\n");
         cli_verb_description("ls");
         return EXIT_OK;
     }

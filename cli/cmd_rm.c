@@ -12,7 +12,8 @@ int cmd_rm(int argc, char **argv)
     bool force = false;
     int i = cmd_xfer_getopt("rm", argc, argv, &o, &(struct xfer_flags){.force = &force});
     if (i == -2) {
-        printf("usage: vmsnap rm [--force] [--endpoint URL] [--region R] [--path-style] URL\n");
+        printf("usage: vmsnap rm [--force] [--max-size SIZE] [--endpoint URL] [--region R] "
+               "[--path-style] [--retries N] URL\n");
         cli_verb_description("rm");
         return EXIT_OK;
     }
@@ -34,6 +35,8 @@ int cmd_rm(int argc, char **argv)
     if (!cli_quiet) {
         if (r.object)
             fprintf(stderr, "rm: removed the object %s\n", argv[i]);
+        else if (r.empty_dir)
+            fprintf(stderr, "rm: removed the empty directory %s", argv[i]);
         else
             fprintf(stderr, "rm: removed %s%s: %u object%s%s", argv[i],
                     r.set ? " (its manifest first)" : " (no manifest)", r.objects,

@@ -73,7 +73,8 @@ struct vmsnap_seqdec {
     size_t blk_fill;
     uint64_t plain_pos;
     uint64_t plain_data;   /* bytes in blocks that are not all zero (written) */
-    uint64_t plain_frames; /* zstd frames ended */
+    uint64_t plain_frames; /* zstd frames ended that held data */
+    bool plain_frame_data; /* the current frame gave data */
     bool plain_open;
 };
 
@@ -154,9 +155,15 @@ static int plain_feed(struct vmsnap_seqdec *sd, const uint8_t *buf, size_t len,
         if (ZSTD_isError(ret))
             return img_corrupt(err, sd->name, "zstd: %s (near byte %llu)", ZSTD_getErrorName(ret),
                                ULL(sd->in_off + in.pos));
+        /* a frame ended (each call after one starts the next); skippable frames, which zstd
+         * also ends with 0, and empty ones are not counted: frames holding data */
+        if (out.pos > sd->blk_fill)
+            sd->plain_frame_data = true;
         sd->blk_fill = out.pos;
-        if (ret == 0) /* a frame ended (each call after one starts the next frame) */
+        if (ret == 0 && sd->plain_frame_data) {
             sd->plain_frames++;
+            sd->plain_frame_data = false;
+        }
         sd->plain_open = ret != 0;
         bool full = sd->blk_fill == PLAIN_BLOCK;
         if (full) {

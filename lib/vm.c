@@ -1397,6 +1397,7 @@ static struct vmsnap_xfer_opts suspend_push_opts(const struct vmsnap_vm_opts *o,
     const char *prev = cfg_str(cfg, "url");
     if (!x.base && !(o && o->no_base) && prev && same_bucket(prev, url))
         x.base = prev;
+    x.base_implicit = true;
     return x;
 }
 

@@ -2353,8 +2353,9 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
     if (rc < 0 && err && !strstr(err->msg, url))
         vmsnap_err_wrap(err, "push %s to %s: ", path, url);
     if (rc == 0 && x.base_key && !atomic_load(&x.base_used)) /* a typo costs the whole saving */
-        vlog(VMSNAP_LOG_WARN, "base %s was not used (%s): every frame was compressed and uploaded",
-             x.o.base, atomic_load(&x.base_why_set) ? x.base_why : "no file had one");
+        vlog(x.o.base_implicit ? VMSNAP_LOG_INFO : VMSNAP_LOG_WARN,
+             "base %s was not used (%s): every frame was compressed and uploaded", x.o.base,
+             atomic_load(&x.base_why_set) ? x.base_why : "no file had one");
 out:
     vmsnap_store_conn_free(ctl);
     xfer_fini(&x, pool);
@@ -3914,8 +3915,13 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
         char obj[300];
         snprintf(obj, sizeof(obj), "%s.zstd", m.files[i].name);
         char *ok = join_key(key, obj);
-        rc = ok ? vmsnap_store_delete(c, ok, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
-        if (rc == 0) {
+        uint64_t osize;
+        /* counted only when there (deleting a missing object succeeds) */
+        rc = ok ? vmsnap_store_head(c, ok, &osize, err)
+                : vmsnap_err_set(err, ENOMEM, "out of memory");
+        if (rc == -ENOENT) {
+            rc = 0;
+        } else if (rc == 0 && (rc = vmsnap_store_delete(c, ok, err)) == 0) {
             char kurl[URL_BUF];
             vlog(VMSNAP_LOG_INFO, "removed %s", vmsnap_store_url(x.st, ok, kurl, sizeof(kurl)));
             res->objects++;
@@ -3952,7 +3958,8 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
         }
     }
     if (rc == 0) {
-        struct leftover_ctx l = {.c = c};
+        /* this set's uploads only: a push to a set below it is not this set's */
+        struct leftover_ctx l = {.c = c, .in = lp};
         rc = vmsnap_store_list_uploads(c, lp, abort_leftover, &l, err);
         res->uploads = l.n;
     }
@@ -3983,7 +3990,18 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
         }
         keys_free(&mk.k);
     }
-    if (rc == 0 && !res->set && !res->objects && !res->uploads && !res->pushes)
+    if (rc == 0 && !res->set && !res->objects && !res->uploads && !res->pushes && !res->kept &&
+        x.st->kind == VMSNAP_STORE_LOCAL) {
+        /* an empty directory a failed push left: removing it is what rm --force is for */
+        char *dir = store_local_path(x.st, key);
+        struct stat sb;
+        if (dir && lstat(dir, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+            vmsnap_store_tidy(c, lp);
+            res->empty_dir = lstat(dir, &sb) < 0;
+        }
+        free(dir);
+    }
+    if (rc == 0 && !res->set && !res->objects && !res->uploads && !res->pushes && !res->empty_dir)
         rc = res->kept ? vmsnap_err_set(err, EINVAL,
                                         "%s: nothing removed: no %s, and the *.zstd objects here "
                                         "(%u) are not vmsnap images (first: %s)",

@@ -69,6 +69,9 @@ struct vmsnap_xfer_opts {
      * compressed and uploaded. A base that is missing or unusable is ignored (logged); one that
      * changes during the push makes that file go again without it. */
     const char *base;
+    /* the base was chosen by the caller, not asked for by the user: one no file could use is
+     * logged as info, not warned about */
+    bool base_implicit;
 };
 
 struct vmsnap_xfer_stats {
@@ -125,6 +128,7 @@ struct vmsnap_rm_result {
     unsigned kept;      /* force: *.zstd objects under the prefix kept, not vmsnap images */
     unsigned uploads;   /* unfinished multipart uploads aborted */
     unsigned pushes;    /* marks of unfinished pushes removed */
+    bool empty_dir;     /* local store: only an empty directory was there, and it was removed */
     char kept_key[512]; /* the first kept object's URL */
 };
 

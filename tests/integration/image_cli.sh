@@ -62,6 +62,10 @@ print(sum(len(d[i:i + 65536]) for i in range(0, len(d), 65536) if d[i:i + 65536]
 "$VMSNAP" inspect --json "$T/plain.zst" >"$T/jp" || fail "inspect plain zstd"
 grep -q "\"populated\":$want,\"zero_elided\":null,\"frames\":1,\"frame_size\":null," "$T/jp" ||
     fail "inspect of plain zstd (want populated $want): $(cat "$T/jp")"
+# ... skippable frames around it are not counted as frames
+{ printf '\x50\x2a\x4d\x18\x04\x00\x00\x00abcd'; cat "$T/plain.zst"; printf '\x51\x2a\x4d\x18\x00\x00\x00\x00'; } >"$T/skp.zst"
+"$VMSNAP" inspect --json "$T/skp.zst" >"$T/jp" && grep -q '"frames":1,' "$T/jp" ||
+    fail "inspect of plain zstd between skippable frames: $(cat "$T/jp")"
 # inspect has the --max-size its cap message names
 expect_fail "inspect over --max-size" "$VMSNAP" inspect --max-size 1M "$T/plain.zst"
 "$VMSNAP" inspect --max-size 1G "$T/plain.zst" >/dev/null || fail "inspect --max-size 1G"

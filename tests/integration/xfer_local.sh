@@ -446,6 +446,28 @@ grep -q 'nothing to remove' "$T/err" || fail "rm of nothing: $(cat "$T/err")"
 "$VMSNAP" -q push "$T/rmx.a" "$S/rmx/lone/o.zstd" || fail "push rmx lone"
 "$VMSNAP" rm "$S/rmx/lone/o.zstd" 2>"$T/err" && [ ! -e "$S/rmx/lone/o.zstd" ] &&
     grep -q 'removed the object' "$T/err" || fail "rm of a single object: $(cat "$T/err")"
+# rm --force of an empty directory a failed push left removes it (exit 0)
+mkdir -p "$S/rmx/empty"
+"$VMSNAP" rm --force "$S/rmx/empty" 2>"$T/err" && [ ! -e "$S/rmx/empty" ] ||
+    fail "rm --force of an empty directory: $(cat "$T/err")"
+# rm of a set leaves the uploads of a replacing push to a set below it (it aborted them)
+mkdir -p "$T/npset" && mk "$T/npset/a" 5000 && "$VMSNAP" -q push "$T/npset" "$S/rmx/np" || fail "push np"
+"$VMSNAP" -q push "$T/npset" "$S/rmx/np/child" || fail "push np/child"
+mk "$T/npset/a" 6000
+VMSNAP_FAILPOINT=push-completing:stop "$VMSNAP" -q push "$T/npset" "$S/rmx/np/child" 2>"$T/nperr" &
+npid=$!
+wait_stopped $npid 60 || fail "the push to np/child did not stop before its completions"
+"$VMSNAP" rm "$S/rmx/np" 2>"$T/err" || fail "rm np: $(cat "$T/err")"
+kill -CONT $npid
+rc=0 && wait $npid || rc=$?
+[ $rc = 0 ] || fail "rm of a set made a push below it fail: exit $rc: $(cat "$T/nperr") / $(cat "$T/err")"
+grep -q 'aborted' "$T/err" && fail "rm of a set counted an upload below it: $(cat "$T/err")"
+"$VMSNAP" -q rm "$S/rmx/np/child" || fail "rm np/child"
+# rm counts only objects that were there
+mkdir -p "$T/rmc" && mk "$T/rmc/a" 5000 && mk "$T/rmc/b" 5000
+"$VMSNAP" -q push "$T/rmc" "$S/rmx/c" && rm -f "$S/rmx/c/a.zstd" || fail "setup rm count"
+"$VMSNAP" rm "$S/rmx/c" 2>"$T/err" && grep -q ': 1 object of the set' "$T/err" ||
+    fail "rm counted a missing object: $(cat "$T/err")"
 # ls of a local path that is not a directory of sets fails (an empty list looked like success)
 expect_fail "ls of a missing directory" "$VMSNAP" ls "$S/rmx/missing"
 expect_fail "ls of an object" "$VMSNAP" ls "$S/rmx/other.txt"
