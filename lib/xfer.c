@@ -3942,6 +3942,10 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
             }
             if (rc == 0)
                 rc = snapshot_magic(c, k.v[i], size, false, err);
+            if (rc == -ENOENT) { /* gone between the HEAD and the GET */
+                rc = 0;
+                continue;
+            }
             char kurl[URL_BUF];
             vmsnap_store_url(x.st, k.v[i], kurl, sizeof(kurl));
             if (rc == 0) {
