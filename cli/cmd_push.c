@@ -56,10 +56,10 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
     unsigned long v;
     int c;
     optind = 1;
+    char w[16]; /* " verb ", as only[].verbs lists them */
+    snprintf(w, sizeof(w), " %s ", verb);
     while ((c = getopt_long(argc, argv, "j:hqv", lopts, NULL)) != -1) {
         for (size_t k = 0; k < sizeof(only) / sizeof(only[0]); k++) {
-            char w[16];
-            snprintf(w, sizeof(w), " %s ", verb);
             if (only[k].c == c && !strstr(only[k].verbs, w))
                 return cli_usage(verb, "%s is an option of %s only (%s does not use it)",
                                  only[k].name, only[k].who, verb),

@@ -312,20 +312,19 @@ static int compress_frame(const struct enc *e, ZSTD_CCtx *cctx, int level, const
                           struct vmsnap_err *err)
 {
     size_t r = 0;
+    if (set_cparams(cctx, level) < 0)
+        return vmsnap_err_set(err, EINVAL, "zstd: cannot set level %d", level);
     if (level < STEPPED_LEVEL || len <= COMPRESS_STEP || ZSTD_versionNumber() < 10504) {
-        if (set_cparams(cctx, level) < 0)
-            return vmsnap_err_set(err, EINVAL, "zstd: cannot set level %d", level);
         r = ZSTD_compress2(cctx, out, frame_bound(len) - 4, src, len);
         if (ZSTD_isError(r))
             return vmsnap_err_set(err, EIO, "zstd compress: %s", ZSTD_getErrorName(r));
         return finish_frame(out, r, checksum, out_len, err);
     }
-    if (set_cparams(cctx, level) < 0 ||
-        ZSTD_isError(r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_stableInBuffer, 1)) ||
+    if (ZSTD_isError(r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_stableInBuffer, 1)) ||
         ZSTD_isError(r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_stableOutBuffer, 1)) ||
         ZSTD_isError(r = ZSTD_CCtx_setPledgedSrcSize(cctx, len)))
-        return vmsnap_err_set(err, EINVAL, "zstd: cannot set level %d%s%s", level, r ? ": " : "",
-                              r ? ZSTD_getErrorName(r) : "");
+        return vmsnap_err_set(err, EINVAL, "zstd: cannot set stepped compression: %s",
+                              ZSTD_getErrorName(r));
     ZSTD_outBuffer ob = {out, frame_bound(len) - 4, 0};
     ZSTD_inBuffer ib = {src, 0, 0};
     for (;;) {

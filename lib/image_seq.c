@@ -587,11 +587,11 @@ int vmsnap_seqdec_finish(struct vmsnap_seqdec *sd, struct vmsnap_image_stats *st
         st.total_size = sd->rp.total;
         st.populated = sd->rp.populated;
         st.extents = sd->rp.extents;
-        st.frames = 0; /* the frames holding records (a table's header and sentinel hold none) */
-        for (size_t i = 0; i < sd->n_seen; i++)
-            st.frames += sd->seen[i].span_lo <= sd->seen[i].span_hi;
         if (sd->table_seen) /* as the table counts them: its data frames */
             st.frames = sd->n_seen >= 2 ? sd->n_seen - 2 : 0;
+        else /* the frames holding records */
+            for (size_t i = 0; i < sd->n_seen; i++)
+                st.frames += sd->seen[i].span_lo <= sd->seen[i].span_hi;
         st.has_seek_table = sd->table_seen;
         if (sd->table_seen) { /* what only the table records (a file's inspect reads it too) */
             st.zero_elided = sd->table_st.zero_elided;

@@ -172,21 +172,34 @@ void xpool_mem_acquire(struct xpool *p, uint64_t bytes)
     pthread_mutex_unlock(&p->mu);
 }
 
-void xpool_enc_acquire(struct xpool *p, uint64_t bytes, bool wait, bool (*stop)(void *ctx),
-                       void *ctx)
+/* True while an encoder's charge of `bytes` has to wait: the budget is spent by more than the
+ * parts being filled (which wait for the encoders). Under p->mu. */
+static bool enc_must_wait(const struct xpool *p, uint64_t bytes)
 {
-    pthread_mutex_lock(&p->mu);
-    while (wait && p->mem_used > p->fill_used && p->mem_used + bytes > p->mem_cap &&
-           !(stop && stop(ctx)) && !cancel_pending()) {
-        p->enc_waiting++;
-        mem_wait(p);
-        p->enc_waiting--;
-    }
+    return p->mem_used > p->fill_used && p->mem_used + bytes > p->mem_cap;
+}
+
+/* Charge `bytes` to the encoders; returns the kept buffers to unmap (after unlocking) to make
+ * room for the encoder's own mapping. Under p->mu. */
+static struct xbuf *enc_charge_locked(struct xpool *p, uint64_t bytes)
+{
     p->mem_used += bytes;
     p->enc_used += bytes;
     if (p->mem_used > p->mem_peak)
         p->mem_peak = p->mem_used;
-    struct xbuf *drop = uncache_locked(p); /* the encoder maps its own: make room for it */
+    return uncache_locked(p);
+}
+
+void xpool_enc_acquire(struct xpool *p, uint64_t bytes, bool wait, bool (*stop)(void *ctx),
+                       void *ctx)
+{
+    pthread_mutex_lock(&p->mu);
+    while (wait && enc_must_wait(p, bytes) && !(stop && stop(ctx)) && !cancel_pending()) {
+        p->enc_waiting++;
+        mem_wait(p);
+        p->enc_waiting--;
+    }
+    struct xbuf *drop = enc_charge_locked(p, bytes);
     pthread_mutex_unlock(&p->mu);
     unmap_all(drop);
 }
@@ -194,16 +207,8 @@ void xpool_enc_acquire(struct xpool *p, uint64_t bytes, bool wait, bool (*stop)(
 bool xpool_enc_try_acquire(struct xpool *p, uint64_t bytes)
 {
     pthread_mutex_lock(&p->mu);
-    bool ok =
-        p->enc_waiting == 0 && !(p->mem_used > p->fill_used && p->mem_used + bytes > p->mem_cap);
-    struct xbuf *drop = NULL;
-    if (ok) {
-        p->mem_used += bytes;
-        p->enc_used += bytes;
-        if (p->mem_used > p->mem_peak)
-            p->mem_peak = p->mem_used;
-        drop = uncache_locked(p);
-    }
+    bool ok = p->enc_waiting == 0 && !enc_must_wait(p, bytes);
+    struct xbuf *drop = ok ? enc_charge_locked(p, bytes) : NULL;
     pthread_mutex_unlock(&p->mu);
     unmap_all(drop);
     return ok;
