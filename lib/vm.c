@@ -1850,6 +1850,16 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     if (old) {
         enum vmsnap_vmm_state st;
         int vrc = vm_state(&c, old, &st, NULL, err);
+        if (vrc < 0) {
+            /* its QEMU runs but does not answer (its monitor busy with another client, or the
+             * process stopped): resuming would remove the RAM file that QEMU still runs on */
+            rc = vrc;
+            vmsnap_err_wrap(err,
+                            "VM '%s': cannot tell whether its QEMU still runs the guest, so it is "
+                            "not resumed ('vmsnap vm stop %s' ends that QEMU): ",
+                            name, name);
+            goto out;
+        }
         if (vrc == 0 && st == VMSNAP_VMM_IO_ERROR && !url && !on_demand) {
             rc = resume_io_error(&c, old, t, &t0, err);
             goto out;
@@ -1948,6 +1958,13 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
                                     "(generation %lld > %lld of the same VM) and this resume "
                                     "would replace it: resume without a URL, or give --force",
                                     c.ckpt, url, (long long)lg, (long long)(sg > 0 ? sg : 0));
+            else if (lb && sb && strcmp(lb, sb))
+                rc = vmsnap_err_set(err, EEXIST,
+                                    "the local checkpoint %s is of another VM (base id %s) than "
+                                    "the snapshot at %s (base id %s) and this resume would "
+                                    "replace it: resume '%s' without a URL, resume the snapshot "
+                                    "under another name, or give --force",
+                                    c.ckpt, lb, url, sb, name);
         }
         json_object_put(lc);
         if (rc < 0)

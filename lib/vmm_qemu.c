@@ -39,6 +39,15 @@
 #define QMP_LINE_MAX (1u << 20)
 #define QMP_TIMEOUT 60.0
 
+/* How long a QMP reply may take: 60 s, or VMSNAP_QMP_TIMEOUT seconds (1..3600; docs/vm.md). */
+static double qmp_timeout(void)
+{
+    const char *e = getenv("VMSNAP_QMP_TIMEOUT");
+    char *end = NULL;
+    long s = e ? strtol(e, &end, 10) : 0;
+    return e && *e && end && !*end && s >= 1 && s <= 3600 ? (double)s : QMP_TIMEOUT;
+}
+
 static double now(void)
 {
     struct timespec ts;
@@ -161,7 +170,7 @@ static int qmp_readline(struct qmp *q, double deadline, char **line, struct vmsn
         double left = deadline - now();
         if (left <= 0)
             return vmsnap_err_set(err, ETIMEDOUT, "QMP %s: no reply in %.0f s", q->sock,
-                                  QMP_TIMEOUT);
+                                  qmp_timeout());
         struct pollfd p = {q->fd, POLLIN, 0};
         int r = poll(&p, 1, (int)(left * 1000) + 1);
         if (r < 0 && errno == EINTR)
@@ -235,7 +244,7 @@ static int qmp_exec_fd(struct qmp *q, const char *cmd, json_object *args, int pa
     free(s);
     if (rc < 0)
         return rc;
-    double deadline = now() + QMP_TIMEOUT;
+    double deadline = now() + qmp_timeout();
     for (;;) {
         char *line;
         rc = qmp_readline(q, deadline, &line, err);
@@ -284,7 +293,7 @@ static int qmp_open(struct vmsnap_vmm *v, struct qmp *q, double timeout, struct 
         sys_sleep_ms(20);
     }
     char *line;
-    rc = qmp_readline(q, now() + QMP_TIMEOUT, &line, err); /* greeting */
+    rc = qmp_readline(q, now() + qmp_timeout(), &line, err); /* greeting */
     if (rc < 0)
         goto fail;
     if (!strstr(line, "\"QMP\"")) {
@@ -481,6 +490,42 @@ static int build_argv(struct vmsnap_vmm *v, bool incoming, char **argv, char *po
 
 static int qemu_stop(struct vmsnap_vmm *v, struct vmsnap_err *err);
 
+/* QEMU runs the guest: it gets only the environment a VMM needs, never the caller's store
+ * credentials (AWS_*, GS_*) or anything else it has no use for. Names kept: */
+static bool env_for_qemu(const char *kv)
+{
+    static const char *const exact[] = {"PATH", "HOME",     "USER", "LOGNAME",
+                                        "LANG", "LANGUAGE", "TZ",   "TMPDIR"};
+    static const char *const prefix[] = {"LC_", "QEMU_"};
+    size_t n = strcspn(kv, "=");
+    for (size_t i = 0; i < sizeof(exact) / sizeof(exact[0]); i++)
+        if (strlen(exact[i]) == n && !strncmp(kv, exact[i], n))
+            return true;
+    for (size_t i = 0; i < sizeof(prefix) / sizeof(prefix[0]); i++)
+        if (!strncmp(kv, prefix[i], strlen(prefix[i])) && n > strlen(prefix[i]))
+            return true;
+    return false;
+}
+
+/* Mark every descriptor above 2 close-on-exec (in the child, before exec: none of the caller's
+ * files, sockets or pipes reach QEMU; the exec-error pipe still works if exec fails). */
+static int cloexec_from_3(void)
+{
+#ifdef CLOSE_RANGE_CLOEXEC
+    if (close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) == 0)
+        return 0;
+#endif
+    long max = sysconf(_SC_OPEN_MAX);
+    if (max < 0 || max > (1 << 20))
+        max = 1 << 20;
+    for (int fd = 3; fd < max; fd++) {
+        int fl = fcntl(fd, F_GETFD);
+        if (fl >= 0 && !(fl & FD_CLOEXEC) && fcntl(fd, F_SETFD, fl | FD_CLOEXEC) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err)
 {
     pid_t old = read_pid(v);
@@ -497,6 +542,19 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
         free(pool);
         return rc;
     }
+    /* its environment, built before fork (no allocation in the child) */
+    size_t nenv = 0;
+    for (char **e = environ; *e; e++)
+        nenv++;
+    char **envp = calloc(nenv + 1, sizeof(*envp));
+    if (!envp) {
+        free(pool);
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    }
+    nenv = 0;
+    for (char **e = environ; *e; e++)
+        if (env_for_qemu(*e))
+            envp[nenv++] = *e;
     unlink(v->pidfile);
     unlink(v->qmp_sock);
     unlink(v->con_sock);
@@ -504,6 +562,7 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
     if (logfd < 0) {
         rc = vmsnap_err_set(err, errno, "open %s: %s", v->qemu_log, strerror(errno));
         free(pool);
+        free(envp);
         return rc;
     }
     int pfd[2];
@@ -511,6 +570,7 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
         rc = vmsnap_err_set(err, errno, "pipe: %s", strerror(errno));
         close(logfd);
         free(pool);
+        free(envp);
         return rc;
     }
     /* Double fork: the intermediate child exits at once, so QEMU is reparented and nobody
@@ -522,6 +582,7 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
         close(pfd[1]);
         close(logfd);
         free(pool);
+        free(envp);
         return rc;
     }
     if (mid == 0) {
@@ -545,10 +606,11 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
             int qp = (int)q;
             _exit(q < 0 || write(pfd[1], &qp, sizeof(qp)) != (ssize_t)sizeof(qp) ? 127 : 0);
         }
-        int nul = open("/dev/null", O_RDWR);
-        if (nul < 0 || dup2(nul, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
+        int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (nul < 0 || dup2(nul, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0 ||
+            cloexec_from_3() < 0)
             _exit(127);
-        execvp(argv[0], argv);
+        execvpe(argv[0], argv, envp);
         int e = errno;
         if (write(pfd[1], &e, sizeof(e)) < 0)
             _exit(127);
@@ -567,6 +629,7 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
     if (r != (ssize_t)sizeof(qpid)) {
         close(pfd[0]);
         free(pool);
+        free(envp);
         return vmsnap_err_set(err, ECHILD, "start %s: fork failed", argv[0]);
     }
     while ((r = read(pfd[0], &e, sizeof(e))) < 0 && errno == EINTR)
@@ -575,9 +638,11 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
     if (r == (ssize_t)sizeof(e)) {
         rc = vmsnap_err_set(err, e, "exec %s: %s", argv[0], strerror(e));
         free(pool);
+        free(envp);
         return rc;
     }
     free(pool);
+    free(envp);
     /* Wait for the QMP socket; QEMU exiting first means a bad command line or asset. */
     double deadline = now() + 30.0;
     struct qmp q;

@@ -5,7 +5,8 @@
 # a corrupted object in the store makes resume refuse, naming the object, with the snapshot
 # untouched and nothing left on the resuming node; hostile sets (a node file as initrd, QEMU
 # options as accelerator, a memory image of the wrong size) refused; a failed resume keeps a
-# stopped VM's disk; a snapshot stored nowhere stays in the stage until a suspend stores it.
+# stopped VM's disk; a snapshot stored nowhere stays in the stage until a suspend stores it; a
+# VM whose QEMU does not answer is not resumed (its RAM file stays).
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
 S=$T/state
 from_golden "$S"
@@ -37,6 +38,21 @@ grep -q 'running' "$T/err" || fail "resume of a running VM: $(cat "$T/err")"
 expect_fail "suspend to a mistyped URL" vmc "$S" suspend golden s3:/bucket/key
 grep -q "a mistyped URL" "$T/err" || fail "suspend to a mistyped URL: $(cat "$T/err")"
 vmc "$S" ls | grep -Eq '^golden +running' || fail "a suspend to a mistyped URL stopped the VM: $(vmc "$S" ls)"
+
+# a VM whose QEMU runs but does not answer (stopped) is not resumed: resume took it for dead
+# and removed the RAM file that QEMU still ran on (the next pause lost the guest)
+pid=$(cat "$S/vms/golden/pid")
+ram=$(ls "$VMSNAP_RAM_DIR"/vmsnap-*-golden.ram)
+kill -STOP "$pid"
+export VMSNAP_QMP_TIMEOUT=2
+rc=0 && vmc "$S" resume golden >/dev/null 2>"$T/err" || rc=$?
+unset VMSNAP_QMP_TIMEOUT
+kill -CONT "$pid"
+[ "$rc" = 1 ] || fail "resume of a VM whose QEMU does not answer: exit $rc ($(cat "$T/err"))"
+grep -q "cannot tell whether its QEMU still runs the guest" "$T/err" ||
+    fail "resume of a VM whose QEMU does not answer: $(cat "$T/err")"
+[ -e "$ram" ] || fail "resume of a VM whose QEMU does not answer removed its RAM file"
+vmc "$S" ls | grep -Eq '^golden +running' || fail "after the refused resume: $(vmc "$S" ls)"
 
 # vm stop --rm with another --ram-dir than the VM's is refused before it does anything (it
 # removed the record and left the RAM file, tmpfs memory, for good)
@@ -211,6 +227,17 @@ if chattr +i "$C/vms/golden" 2>/dev/null; then
     resume_check "$D" golden "$pr" "$pd" || done_tests
     sleep 1
     vmc "$D" pause golden || fail "second pause on node D"
+    # a snapshot of another VM (another base id) does not replace the local checkpoint either
+    # (it was removed without a word, and the name went on as the other VM)
+    "$VMSNAP" -q pull "$STORE/saved" "$T/other" || fail "pull of the set to copy"
+    ob=$(cat "$T/other/base-id")
+    nb=$(printf '%s' "$ob" | tr '0-9a-f' 'fedcba9876543210')
+    sed -i "s/$ob/$nb/g" "$T/other/config.json" "$T/other/base-id"
+    "$VMSNAP" -q push "$T/other" "$STORE/other" || fail "push of the other VM's set"
+    expect_fail "resume of another VM's snapshot over a local checkpoint" vmc "$D" resume golden "$STORE/other"
+    grep -q "is of another VM (base id $ob) than the snapshot at $STORE/other (base id $nb)" "$T/err" ||
+        fail "another VM's snapshot over a local checkpoint: $(cat "$T/err")"
+    [ -f "$D/vms/golden/checkpoint/memory-ranges" ] || fail "the refused resume removed the checkpoint"
     resume_check "$D" golden "$ur" "$ud" "$STORE/saved" --force || done_tests
 else
     fail "chattr +i is not available on $T: the unsaved-stage case could not run"

@@ -38,8 +38,19 @@ grep -q "memory-ranges.zstd: [0-9]* of [0-9]* frames reused from the base" "$T/s
 [ "$(head_code vm1/manifest.json)" = 200 ] || fail "no manifest in the bucket"
 [ ! -e "$B/vms/golden/checkpoint" ] || fail "local checkpoint left after a successful suspend"
 read -r r d <<<"$(last_counter "$B" golden)"
+exec 7>"$T/caller-fd" # a descriptor of the caller's: QEMU must not inherit it
 resume_check "$A" golden "$r" "$d" "s3://$BUCKET/vm1" || done_tests
+exec 7>&-
 [ "$(blob_md5 "$A" golden)" = "$boot_md5" ] || fail "RAM blob md5 after the RGW round trips"
+# QEMU runs the guest: it gets neither the store credentials nor the caller's descriptors
+qpid=$(cat "$A/vms/golden/pid")
+[ -r "/proc/$qpid/environ" ] || fail "no QEMU process for the resumed VM (pid '$qpid')"
+tr '\0' '\n' <"/proc/$qpid/environ" | grep -q '^AWS_' &&
+    fail "QEMU's environment holds AWS_* variables: $(tr '\0' '\n' <"/proc/$qpid/environ" | grep -c '^AWS_')"
+tr '\0' '\n' <"/proc/$qpid/environ" | grep -q '^PATH=' || fail "QEMU's environment lost PATH"
+for f in /proc/"$qpid"/fd/*; do
+    [ "$(readlink "$f")" = "$T/caller-fd" ] && fail "QEMU inherited the caller's descriptor $f"
+done
 # suspended again to the URL it came from: that set is the base of its own replacement
 sleep 1
 vmc "$A" suspend golden "s3://$BUCKET/vm1" --json >"$T/s2.json" 2>"$T/s2.err" || fail "suspend over its own base"
