@@ -262,10 +262,22 @@ static int ctx_init(struct vmctx *c, const struct vmsnap_vm_opts *o, const char 
     const char *rd = o && o->ram_dir ? o->ram_dir : getenv("VMSNAP_RAM_DIR");
     if (!rd || !*rd)
         rd = VMSNAP_VM_DEFAULT_RAM_DIR;
-    snprintf(c->state, sizeof(c->state), "%s", sd);
-    snprintf(c->ram_dir, sizeof(c->ram_dir), "%s", rd);
+    /* Canonical spellings: a VM's RAM file name hashes the state directory, and its QEMU is
+     * recognised by the paths on its command line, so "S", "S/" and a relative or symlinked
+     * spelling of S must give the same strings (else a second QEMU of one VM could start). */
+    char canon[PATH_MAX];
+    int rc = sys_canon_path(sd, canon);
+    if (rc == 0 && snprintf(c->state, sizeof(c->state), "%s", canon) >= (int)sizeof(c->state))
+        rc = -ENAMETOOLONG;
+    if (rc < 0)
+        return vmsnap_err_set(err, -rc, "state directory %s: %s", sd, strerror(-rc));
+    rc = sys_canon_path(rd, canon);
+    if (rc == 0 && snprintf(c->ram_dir, sizeof(c->ram_dir), "%s", canon) >= (int)sizeof(c->ram_dir))
+        rc = -ENAMETOOLONG;
+    if (rc < 0)
+        return vmsnap_err_set(err, -rc, "RAM directory %s: %s", rd, strerror(-rc));
     char vms[PATH_LEN];
-    int rc = pjoin(vms, c->state, "vms", err);
+    rc = pjoin(vms, c->state, "vms", err);
     if (rc == 0)
         rc = pjoin(c->vmdir, vms, name, err);
     if (rc == 0)
@@ -279,11 +291,9 @@ static int ctx_init(struct vmctx *c, const struct vmsnap_vm_opts *o, const char 
     if (rc < 0)
         return rc;
     /* RAM and staging names are unique per VM directory, so several state directories can
-     * share one tmpfs. The hash uses the absolute state path when it can be resolved. */
-    char abs[PATH_LEN];
-    const char *key = realpath(c->state, abs) ? abs : c->state;
+     * share one tmpfs. The hash is of the canonical state path. */
     char base[PATH_LEN], leaf[128];
-    snprintf(leaf, sizeof(leaf), "/vmsnap-%08x-%s", fnv1a(key), name);
+    snprintf(leaf, sizeof(leaf), "/vmsnap-%08x-%s", fnv1a(c->state), name);
     if (pcat(base, c->ram_dir, leaf) < 0 || pcat(c->ram, base, ".ram") < 0 ||
         pcat(c->stage, base, ".stage") < 0)
         return vmsnap_err_set(err, ENAMETOOLONG, "RAM directory %s too long", c->ram_dir);

@@ -279,3 +279,51 @@ int sys_rm_tree(const char *path)
     close(pfd);
     return rc;
 }
+
+int sys_canon_path(const char *path, char *out)
+{
+    char head[PATH_MAX];
+    if (!path || !*path)
+        return -EINVAL;
+    if (snprintf(head, sizeof(head), "%s", path) >= (int)sizeof(head))
+        return -ENAMETOOLONG;
+    /* strip trailing components until what is left resolves; they are appended back */
+    size_t len = strlen(head);
+    const char *tail[PATH_MAX / 2];
+    size_t nt = 0;
+    bool cwd = false; /* every component was stripped: resolve the working directory */
+    for (;;) {
+        while (!cwd && len > 1 && head[len - 1] == '/')
+            head[--len] = '\0';
+        if (realpath(cwd ? "." : head, out))
+            break;
+        if (cwd)
+            return -errno;
+        if (errno != ENOENT)
+            return -errno;
+        char *slash = strrchr(head, '/');
+        const char *comp = slash ? slash + 1 : head;
+        if (!strcmp(comp, ".."))
+            return -EINVAL;
+        if (*comp && strcmp(comp, ".") && nt < sizeof(tail) / sizeof(tail[0]))
+            tail[nt++] = comp;
+        if (!slash) {
+            cwd = true; /* head keeps the component's bytes: tail points into it */
+        } else if (slash == head) {
+            len = 1;
+            head[1] = '\0';
+        } else {
+            *slash = '\0';
+            len = (size_t)(slash - head);
+        }
+    }
+    size_t o = strlen(out);
+    while (nt > 0) {
+        const char *comp = tail[--nt];
+        int w = snprintf(out + o, PATH_MAX - o, "%s%s", o > 1 ? "/" : "", comp);
+        if (w < 0 || (size_t)w >= PATH_MAX - o)
+            return -ENAMETOOLONG;
+        o += (size_t)w;
+    }
+    return 0;
+}

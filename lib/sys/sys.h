@@ -51,5 +51,10 @@ int sys_check_replaceable(const char *path, struct vmsnap_err *err);
  * and replaced by a link while this runs (a tree in a world-writable place such as /dev/shm)
  * makes nothing outside the tree go. 0, or -errno of the first failure (it goes on). */
 int sys_rm_tree(const char *path);
+/* The absolute, canonical spelling of `path` in `out` (PATH_MAX bytes): realpath() of its
+ * longest existing ancestor, then the rest without empty or "." components. Two spellings of one
+ * directory (a trailing slash, a relative path, a symlinked parent) give one string, also before
+ * the directory exists. 0, or -errno (ENAMETOOLONG, or EINVAL for ".." after a missing part). */
+int sys_canon_path(const char *path, char *out);
 
 #endif

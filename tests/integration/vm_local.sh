@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # pause -> resume on the same node: both counters continue and the RAM blob's md5 is intact
 # (eager and on-demand), twice in a row; the upper disk is e2fsck-clean once the guest
-# unmounted it, and holds the guest's last file counter. QEMU runs under -sandbox.
+# unmounted it, and holds the guest's last file counter. QEMU runs under -sandbox. Other
+# spellings of the state directory (a trailing slash, a relative path) name the same VM.
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
 S=$T/state
 from_golden "$S"
@@ -51,4 +52,18 @@ got=$(debugfs -R 'cat /counter' "$C/rootfs-disk-vda.ext4" 2>/dev/null | tr -d '\
 [ "$got" = "$d" ] || fail "file counter on the disk is '$got', the guest printed $d last"
 vmc "$S" stop golden || fail "stop"
 vmc "$S" ls | grep -Eq '^golden +paused' || fail "vm ls after stop of a paused VM: $(vmc "$S" ls)"
+
+# another spelling of the state directory (trailing slash, relative) is the same VM: it started
+# a second QEMU of one VM, and 'vm stop' under the first spelling left the other running
+from=$(con_lines "$S" golden)
+vmc "$S/" resume golden >/dev/null 2>"$T/err" || fail "resume under 'STATE/': $(cat "$T/err")"
+wait_console "$S" golden "$from" 'vmsnap-counter ram=' 60 || done_tests
+pid=$(cat "$S/vms/golden/pid")
+vmc "$S" ls | grep -Eq '^golden +running' || fail "vm ls under the other spelling: $(vmc "$S" ls)"
+(cd "$T" && "$VMSNAP" vm resume golden --state-dir state) >/dev/null 2>"$T/err" && fail "a second resume under a relative spelling succeeded"
+grep -q "is running" "$T/err" || fail "second resume, relative spelling: $(cat "$T/err")"
+[ "$(pgrep -f "$S/vms/golden/" | wc -l)" = 1 ] || fail "QEMU processes of the VM: $(pgrep -af "$S/vms/golden/")"
+vmc "$S" stop golden || fail "stop under the first spelling"
+for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$pid" 2>/dev/null && fail "vm stop left the QEMU started under another spelling (pid $pid)"
 done_tests

@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -243,8 +244,44 @@ static void test_err_wrap(void)
     CHECK(e.code == ENOSPC);
 }
 
+/* sys_canon_path: one string for every spelling of a directory, existing or not yet */
+static void test_canon_path(void)
+{
+    char base[512], real[PATH_MAX], sp[700], lnk[600], out[PATH_MAX], want[PATH_MAX + 16];
+    snprintf(base, sizeof(base), "%s/canon", t_tmpdir());
+    REQUIRE(mkdir(base, 0700) == 0 && realpath(base, real));
+    snprintf(lnk, sizeof(lnk), "%s/via", t_tmpdir());
+    REQUIRE(symlink(base, lnk) == 0);
+    /* existing: trailing and doubled slashes, ".", a symlinked spelling */
+    const char *sfx[] = {"", "/", "//", "/."};
+    for (size_t i = 0; i < sizeof(sfx) / sizeof(sfx[0]); i++) {
+        snprintf(sp, sizeof(sp), "%s%s", base, sfx[i]);
+        CHECKF(sys_canon_path(sp, out) == 0 && !strcmp(out, real), "%s -> %s", sp, out);
+        snprintf(sp, sizeof(sp), "%s%s", lnk, sfx[i]);
+        CHECKF(sys_canon_path(sp, out) == 0 && !strcmp(out, real), "%s -> %s", sp, out);
+    }
+    /* not there yet: the existing part resolved, the rest appended cleanly */
+    snprintf(want, sizeof(want), "%s/new/state", real);
+    snprintf(sp, sizeof(sp), "%s//new/./state/", lnk);
+    CHECKF(sys_canon_path(sp, out) == 0 && !strcmp(out, want), "%s -> %s", sp, out);
+    snprintf(sp, sizeof(sp), "%s/new/state", base);
+    CHECKF(sys_canon_path(sp, out) == 0 && !strcmp(out, want), "%s -> %s", sp, out);
+    /* a relative spelling */
+    char cwd[PATH_MAX];
+    REQUIRE(getcwd(cwd, sizeof(cwd)) && chdir(base) == 0);
+    CHECKF(sys_canon_path("new/state", out) == 0 && !strcmp(out, want), "new/state -> %s", out);
+    CHECKF(sys_canon_path(".", out) == 0 && !strcmp(out, real), ". -> %s", out);
+    REQUIRE(chdir(cwd) == 0);
+    /* ".." after a missing part cannot be resolved: refused */
+    snprintf(sp, sizeof(sp), "%s/nothere/../x", base);
+    CHECK(sys_canon_path(sp, out) == -EINVAL);
+    CHECK(sys_canon_path("", out) == -EINVAL);
+    CHECK(sys_canon_path("/", out) == 0 && !strcmp(out, "/"));
+}
+
 int main(void)
 {
+    test_canon_path();
     test_err_wrap();
     test_qmp_parse();
     test_status();
