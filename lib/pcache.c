@@ -886,7 +886,7 @@ static void stage_file(struct evict_ctx *c, int dfd, const char *name, int fd, c
     if (lease < 0 && !atomic_flag_test_and_set(&logged_lease))
         vlog(VMSNAP_LOG_WARN,
              "evict %s: file leases unavailable (%s): staged files other processes have open "
-             "cannot be detected and are removed anyway",
+             "cannot be detected; their names are removed, their content is not truncated",
              path, strerror(-lease));
     struct stat now;
     if (fstatat(dfd, name, &now, AT_SYMLINK_NOFOLLOW) != 0 || !same_inode(&now, sb)) {
@@ -922,6 +922,14 @@ static void stage_file(struct evict_ctx *c, int dfd, const char *name, int fd, c
     if (lease > 0 && lease_broken(fd)) {
         keep_file(c, fd, path, sb, true,
                   "opened by another process meanwhile (name removed, content kept)");
+        goto out;
+    }
+    if (lease < 0) {
+        /* Without a lease another process may hold the file open or mapped: truncating it
+         * would kill a process that maps it (SIGBUS). The name is gone; the pages go when the
+         * last holder closes it (at once when that was us), without writeback either way. */
+        c->rep->removed_files++;
+        c->rep->removed_bytes += (uint64_t)sb->st_size;
         goto out;
     }
     struct vmsnap_pcache_stat cs;

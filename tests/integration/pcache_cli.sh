@@ -250,8 +250,23 @@ for i in 1 2; do
     head -c 4096 /dev/urandom >"$T/nolease/f$i"
     chmod 666 "$T/nolease/f$i"
 done
+# f1 is mapped by another process meanwhile (as a VMM maps guest RAM): without a lease that
+# cannot be seen, so the name goes but the content must not be truncated under the mapping (the
+# mapping process died of SIGBUS)
+cp "$T/nolease/f1" "$T/f1.copy"
+python3 -c '
+import mmap, os, sys, time
+f = open(sys.argv[1], "r+b"); m = mmap.mmap(f.fileno(), 0)
+open(sys.argv[2], "w").close()
+while os.path.exists(sys.argv[1]): time.sleep(0.05)
+open(sys.argv[3], "wb").write(m[:])' "$T/nolease/f1" "$T/mapped.ready" "$T/mapped.out" &
+mpid=$!
+for _ in $(seq 100); do [ -e "$T/mapped.ready" ] && break; sleep 0.05; done
 setpriv --reuid=65534 --regid=65534 --clear-groups "$VMSNAP" cache evict --staged "$T/nolease" \
     >"$T/ev.out" 2>"$T/err" || fail "evict without leases: $(cat "$T/err")"
+rc=0 && wait "$mpid" || rc=$?
+[ "$rc" = 0 ] || fail "the process mapping a staged file died (exit $rc) when leases were unavailable"
+cmp -s "$T/mapped.out" "$T/f1.copy" || fail "the mapped staged file's content changed under its mapping"
 grep -q '^removed: 2 files' "$T/ev.out" || fail "evict without leases: $(cat "$T/ev.out")"
 [ "$(grep -c 'file leases unavailable' "$T/err")" = 1 ] || fail "lease fallback not said once: $(cat "$T/err")"
 
