@@ -950,7 +950,7 @@ out:
 static bool write_refused(int e, bool *busy)
 {
     *busy = e == ETXTBSY || e == EAGAIN; /* being executed; a lease held elsewhere */
-    return *busy || e == EROFS || e == EPERM;
+    return *busy || e == EROFS || e == EPERM || e == EACCES; /* EACCES: mode 0444, not ours */
 }
 
 static int evict_file(struct walk *w, int dfd, const char *name, const struct stat *wsb,

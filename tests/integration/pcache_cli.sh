@@ -270,6 +270,19 @@ cmp -s "$T/mapped.out" "$T/f1.copy" || fail "the mapped staged file's content ch
 grep -q '^removed: 2 files' "$T/ev.out" || fail "evict without leases: $(cat "$T/ev.out")"
 [ "$(grep -c 'file leases unavailable' "$T/err")" = 1 ] || fail "lease fallback not said once: $(cat "$T/err")"
 
+# A staged file the caller may not write (mode 0444, another owner's directory entry) is only
+# evicted and counted as not writable (it failed the whole evict and stayed cached)
+mkdir -m 777 "$T/rostage"
+head -c 65536 /dev/urandom >"$T/rostage/f"
+chown 65534:65534 "$T/rostage/f" && chmod 444 "$T/rostage/f"
+sync "$T/rostage/f" && cat "$T/rostage/f" >/dev/null # clean pages: only those are dropped
+setpriv --reuid=65534 --regid=65534 --clear-groups "$VMSNAP" cache evict --staged "$T/rostage" \
+    >"$T/ev.out" 2>"$T/err" || fail "evict --staged of a read-only file: $(cat "$T/err")"
+grep -q '^not removed (not writable): 1 files' "$T/ev.out" || fail "read-only staged file: $(cat "$T/ev.out")"
+[ -f "$T/rostage/f" ] || fail "the read-only staged file was removed"
+[ "$("$VMSNAP" cache stat --json "$T/rostage/f" | python3 -c 'import json,sys; print(json.load(sys.stdin)["total"]["cached"])')" = 0 ] ||
+    fail "the read-only staged file is still cached"
+
 # A bind mount below the --staged root (same file system, same st_dev) is not entered.
 mkdir -p "$T/outside" "$T/bm/sub"
 echo precious >"$T/outside/keep"
