@@ -3878,6 +3878,30 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
     if (mrc == -ENOENT) {
         uint64_t size;
         rc = vmsnap_store_head(c, key, &size, err);
+        const char *slash = rc == 0 ? strrchr(key, '/') : NULL;
+        if (slash) {
+            /* an object of a committed set: removing it alone breaks the set */
+            char pm[URL_BUF], pu[URL_BUF];
+            uint64_t psize;
+            int w = snprintf(pm, sizeof(pm), "%.*s/%s", (int)(slash - key), key,
+                             VMSNAP_XFER_MANIFEST);
+            int prc = w > 0 && (size_t)w < sizeof(pm) ? vmsnap_store_head(c, pm, &psize, err)
+                                                       : -ENAMETOOLONG;
+            if (prc == 0) {
+                vmsnap_store_url(x.st, pm, pu, sizeof(pu));
+                rc = vmsnap_err_set(err, EBUSY,
+                                    "%s belongs to the snapshot set whose manifest is %s: "
+                                    "removing it alone would break that set; remove the set "
+                                    "(its URL) instead",
+                                    url, pu);
+                goto out;
+            }
+            if (prc != -ENOENT) {
+                rc = prc;
+                goto out;
+            }
+            rc = 0;
+        }
         if (rc == 0) { /* a single object: a snapshot's only (rm is not a general delete) */
             rc = snapshot_magic(c, key, size, true, err);
             if (rc == 0)

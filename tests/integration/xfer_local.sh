@@ -415,6 +415,11 @@ printf '{"snapshotFiles":["base-id","config.json","memory-ranges","state.json"],
 "$VMSNAP" -q pull "$S/sets/ref" "$T/refout" || fail "reference manifest refused"
 diff -r "$T/set" "$T/refout" >/dev/null || fail "reference manifest pull differs"
 
+# rm of one object of a committed set is refused (it deleted it and broke the set)
+expect_fail "rm of one object of a set" "$VMSNAP" rm "$S/sets/ref/config.json.zstd"
+grep -q "belongs to the snapshot set whose manifest is $S/sets/ref/manifest.json" "$T/err" ||
+    fail "rm of one object of a set: $(cat "$T/err")"
+[ -f "$S/sets/ref/config.json.zstd" ] || fail "the refused rm removed the set's object"
 # rm: manifest first, then objects
 "$VMSNAP" rm "$S/sets/ref" || fail "rm"
 [ -e "$S/sets/ref/manifest.json" ] && fail "rm left the manifest"
