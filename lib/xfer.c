@@ -3883,10 +3883,10 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
             /* an object of a committed set: removing it alone breaks the set */
             char pm[URL_BUF], pu[URL_BUF];
             uint64_t psize;
-            int w = snprintf(pm, sizeof(pm), "%.*s/%s", (int)(slash - key), key,
-                             VMSNAP_XFER_MANIFEST);
+            int w =
+                snprintf(pm, sizeof(pm), "%.*s/%s", (int)(slash - key), key, VMSNAP_XFER_MANIFEST);
             int prc = w > 0 && (size_t)w < sizeof(pm) ? vmsnap_store_head(c, pm, &psize, err)
-                                                       : -ENAMETOOLONG;
+                                                      : -ENAMETOOLONG;
             if (prc == 0) {
                 vmsnap_store_url(x.st, pm, pu, sizeof(pu));
                 rc = vmsnap_err_set(err, EBUSY,
