@@ -3292,6 +3292,29 @@ static void keys_free(struct keys *k)
     free(k->v);
 }
 
+/* A local prefix (ls, gc) is a directory that exists: a mistyped path is not an empty store
+ * (S3 cannot tell: a prefix without objects is just empty). */
+static int local_prefix_exists(struct xfer *x, const char *url, const char *key,
+                               struct vmsnap_err *err)
+{
+    if (x->st->kind != VMSNAP_STORE_LOCAL || !*key)
+        return 0;
+    char *dir = store_local_path(x->st, key);
+    struct stat sb;
+    int rc = 0;
+    if (!dir)
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    else if (stat(dir, &sb) < 0)
+        rc = vmsnap_err_set(err, errno, "%s: %s", url, strerror(errno));
+    else if (!S_ISDIR(sb.st_mode))
+        rc = vmsnap_err_set(err, ENOTDIR,
+                            "%s: not a directory of sets (an object: 'vmsnap inspect' or "
+                            "'vmsnap pull' it)",
+                            url);
+    free(dir);
+    return rc;
+}
+
 int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsnap_xfer_list_fn fn,
                      void *arg, struct vmsnap_err *err)
 {
@@ -3305,22 +3328,8 @@ int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsna
     char *lp = join_key(key, "");
     if (!lp)
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-    if (rc == 0 && x.st->kind == VMSNAP_STORE_LOCAL && *key) {
-        /* a local prefix is a directory that exists: a mistyped path is not an empty store
-         * (S3 cannot tell: a prefix without objects is just empty) */
-        char *dir = store_local_path(x.st, key);
-        struct stat sb;
-        if (!dir)
-            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-        else if (stat(dir, &sb) < 0)
-            rc = vmsnap_err_set(err, errno, "%s: %s", url, strerror(errno));
-        else if (!S_ISDIR(sb.st_mode))
-            rc = vmsnap_err_set(err, ENOTDIR,
-                                "%s: not a directory of sets (an object: 'vmsnap inspect' or "
-                                "'vmsnap pull' it)",
-                                url);
-        free(dir);
-    }
+    if (rc == 0)
+        rc = local_prefix_exists(&x, url, key, err);
     if (rc == 0)
         rc = vmsnap_store_conn_new(x.st, &c, err);
     if (rc == 0) {
@@ -3783,7 +3792,9 @@ int vmsnap_xfer_gc(const char *url, const struct vmsnap_gc_opts *g,
         return rc;
     struct vmsnap_store_conn *c = NULL;
     struct leftover_ctx l = {.under = key, .gc = g ? g : &all, .now = (int64_t)time(NULL)};
-    rc = vmsnap_store_conn_new(x.st, &c, err);
+    rc = local_prefix_exists(&x, url, key, err);
+    if (rc == 0)
+        rc = vmsnap_store_conn_new(x.st, &c, err);
     l.c = c;
     if (rc == 0)
         rc = vmsnap_store_list_uploads(c, key, abort_leftover, &l, err);

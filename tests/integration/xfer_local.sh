@@ -505,6 +505,9 @@ cmp -s "$T/kbig" "$T/kout/memory-ranges" || fail "retried push differs"
 "$VMSNAP" gc --older-than 0 "$S/sets" 2>"$T/gc" || fail "gc"
 grep -q "aborted 0 unfinished uploads, removed 1 mark of unfinished set pushes$" "$T/gc" ||
     fail "gc after the retried push: $(cat "$T/gc")"
+# a mistyped local path is an error, not an empty store (a cron gc did nothing, forever)
+expect_fail "gc of a missing local path" "$VMSNAP" gc --older-than 0 "$S/setz"
+grep -q "$S/setz: No such file or directory" "$T/err" || fail "gc of a missing path: $(cat "$T/err")"
 ls "$S/sets/k" | grep -q '^vmsnap-push-' && fail "gc left the killed push's mark"
 rm -rf "$T/kout" && "$VMSNAP" -q pull "$S/sets/k" "$T/kout" || fail "pull after gc"
 cmp -s "$T/kbig" "$T/kout/memory-ranges" || fail "gc changed the committed set"
