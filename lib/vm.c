@@ -1447,6 +1447,33 @@ static void keep_stage(struct vmctx *c, json_object *cfg, const char *why, struc
                         why, c->stage, missing, c->name);
 }
 
+static bool path_under(const char *p, const char *dir)
+{
+    size_t n = strlen(dir);
+    return !strncmp(p, dir, n) && (p[n] == '\0' || p[n] == '/');
+}
+
+/* A local store URL inside the VMs' directories or this VM's stage would be removed by the
+ * suspend's own teardown (or another VM's): the snapshot stored, then deleted. */
+static int dest_outside_vms(const struct vmctx *c, const char *url, struct vmsnap_err *err)
+{
+    if (strstr(url, "://") && strncmp(url, "file://", 7))
+        return 0; /* s3://, gs:// */
+    const char *path = strncmp(url, "file://", 7) ? url : url + 7;
+    char canon[PATH_MAX], vms[PATH_LEN];
+    int rc = sys_canon_path(path, canon);
+    if (rc < 0)
+        return vmsnap_err_set(err, -rc, "%s: %s", url, strerror(-rc));
+    if ((rc = pjoin(vms, c->state, "vms", err)) < 0)
+        return rc;
+    if (path_under(canon, vms) || path_under(canon, c->stage) || path_under(canon, c->ram))
+        return vmsnap_err_set(err, EINVAL,
+                              "%s is inside %s, which vmsnap manages (a suspend or stop removes "
+                              "what is there): store the snapshot elsewhere",
+                              url, path_under(canon, vms) ? vms : c->stage);
+    return 0;
+}
+
 int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const char *url,
                       struct vmsnap_vm_timing *t, struct vmsnap_err *err)
 {
@@ -1463,6 +1490,8 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
         struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
         rc = vmsnap_xfer_check_dest(url, true, &xo, err);
     }
+    if (rc == 0)
+        rc = dest_outside_vms(&c, url, err);
     if (rc == 0)
         rc = check_ram_dir(&c, err);
     if (rc == 0)

@@ -69,6 +69,14 @@ expect_fail "suspend to a store path under a file" vmc "$S" suspend golden "$T/n
 grep -q "$T/notadir is not a directory" "$T/err" || fail "suspend under a file: $(cat "$T/err")"
 vmc "$S" ls | grep -Eq '^golden +running' || fail "a suspend under a file stopped the VM: $(vmc "$S" ls)"
 
+# ... and so is a local store inside the VMs' own directories: the suspend stored the set,
+# then its teardown removed it with the VM's local files (exit 0, the VM lost)
+for u in "$S/vms/golden/ondemand" "file://$S/vms/other/x"; do
+    expect_fail "suspend into a directory vmsnap manages ($u)" vmc "$S" suspend golden "$u"
+    grep -q "is inside .*/vms, which vmsnap manages" "$T/err" || fail "suspend into $u: $(cat "$T/err")"
+done
+vmc "$S" ls | grep -Eq '^golden +running' || fail "a refused suspend stopped the VM: $(vmc "$S" ls)"
+
 # upload fails (the store is a 1 MiB tmpfs: full): the checkpoint is kept locally
 sleep 1
 [ "$(id -u)" = 0 ] || skip "the full-store cases mount a tmpfs: needs root"
