@@ -1131,7 +1131,12 @@ int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
         goto out;
     }
     close(fd);
-    rc = vmm_from_cfg(&c, cfg, &v, err);
+    /* the record before QEMU starts: a run killed meanwhile (it is not cancellable) leaves a
+     * VM that ls shows and stop --rm removes, not an orphan QEMU no command knows */
+    cfg_set_str(cfg, "status", "starting");
+    rc = cfg_save(c.cfgpath, cfg, err);
+    if (rc == 0)
+        rc = vmm_from_cfg(&c, cfg, &v, err);
     if (rc == 0)
         rc = vmsnap_vmm_boot(v, err);
     if (rc < 0)

@@ -26,6 +26,24 @@ grep -q "could not open kernel" "$T/err" || fail "missing kernel error: $(cat "$
 ls "$VMSNAP_RAM_DIR" | grep -q -- '-bad\.ram$' && fail "failed run left its RAM file"
 expect_fail "RAM dir on a disk filesystem" vmc "$S" run bad2 --kernel "$G/vmlinux" --ram-dir "$T"
 grep -q "not tmpfs" "$T/err" || fail "disk RAM dir error: $(cat "$T/err")"
+# a run killed while its QEMU starts (a wrapper that waits first) leaves a VM that ls shows and
+# stop --rm removes with its QEMU and RAM file: it left an orphan QEMU no command could remove
+printf '#!/bin/sh\nsleep 2\nexec %s "$@"\n' "$(command -v qemu-system-x86_64)" >"$T/slowqemu"
+chmod +x "$T/slowqemu"
+"$VMSNAP" vm run killed --state-dir "$S" --kernel "$G/vmlinux" --initrd "$G/initrd.cpio.gz" --mem "$VM_MEM" \
+    --disk-size 16M --append "$append" --qemu "$T/slowqemu" >/dev/null 2>&1 &
+rpid=$!
+sleep 1
+kill -TERM "$rpid"
+wait "$rpid" 2>/dev/null || true
+for _ in $(seq 100); do pgrep -f "$S/vms/killed/" >/dev/null && break; sleep 0.1; done
+sleep 0.5
+vmc "$S" ls | grep -q '^killed ' || fail "vm ls does not show a killed run: $(vmc "$S" ls)"
+vmc "$S" stop --rm killed 2>"$T/err" || fail "stop --rm of a killed run: $(cat "$T/err")"
+for _ in $(seq 50); do pgrep -f "$S/vms/killed/" >/dev/null || break; sleep 0.1; done
+pgrep -f "$S/vms/killed/" >/dev/null && fail "QEMU of a killed run still runs after stop --rm"
+[ ! -e "$S/vms/killed" ] || fail "stop --rm left $S/vms/killed"
+ls "$VMSNAP_RAM_DIR" | grep -q -- '-killed\.ram$' && fail "stop --rm left the killed run's RAM file"
 
 wait_console "$S" golden 0 'vmsnap-counter ram=3 ' 120 || done_tests
 boot_md5=$(tr -d '\r' <"$(con_log "$S" golden)" | sed -n 's/.*vmsnap-ready .*blob=\([0-9a-f]*\).*/\1/p')
