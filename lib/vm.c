@@ -529,9 +529,23 @@ static const char *cfg_disk(json_object *cfg)
 }
 
 /* A driver handle from a config object. */
+/* Do `a` and `b` name one file: the same string, or the same device and inode. Records written
+ * before the state and RAM directories were used in their canonical spelling name them as the
+ * user spelled them ("S/vms/a", "/dev/shm//x"). */
+static bool same_path(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return !strcmp(a, b) || (stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+                             sa.st_ino == sb.st_ino);
+}
+
 static int vmm_from_cfg(struct vmctx *c, json_object *cfg, struct vmsnap_vmm **out,
                         struct vmsnap_err *err)
 {
+    /* QEMU is recognised by the paths on its command line: a record's run_dir spelled another
+     * way (written before the canonical spelling) is the one its QEMU was started with */
+    const char *rd = cfg_str(cfg, "run_dir");
+    const char *run_dir = rd && same_path(rd, c->vmdir) ? rd : c->vmdir;
     int64_t mem = cfg_int(cfg, "memory"), cpus = cfg_int(cfg, "cpus");
     struct vmsnap_vmm_config vc = {
         .kernel = cfg_str(cfg, "kernel"),
@@ -544,7 +558,7 @@ static int vmm_from_cfg(struct vmctx *c, json_object *cfg, struct vmsnap_vmm **o
         .ram_shared = cfg_bool(cfg, "ram_shared"),
         .state_has_ram = cfg_bool(cfg, "ram_in_state"),
         .accel = cfg_str(cfg, "accel"),
-        .run_dir = c->vmdir,
+        .run_dir = run_dir,
         .qemu = c->o ? c->o->qemu : NULL,
     };
     int rc = vmsnap_vmm_new(cfg_str(cfg, "driver"), &vc, out, err);
@@ -983,7 +997,7 @@ static int ckpt_ram(struct vmctx *c, json_object *cfg, const char *dst, bool *ra
      * file to move into a snapshot) */
     const char *ram = c->ram;
     const char *rec = cfg_str(cfg, "ram_path");
-    if (rec && strcmp(rec, ram))
+    if (rec && !same_path(rec, ram))
         return vmsnap_err_set(err, EINVAL, "VM '%s': its record names %s as its RAM, not %s",
                               c->name, rec, ram);
     char dir[PATH_LEN];
@@ -1174,7 +1188,7 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
         return rc;
     if (st == VMSNAP_VMM_DEAD) {
         const char *was = cfg_str(cfg, "status") ? cfg_str(cfg, "status") : "?";
-        bool ran = !strcmp(was, "running") || !strcmp(was, "restoring");
+        bool ran = !strcmp(was, "running") || !strcmp(was, "restoring") || !strcmp(was, "starting");
         if (exists(c->ckpt) || stage_unsaved(c))
             return vmsnap_err_set(err, ESRCH,
                                   "VM '%s' has no running QEMU (%s): 'vmsnap vm resume %s' goes "
@@ -1194,7 +1208,7 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
                               vmsnap_vmm_state_name(st));
     /* checked while the VM still runs: the checkpoint takes the RAM from c->ram */
     const char *rec = cfg_str(cfg, "ram_path");
-    if (cfg_bool(cfg, "ram_shared") && rec && strcmp(rec, c->ram))
+    if (cfg_bool(cfg, "ram_shared") && rec && !same_path(rec, c->ram))
         return vmsnap_err_set(err, EINVAL,
                               "VM '%s' keeps its RAM in %s, not %s: give the --ram-dir "
                               "(VMSNAP_RAM_DIR) it was started with",
@@ -1458,24 +1472,70 @@ static bool path_under(const char *p, const char *dir)
     return !strncmp(p, dir, n) && (p[n] == '\0' || p[n] == '/');
 }
 
-/* A local store URL inside the VMs' directories or this VM's stage would be removed by the
- * suspend's own teardown (or another VM's): the snapshot stored, then deleted. */
+/* `in` with "." and ".." resolved as text, as the local store resolves a URL's path (a ".."
+ * leaves what precedes it, whether that exists or not). */
+static void norm_dots(const char *in, char *out, size_t len)
+{
+    size_t o = 0;
+    out[0] = '\0';
+    bool abs = in[0] == '/';
+    const char *p = in;
+    while (*p) {
+        while (*p == '/')
+            p++;
+        const char *e = strchr(p, '/');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n == 0)
+            break;
+        if (n == 1 && p[0] == '.') {
+        } else if (n == 2 && p[0] == '.' && p[1] == '.') {
+            char *sl = strrchr(out, '/');
+            o = sl ? (size_t)(sl - out) : 0;
+            out[o] = '\0';
+        } else if (o + n + 2 < len) {
+            if (o > 0 || abs)
+                out[o++] = '/';
+            memcpy(out + o, p, n);
+            o += n;
+            out[o] = '\0';
+        }
+        p += n;
+    }
+    if (o == 0)
+        snprintf(out, len, "%s", abs ? "/" : ".");
+}
+
+/* A local store URL inside the VMs' directories, a VM's stage or RAM file would be removed by
+ * the suspend's own teardown (or another VM's): the snapshot stored, then deleted. Compared in
+ * canonical spellings (symlinked directories resolved). */
 static int dest_outside_vms(const struct vmctx *c, const char *url, struct vmsnap_err *err)
 {
     if (strstr(url, "://") && strncmp(url, "file://", 7))
         return 0; /* s3://, gs:// */
-    const char *path = strncmp(url, "file://", 7) ? url : url + 7;
-    char canon[PATH_MAX], vms[PATH_LEN];
-    int rc = sys_canon_path(path, canon);
+    char text[PATH_MAX], canon[PATH_MAX], vms[PATH_LEN], cvms[PATH_MAX], cvm[PATH_MAX];
+    norm_dots(strncmp(url, "file://", 7) ? url : url + 7, text, sizeof(text));
+    int rc = sys_canon_path(text, canon);
+    if (rc == 0 && (rc = pjoin(vms, c->state, "vms", err)) == 0)
+        rc = sys_canon_path(vms, cvms);
+    if (rc == 0)
+        rc = sys_canon_path(c->vmdir, cvm);
     if (rc < 0)
         return vmsnap_err_set(err, -rc, "%s: %s", url, strerror(-rc));
-    if ((rc = pjoin(vms, c->state, "vms", err)) < 0)
-        return rc;
-    if (path_under(canon, vms) || path_under(canon, c->stage) || path_under(canon, c->ram))
+    const char *inside = path_under(canon, cvms) ? cvms : path_under(canon, cvm) ? cvm : NULL;
+    if (!inside && path_under(canon, c->ram_dir)) {
+        /* a VM's RAM file or stage (any VM's: vmsnap-<hash>-<name>.ram|.stage) */
+        const char *leaf = canon + strlen(c->ram_dir);
+        leaf += *leaf == '/';
+        size_t n = strcspn(leaf, "/");
+        if (!strncmp(leaf, "vmsnap-", 7) && ((n > 4 && !strncmp(leaf + n - 4, ".ram", 4)) ||
+                                             (n > 6 && !strncmp(leaf + n - 6, ".stage", 6))))
+            inside = c->ram_dir;
+    }
+    if (inside)
         return vmsnap_err_set(err, EINVAL,
                               "%s is inside %s, which vmsnap manages (a suspend or stop removes "
                               "what is there): store the snapshot elsewhere",
-                              url, path_under(canon, vms) ? vms : c->stage);
+                              url, inside);
     return 0;
 }
 
@@ -1525,7 +1585,8 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
             struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
             const char *from = unsaved ? c.stage : c.ckpt;
             const char *was = cfg_str(cfg, "status");
-            if (was && (!strcmp(was, "running") || !strcmp(was, "restoring"))) {
+            if (was && (!strcmp(was, "running") || !strcmp(was, "restoring") ||
+                        !strcmp(was, "starting"))) {
                 /* QEMU died under a running guest (it crashed, or was killed): what the guest
                  * did since the snapshot pushed here is gone; say so rather than succeed
                  * quietly */
@@ -1893,7 +1954,11 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     }
     if (old) {
         enum vmsnap_vmm_state st;
-        int vrc = vm_state(&c, old, &st, NULL, err);
+        /* 1: the record cannot describe a QEMU (nothing to ask); < 0: its QEMU runs and did
+         * not answer */
+        struct vmsnap_vmm *sv = NULL;
+        int vrc = vmm_from_cfg(&c, old, &sv, NULL) == 0 ? vmsnap_vmm_state(sv, &st, NULL, err) : 1;
+        vmsnap_vmm_free(sv);
         if (vrc < 0) {
             /* its QEMU runs but does not answer (its monitor busy with another client, or the
              * process stopped): resuming would remove the RAM file that QEMU still runs on */
@@ -2275,7 +2340,7 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
                      name, c.stage);
         }
         const char *s = cfg_str(cfg, "status");
-        if (s && (!strcmp(s, "running") || !strcmp(s, "restoring"))) {
+        if (s && (!strcmp(s, "running") || !strcmp(s, "restoring") || !strcmp(s, "starting"))) {
             cfg_set_str(cfg, "status", "stopped");
             rc = cfg_save(c.cfgpath, cfg, err);
         }
@@ -2384,8 +2449,9 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
         else if (st == VMSNAP_VMM_DEAD && stage_unsaved(&vc))
             status = "unsaved"; /* its snapshot is only in the stage */
         else if (st == VMSNAP_VMM_DEAD &&
-                 (!strcmp(status, "running") || !strcmp(status, "restoring")))
-            status = "dead"; /* gone, or a resume killed before its QEMU ran */
+                 (!strcmp(status, "running") || !strcmp(status, "restoring") ||
+                  !strcmp(status, "starting")))
+            status = "dead"; /* gone, or a run or resume killed before its QEMU ran */
         else if (st == VMSNAP_VMM_PAUSED)
             status = "frozen"; /* a QEMU holding a stopped guest, no command at work: a resume
                                 * killed after the restore, or a pause killed after the stop

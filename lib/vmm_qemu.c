@@ -376,9 +376,12 @@ static bool pid_is_ours(struct vmsnap_vmm *v, pid_t pid)
                 if (!cl[i])
                     cl[i] = ' ';
             cl[r] = 0;
-            /* as it appears in the -qmp option: commas doubled */
-            char qmp[300];
-            ours = qemu_opt_escape(v->qmp_sock, qmp, sizeof(qmp)) == 0 && strstr(cl, qmp);
+            /* the whole -qmp option as built (commas doubled): a bare substring also matched
+             * another VM's socket whose path ends with this one's */
+            char qmp[300], opt[340];
+            ours = qemu_opt_escape(v->qmp_sock, qmp, sizeof(qmp)) == 0 &&
+                   snprintf(opt, sizeof(opt), " unix:%s,server=on,", qmp) < (int)sizeof(opt) &&
+                   strstr(cl, opt);
         }
         free(cl);
     }
@@ -494,8 +497,9 @@ static int qemu_stop(struct vmsnap_vmm *v, struct vmsnap_err *err);
  * credentials (AWS_*, GS_*) or anything else it has no use for. Names kept: */
 static bool env_for_qemu(const char *kv)
 {
-    static const char *const exact[] = {"PATH", "HOME",     "USER", "LOGNAME",
-                                        "LANG", "LANGUAGE", "TZ",   "TMPDIR"};
+    static const char *const exact[] = {
+        "PATH",     "HOME", "USER",   "LOGNAME",         "LANG",
+        "LANGUAGE", "TZ",   "TMPDIR", "LD_LIBRARY_PATH", "GLIBC_TUNABLES"};
     static const char *const prefix[] = {"LC_", "QEMU_"};
     size_t n = strcspn(kv, "=");
     for (size_t i = 0; i < sizeof(exact) / sizeof(exact[0]); i++)
@@ -606,7 +610,9 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
             int qp = (int)q;
             _exit(q < 0 || write(pfd[1], &qp, sizeof(qp)) != (ssize_t)sizeof(qp) ? 127 : 0);
         }
-        int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+        /* not close-on-exec: with the caller's stdin closed this is descriptor 0 itself (those
+         * above 2 are made close-on-exec below) */
+        int nul = open("/dev/null", O_RDWR);
         if (nul < 0 || dup2(nul, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0 ||
             cloexec_from_3() < 0)
             _exit(127);

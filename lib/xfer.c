@@ -3899,15 +3899,29 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
             int prc = w > 0 && (size_t)w < sizeof(pm) ? vmsnap_store_head(c, pm, &psize, err)
                                                       : -ENAMETOOLONG;
             if (prc == 0) {
+                /* refused when the set names it (or its manifest cannot tell): an object the
+                 * set does not name (an older single-object snapshot there) may go */
                 vmsnap_store_url(x.st, pm, pu, sizeof(pu));
-                rc = vmsnap_err_set(err, EBUSY,
-                                    "%s belongs to the snapshot set whose manifest is %s: "
-                                    "removing it alone would break that set; remove the set "
-                                    "(its URL) instead",
-                                    url, pu);
-                goto out;
+                struct manifest pmf = {0};
+                struct vmsnap_err pe = {0};
+                const char *obj = slash + 1;
+                size_t ol = strlen(obj);
+                bool named = read_manifest(c, pm, pu, x.o.max_size, &pmf, &pe) < 0;
+                for (size_t i = 0; i < pmf.n && !named; i++)
+                    named = ol == strlen(pmf.files[i].name) + 5 &&
+                            !strncmp(obj, pmf.files[i].name, ol - 5) &&
+                            !strcmp(obj + ol - 5, ".zstd");
+                manifest_fini(&pmf);
+                if (named) {
+                    rc = vmsnap_err_set(err, EBUSY,
+                                        "%s belongs to the snapshot set whose manifest is %s: "
+                                        "removing it alone would break that set; remove the set "
+                                        "(its URL) instead",
+                                        url, pu);
+                    goto out;
+                }
             }
-            if (prc != -ENOENT) {
+            if (prc < 0 && prc != -ENOENT) {
                 rc = prc;
                 goto out;
             }

@@ -71,9 +71,10 @@ vmc "$S" ls | grep -Eq '^golden +running' || fail "a suspend under a file stoppe
 
 # ... and so is a local store inside the VMs' own directories: the suspend stored the set,
 # then its teardown removed it with the VM's local files (exit 0, the VM lost)
-for u in "$S/vms/golden/ondemand" "file://$S/vms/other/x"; do
+for u in "$S/vms/golden/ondemand" "file://$S/vms/other/x" "$S/vms/nothere/../golden/ondemand" \
+    "$VMSNAP_RAM_DIR/vmsnap-0000abcd-golden.stage/set"; do
     expect_fail "suspend into a directory vmsnap manages ($u)" vmc "$S" suspend golden "$u"
-    grep -q "is inside .*/vms, which vmsnap manages" "$T/err" || fail "suspend into $u: $(cat "$T/err")"
+    grep -q "is inside .*, which vmsnap manages" "$T/err" || fail "suspend into $u: $(cat "$T/err")"
 done
 vmc "$S" ls | grep -Eq '^golden +running' || fail "a refused suspend stopped the VM: $(vmc "$S" ls)"
 

@@ -420,6 +420,10 @@ expect_fail "rm of one object of a set" "$VMSNAP" rm "$S/sets/ref/config.json.zs
 grep -q "belongs to the snapshot set whose manifest is $S/sets/ref/manifest.json" "$T/err" ||
     fail "rm of one object of a set: $(cat "$T/err")"
 [ -f "$S/sets/ref/config.json.zstd" ] || fail "the refused rm removed the set's object"
+# ... but an object there that the set does not name (an older single-object snapshot) may go
+cp "$S/sets/ref/config.json.zstd" "$S/sets/ref/lone.zstd"
+"$VMSNAP" rm "$S/sets/ref/lone.zstd" 2>"$T/err" || fail "rm of an object the set does not name: $(cat "$T/err")"
+[ -e "$S/sets/ref/lone.zstd" ] && fail "rm left the object the set does not name"
 # rm: manifest first, then objects
 "$VMSNAP" rm "$S/sets/ref" || fail "rm"
 [ -e "$S/sets/ref/manifest.json" ] && fail "rm left the manifest"
