@@ -2651,7 +2651,7 @@ static int down_open(struct down *d, struct vmsnap_store_conn *c, const char *ds
     if (d->mf && d->mf->detail && d->mf->object_size != d->osize)
         return vmsnap_err_set(err, EINVAL, "%s: %llu bytes, the manifest says %llu", d->url,
                               (unsigned long long)d->osize, (unsigned long long)d->mf->object_size);
-    if ((rc = sys_atomic_open(&d->af, dst, 0600, err)) < 0)
+    if ((rc = sys_atomic_open_tagged(&d->af, dst, 0600, "pull", err)) < 0)
         return rc;
     d->af_open = true;
     progress_add(d->x, 0, d->osize);
@@ -2869,8 +2869,9 @@ static int read_manifest_raw(struct vmsnap_store_conn *c, const char *mkey, cons
     return rc;
 }
 
-/* Links `.vmsnap-old.PID.N` that a pull killed during its publish left in `dir` (the process is
- * gone): they hold a replaced file's blocks. */
+/* Links `.vmsnap-old.PID.N` that a pull killed during its publish left in `dir`, and the
+ * temporaries `.vmsnap-pull.PID.XXXXXX` of a pull killed while it wrote (the process is gone):
+ * they hold a replaced file's blocks, or a whole downloaded file. */
 static void drop_stale_links(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -2881,8 +2882,13 @@ static void drop_stale_links(const char *dir)
         long pid = 0;
         unsigned long seq = 0;
         char tail = 0;
-        if (sscanf(de->d_name, ".vmsnap-old.%ld.%lu%c", &pid, &seq, &tail) != 2 || pid <= 0 ||
-            pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+        char rnd[8];
+        bool ours =
+            sscanf(de->d_name, ".vmsnap-old.%ld.%lu%c", &pid, &seq, &tail) == 2 ||
+            (sscanf(de->d_name, ".vmsnap-pull.%ld.%6[A-Za-z0-9]%c", &pid, rnd, &tail) == 2 &&
+             strlen(rnd) == 6);
+        if (!ours || pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 ||
+            errno != ESRCH)
             continue;
         unlinkat(dirfd(d), de->d_name, 0);
     }
@@ -2898,7 +2904,8 @@ static void drop_stale_links(const char *dir)
 static int publish_set(struct xfer *x, const char *dir, struct down *ds, size_t n,
                        struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
 {
-    static atomic_ulong link_seq; /* unique names for pulls running at once in one process */
+    static atomic_ulong link_seq;      /* unique names for pulls running at once in one process */
+    xfer_failpoint("pull-publishing"); /* every file downloaded, none in place: a test's kill */
     drop_stale_links(dir);
     struct pub {
         char *path; /* the destination (the commit frees the atomic file's copy) */
@@ -2990,6 +2997,7 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
     if (stat(dir, &sb) == 0) {
         if (!S_ISDIR(sb.st_mode))
             return vmsnap_err_set(err, ENOTDIR, "%s exists and is not a directory", dir);
+        drop_stale_links(dir); /* a killed pull's room back before this one needs it */
     } else if (errno == ENOENT) {
         if (mkdir(dir, 0700) < 0)
             return vmsnap_err_set(err, errno, "mkdir %s: %s", dir, strerror(errno));
@@ -3216,6 +3224,14 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
         goto out;
     }
     down_init(&d);
+    { /* a killed pull's temporaries beside the destination: their room back first */
+        char pdir[4352];
+        snprintf(pdir, sizeof(pdir), "%s", path);
+        char *sl = strrchr(pdir, '/');
+        if (sl)
+            sl[sl == pdir] = '\0';
+        drop_stale_links(sl ? pdir : ".");
+    }
     rc = down_open(&d, ctl, path, err);
     if (rc == 0)
         rc = down_submit(&d, err);

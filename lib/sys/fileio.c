@@ -99,13 +99,19 @@ int sys_check_replaceable(const char *path, struct vmsnap_err *err)
 int sys_atomic_open(struct sys_atomic_file *af, const char *path, mode_t mode,
                     struct vmsnap_err *err)
 {
+    return sys_atomic_open_tagged(af, path, mode, NULL, err);
+}
+
+int sys_atomic_open_tagged(struct sys_atomic_file *af, const char *path, mode_t mode,
+                           const char *tag, struct vmsnap_err *err)
+{
     af->fd = -1;
     af->path = af->tmp = NULL;
     int crc = sys_check_replaceable(path, err);
     if (crc < 0)
         return crc;
     af->path = strdup(path);
-    size_t n = strlen(path) + 32;
+    size_t n = strlen(path) + 64 + (tag ? strlen(tag) : 0);
     af->tmp = malloc(n);
     if (!af->path || !af->tmp) {
         free(af->path);
@@ -129,7 +135,9 @@ int sys_atomic_open(struct sys_atomic_file *af, const char *path, mode_t mode,
     const char *base = basename(dup2);
     /* ".NAME.XXXXXX" shows whose temporary it is; a name too long for that (NAME_MAX 255
      * with the 8 bytes added) gets a generic one */
-    if (strlen(base) + 8 <= NAME_MAX)
+    if (tag) /* ".vmsnap-TAG.PID.XXXXXX": whose it is, for a clean-up after a kill */
+        snprintf(af->tmp, n, "%s/.vmsnap-%s.%ld.XXXXXX", dir, tag, (long)getpid());
+    else if (strlen(base) + 8 <= NAME_MAX)
         snprintf(af->tmp, n, "%s/.%s.XXXXXX", dir, base);
     else
         snprintf(af->tmp, n, "%s/.vmsnap-tmp.XXXXXX", dir);

@@ -409,6 +409,13 @@ done
 rm -rf "$T/lnk" "$T/lout" "$T/ram"
 hostile "wrong object size" "$(sed '0,/"objectSize":/s//"objectSize":1/' "$S/sets/a/manifest.json")" "manifest says"
 
+# a pull killed before it publishes leaves its downloaded temporaries (.vmsnap-pull.PID.*); the
+# next pull into that directory removes them (they stayed for good, as large as the set)
+rm -rf "$T/kp" && mkdir "$T/kp"
+VMSNAP_FAILPOINT=pull-publishing "$VMSNAP" -q pull "$S/sets/a" "$T/kp" 2>/dev/null && fail "the failpoint did not kill the pull"
+ls -A "$T/kp" | grep -q '^\.vmsnap-pull\.[0-9]*\.' || fail "the killed pull left no temporaries: $(ls -A "$T/kp")"
+"$VMSNAP" -q pull "$S/sets/a" "$T/kp" || fail "pull after a killed pull"
+[ -z "$(ls -A "$T/kp" | grep '^\.')" ] || fail "a killed pull's files are left: $(ls -A "$T/kp")"
 # a reference-style manifest (snapshotFiles only) is accepted
 rm -rf "$S/sets/ref" && cp -r "$S/sets/a" "$S/sets/ref"
 printf '{"snapshotFiles":["base-id","config.json","memory-ranges","state.json"],"sandboxClass":"x"}' >"$S/sets/ref/manifest.json"
