@@ -307,8 +307,8 @@ static void ctx_fini(struct vmctx *c)
     c->lockfd = -1;
 }
 
-/* Is `name` a temporary of sys_atomic_open (".NAME.XXXXXX"), for `base` when it is given? Not
- * vmsnap's own marks and links (".vmsnap-..."). */
+/* Is `name` a temporary of sys_atomic_open (".NAME.XXXXXX", or a pull's ".vmsnap-pull.PID.XXXXXX"),
+ * for `base` when it is given? Not vmsnap's own marks and links (".vmsnap-..."). */
 static bool atomic_temp(const char *name, const char *base)
 {
     size_t n = strlen(name);
@@ -319,7 +319,8 @@ static bool atomic_temp(const char *name, const char *base)
             return false;
     if (base)
         return n == strlen(base) + 8 && !strncmp(name + 1, base, strlen(base));
-    return strncmp(name, ".vmsnap-", 8) != 0 || !strncmp(name, ".vmsnap-tmp.", 12);
+    return strncmp(name, ".vmsnap-", 8) != 0 || !strncmp(name, ".vmsnap-tmp.", 12) ||
+           !strncmp(name, ".vmsnap-pull.", 13); /* a pull's (sys_atomic_open_tagged) */
 }
 
 /* Unlink the temporaries in `dir`: regular files of this user only, never a directory's
