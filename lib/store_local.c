@@ -541,11 +541,19 @@ static int64_t upload_started(const char *dpath, const char *name)
 
 static int walk_dir(struct walk *w, const char *dirkey, int depth)
 {
-    if (depth > MAX_DEPTH)
-        return 0;
     char *dpath = store_local_path(w->st, dirkey);
     if (!dpath)
         return vmsnap_err_set(w->err, ENOMEM, "out of memory");
+    if (depth > MAX_DEPTH) {
+        /* not listed, and said: gc and ls then exit 1 rather than miss what is there */
+        vlog(VMSNAP_LOG_WARN,
+             "not listing %s: more than %d directory levels below the prefix "
+             "(skipped)",
+             dpath, MAX_DEPTH);
+        w->c->list_skipped = true;
+        free(dpath);
+        return 0;
+    }
     struct dirent **ents = NULL;
     int n = scandir(dpath, &ents, NULL, alphasort);
     if (n < 0) {

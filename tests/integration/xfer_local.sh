@@ -416,6 +416,13 @@ VMSNAP_FAILPOINT=pull-publishing "$VMSNAP" -q pull "$S/sets/a" "$T/kp" 2>/dev/nu
 ls -A "$T/kp" | grep -q '^\.vmsnap-pull\.[0-9]*\.' || fail "the killed pull left no temporaries: $(ls -A "$T/kp")"
 "$VMSNAP" -q pull "$S/sets/a" "$T/kp" || fail "pull after a killed pull"
 [ -z "$(ls -A "$T/kp" | grep '^\.')" ] || fail "a killed pull's files are left: $(ls -A "$T/kp")"
+# a set deeper than the listing goes (32 levels) is said, and ls exits 1 (it was silently left
+# out, and so was what gc should have removed there)
+p="$T/deep" && for _ in $(seq 34); do p="$p/l"; done
+mkdir -p "$p" && cp -r "$S/sets/a/." "$p/"
+expect_fail "ls of a store deeper than the listing goes" "$VMSNAP" ls "$T/deep"
+grep -q "more than 32 directory levels below the prefix" "$T/err" || fail "deep ls: $(cat "$T/err")"
+rm -rf "$T/deep"
 # a reference-style manifest (snapshotFiles only) is accepted
 rm -rf "$S/sets/ref" && cp -r "$S/sets/a" "$S/sets/ref"
 printf '{"snapshotFiles":["base-id","config.json","memory-ranges","state.json"],"sandboxClass":"x"}' >"$S/sets/ref/manifest.json"
