@@ -1366,9 +1366,10 @@ int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name, struct vms
     }
     if (rc == 0)
         rc = record_paused(&c, cfg, err);
-    /* A marked stage next to a live QEMU is the snapshot that QEMU was restored from (a resume
-     * from it killed before the guest ran): this checkpoint supersedes it. */
-    if (rc == 0 && stage_unsaved(&c))
+    /* A stage next to a live QEMU is the snapshot that QEMU was restored from (a resume from it
+     * killed before or after the guest ran; its image may be the RAM file's inode, which it
+     * would keep on the tmpfs): this checkpoint supersedes it. */
+    if (rc == 0 && stage_ok(&c))
         unstage(&c);
     if (rc < 0)
         vmsnap_err_wrap(err, "vm pause %s: ", name);
@@ -2231,9 +2232,16 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         rm_rf(c.ondemand);
     step(t, "evict", &t0);
 
-    /* The guest is about to run on the stage's image: from here the stage is no snapshot. */
-    if (from_stage && pcat(mark, c.stage, "/" UNSAVED_MARK) == 0)
-        unlink(mark);
+    /* The guest is about to run on the stage's image: from here the stage is no snapshot. Its
+     * complete and taking marks go too: a resume killed after this left a stage that a later
+     * command's recovery marked unsaved again, and its memory image (the RAM file's inode) held
+     * newer memory than its device state: a torn set that the next suspend pushed. */
+    if (from_stage) {
+        static const char *const marks[] = {"/" UNSAVED_MARK, "/" COMPLETE_MARK, "/" TAKING_MARK};
+        for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++)
+            if (pcat(mark, c.stage, marks[i]) == 0)
+                unlink(mark);
+    }
     /* The record describes the QEMU that now holds the VM (RAM file, on-demand or not): it is
      * saved before the guest runs, so a resume killed from here on leaves a record that a later
      * pause can trust (an old record of an eager VM would make it look for a RAM file an
@@ -2250,6 +2258,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         goto out_src;
     }
     step(t, "resume", &t0);
+    vm_failpoint("resume-running"); /* the guest runs; nothing cleaned up yet */
     if (url)
         rm_rf(c.ckpt); /* superseded by the store's snapshot, now that the VM runs from it */
     if (from_stage)

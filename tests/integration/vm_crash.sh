@@ -67,6 +67,21 @@ vmc "$S" pause golden || fail "pause of the VM a killed resume restored"
 [ -e "$stage" ] && fail "the stage outlived the checkpoint that superseded it"
 vmc "$S" ls | grep -Eq '^golden +paused' || fail "vm ls after that pause: $(vmc "$S" ls)"
 resume_check "$S" golden "$r" "$d" || done_tests
+# a suspend killed again, and the resume of its stage killed once the guest runs (after 'cont',
+# before the stage is removed): the next pause supersedes the stage, and the resume after it is
+# from that checkpoint (the stage was marked unsaved again and won: its image was the RAM file
+# the guest ran on, newer than its device state, and the next suspend pushed that torn set)
+sleep 2
+rc=0 && VMSNAP_FAILPOINT=suspend-staged vmc "$S" suspend golden "$STORE/s1b" 2>"$T/err" || rc=$?
+[ "$rc" = 137 ] || fail "suspend-staged failpoint (again): exit $rc: $(cat "$T/err")"
+rc=0 && VMSNAP_FAILPOINT=resume-running vmc "$S" resume golden 2>"$T/err" || rc=$?
+[ "$rc" = 137 ] || fail "resume-running failpoint: exit $rc: $(cat "$T/err")"
+vmc "$S" ls | grep -Eq '^golden +running' || fail "vm ls after a resume killed once the guest ran: $(vmc "$S" ls)"
+sleep 2
+vmc "$S" pause golden || fail "pause after a resume killed once the guest ran"
+[ -e "$stage" ] && fail "the stage the guest ran from outlived the checkpoint that superseded it"
+read -r r d <<<"$(last_counter "$S" golden)"
+resume_check "$S" golden "$r" "$d" || done_tests
 
 # a pause killed after its checkpoint is complete, before it replaced the previous one
 sleep 4
