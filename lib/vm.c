@@ -1871,7 +1871,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     json_object *cfg = NULL, *old = NULL;
     struct vmsnap_vmm *v = NULL;
     bool created = false, ram_made = false, disk_made = false, restored = false, had_prev = false;
-    bool provisional = false;
+    bool provisional = false, replaced_record = false;
     char disk_prev[PATH_LEN] = "";
     bool on_demand = o && o->on_demand;
     char src[PATH_LEN] = "", p[PATH_LEN];
@@ -2198,6 +2198,16 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         if ((rc = cfg_save(c.cfgpath, cfg, err)) < 0)
             goto out_src;
         provisional = true;
+    } else {
+        /* a VM the node knows: its record describes the QEMU about to start too (an on-demand
+         * restore has no RAM file: a resume killed after the restore left the old eager record,
+         * and the documented 'vm pause' of that frozen VM looked for a RAM file that was not
+         * there); the old record comes back if the resume fails */
+        cfg_set_str(cfg, "status", "restoring");
+        cfg_set_str(cfg, "url", url ? url : cfg_str(old, "url"));
+        if ((rc = cfg_save(c.cfgpath, cfg, err)) < 0)
+            goto out_src;
+        replaced_record = true;
     }
     /* a cancel (SIGINT) before the restore: the ordinary failure path undoes the staging */
     if ((rc = cancel_check(err)) < 0)
@@ -2282,6 +2292,8 @@ out_src:
         rm_rf(src);
     if (provisional && !created)
         unlink(c.cfgpath);
+    if (replaced_record && cfg_save(c.cfgpath, old, NULL) < 0)
+        vlog(VMSNAP_LOG_WARN, "VM '%s': could not put its record %s back", name, c.cfgpath);
 out:
     if (rc < 0 && created)
         rm_rf(c.vmdir);

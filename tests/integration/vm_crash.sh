@@ -82,6 +82,17 @@ vmc "$S" pause golden || fail "pause after a resume killed once the guest ran"
 [ -e "$stage" ] && fail "the stage the guest ran from outlived the checkpoint that superseded it"
 read -r r d <<<"$(last_counter "$S" golden)"
 resume_check "$S" golden "$r" "$d" || done_tests
+# an on-demand resume of the checkpoint killed after the restore: the frozen VM's pause works (it
+# looked for the RAM file the old, eager record named: "copy guest RAM: No such file", and the
+# VM went to 'interrupted')
+sleep 2
+vmc "$S" pause golden || fail "pause before the on-demand case"
+read -r r d <<<"$(last_counter "$S" golden)"
+rc=0 && VMSNAP_FAILPOINT=resume-restored vmc "$S" resume golden --on-demand 2>"$T/err" || rc=$?
+[ "$rc" = 137 ] || fail "resume-restored failpoint (on demand): exit $rc: $(cat "$T/err")"
+vmc "$S" ls | grep -Eq '^golden +frozen' || fail "vm ls after an on-demand resume killed after the restore: $(vmc "$S" ls)"
+vmc "$S" pause golden 2>"$T/err" || fail "pause of a frozen on-demand VM: $(cat "$T/err")"
+resume_check "$S" golden "$r" "$d" || done_tests
 
 # a pause killed after its checkpoint is complete, before it replaced the previous one
 sleep 4
