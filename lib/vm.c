@@ -159,6 +159,17 @@ static bool stage_ok(const struct vmctx *c)
            (sb.st_mode & 077) == 0;
 }
 
+/* The stage's image now runs as guest RAM: its marks go (recovery must not take it for a
+ * snapshot any more). */
+static void stage_consumed(const struct vmctx *c)
+{
+    static const char *const marks[] = {"/" UNSAVED_MARK, "/" COMPLETE_MARK, "/" TAKING_MARK};
+    char p[PATH_LEN];
+    for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++)
+        if (pcat(p, c->stage, marks[i]) == 0)
+            unlink(p);
+}
+
 /* Remove the stage, its unsaved mark first: a process killed half way leaves no marked stage
  * that lacks files. */
 static void unstage(const struct vmctx *c)
@@ -1474,13 +1485,22 @@ static bool path_under(const char *p, const char *dir)
     return !strncmp(p, dir, n) && (p[n] == '\0' || p[n] == '/');
 }
 
-/* `in` with "." and ".." resolved as text, as the local store resolves a URL's path (a ".."
- * leaves what precedes it, whether that exists or not). */
-static void norm_dots(const char *in, char *out, size_t len)
+/* `in` with "." and ".." resolved as text, as the local store resolves a URL's path (relative
+ * to the working directory; a ".." leaves what precedes it, whether that exists or not).
+ * 0, or -ENAMETOOLONG, -errno of getcwd. */
+static int norm_dots(const char *in, char *out, size_t len)
 {
+    char buf[PATH_MAX];
+    if (in[0] != '/') {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof(cwd)))
+            return -errno;
+        if (snprintf(buf, sizeof(buf), "%s/%s", cwd, in) >= (int)sizeof(buf))
+            return -ENAMETOOLONG;
+        in = buf;
+    }
     size_t o = 0;
     out[0] = '\0';
-    bool abs = in[0] == '/';
     const char *p = in;
     while (*p) {
         while (*p == '/')
@@ -1494,9 +1514,10 @@ static void norm_dots(const char *in, char *out, size_t len)
             char *sl = strrchr(out, '/');
             o = sl ? (size_t)(sl - out) : 0;
             out[o] = '\0';
-        } else if (o + n + 2 < len) {
-            if (o > 0 || abs)
-                out[o++] = '/';
+        } else {
+            if (o + n + 2 > len)
+                return -ENAMETOOLONG;
+            out[o++] = '/';
             memcpy(out + o, p, n);
             o += n;
             out[o] = '\0';
@@ -1504,7 +1525,8 @@ static void norm_dots(const char *in, char *out, size_t len)
         p += n;
     }
     if (o == 0)
-        snprintf(out, len, "%s", abs ? "/" : ".");
+        snprintf(out, len, "/");
+    return 0;
 }
 
 /* A local store URL inside the VMs' directories, a VM's stage or RAM file would be removed by
@@ -1515,8 +1537,9 @@ static int dest_outside_vms(const struct vmctx *c, const char *url, struct vmsna
     if (strstr(url, "://") && strncmp(url, "file://", 7))
         return 0; /* s3://, gs:// */
     char text[PATH_MAX], canon[PATH_MAX], vms[PATH_LEN], cvms[PATH_MAX], cvm[PATH_MAX];
-    norm_dots(strncmp(url, "file://", 7) ? url : url + 7, text, sizeof(text));
-    int rc = sys_canon_path(text, canon);
+    int rc = norm_dots(strncmp(url, "file://", 7) ? url : url + 7, text, sizeof(text));
+    if (rc == 0)
+        rc = sys_canon_path(text, canon);
     if (rc == 0 && (rc = pjoin(vms, c->state, "vms", err)) == 0)
         rc = sys_canon_path(vms, cvms);
     if (rc == 0)
@@ -2242,16 +2265,9 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         rm_rf(c.ondemand);
     step(t, "evict", &t0);
 
-    /* The guest is about to run on the stage's image: from here the stage is no snapshot. Its
-     * complete and taking marks go too: a resume killed after this left a stage that a later
-     * command's recovery marked unsaved again, and its memory image (the RAM file's inode) held
-     * newer memory than its device state: a torn set that the next suspend pushed. */
-    if (from_stage) {
-        static const char *const marks[] = {"/" UNSAVED_MARK, "/" COMPLETE_MARK, "/" TAKING_MARK};
-        for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++)
-            if (pcat(mark, c.stage, marks[i]) == 0)
-                unlink(mark);
-    }
+    /* The guest is about to run on the stage's image: from here the stage is no snapshot. */
+    if (from_stage && pcat(mark, c.stage, "/" UNSAVED_MARK) == 0)
+        unlink(mark);
     /* The record describes the QEMU that now holds the VM (RAM file, on-demand or not): it is
      * saved before the guest runs, so a resume killed from here on leaves a record that a later
      * pause can trust (an old record of an eager VM would make it look for a RAM file an
@@ -2262,11 +2278,38 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     if ((rc = cfg_save(c.cfgpath, cfg, err)) < 0)
         goto out_src;
     rc = vmsnap_vmm_resume(v, err);
+    if (rc < 0 && from_stage) {
+        /* 'cont' may have reached QEMU with its answer lost: a guest that runs, or may run, on
+         * the stage's image makes the stage no snapshot (its memory newer than its device
+         * state), so it is not marked unsaved again */
+        enum vmsnap_vmm_state st;
+        struct vmsnap_err e2;
+        int src2 = vmsnap_vmm_state(v, &st, NULL, &e2);
+        if (src2 == 0 && st == VMSNAP_VMM_RUNNING) {
+            vlog(VMSNAP_LOG_WARN, "VM '%s': 'cont' failed (%s) but the guest runs: resumed", name,
+                 err ? err->msg : "?");
+            rc = 0;
+        } else if (src2 < 0 || st != VMSNAP_VMM_PAUSED) {
+            mark[0] = '\0';
+            stage_consumed(&c);
+            vmsnap_err_wrap(err,
+                            "the guest may have run on the snapshot in %s, which is no longer "
+                            "one (kept for inspection): ",
+                            c.stage);
+        }
+    }
     if (rc < 0) {
         if (old)
             cfg_save(c.cfgpath, old, NULL);
         goto out_src;
     }
+    /* The guest runs on the stage's image: its complete and taking marks go at once (a resume
+     * killed before the stage was removed left one that the next command's recovery marked
+     * unsaved again: memory newer than its device state, a torn set that QEMU refused to load
+     * and a suspend pushed). Before 'cont' they must stay: a resume killed there leaves a
+     * frozen QEMU and the stage, still the snapshot, that 'vm stop' must keep. */
+    if (from_stage)
+        stage_consumed(&c);
     step(t, "resume", &t0);
     vm_failpoint("resume-running"); /* the guest runs; nothing cleaned up yet */
     if (url)
@@ -2342,7 +2385,7 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
         /* the RAM file is always the one this VM's name gives (c.ram): a record naming
          * another path is not followed (an on-demand VM maps its image from its directory) */
         const char *rec = cfg_str(cfg, "ram_path");
-        if (cfg_bool(cfg, "ram_shared") && rec && strcmp(rec, c.ram))
+        if (cfg_bool(cfg, "ram_shared") && rec && !same_path(rec, c.ram))
             vlog(VMSNAP_LOG_WARN,
                  "VM '%s': its record names %s as its RAM; not removed (give the --ram-dir it "
                  "was started with)",

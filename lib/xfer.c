@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/random.h>
 #include <sys/resource.h>
@@ -2890,6 +2891,20 @@ static void drop_stale_links(const char *dir)
         if (!ours || pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 ||
             errno != ESRCH)
             continue;
+        /* ours only (a regular file of this user), and for a pull's temporary, not locked: the
+         * pid of a pull in another PID namespace sharing this directory looks dead from here */
+        struct stat sb;
+        if (fstatat(dirfd(d), de->d_name, &sb, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(sb.st_mode) ||
+            sb.st_uid != geteuid())
+            continue;
+        if (!strncmp(de->d_name, ".vmsnap-pull.", 13)) {
+            int fd = openat(dirfd(d), de->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+            bool free_ = fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0;
+            if (fd >= 0)
+                close(fd);
+            if (!free_)
+                continue;
+        }
         unlinkat(dirfd(d), de->d_name, 0);
     }
     closedir(d);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -149,6 +150,10 @@ int sys_atomic_open_tagged(struct sys_atomic_file *af, const char *path, mode_t 
         sys_atomic_abort(af);
         return vmsnap_err_set(err, e, "create temporary file for %s: %s", path, strerror(e));
     }
+    /* a tagged temporary is locked while its writer lives: a clean-up from another PID
+     * namespace (a directory shared between containers) cannot take it for a dead one's */
+    if (tag)
+        (void)flock(af->fd, LOCK_EX | LOCK_NB);
     if (fchmod(af->fd, mode) < 0) {
         int e = errno;
         sys_atomic_abort(af);

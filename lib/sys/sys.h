@@ -33,8 +33,8 @@ struct sys_atomic_file {
 bool sys_same_file(int fd, const char *path);
 int sys_atomic_open(struct sys_atomic_file *af, const char *path, mode_t mode,
                     struct vmsnap_err *err);
-/* The same, the temporary named ".vmsnap-TAG.PID.XXXXXX" (not after the file): a caller can
- * remove those a killed process left (PID gone). */
+/* The same, the temporary named ".vmsnap-TAG.PID.XXXXXX" (not after the file) and flocked while
+ * open: a caller can remove those a killed process left (PID gone, lock free). */
 int sys_atomic_open_tagged(struct sys_atomic_file *af, const char *path, mode_t mode,
                            const char *tag, struct vmsnap_err *err);
 /* fsync the file (if `sync`), rename onto the final path, fsync the directory (if `sync`; when

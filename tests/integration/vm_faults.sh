@@ -76,6 +76,11 @@ for u in "$S/vms/golden/ondemand" "file://$S/vms/other/x" "$S/vms/nothere/../gol
     expect_fail "suspend into a directory vmsnap manages ($u)" vmc "$S" suspend golden "$u"
     grep -q "is inside .*, which vmsnap manages" "$T/err" || fail "suspend into $u: $(cat "$T/err")"
 done
+# a relative URL climbing with '..' is resolved from the working directory, as the store does
+rc=0 && (cd "$T" && "$VMSNAP" vm suspend golden "../$(basename "$T")/state/vms/golden/ondemand" \
+    --state-dir "$S") >/dev/null 2>"$T/err" || rc=$?
+[ "$rc" = 1 ] && grep -q "which vmsnap manages" "$T/err" ||
+    fail "suspend to a relative '..' URL into the VM's directory: exit $rc: $(cat "$T/err")"
 vmc "$S" ls | grep -Eq '^golden +running' || fail "a refused suspend stopped the VM: $(vmc "$S" ls)"
 
 # upload fails (the store is a 1 MiB tmpfs: full): the checkpoint is kept locally

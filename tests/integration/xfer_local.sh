@@ -416,6 +416,21 @@ VMSNAP_FAILPOINT=pull-publishing "$VMSNAP" -q pull "$S/sets/a" "$T/kp" 2>/dev/nu
 ls -A "$T/kp" | grep -q '^\.vmsnap-pull\.[0-9]*\.' || fail "the killed pull left no temporaries: $(ls -A "$T/kp")"
 "$VMSNAP" -q pull "$S/sets/a" "$T/kp" || fail "pull after a killed pull"
 [ -z "$(ls -A "$T/kp" | grep '^\.')" ] || fail "a killed pull's files are left: $(ls -A "$T/kp")"
+# ... but not one a live pull holds locked, whose pid looks dead from here (another PID
+# namespace sharing the directory)
+sh -c 'exit 0' &
+dead=$!
+wait "$dead"
+f="$T/kp/.vmsnap-pull.$dead.abcdef"
+echo x >"$f"
+flock "$f" sleep 3 &
+hold=$!
+sleep 0.5
+"$VMSNAP" -q pull "$S/sets/a" "$T/kp" || fail "pull beside a locked temporary"
+[ -e "$f" ] || fail "a pull removed a temporary that a live pull holds locked"
+wait "$hold"
+"$VMSNAP" -q pull "$S/sets/a" "$T/kp" || fail "pull beside an unlocked stale temporary"
+[ -e "$f" ] && fail "a stale, unlocked temporary of a dead pid was not removed"
 # a set deeper than the listing goes (32 levels) is said, and ls exits 1 (it was silently left
 # out, and so was what gc should have removed there)
 p="$T/deep" && for _ in $(seq 34); do p="$p/l"; done
