@@ -6,6 +6,8 @@
  */
 #include "store_int.h"
 
+#include "sys/sys.h"
+
 #include "util/util.h"
 
 #include <arpa/inet.h>
@@ -55,48 +57,15 @@ static bool key_ok(const char *key)
     }
 }
 
-/* Lexically normalise an absolute path into a key relative to "/" ("." dropped, ".." pops). */
+/* A local path as a key relative to "/" (sys_lexical_path: "." dropped, ".." pops). */
 static int local_key(const char *path, char **key, struct vmsnap_err *err)
 {
-    char *abs = NULL;
-    if (path[0] == '/') {
-        abs = strdup(path);
-    } else {
-        char cwd[PATH_MAX];
-        if (!getcwd(cwd, sizeof(cwd)))
-            return vmsnap_err_set(err, errno, "getcwd: %s", strerror(errno));
-        size_t n = strlen(cwd) + strlen(path) + 2;
-        abs = malloc(n);
-        if (abs)
-            snprintf(abs, n, "%s/%s", cwd, path);
-    }
-    char *out = abs ? malloc(strlen(abs) + 1) : NULL;
-    if (!out) {
-        free(abs);
-        return vmsnap_err_set(err, ENOMEM, "out of memory");
-    }
-    size_t o = 0;
-    char *save = NULL;
-    for (char *tok = strtok_r(abs, "/", &save); tok; tok = strtok_r(NULL, "/", &save)) {
-        if (!strcmp(tok, "."))
-            continue;
-        if (!strcmp(tok, "..")) {
-            while (o > 0 && out[o - 1] != '/')
-                o--;
-            if (o > 0)
-                o--;
-            continue;
-        }
-        if (o > 0)
-            out[o++] = '/';
-        size_t n = strlen(tok);
-        memcpy(out + o, tok, n);
-        o += n;
-    }
-    out[o] = '\0';
-    free(abs);
-    *key = out;
-    return 0;
+    char buf[PATH_MAX];
+    int rc = sys_lexical_path(path, buf, sizeof(buf));
+    if (rc < 0)
+        return vmsnap_err_set(err, -rc, "%s: %s", path, strerror(-rc));
+    *key = strdup(buf + 1);
+    return *key ? 0 : vmsnap_err_set(err, ENOMEM, "out of memory");
 }
 
 static int dupset(char **dst, const char *src, struct vmsnap_err *err)

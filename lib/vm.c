@@ -1485,50 +1485,6 @@ static bool path_under(const char *p, const char *dir)
     return !strncmp(p, dir, n) && (p[n] == '\0' || p[n] == '/');
 }
 
-/* `in` with "." and ".." resolved as text, as the local store resolves a URL's path (relative
- * to the working directory; a ".." leaves what precedes it, whether that exists or not).
- * 0, or -ENAMETOOLONG, -errno of getcwd. */
-static int norm_dots(const char *in, char *out, size_t len)
-{
-    char buf[PATH_MAX];
-    if (in[0] != '/') {
-        char cwd[PATH_MAX];
-        if (!getcwd(cwd, sizeof(cwd)))
-            return -errno;
-        if (snprintf(buf, sizeof(buf), "%s/%s", cwd, in) >= (int)sizeof(buf))
-            return -ENAMETOOLONG;
-        in = buf;
-    }
-    size_t o = 0;
-    out[0] = '\0';
-    const char *p = in;
-    while (*p) {
-        while (*p == '/')
-            p++;
-        const char *e = strchr(p, '/');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        if (n == 0)
-            break;
-        if (n == 1 && p[0] == '.') {
-        } else if (n == 2 && p[0] == '.' && p[1] == '.') {
-            char *sl = strrchr(out, '/');
-            o = sl ? (size_t)(sl - out) : 0;
-            out[o] = '\0';
-        } else {
-            if (o + n + 2 > len)
-                return -ENAMETOOLONG;
-            out[o++] = '/';
-            memcpy(out + o, p, n);
-            o += n;
-            out[o] = '\0';
-        }
-        p += n;
-    }
-    if (o == 0)
-        snprintf(out, len, "/");
-    return 0;
-}
-
 /* A local store URL inside the VMs' directories, a VM's stage or RAM file would be removed by
  * the suspend's own teardown (or another VM's): the snapshot stored, then deleted. Compared in
  * canonical spellings (symlinked directories resolved). */
@@ -1537,7 +1493,8 @@ static int dest_outside_vms(const struct vmctx *c, const char *url, struct vmsna
     if (strstr(url, "://") && strncmp(url, "file://", 7))
         return 0; /* s3://, gs:// */
     char text[PATH_MAX], canon[PATH_MAX], vms[PATH_LEN], cvms[PATH_MAX], cvm[PATH_MAX];
-    int rc = norm_dots(strncmp(url, "file://", 7) ? url : url + 7, text, sizeof(text));
+    /* the path the local store will use (".." resolved as text), then its canonical form */
+    int rc = sys_lexical_path(strncmp(url, "file://", 7) ? url : url + 7, text, sizeof(text));
     if (rc == 0)
         rc = sys_canon_path(text, canon);
     if (rc == 0 && (rc = pjoin(vms, c->state, "vms", err)) == 0)

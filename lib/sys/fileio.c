@@ -340,3 +340,45 @@ int sys_canon_path(const char *path, char *out)
     }
     return 0;
 }
+
+int sys_lexical_path(const char *path, char *out, size_t len)
+{
+    char buf[PATH_MAX];
+    if (path[0] != '/') {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof(cwd)))
+            return -errno;
+        if (snprintf(buf, sizeof(buf), "%s/%s", cwd, path) >= (int)sizeof(buf))
+            return -ENAMETOOLONG;
+        path = buf;
+    }
+    if (len < 2)
+        return -ENAMETOOLONG;
+    size_t o = 0;
+    out[0] = '\0';
+    for (const char *p = path; *p;) {
+        while (*p == '/')
+            p++;
+        size_t n = strcspn(p, "/");
+        if (n == 0)
+            break;
+        if (n == 2 && p[0] == '.' && p[1] == '.') {
+            while (o > 0 && out[o - 1] != '/')
+                o--;
+            if (o > 0)
+                o--;
+            out[o] = '\0';
+        } else if (!(n == 1 && p[0] == '.')) {
+            if (o + n + 2 > len)
+                return -ENAMETOOLONG;
+            out[o++] = '/';
+            memcpy(out + o, p, n);
+            o += n;
+            out[o] = '\0';
+        }
+        p += n;
+    }
+    if (o == 0)
+        snprintf(out, len, "/");
+    return 0;
+}

@@ -60,5 +60,9 @@ int sys_rm_tree(const char *path);
  * directory (a trailing slash, a relative path, a symlinked parent) give one string, also before
  * the directory exists. 0, or -errno (ENAMETOOLONG, or EINVAL for ".." after a missing part). */
 int sys_canon_path(const char *path, char *out);
+/* `path` made absolute (from the working directory) with "." and ".." resolved as text, as the
+ * local store names its keys (a ".." drops what precedes it, whether that exists or not), in
+ * `out` (`len` bytes; "/" for the root). 0, or -errno (getcwd), -ENAMETOOLONG. */
+int sys_lexical_path(const char *path, char *out, size_t len);
 
 #endif

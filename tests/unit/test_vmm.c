@@ -277,6 +277,21 @@ static void test_canon_path(void)
     CHECK(sys_canon_path(sp, out) == -EINVAL);
     CHECK(sys_canon_path("", out) == -EINVAL);
     CHECK(sys_canon_path("/", out) == 0 && !strcmp(out, "/"));
+    /* sys_lexical_path: ".." resolved as text, as the local store names keys */
+    CHECK(sys_lexical_path("/a/./b/../c/", out, sizeof(out)) == 0 && !strcmp(out, "/a/c"));
+    CHECK(sys_lexical_path("/..", out, sizeof(out)) == 0 && !strcmp(out, "/"));
+    CHECK(sys_lexical_path("//", out, sizeof(out)) == 0 && !strcmp(out, "/"));
+    CHECK(sys_lexical_path("/a/missing/../b", out, sizeof(out)) == 0 && !strcmp(out, "/a/b"));
+    REQUIRE(chdir(base) == 0);
+    snprintf(want, sizeof(want), "%s/y", real);
+    CHECKF(sys_lexical_path("x/../y", out, sizeof(out)) == 0 && !strcmp(out, want), "-> %s", out);
+    snprintf(want, sizeof(want), "%s", real);
+    char *sl = strrchr(want, '/');
+    if (sl)
+        *sl = '\0'; /* the parent of the working directory */
+    CHECKF(sys_lexical_path("../", out, sizeof(out)) == 0 && !strcmp(out, want), "-> %s", out);
+    REQUIRE(chdir(cwd) == 0);
+    CHECK(sys_lexical_path("/abcdef", out, 4) == -ENAMETOOLONG);
 }
 
 int main(void)
