@@ -544,6 +544,13 @@ static const char *cfg_disk(json_object *cfg)
 /* Do `a` and `b` name one file: the same string, or the same device and inode. Records written
  * before the state and RAM directories were used in their canonical spelling name them as the
  * user spelled them ("S/vms/a", "/dev/shm//x"). */
+/* A record status saying a QEMU was started for the VM (booting, restoring or running): with
+ * no QEMU alive, the VM is dead. */
+static bool status_live(const char *s)
+{
+    return s && (!strcmp(s, "running") || !strcmp(s, "restoring") || !strcmp(s, "starting"));
+}
+
 static bool same_path(const char *a, const char *b)
 {
     struct stat sa, sb;
@@ -1200,7 +1207,7 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
         return rc;
     if (st == VMSNAP_VMM_DEAD) {
         const char *was = cfg_str(cfg, "status") ? cfg_str(cfg, "status") : "?";
-        bool ran = !strcmp(was, "running") || !strcmp(was, "restoring") || !strcmp(was, "starting");
+        bool ran = status_live(was);
         if (exists(c->ckpt) || stage_unsaved(c))
             return vmsnap_err_set(err, ESRCH,
                                   "VM '%s' has no running QEMU (%s): 'vmsnap vm resume %s' goes "
@@ -1567,8 +1574,7 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
             struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
             const char *from = unsaved ? c.stage : c.ckpt;
             const char *was = cfg_str(cfg, "status");
-            if (was && (!strcmp(was, "running") || !strcmp(was, "restoring") ||
-                        !strcmp(was, "starting"))) {
+            if (status_live(was)) {
                 /* QEMU died under a running guest (it crashed, or was killed): what the guest
                  * did since the snapshot pushed here is gone; say so rather than succeed
                  * quietly */
@@ -2170,25 +2176,20 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         goto out_src;
     step(t, "stage", &t0);
 
-    if (created || !old) {
-        /* a record before QEMU starts, so that a resume killed from here on leaves a VM that
-         * 'vm ls' shows and 'vm stop' can stop */
-        cfg_set_str(cfg, "status", "restoring");
-        cfg_set_str(cfg, "url", url); /* where the VM is, should this resume be killed */
-        if ((rc = cfg_save(c.cfgpath, cfg, err)) < 0)
-            goto out_src;
+    /* The record before QEMU starts: for a VM the node did not know, a resume killed from here
+     * on leaves a VM that 'vm ls' shows and 'vm stop' can stop (the record goes if the resume
+     * fails); for a known VM it describes the QEMU about to start (an on-demand restore has no
+     * RAM file: a resume killed after the restore left the old eager record, and the documented
+     * 'vm pause' of that frozen VM looked for a RAM file that was not there), and the old record
+     * comes back if the resume fails. The URL says where the VM is, should this be killed. */
+    cfg_set_str(cfg, "status", "restoring");
+    cfg_set_str(cfg, "url", url ? url : (old ? cfg_str(old, "url") : NULL));
+    if ((rc = cfg_save(c.cfgpath, cfg, err)) < 0)
+        goto out_src;
+    if (created || !old)
         provisional = true;
-    } else {
-        /* a VM the node knows: its record describes the QEMU about to start too (an on-demand
-         * restore has no RAM file: a resume killed after the restore left the old eager record,
-         * and the documented 'vm pause' of that frozen VM looked for a RAM file that was not
-         * there); the old record comes back if the resume fails */
-        cfg_set_str(cfg, "status", "restoring");
-        cfg_set_str(cfg, "url", url ? url : cfg_str(old, "url"));
-        if ((rc = cfg_save(c.cfgpath, cfg, err)) < 0)
-            goto out_src;
+    else
         replaced_record = true;
-    }
     /* a cancel (SIGINT) before the restore: the ordinary failure path undoes the staging */
     if ((rc = cancel_check(err)) < 0)
         goto out_src;
@@ -2255,11 +2256,8 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
                             c.stage);
         }
     }
-    if (rc < 0) {
-        if (old)
-            cfg_save(c.cfgpath, old, NULL);
-        goto out_src;
-    }
+    if (rc < 0)
+        goto out_src; /* (the old record comes back there) */
     /* The guest runs on the stage's image: its complete and taking marks go at once (a resume
      * killed before the stage was removed left one that the next command's recovery marked
      * unsaved again: memory newer than its device state, a torn set that QEMU refused to load
@@ -2362,7 +2360,7 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
                      name, c.stage);
         }
         const char *s = cfg_str(cfg, "status");
-        if (s && (!strcmp(s, "running") || !strcmp(s, "restoring") || !strcmp(s, "starting"))) {
+        if (status_live(s)) {
             cfg_set_str(cfg, "status", "stopped");
             rc = cfg_save(c.cfgpath, cfg, err);
         }
@@ -2470,9 +2468,7 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
             status = "interrupted"; /* its newest state waits for its checkpoint (resume) */
         else if (st == VMSNAP_VMM_DEAD && stage_unsaved(&vc))
             status = "unsaved"; /* its snapshot is only in the stage */
-        else if (st == VMSNAP_VMM_DEAD &&
-                 (!strcmp(status, "running") || !strcmp(status, "restoring") ||
-                  !strcmp(status, "starting")))
+        else if (st == VMSNAP_VMM_DEAD && status_live(status))
             status = "dead"; /* gone, or a run or resume killed before its QEMU ran */
         else if (st == VMSNAP_VMM_PAUSED)
             status = "frozen"; /* a QEMU holding a stopped guest, no command at work: a resume

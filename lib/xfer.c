@@ -2921,7 +2921,6 @@ static int publish_set(struct xfer *x, const char *dir, struct down *ds, size_t 
 {
     static atomic_ulong link_seq;      /* unique names for pulls running at once in one process */
     xfer_failpoint("pull-publishing"); /* every file downloaded, none in place: a test's kill */
-    drop_stale_links(dir);
     struct pub {
         char *path; /* the destination (the commit frees the atomic file's copy) */
         char *old;  /* a link to the file it replaces, or NULL */
@@ -3922,41 +3921,35 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
         rc = vmsnap_store_head(c, key, &size, err);
         const char *slash = rc == 0 ? strrchr(key, '/') : NULL;
         if (slash) {
-            /* an object of a committed set: removing it alone breaks the set */
-            char pm[URL_BUF], pu[URL_BUF];
-            uint64_t psize;
+            /* an object that a committed set beside it names: removing it alone breaks that
+             * set (an object the set does not name, an older single-object snapshot, may go;
+             * a manifest that cannot be read cannot tell, so it is kept) */
+            char pm[URL_BUF], pu[URL_BUF] = "";
             int w =
                 snprintf(pm, sizeof(pm), "%.*s/%s", (int)(slash - key), key, VMSNAP_XFER_MANIFEST);
-            int prc = w > 0 && (size_t)w < sizeof(pm) ? vmsnap_store_head(c, pm, &psize, err)
-                                                      : -ENAMETOOLONG;
-            if (prc == 0) {
-                /* refused when the set names it (or its manifest cannot tell): an object the
-                 * set does not name (an older single-object snapshot there) may go */
+            struct manifest pmf = {0};
+            struct vmsnap_err pe = {0};
+            int prc = -ENAMETOOLONG;
+            if (w > 0 && (size_t)w < sizeof(pm)) {
                 vmsnap_store_url(x.st, pm, pu, sizeof(pu));
-                struct manifest pmf = {0};
-                struct vmsnap_err pe = {0};
-                const char *obj = slash + 1;
-                size_t ol = strlen(obj);
-                bool named = read_manifest(c, pm, pu, x.o.max_size, &pmf, &pe) < 0;
-                for (size_t i = 0; i < pmf.n && !named; i++)
-                    named = ol == strlen(pmf.files[i].name) + 5 &&
-                            !strncmp(obj, pmf.files[i].name, ol - 5) &&
-                            !strcmp(obj + ol - 5, ".zstd");
-                manifest_fini(&pmf);
-                if (named) {
-                    rc = vmsnap_err_set(err, EBUSY,
-                                        "%s belongs to the snapshot set whose manifest is %s: "
-                                        "removing it alone would break that set; remove the set "
-                                        "(its URL) instead",
-                                        url, pu);
-                    goto out;
-                }
+                prc = read_manifest(c, pm, pu, x.o.max_size, &pmf, &pe);
             }
-            if (prc < 0 && prc != -ENOENT) {
-                rc = prc;
+            const char *obj = slash + 1;
+            size_t ol = strlen(obj);
+            bool named = prc < 0 && prc != -ENOENT;
+            for (size_t i = 0; i < pmf.n && !named; i++)
+                named = ol == strlen(pmf.files[i].name) + 5 &&
+                        !strncmp(obj, pmf.files[i].name, ol - 5) && !strcmp(obj + ol - 5, ".zstd");
+            manifest_fini(&pmf);
+            if (named) {
+                rc = vmsnap_err_set(err, EBUSY,
+                                    "%s belongs to the snapshot set whose manifest is %s%s%s: "
+                                    "removing it alone would break that set; remove the set "
+                                    "(its URL) instead",
+                                    url, pu, prc < 0 ? ", which cannot be read: " : "",
+                                    prc < 0 ? pe.msg : "");
                 goto out;
             }
-            rc = 0;
         }
         if (rc == 0) { /* a single object: a snapshot's only (rm is not a general delete) */
             rc = snapshot_magic(c, key, size, true, err);
