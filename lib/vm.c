@@ -720,8 +720,11 @@ static int swap_checkpoint(struct vmctx *c, const char *newdir, struct vmsnap_er
     if (frc < 0)
         return frc;
     rm_rf(old);
-    if (exists(c->ckpt) && rename(c->ckpt, old) < 0)
-        return vmsnap_err_set(err, errno, "rename %s: %s", c->ckpt, strerror(errno));
+    if (exists(c->ckpt)) {
+        if (rename(c->ckpt, old) < 0)
+            return vmsnap_err_set(err, errno, "rename %s: %s", c->ckpt, strerror(errno));
+        vm_failpoint("checkpoint-swap-torn");
+    }
     if (rename(newdir, c->ckpt) < 0) {
         int e = errno;
         if (rename(old, c->ckpt) < 0)
@@ -884,15 +887,36 @@ static bool newer_than_ckpt(const struct vmctx *c, const char *newdir, json_obje
 /* A pause killed after its checkpoint was complete and QEMU stopped, but before the swap:
  * checkpoint.new is the VM's latest state, newer than the checkpoint. Finish the swap (the
  * caller holds the lock and found no QEMU). Anything else there is a torn attempt: left for the
- * next checkpoint to replace. */
+ * next checkpoint to replace.
+ *
+ * No checkpoint but a checkpoint.old: the process, or the host, died between swap_checkpoint's
+ * two renames. It renames the checkpoint away only after every file of checkpoint.new is on
+ * disk, so checkpoint.new is the VM's newest state then, even when another boot wrote it (after
+ * a host crash, the only case complete_this_boot() cannot vouch for). Without a complete
+ * checkpoint.new, checkpoint.old goes back: a VM never loses its checkpoint to a torn swap. */
 static void recover_new_checkpoint(struct vmctx *c)
 {
-    char newdir[PATH_LEN];
-    if (pcat(newdir, c->ckpt, ".new") < 0 || !exists(newdir))
+    char newdir[PATH_LEN], old[PATH_LEN], p[PATH_LEN];
+    if (pcat(newdir, c->ckpt, ".new") < 0 || pcat(old, c->ckpt, ".old") < 0)
         return;
-    finish_taken(c, newdir, true);
-    if (!complete_this_boot(newdir))
+    bool torn = !exists(c->ckpt) && exists(old);
+    if (exists(newdir))
+        finish_taken(c, newdir, true);
+    bool whole = exists(newdir) && (complete_this_boot(newdir) ||
+                                    (torn && pjoin(p, newdir, COMPLETE_MARK, NULL) == 0 &&
+                                     exists(p) && !snapshot_missing(newdir)));
+    if (!whole) {
+        if (torn && rename(old, c->ckpt) == 0) {
+            sys_fsync_parent(c->ckpt, NULL);
+            vlog(VMSNAP_LOG_WARN,
+                 "VM '%s': put %s back as its checkpoint (a checkpoint swap was interrupted)",
+                 c->name, old);
+        } else if (torn) {
+            vlog(VMSNAP_LOG_ERROR, "VM '%s': cannot put %s back as its checkpoint: %s", c->name,
+                 old, strerror(errno));
+        }
         return;
+    }
     json_object *nc = NULL;
     bool newer = newer_than_ckpt(c, newdir, &nc);
     if (!nc)

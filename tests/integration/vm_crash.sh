@@ -6,6 +6,7 @@
 #   a suspend killed during its upload (the stage holds the snapshot),
 #   a resume of that stage killed before QEMU starts,
 #   a pause killed after its checkpoint was written but before it replaced the old one,
+#   a pause killed (with the host) between the two renames of that replacement,
 #   a resume of a new VM killed after QEMU restored it (vm ls shows it, vm stop stops it).
 # And a VM record (vm.json) as hostile input: a ram_path naming another file, a FIFO.
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
@@ -134,6 +135,34 @@ fi
 resume_check "$S" golden "$r" "$d" || done_tests
 grep -q "completed a checkpoint whose pause was interrupted" "$T/resume.out" ||
     fail "resume after a killed pause did not say it completed the checkpoint: $(cat "$T/resume.out")"
+
+# a pause killed between the swap's two renames, and the host with it (the marks in
+# checkpoint.new another boot's): no checkpoint, the previous one as checkpoint.old, the new one
+# complete in checkpoint.new. The next resume completes the swap (the newest state); it used to
+# find no checkpoint at all
+sleep 4
+rc=0 && VMSNAP_FAILPOINT=checkpoint-swap-torn vmc "$S" pause golden 2>"$T/err" || rc=$?
+[ "$rc" = 137 ] || fail "checkpoint-swap-torn failpoint: exit $rc: $(cat "$T/err")"
+read -r r d <<<"$(last_counter "$S" golden)"
+ck=$S/vms/golden/checkpoint
+[ ! -e "$ck" ] && [ -d "$ck.old" ] && [ -f "$ck.new/.vmsnap-complete" ] ||
+    fail "the checkpoint-swap-torn failpoint did not leave a torn swap: $(ls -a "$S/vms/golden")"
+boot=$(cat /proc/sys/kernel/random/boot_id)
+for m in "$ck.new"/.vmsnap-*; do
+    [ "$(cat "$m")" = "$boot" ] && echo 0f0f0f0f-0000-4000-8000-000000000000 >"$m"
+done
+resume_check "$S" golden "$r" "$d" || done_tests
+grep -q "completed a checkpoint whose pause was interrupted" "$T/resume.out" ||
+    fail "resume after a torn swap did not say it completed it: $(cat "$T/resume.out")"
+[ -e "$ck.old" ] && fail "checkpoint.old outlived the completed swap"
+# ... and with no complete checkpoint.new, checkpoint.old is put back
+sleep 4
+vmc "$S" pause golden || fail "pause before the renamed checkpoint"
+read -r r d <<<"$(last_counter "$S" golden)"
+mv "$ck" "$ck.old"
+resume_check "$S" golden "$r" "$d" || done_tests
+grep -q "put .*checkpoint.old back as its checkpoint" "$T/resume.out" ||
+    fail "resume after a lone checkpoint.old did not say it put it back: $(cat "$T/resume.out")"
 
 # a pause killed right after QEMU stopped (its RAM not yet copied), and a suspend killed there
 # (its RAM not yet in the stage): the next command completes the checkpoint from the RAM file
