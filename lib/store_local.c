@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The local store: an object is a regular file under the store root. A put goes to a hidden
- * temporary file beside the object, is fsynced, renamed, and the directory fsynced. A multipart
- * upload is a hidden temporary file `.<name>.mpu-XXXXXX` (its name is the upload id) that parts
- * are pwritten into at their offsets, concurrently, from any thread; complete fsyncs and renames
- * it. Listing skips hidden names, so neither kind of temporary is ever visible as an object;
- * list_uploads reports the `.mpu-` ones so that leftovers of a killed push can be aborted.
+ * The local store: an object is a regular file under the store root. A multipart upload is a
+ * hidden temporary file `.<name>.mpu-XXXXXX` (its name is the upload id) beside the object that
+ * parts are pwritten into at their offsets, concurrently, from any thread; complete fsyncs it,
+ * renames it and fsyncs the directory. A put is such an upload of one part. Listing skips hidden
+ * names, so a temporary is never visible as an object; list_uploads reports them, so that the
+ * leftovers of a killed push can be aborted.
  *
  * Page cache: the store is a directory on the node, so every byte written to or read from it
  * lands in the page cache, charged to the caller's memory cgroup (a suspended VM's snapshot,
@@ -21,6 +21,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,35 +63,6 @@ static char *dir_of(const char *path, const char **base)
         d[n] = '\0';
     }
     return d;
-}
-
-static int lput(struct vmsnap_store_conn *c, const char *key, const void *buf, size_t len,
-                struct vmsnap_err *err)
-{
-    char *path = store_local_path(c->st, key);
-    if (!path)
-        return vmsnap_err_set(err, ENOMEM, "out of memory");
-    struct sys_atomic_file af;
-    int rc = mkparents(path, err);
-    if (rc == 0)
-        rc = sys_atomic_open(&af, path, 0600, err);
-    if (rc == 0) {
-        /* fsync here rather than in the commit: the pages must be clean before DONTNEED */
-        rc = sys_write_full(af.fd, buf, len);
-        if (rc == 0 && fsync(af.fd) < 0)
-            rc = -errno;
-        if (rc < 0) {
-            vmsnap_err_set(err, -rc, "write %s: %s", path, strerror(-rc));
-            sys_atomic_abort(&af);
-        } else {
-            (void)posix_fadvise(af.fd, 0, 0, POSIX_FADV_DONTNEED);
-            rc = sys_atomic_commit(&af, false, err);
-            if (rc == 0)
-                rc = sys_fsync_parent(path, err);
-        }
-    }
-    free(path);
-    return rc;
 }
 
 /* The temporary file of an upload: dir(key)/upload_id, where upload_id is ".<base>.mpu-XXXXXX". */
@@ -241,6 +213,28 @@ static int lmpu_abort(struct vmsnap_store_conn *c, const char *key, const char *
     if (unlink(p) < 0 && errno != ENOENT)
         rc = vmsnap_err_set(err, errno, "unlink %s: %s", p, strerror(errno));
     free(p);
+    return rc;
+}
+
+/* A single PUT is an upload of one part: its temporary is an upload's (`.<name>.mpu-XXXXXX`),
+ * so one a killed push left is an unfinished upload that the next push of that key or gc aborts
+ * (a temporary of its own name was never found again). */
+static int lput(struct vmsnap_store_conn *c, const char *key, const void *buf, size_t len,
+                struct vmsnap_err *err)
+{
+    char *id = NULL;
+    int rc = lmpu_create(c, key, &id, err);
+    if (rc == 0)
+        rc = lmpu_part(c, key, id, 1, 0, buf, len, NULL, err);
+    if (rc == 0) {
+        const char *f = getenv("VMSNAP_FAILPOINT"); /* test hook: killed with the data written */
+        if (f && !strcmp(f, "local-put-written"))
+            raise(SIGKILL);
+        rc = lmpu_complete(c, key, id, NULL, 0, err);
+    }
+    if (rc < 0 && id)
+        (void)lmpu_abort(c, key, id, NULL);
+    free(id);
     return rc;
 }
 

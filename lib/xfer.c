@@ -606,6 +606,17 @@ static int64_t age_of(const struct leftover_ctx *l, int64_t started)
     return started < 0 ? -1 : l->now >= started ? l->now - started : 0;
 }
 
+/* Tell gc's caller about an upload or mark (`key`), by its URL: a key alone named neither the
+ * bucket nor, for the local store, the absolute path. */
+static void gc_report(const struct leftover_ctx *l, enum vmsnap_gc_kind kind, const char *key,
+                      int64_t age, bool act)
+{
+    const struct vmsnap_gc_opts *g = l->gc;
+    char u[URL_BUF];
+    if (g && g->report)
+        g->report(g->report_arg, kind, vmsnap_store_url(l->c->st, key, u, sizeof(u)), age, act);
+}
+
 static bool old_enough(const struct vmsnap_gc_opts *g, int64_t age)
 {
     return !g || g->older_than <= 0 || (age >= 0 && age >= g->older_than);
@@ -668,8 +679,7 @@ static int abort_leftover(void *arg, const char *key, const char *id, int64_t st
         if (go && push_running_at(l, key))
             go = false;
     }
-    if (g && g->report)
-        g->report(g->report_arg, VMSNAP_GC_UPLOAD, key, age, go);
+    gc_report(l, VMSNAP_GC_UPLOAD, key, age, go);
     if (!go) {
         l->kept++;
         l->unknown += age < 0;
@@ -3611,8 +3621,7 @@ static bool push_running_at(struct leftover_ctx *l, const char *key)
 static void keep_marks(struct leftover_ctx *l, char **keys, size_t n, int64_t age)
 {
     for (size_t i = 0; i < n; i++) {
-        if (l->gc->report)
-            l->gc->report(l->gc->report_arg, VMSNAP_GC_PUSH, keys[i], age, false);
+        gc_report(l, VMSNAP_GC_PUSH, keys[i], age, false);
         l->kept++;
     }
 }
@@ -3711,8 +3720,7 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
     }
     if (g->dry_run) {
         for (size_t i = 0; i < n; i++)
-            if (g->report)
-                g->report(g->report_arg, VMSNAP_GC_PUSH, keys[i], age, true);
+            gc_report(l, VMSNAP_GC_PUSH, keys[i], age, true);
         l->pushes += (unsigned)n;
         for (size_t q = 0; q < nc; q++)
             l->objects += cands[q].present;
@@ -3760,8 +3768,7 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
             continue;
         }
         vlog(VMSNAP_LOG_INFO, "removed the push mark %s", keys[i]);
-        if (g->report)
-            g->report(g->report_arg, VMSNAP_GC_PUSH, keys[i], age, true);
+        gc_report(l, VMSNAP_GC_PUSH, keys[i], age, true);
         l->pushes++;
     }
     if (mrc == -ENOENT)
@@ -3896,6 +3903,7 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
     char *lp = join_key(key, "");
     struct manifest m = {0};
     struct keys k = {.suffix = ".zstd"};
+    struct vmsnap_err kept_err = {0};
     char murl[URL_BUF];
     if (!*key) {
         rc = vmsnap_err_set(err, EINVAL, "%s: refusing to remove a whole bucket or root", url);
@@ -4049,7 +4057,17 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
             struct push_mark pm;
             char kurl[URL_BUF];
             vmsnap_store_url(x.st, mk.k.v[i], kurl, sizeof(kurl));
-            if (read_mark(c, mk.k.v[i], kurl, &pm, NULL) == 0) {
+            struct vmsnap_err ke = {0};
+            int krc = read_mark(c, mk.k.v[i], kurl, &pm, &ke);
+            if (krc == -ENOENT)
+                continue; /* removed meanwhile (a gc) */
+            if (krc < 0 && !force) {
+                /* it names objects that nothing else finds again: kept with them, and said */
+                if (!res->marks_kept++)
+                    kept_err = ke;
+                continue;
+            }
+            if (krc == 0) {
                 for (size_t j = 0; j < pm.n && rc == 0; j++) {
                     char obj[300];
                     snprintf(obj, sizeof(obj), "%s.zstd", pm.names[j]);
@@ -4066,6 +4084,15 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
                 res->pushes++;
         }
         keys_free(&mk.k);
+    }
+    if (rc == 0 && res->marks_kept) {
+        rc = vmsnap_err_set(err, kept_err.code ? kept_err.code : EINVAL,
+                            "%s: %s%u push mark%s kept, which cannot be read (first: %s); the "
+                            "objects a mark names would be lost to gc without it: repair or "
+                            "inspect it, or 'rm --force' deletes it and every vmsnap image here",
+                            url, res->set ? "set removed, but " : "", res->marks_kept,
+                            res->marks_kept == 1 ? "" : "s", kept_err.msg);
+        goto out;
     }
     if (rc == 0 && !res->set && !res->objects && !res->uploads && !res->pushes && !res->kept &&
         x.st->kind == VMSNAP_STORE_LOCAL) {

@@ -122,14 +122,15 @@ VMSNAP_API int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *
 
 /* What vmsnap_xfer_remove() removed. */
 struct vmsnap_rm_result {
-    bool set;           /* a manifest was removed (a set) */
-    bool object;        /* a single object was removed */
-    unsigned objects;   /* a set's objects removed (the manifest's, and with force the others) */
-    unsigned kept;      /* force: *.zstd objects under the prefix kept, not vmsnap images */
-    unsigned uploads;   /* unfinished multipart uploads aborted */
-    unsigned pushes;    /* marks of unfinished pushes removed */
-    bool empty_dir;     /* local store: only an empty directory was there, and it was removed */
-    char kept_key[512]; /* the first kept object's URL */
+    bool set;            /* a manifest was removed (a set) */
+    bool object;         /* a single object was removed */
+    unsigned objects;    /* a set's objects removed (the manifest's, and with force the others) */
+    unsigned kept;       /* force: *.zstd objects under the prefix kept, not vmsnap images */
+    unsigned uploads;    /* unfinished multipart uploads aborted */
+    unsigned pushes;     /* marks of unfinished pushes removed */
+    unsigned marks_kept; /* marks that cannot be read, kept without force (the call fails) */
+    bool empty_dir;      /* local store: only an empty directory was there, and it was removed */
+    char kept_key[512];  /* the first kept object's URL */
 };
 
 /* Delete the snapshot set at `url`: the manifest first (so the set is never half-visible),
@@ -137,7 +138,10 @@ struct vmsnap_rm_result {
  * objects directly under the prefix that are vmsnap images (sparse-extent magic at byte 0;
  * others are kept and counted) and aborts its multipart uploads; finding nothing to remove is
  * -ENOENT. A single object (no manifest, the key itself exists) is deleted only when it is a
- * snapshot image (vmsnap's or the reference's magic, or zstd's): anything else is -EINVAL. */
+ * snapshot image (vmsnap's or the reference's magic, or zstd's): anything else is -EINVAL.
+ * The marks of unfinished pushes under the prefix go with the objects they name; one that
+ * cannot be read is kept (its objects cannot be told) and the call fails naming it, unless
+ * `force`. */
 VMSNAP_API int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opts *opts,
                                   struct vmsnap_rm_result *res, struct vmsnap_err *err);
 
@@ -155,10 +159,10 @@ struct vmsnap_gc_opts {
      * whose start the store does not give (kept otherwise). */
     int64_t older_than;
     bool dry_run; /* abort nothing; report what would be */
-    /* optional: called for each upload or push mark found under the prefix (`key`: the upload's
-     * object, or the mark), with its age in seconds (-1: unknown) and whether gc cleans it (or
-     * would: dry run) */
-    void (*report)(void *arg, enum vmsnap_gc_kind kind, const char *key, int64_t age, bool act);
+    /* optional: called for each upload or push mark found under the prefix (`url`: the URL of
+     * the upload's object, or of the mark: `s3://bucket/key`, or the local store's absolute
+     * path), with its age in seconds (-1: unknown) and whether gc cleans it (or would: dry run) */
+    void (*report)(void *arg, enum vmsnap_gc_kind kind, const char *url, int64_t age, bool act);
     void *report_arg;
 };
 

@@ -10,12 +10,13 @@ mkdir -p "$S"
 # random, incompressible data so object sizes are predictable (about the input size)
 mk() { head -c "$2" /dev/urandom >"$1"; }
 # kill_push_mid_upload SRC DEST [FILE]: push SRC to DEST in 64 KiB parts and SIGKILL it once an
-# upload is under way there (and FILE exists, when given)
+# upload of an object (not a mark's or manifest's single PUT) is under way there (and FILE
+# exists, when given)
 kill_push_mid_upload() {
     "$VMSNAP" -q push -j 1 --part-size 64K --max-memory 128K "$1" "$2" &
     local pid=$!
     for _ in $(seq 1 200); do
-        ls -A "$2" 2>/dev/null | grep -q 'mpu-' && { [ -z "${3:-}" ] || [ -e "$3" ]; } && break
+        ls -A "$2" 2>/dev/null | grep -q '\.zstd\.mpu-' && { [ -z "${3:-}" ] || [ -e "$3" ]; } && break
         sleep 0.05
     done
     kill -9 $pid 2>/dev/null
@@ -30,7 +31,7 @@ interrupt_push_mid_upload() {
         2>"$T/ierr" &
     local pid=$!
     for _ in $(seq 1 200); do
-        ls -A "$2" 2>/dev/null | grep -q 'mpu-' && break
+        ls -A "$2" 2>/dev/null | grep -q '\.zstd\.mpu-' && break
         sleep 0.05
     done
     [ -e "$2/manifest.json" ] && fail "test did not catch the push to $2 after its un-commit"
@@ -526,7 +527,7 @@ mk "$T/kbig" $((64 * 1024 * 1024))
 mkdir "$T/kset" && cp "$T/kbig" "$T/kset/memory-ranges" && echo s >"$T/kset/state.json"
 kill_push_mid_upload "$T/kset" "$S/sets/k"
 [ -e "$S/sets/k/manifest.json" ] && fail "killed push left a manifest"
-ls -A "$S/sets/k" | grep -q 'mpu-' || fail "test did not catch the push mid-upload"
+ls -A "$S/sets/k" | grep -q '\.zstd\.mpu-' || fail "test did not catch the push mid-upload"
 expect_fail "pull after a killed push" "$VMSNAP" pull "$S/sets/k" "$T/kout"
 "$VMSNAP" -q push "$T/kset" "$S/sets/k" || fail "push after a killed push"
 ls -A "$S/sets/k" | grep -q 'mpu-' && fail "the retried push left the killed push's upload"
@@ -556,10 +557,23 @@ grep -q '"files":\["memory-ranges","state.json"\]' "$S"/sets/k2/vmsnap-push-*.js
 grep -q "aborted 0 unfinished uploads; kept 2 younger than 1h" "$T/gc" || fail "gc (young killed push): $(cat "$T/gc")"
 [ -e "$S/sets/k2/state.json.zstd" ] || fail "gc removed a young push's object"
 "$VMSNAP" gc --dry-run --older-than 0 "$S/sets" >"$T/gc.out" 2>"$T/gc" || fail "gc --dry-run (killed push)"
-grep -q "^would clean	push mark	[0-9]* s old	.*/sets/k2/vmsnap-push-" "$T/gc.out" || fail "gc --dry-run: $(cat "$T/gc.out")"
+grep -q "^would clean	push mark	[0-9]* s old	$S/sets/k2/vmsnap-push-" "$T/gc.out" || fail "gc --dry-run: $(cat "$T/gc.out")"
 [ -e "$S/sets/k2/state.json.zstd" ] || fail "gc --dry-run removed an object"
 "$VMSNAP" gc --older-than 0 "$S/sets" 2>"$T/gc" || fail "gc (killed push)"
 [ -e "$S/sets/k2" ] && fail "gc left the killed push's files: $(ls -A "$S/sets/k2")"
+
+# a push killed inside a single PUT (a small object written, not yet renamed into place): its
+# temporary is an unfinished upload that gc aborts (it had a name of its own that nothing
+# listed, and stayed forever)
+echo small >"$T/small"
+rc=0 && VMSNAP_FAILPOINT=local-put-written "$VMSNAP" -q push "$T/small" "$S/puts/obj.zstd" 2>/dev/null || rc=$?
+[ "$rc" = 137 ] || fail "the push to be killed inside its PUT was not (exit $rc)"
+ls -A "$S/puts" | grep -q '^\.obj\.zstd\.mpu-' || fail "no temporary after a push killed in its PUT: $(ls -A "$S/puts")"
+"$VMSNAP" gc --older-than 0 "$S/puts" 2>"$T/gc" || fail "gc (push killed in its PUT)"
+grep -q "aborted 1 unfinished upload" "$T/gc" || fail "gc (push killed in its PUT): $(cat "$T/gc")"
+[ -z "$(ls -A "$S/puts")" ] || fail "gc left the temporary of a push killed in its PUT: $(ls -A "$S/puts")"
+"$VMSNAP" -q push "$T/small" "$S/puts/obj.zstd" && "$VMSNAP" -q pull "$S/puts/obj.zstd" "$T/small.out" &&
+    cmp -s "$T/small" "$T/small.out" || fail "push and pull of a small object after the kill"
 
 # marks gc must not trust: a name that is not a plain file name, an id other than its key's;
 # a prefix where anything was written within --older-than is left whole (a young mark, a fresh
@@ -631,6 +645,18 @@ cp "$S/sets/race/state.json.zstd" "$S/sets/race/extra.zstd"
 mark "$S/sets/race" $id2 $old '["extra"]'
 "$VMSNAP" rm "$S/sets/race" || fail "rm of a set with an old mark"
 [ -e "$S/sets/race" ] && fail "rm left: $(ls -A "$S/sets/race")"
+# ... but a mark that cannot be read is kept, and the objects it may name with it: rm fails
+# naming it (it deleted the mark, and what it named was never found again); --force deletes it
+"$VMSNAP" -q push "$T/kset" "$S/sets/um" || fail "push um"
+cp "$S/sets/um/state.json.zstd" "$S/sets/um/extra.zstd"
+printf '{"vmsnapPush":1,"pushId":' >"$S/sets/um/vmsnap-push-$id2.json"
+expect_fail "rm of a set with an unreadable mark" "$VMSNAP" rm "$S/sets/um"
+grep -q "set removed, but 1 push mark kept, which cannot be read (first: .*sets/um/vmsnap-push-$id2.json" "$T/err" ||
+    fail "rm of a set with an unreadable mark: $(cat "$T/err")"
+[ -e "$S/sets/um/vmsnap-push-$id2.json" ] && [ -e "$S/sets/um/extra.zstd" ] ||
+    fail "rm removed an unreadable mark or what it may name: $(ls -A "$S/sets/um")"
+"$VMSNAP" rm --force "$S/sets/um" 2>"$T/err" || fail "rm --force of an unreadable mark: $(cat "$T/err")"
+[ -e "$S/sets/um" ] && fail "rm --force left: $(ls -A "$S/sets/um")"
 
 # a failed push's clean-up meets another push at the same prefix: once that push's mark or
 # manifest is there it deletes nothing more (it checked once, before all its deletes: a push
@@ -642,7 +668,7 @@ VMSNAP_FAILPOINT=push-cleanup-deleted:stop env --default-signal=INT "$VMSNAP" -q
     --part-size 64K --max-memory 128K "$T/cset" "$S/sets/cl" 2>"$T/cerr" &
 cpid=$!
 for _ in $(seq 1 200); do
-    ls -A "$S/sets/cl" 2>/dev/null | grep -q 'mpu-' && break
+    ls -A "$S/sets/cl" 2>/dev/null | grep -q '\.zstd\.mpu-' && break
     sleep 0.05
 done
 kill -INT $cpid
@@ -742,7 +768,7 @@ rm -rf "$T/gout" && "$VMSNAP" -q pull "$S/sets/gc" "$T/gout" && diff -r "$T/gset
 # ... and once a push there is killed and everything there is old, gc aborts its uploads
 mk "$T/gset2/memory-ranges" $((32 * 1024 * 1024))
 kill_push_mid_upload "$T/gset2" "$S/sets/gc"
-ls -A "$S/sets/gc" | grep -q 'mpu-' || fail "the killed push left no upload to test gc with"
+ls -A "$S/sets/gc" | grep -q '\.zstd\.mpu-' || fail "the killed push left no upload to test gc with"
 find "$S/sets/gc" -exec touch -d '2 hours ago' {} +
 "$VMSNAP" gc "$S/sets/gc" >"$T/gc.out" 2>&1 || fail "gc after a killed push: $(cat "$T/gc.out")"
 ! ls -A "$S/sets/gc" 2>/dev/null | grep -q 'mpu-' || fail "gc kept a killed push's uploads: $(cat "$T/gc.out")"
@@ -778,7 +804,7 @@ rc=0 && wait $pid || rc=$?
 [ "$(ls "$S/sets/rp" | tr '\n' ' ')" = "a.zstd b.zstd manifest.json " ] || fail "an interrupted push left: $(ls -A "$S/sets/rp")"
 mk "$T/rb/big" $((32 * 1024 * 1024))
 kill_push_mid_upload "$T/rb" "$S/sets/rp"
-ls -A "$S/sets/rp" | grep -q 'mpu-' || fail "test did not catch the push over a set mid-upload"
+ls -A "$S/sets/rp" | grep -q '\.zstd\.mpu-' || fail "test did not catch the push over a set mid-upload"
 [ -e "$S/sets/rp/manifest.json" ] && fail "the killed push did not un-commit the set it replaced"
 grep -q '"replaces":\["b"\]' "$S"/sets/rp/vmsnap-push-*.json || fail "mark of the killed push: $(cat "$S"/sets/rp/vmsnap-push-*.json)"
 "$VMSNAP" gc --older-than 0 "$S/sets/rp" 2>"$T/gc" || fail "gc after a push over a set was killed: $(cat "$T/gc")"

@@ -243,10 +243,10 @@ grep -q 'aborted 0 unfinished uploads; kept 1 younger than 1h' "$T/gc.err" ||
 sleep 2.2
 "$VMSNAP" gc --dry-run --older-than 2s "s3://$BUCKET/vm10" >"$T/gc.out" 2>"$T/gc.err" ||
     fail "gc --dry-run"
-grep -q "^would abort	upload	[0-9]* s old	vm10/x.zstd\$" "$T/gc.out" || fail "gc --dry-run listing: $(cat "$T/gc.out")"
+grep -q "^would abort	upload	[0-9]* s old	s3://$BUCKET/vm10/x.zstd\$" "$T/gc.out" || fail "gc --dry-run listing: $(cat "$T/gc.out")"
 [ "$(uploads_left)" = 1 ] || fail "gc --dry-run aborted an upload"
 "$VMSNAP" gc --dry-run --older-than 1h "s3://$BUCKET/vm10" >"$T/gc.out" 2>/dev/null
-grep -q "^keep	upload	[0-9]* s old	vm10/x.zstd\$" "$T/gc.out" || fail "gc --dry-run keep listing: $(cat "$T/gc.out")"
+grep -q "^keep	upload	[0-9]* s old	s3://$BUCKET/vm10/x.zstd\$" "$T/gc.out" || fail "gc --dry-run keep listing: $(cat "$T/gc.out")"
 rc=0; "$VMSNAP" gc --older-than 5y "s3://$BUCKET/vm10" 2>"$T/err" || rc=$?
 [ $rc = 2 ] && grep -q 'duration like' "$T/err" || fail "gc --older-than 5y: exit $rc, $(cat "$T/err")"
 "$VMSNAP" -q gc --older-than 2s "s3://$BUCKET/vm10" || fail "gc vm10"
@@ -260,7 +260,7 @@ sleep 2.2
 head -c 1000 /dev/urandom >"$T/part1"
 [ "$(raw_put "vm11/y.zstd?partNumber=1&uploadId=$uid" "$T/part1")" = 200 ] || fail "upload a part under vm11/"
 "$VMSNAP" gc --dry-run --older-than 2s "s3://$BUCKET/vm11" >"$T/gc.out" 2>/dev/null
-grep -q "^keep	upload	[01] s old	vm11/y.zstd\$" "$T/gc.out" || fail "gc aged a running upload by its start: $(cat "$T/gc.out")"
+grep -q "^keep	upload	[01] s old	s3://$BUCKET/vm11/y.zstd\$" "$T/gc.out" || fail "gc aged a running upload by its start: $(cat "$T/gc.out")"
 "$VMSNAP" -q gc --older-than 2s "s3://$BUCKET/vm11" || fail "gc vm11"
 [ "$(uploads_left)" = 1 ] || fail "gc aborted an upload whose newest part is fresh"
 sleep 2.2
