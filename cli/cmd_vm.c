@@ -242,7 +242,7 @@ struct ls_ctx {
 static void ls_header(struct ls_ctx *l)
 {
     if (!l->json && !l->header)
-        printf("%-20s %-10s %-7s %-4s %-10s %-10s %s\n", "NAME", "STATUS", "PID", "ACC", "MEMORY",
+        printf("%-20s %-12s %-7s %-4s %-10s %-10s %s\n", "NAME", "STATUS", "PID", "ACC", "MEMORY",
                "LOCAL", "URL");
     l->header = true;
 }
@@ -267,7 +267,7 @@ static int ls_cb(void *arg, const struct vmsnap_vm_info *in)
         return 0;
     }
     char mem[32];
-    printf("%-20s %-10s %-7d %-4s %-10s %-10s %s\n", in->name, in->status, (int)in->pid,
+    printf("%-20s %-12s %-7d %-4s %-10s %-10s %s\n", in->name, in->status, (int)in->pid,
            in->accel ? in->accel : "-", cli_bytes(mem, sizeof(mem), in->mem),
            in->checkpoint ? "checkpoint" : "-", in->url ? in->url : "-");
     return 0;

@@ -54,6 +54,9 @@
 #define DISK_CKPT "rootfs-disk-" CID ".ext4"
 #define DISK_LIVE "disk-" CID ".ext4"
 #define COMPLETE_MARK ".vmsnap-complete"
+/* vm ls: seconds a VM's QEMU may take to say its state before it is shown `unresponsive` (a
+ * hung QEMU held ls for the whole QMP timeout, 60 s, for each such VM) */
+#define LS_QMP_WAIT 3.0
 #define TAKING_MARK ".vmsnap-taking"
 #define PATH_LEN 4096
 
@@ -1060,13 +1063,17 @@ static int ckpt_ram(struct vmctx *c, json_object *cfg, const char *dst, bool *ra
     return 0;
 }
 
-static int vm_state(struct vmctx *c, json_object *cfg, enum vmsnap_vmm_state *st, pid_t *pid,
-                    struct vmsnap_err *err)
+/* The VM's VMM state; `wait` > 0: seconds its QEMU may take to answer, at most (vm ls), else
+ * the QMP timeout. */
+static int vm_state(struct vmctx *c, json_object *cfg, double wait, enum vmsnap_vmm_state *st,
+                    pid_t *pid, struct vmsnap_err *err)
 {
     struct vmsnap_vmm *v = NULL;
     int rc = vmm_from_cfg(c, cfg, &v, err);
-    if (rc == 0)
+    if (rc == 0) {
+        v->qmp_wait = wait;
         rc = vmsnap_vmm_state(v, st, pid, err);
+    }
     vmsnap_vmm_free(v);
     return rc;
 }
@@ -1919,7 +1926,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         json_object *rec = NULL;
         enum vmsnap_vmm_state st0;
         const char *pend = NULL;
-        if (cfg_load(c.cfgpath, &rec, NULL) == 0 && vm_state(&c, rec, &st0, NULL, NULL) == 0 &&
+        if (cfg_load(c.cfgpath, &rec, NULL) == 0 && vm_state(&c, rec, 0, &st0, NULL, NULL) == 0 &&
             st0 == VMSNAP_VMM_DEAD)
             pend = recover_interrupted(&c, p);
         json_object_put(rec);
@@ -2482,10 +2489,13 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
         const char *status = cfg_str(cfg, "status");
         if (!status)
             status = "?";
-        if (vm_state(&vc, cfg, &st, &pid, &e2) < 0)
+        /* a VM a command holds is not asked: its QEMU may be that command's QMP client (one
+         * at a time), and ls waited for it, up to the QMP timeout per VM */
+        pid_t busy = lock_holder(vc.vmdir);
+        int src = busy ? 0 : vm_state(&vc, cfg, LS_QMP_WAIT, &st, &pid, &e2);
+        if (src < 0)
             st = VMSNAP_VMM_OTHER;
         char pend[PATH_LEN];
-        pid_t busy = lock_holder(vc.vmdir);
         if (busy)
             status = "busy"; /* changing: what the files say now is half of it */
         else if (st == VMSNAP_VMM_DEAD && taken_pending(&vc, pend))
@@ -2494,6 +2504,8 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
             status = "unsaved"; /* its snapshot is only in the stage */
         else if (st == VMSNAP_VMM_DEAD && status_live(status))
             status = "dead"; /* gone, or a run or resume killed before its QEMU ran */
+        else if (src == -ETIMEDOUT)
+            status = "unresponsive"; /* a live QEMU that did not answer in LS_QMP_WAIT */
         else if (st == VMSNAP_VMM_PAUSED)
             status = "frozen"; /* a QEMU holding a stopped guest, no command at work: a resume
                                 * killed after the restore, or a pause killed after the stop

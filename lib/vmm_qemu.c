@@ -131,6 +131,7 @@ struct qmp {
     char *buf;  /* QMP_LINE_MAX + 1 */
     char *line; /* the last line read */
     const char *sock;
+    double timeout; /* seconds a reply may take (qmp_open: the VMM's qmp_wait, or qmp_timeout()) */
 };
 
 static void qmp_close(struct qmp *q)
@@ -170,7 +171,7 @@ static int qmp_readline(struct qmp *q, double deadline, char **line, struct vmsn
         double left = deadline - now();
         if (left <= 0)
             return vmsnap_err_set(err, ETIMEDOUT, "QMP %s: no reply in %.0f s", q->sock,
-                                  qmp_timeout());
+                                  q->timeout);
         struct pollfd p = {q->fd, POLLIN, 0};
         int r = poll(&p, 1, (int)(left * 1000) + 1);
         if (r < 0 && errno == EINTR)
@@ -244,7 +245,7 @@ static int qmp_exec_fd(struct qmp *q, const char *cmd, json_object *args, int pa
     free(s);
     if (rc < 0)
         return rc;
-    double deadline = now() + qmp_timeout();
+    double deadline = now() + q->timeout;
     for (;;) {
         char *line;
         rc = qmp_readline(q, deadline, &line, err);
@@ -268,32 +269,51 @@ static int qmp_open(struct vmsnap_vmm *v, struct qmp *q, double timeout, struct 
     q->len = 0;
     q->line = NULL;
     q->sock = v->qmp_sock;
+    q->timeout = qmp_timeout();
+    if (v->qmp_wait > 0 && v->qmp_wait < q->timeout)
+        q->timeout = v->qmp_wait;
     q->buf = malloc(QMP_LINE_MAX + 1);
     if (!q->buf)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     memcpy(sa.sun_path, v->qmp_sock, strlen(v->qmp_sock) + 1);
-    double deadline = now() + timeout;
+    /* Non-blocking connect: QEMU accepts one QMP client at a time and leaves the others in the
+     * listen backlog; with the backlog full (a hung QEMU, or clients queued behind another) a
+     * blocking connect waited forever. EAGAIN is retried for as long as a reply may take. */
+    const double t0 = now(), deadline = t0 + timeout, busy_deadline = t0 + q->timeout;
     int rc;
     for (;;) {
-        q->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        q->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (q->fd < 0) {
             rc = vmsnap_err_set(err, errno, "socket: %s", strerror(errno));
             goto fail;
         }
-        if (connect(q->fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+        if (connect(q->fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+            int fl = fcntl(q->fd, F_GETFL);
+            if (fl < 0 || fcntl(q->fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+                rc = vmsnap_err_set(err, errno, "QMP %s: fcntl: %s", v->qmp_sock, strerror(errno));
+                goto fail;
+            }
             break;
+        }
         int e = errno;
         close(q->fd);
         q->fd = -1;
-        if (now() >= deadline || (e != ENOENT && e != ECONNREFUSED)) {
+        if (e == EAGAIN && now() >= busy_deadline) {
+            rc = vmsnap_err_set(err, ETIMEDOUT,
+                                "QMP %s: QEMU accepted no connection in %.0f s (hung, or busy "
+                                "with other clients)",
+                                v->qmp_sock, q->timeout);
+            goto fail;
+        }
+        if (e != EAGAIN && (now() >= deadline || (e != ENOENT && e != ECONNREFUSED))) {
             rc = vmsnap_err_set(err, e, "QMP connect %s: %s", v->qmp_sock, strerror(e));
             goto fail;
         }
         sys_sleep_ms(20);
     }
     char *line;
-    rc = qmp_readline(q, now() + qmp_timeout(), &line, err); /* greeting */
+    rc = qmp_readline(q, now() + q->timeout, &line, err); /* greeting */
     if (rc < 0)
         goto fail;
     if (!strstr(line, "\"QMP\"")) {

@@ -44,6 +44,10 @@ vmc "$S" ls | grep -Eq '^golden +running' || fail "a suspend to a mistyped URL s
 pid=$(cat "$S/vms/golden/pid")
 ram=$(ls "$VMSNAP_RAM_DIR"/vmsnap-*-golden.ram)
 kill -STOP "$pid"
+# (vm ls says so after a short wait of its own: it waited the whole QMP timeout, 60 s, per VM,
+# and said "other")
+vmc "$S" ls >"$T/ls.out" 2>&1 || true
+grep -Eq '^golden +unresponsive +[0-9]+ ' "$T/ls.out" || fail "vm ls of a VM whose QEMU does not answer: $(cat "$T/ls.out")"
 export VMSNAP_QMP_TIMEOUT=2
 rc=0 && vmc "$S" resume golden >/dev/null 2>"$T/err" || rc=$?
 unset VMSNAP_QMP_TIMEOUT
