@@ -1177,6 +1177,9 @@ static int scan_set(const char *dir, struct mf_file **out, size_t *n, struct vms
 static int read_manifest_raw(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
                              uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
                              struct vmsnap_err *err);
+static int read_manifest_x(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                           uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
+                           bool *unusable, struct vmsnap_err *err);
 
 static int read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
                          uint64_t max_size, struct manifest *m, struct vmsnap_err *err)
@@ -1805,6 +1808,7 @@ struct old_set {
     size_t raw_len;
     const char *key;           /* the set's own key (its prefix) */
     bool obj_exists;           /* an object is stored at it */
+    bool unusable;             /* its manifest was read but is no manifest vmsnap can use */
     struct prior_marks *prior; /* filled with the push marks there (a listing) */
     struct vmsnap_err err;
 };
@@ -1814,8 +1818,9 @@ static void old_set_run(struct xtask *xt, struct vmsnap_store_conn *c)
     struct old_set *o = (struct old_set *)xt;
     char murl[URL_BUF];
     vmsnap_store_url(o->x->st, o->mkey, murl, sizeof(murl));
-    int rc =
-        read_manifest_raw(c, o->mkey, murl, o->x->o.max_size, &o->m, &o->raw, &o->raw_len, &o->err);
+    bool unusable = false;
+    int rc = read_manifest_x(c, o->mkey, murl, o->x->o.max_size, &o->m, &o->raw, &o->raw_len,
+                             &unusable, &o->err);
     /* an object stored at the set's own key (S3; on the local store a file there is no
      * directory): pull of the URL would take the set and hide it */
     int obj = rc == -ENOENT && o->x->st->kind == VMSNAP_STORE_S3 && *o->key
@@ -1833,6 +1838,7 @@ static void old_set_run(struct xtask *xt, struct vmsnap_store_conn *c)
     pthread_mutex_lock(&o->mu);
     o->rc = rc;
     o->obj_exists = obj > 0;
+    o->unusable = unusable;
     o->done = true;
     pthread_cond_signal(&o->cv);
     pthread_mutex_unlock(&o->mu);
@@ -1850,6 +1856,13 @@ static int find_replaced(struct set_push *s, struct old_set *o, struct vmsnap_er
         return 0;
     if (o->rc == -ECANCELED)
         return vmsnap_err_set(err, ECANCELED, "%s", o->err.msg);
+    if (o->rc < 0 && !o->unusable)
+        /* the store did not answer: whatever is there is not replaced blind (its manifest,
+         * deleted unread, could not be put back if this push failed) */
+        return vmsnap_err_set(err, -o->rc,
+                              "cannot read what is at the destination, which this push would "
+                              "replace: %s (nothing was changed there)",
+                              o->err.msg);
     if (o->rc < 0) {
         vlog(VMSNAP_LOG_WARN,
              "%s (replacing it; objects of names this push does not have may stay there)",
@@ -2019,9 +2032,12 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
             vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
         goto out;
     }
-    /* un-commit an existing set (not once cancelled: the set stays), then clear the leftovers
-     * of killed pushes (not cut short: the un-commit is done) */
-    if ((rc = cancel_check(err)) < 0 || (rc = vmsnap_store_delete(ctl, mkey, err)) < 0) {
+    /* un-commit the set this push found there (not once cancelled: the set stays), then clear
+     * the leftovers of killed pushes (not cut short: the un-commit is done). Found none: there
+     * is nothing to un-commit, and a manifest there now is a set another push committed
+     * meanwhile, which this one's DELETE destroyed (and its clean-up then that set's objects) */
+    if ((rc = cancel_check(err)) < 0 ||
+        (had_old && (rc = vmsnap_store_delete(ctl, mkey, err)) < 0)) {
         /* A DELETE that failed may still have been carried out (its answer lost): when the set
          * this push replaces is gone, its objects are dead, as after a failure past the
          * un-commit; when that cannot be told, the mark (which names them) stays for gc. */
@@ -2848,6 +2864,17 @@ static int read_manifest_raw(struct vmsnap_store_conn *c, const char *mkey, cons
                              uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
                              struct vmsnap_err *err)
 {
+    return read_manifest_x(c, mkey, murl, max_size, m, raw, raw_len, NULL, err);
+}
+
+/* read_manifest_raw(), and *unusable (when not NULL): the store answered with bytes that are
+ * not a manifest vmsnap can use (too large, or not one), rather than failing to answer. */
+static int read_manifest_x(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                           uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
+                           bool *unusable, struct vmsnap_err *err)
+{
+    if (unusable)
+        *unusable = false;
     /* one GET of its last TAIL_READ bytes (the whole of any usual manifest) gives its size too */
     char *buf = malloc(TAIL_READ + 1);
     if (!buf)
@@ -2855,9 +2882,12 @@ static int read_manifest_raw(struct vmsnap_store_conn *c, const char *mkey, cons
     size_t got;
     uint64_t size;
     int rc = vmsnap_store_get_tail(c, mkey, TAIL_READ, buf, &got, &size, err);
-    if (rc == 0 && size > VMSNAP_XFER_MANIFEST_MAX)
+    if (rc == 0 && size > VMSNAP_XFER_MANIFEST_MAX) {
         rc = vmsnap_err_set(err, EFBIG, "%s: manifest of %llu bytes is too large", murl,
                             (unsigned long long)size);
+        if (unusable)
+            *unusable = true;
+    }
     if (rc == 0 && got < size) {
         /* larger than TAIL_READ: read it whole in one more GET rather than splicing the front
          * onto the tail, so a manifest replaced between the two requests cannot be half one
@@ -2869,8 +2899,8 @@ static int read_manifest_raw(struct vmsnap_store_conn *c, const char *mkey, cons
         else
             rc = vmsnap_store_get(c, mkey, 0, size, buf, err);
     }
-    if (rc == 0)
-        rc = manifest_parse(buf, size, murl, max_size, m, err);
+    if (rc == 0 && (rc = manifest_parse(buf, size, murl, max_size, m, err)) < 0 && unusable)
+        *unusable = rc != -ENOMEM;
     if (rc == 0 && raw) {
         *raw = buf;
         *raw_len = (size_t)size;

@@ -658,6 +658,31 @@ grep -q "set removed, but 1 push mark kept, which cannot be read (first: .*sets/
 "$VMSNAP" rm --force "$S/sets/um" 2>"$T/err" || fail "rm --force of an unreadable mark: $(cat "$T/err")"
 [ -e "$S/sets/um" ] && fail "rm --force left: $(ls -A "$S/sets/um")"
 
+# a push that found no set at its destination deletes no manifest there: one that another push
+# committed while this one started is that push's set. It deleted it (un-committed a set it never
+# read), failed, and its clean-up then deleted that set's objects, reported stored
+mkdir -p "$T/nra" "$T/nrb" && mk "$T/nra/m" 100000 && echo a >"$T/nra/s.json" &&
+    mk "$T/nrb/m" 200000 && echo b >"$T/nrb/s.json"
+VMSNAP_FAILPOINT=push-marked:stop "$VMSNAP" -q push "$T/nrb" "$S/nrs/nr" 2>"$T/nrerr" &
+nrpid=$!
+wait_stopped $nrpid 10 || fail "push B did not stop after its mark: $(cat "$T/nrerr")"
+"$VMSNAP" -q push "$T/nra" "$S/nrs/nr" || fail "push A while push B waits"
+rm "$T/nrb/m" "$T/nrb/s.json" # push B then fails after its un-commit, before it stores anything
+# (an object it stored over one of A's would break A's set anyway: the layout has one key per name)
+kill -CONT $nrpid
+rc=0 && wait $nrpid || rc=$?
+[ $rc = 1 ] || fail "push B: exit $rc: $(cat "$T/nrerr")"
+"$VMSNAP" -q pull "$S/nrs/nr" "$T/nrout" && diff -r "$T/nra" "$T/nrout" ||
+    fail "the set push A stored did not survive push B: $(ls -A "$S/nrs/nr"; cat "$T/nrerr")"
+# ... and a destination whose manifest the store will not read (here a symbolic link, refused)
+# is not replaced blind: the push deleted it unread, and could not have put it back on failure
+rm -rf "$S/nrs/nr2" && mkdir -p "$S/nrs/nr2" && ln -s "$T/nra/s.json" "$S/nrs/nr2/manifest.json"
+expect_fail "push over a manifest that cannot be read" "$VMSNAP" push "$T/nra" "$S/nrs/nr2"
+grep -q "cannot read what is at the destination, which this push would replace: .*nothing was changed" "$T/err" ||
+    fail "push over a manifest that cannot be read: $(cat "$T/err")"
+[ "$(ls -A "$S/nrs/nr2" | tr '\n' ' ')" = "manifest.json " ] ||
+    fail "a push refused over an unreadable manifest changed: $(ls -A "$S/nrs/nr2")"
+
 # a failed push's clean-up meets another push at the same prefix: once that push's mark or
 # manifest is there it deletes nothing more (it checked once, before all its deletes: a push
 # committing in between lost objects; the CI race test caught it). The first push is
