@@ -368,7 +368,7 @@ int vmsnap_disk_create(const char *path, const struct vmsnap_disk_create_opts *o
     E2(ext2fs_close_free(&fs), "write the image (its buffered blocks)");
     disk_tree_free(tree);
     tree = NULL;
-    rc = sys_atomic_commit(&af, o->fsync, err);
+    rc = sys_atomic_commit_ex(&af, o->fsync, !o->force, err);
     if (rc < 0)
         return vmsnap_err_wrap(err, "disk create %s: ", path);
     return 0;

@@ -21,6 +21,7 @@
 #include "sys/sys.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <libgen.h>
 #include <pthread.h>
@@ -403,7 +404,10 @@ int vmsnap_disk_clone(const char *src, const char *dst, const struct vmsnap_disk
              dst);
     }
     struct sys_atomic_file af;
-    rc = sys_atomic_open(&af, dst, st.st_mode & 0777, err);
+    /* writable by its owner while it is made (a read-only image's clone got its mode at once,
+     * and --new-uuid, reopening it to patch the UUID, was refused to anyone but root); the
+     * source's mode before the commit */
+    rc = sys_atomic_open(&af, dst, (st.st_mode & 0777) | 0600, err);
     if (rc < 0) {
         close(sfd);
         return vmsnap_err_wrap(err, "disk clone %s: ", src);
@@ -442,7 +446,16 @@ int vmsnap_disk_clone(const char *src, const char *dst, const struct vmsnap_disk
     }
     close(sfd);
     sfd = -1;
-    rc = sys_atomic_commit(&af, false, err);
+    const char *fp = getenv("VMSNAP_FAILPOINT"); /* test hook: frozen with the copy made */
+    if (fp && !strcmp(fp, "disk-clone-copied:stop"))
+        raise(SIGSTOP);
+    if (fchmod(af.fd, st.st_mode & 0777) < 0) {
+        rc =
+            vmsnap_err_set(err, errno, "disk clone %s: chmod %s: %s", src, af.tmp, strerror(errno));
+        sys_atomic_abort(&af);
+        return rc;
+    }
+    rc = sys_atomic_commit_ex(&af, false, !o->force, err);
     if (rc < 0)
         return vmsnap_err_wrap(err, "disk clone %s: ", src);
     if (how)

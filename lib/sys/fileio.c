@@ -190,6 +190,27 @@ int sys_atomic_close(struct sys_atomic_file *af, struct vmsnap_err *err)
 
 int sys_atomic_commit(struct sys_atomic_file *af, bool sync, struct vmsnap_err *err)
 {
+    return sys_atomic_commit_ex(af, sync, false, err);
+}
+
+/* Put the temporary at the final path without replacing anything there: renameat2's
+ * RENAME_NOREPLACE, or where the filesystem lacks it a hard link (which fails on an existing
+ * name too) and the temporary's unlink. */
+static int rename_noreplace(const char *tmp, const char *path)
+{
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) == 0)
+        return 0;
+    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+        return -1;
+    if (link(tmp, path) < 0)
+        return -1;
+    (void)unlink(tmp);
+    return 0;
+}
+
+int sys_atomic_commit_ex(struct sys_atomic_file *af, bool sync, bool noreplace,
+                         struct vmsnap_err *err)
+{
     int rc = 0;
     if (sync && af->fd >= 0 && fsync(af->fd) < 0) {
         rc = vmsnap_err_set(err, errno, "fsync %s: %s", af->path, strerror(errno));
@@ -199,7 +220,16 @@ int sys_atomic_commit(struct sys_atomic_file *af, bool sync, struct vmsnap_err *
         goto fail;
     if ((rc = sys_check_replaceable(af->path, err)) < 0) /* (one put there meanwhile) */
         goto fail;
-    if (rename(af->tmp, af->path) < 0) {
+    if (noreplace && rename_noreplace(af->tmp, af->path) < 0) {
+        rc = errno == EEXIST ? vmsnap_err_set(err, EEXIST,
+                                              "%s appeared while this ran (not replaced; the "
+                                              "result is discarded)",
+                                              af->path)
+                             : vmsnap_err_set(err, errno, "rename %s to %s: %s", af->tmp, af->path,
+                                              strerror(errno));
+        goto fail;
+    }
+    if (!noreplace && rename(af->tmp, af->path) < 0) {
         rc = vmsnap_err_set(err, errno, "rename %s to %s: %s", af->tmp, af->path, strerror(errno));
         goto fail;
     }

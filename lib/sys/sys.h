@@ -40,6 +40,10 @@ int sys_atomic_open_tagged(struct sys_atomic_file *af, const char *path, mode_t 
 /* fsync the file (if `sync`), rename onto the final path, fsync the directory (if `sync`; when
  * only that fails, the file is in place and the error says so). */
 int sys_atomic_commit(struct sys_atomic_file *af, bool sync, struct vmsnap_err *err);
+/* The same; with `noreplace`, a file that appeared at the path meanwhile is kept and the commit
+ * fails with EEXIST (a caller that checked the path was free at the start, without --force). */
+int sys_atomic_commit_ex(struct sys_atomic_file *af, bool sync, bool noreplace,
+                         struct vmsnap_err *err);
 /* Close the temporary file before the commit (a delayed write error shows here); the commit then
  * only renames, and cannot fsync the data any more: fsync before closing when it matters. */
 int sys_atomic_close(struct sys_atomic_file *af, struct vmsnap_err *err);

@@ -111,6 +111,36 @@ mke2fs -q -t ext4 -O ^metadata_csum,^metadata_csum_seed,^has_journal,^uninit_bg 
 e2fsck -fn "$T/c4.img" >"$T/fsck" 2>&1 || fail "no-csum uuid: e2fsck: $(tail "$T/fsck")"
 [ "$(uuid_of "$T/nocsum.img")" != "$(uuid_of "$T/c4.img")" ] || fail "no-csum: UUID unchanged"
 
+# a destination that appears while a copy runs (no --force) is kept and the clone fails: the
+# rename at the end replaced it
+VMSNAP_FAILPOINT=disk-clone-copied:stop "$VMSNAP" disk clone "$T/src.img" "$T/appear.img" 2>"$T/aerr" &
+apid=$!
+wait_stopped $apid 30 || fail "the clone did not stop after its copy: $(cat "$T/aerr")"
+echo precious >"$T/appear.img"
+kill -CONT $apid
+rc=0 && wait $apid || rc=$?
+[ $rc = 1 ] || fail "clone onto a destination that appeared meanwhile: exit $rc: $(cat "$T/aerr")"
+grep -q "appear.img appeared while this ran" "$T/aerr" || fail "clone onto a file that appeared: $(cat "$T/aerr")"
+[ "$(cat "$T/appear.img")" = precious ] || fail "the clone replaced a file that appeared meanwhile"
+ls -A "$T" | grep -q '^\.appear' && fail "the refused clone left its temporary: $(ls -A "$T")"
+rm -f "$T/appear.img"
+# a read-only image of its owner (not root) clones with --new-uuid: the copy was made with the
+# image's mode at once and could not be reopened to patch the UUID (EACCES)
+if id nobody >/dev/null 2>&1 && command -v setpriv >/dev/null; then
+    mkdir "$T/ro" && chmod 711 "$T"
+    "$VMSNAP" disk create --size 64M "$T/ro/r.img" || fail "create r.img"
+    chmod 444 "$T/ro/r.img" && chown -R nobody "$T/ro"
+    setpriv --reuid=nobody --regid="$(id -g nobody)" --clear-groups \
+        "$VMSNAP" disk clone --new-uuid "$T/ro/r.img" "$T/ro/c.img" 2>"$T/err" ||
+        fail "clone --new-uuid of a read-only image by its owner: $(cat "$T/err")"
+    [ "$(stat -c %a "$T/ro/c.img")" = 444 ] || fail "the clone's mode: $(stat -c %a "$T/ro/c.img")"
+    [ "$(uuid_of "$T/ro/r.img")" != "$(uuid_of "$T/ro/c.img")" ] || fail "read-only clone: UUID unchanged"
+    e2fsck -fn "$T/ro/c.img" >"$T/fsck" 2>&1 || fail "read-only clone: e2fsck: $(tail "$T/fsck")"
+    chmod 700 "$T"
+else
+    echo "note: no user nobody or no setpriv: the read-only clone as a user is not exercised"
+fi
+
 # --link: a hard link; existing destination refused without --force
 "$VMSNAP" -v disk clone --link "$T/src.img" "$T/l.img" 2>"$T/how" || fail "clone --link"
 [ "$(stat -c %i "$T/l.img")" = "$(stat -c %i "$T/src.img")" ] || fail "--link did not link"
