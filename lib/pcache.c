@@ -70,6 +70,32 @@ static uint32_t page_size(void)
     return ps > 0 ? (uint32_t)ps : 4096u;
 }
 
+/* cachestat on a file of this process's own (a memfd: it owns and may write it): 0 when the
+ * call works at all, -errno when not (not in this kernel; denied, by a seccomp filter). */
+static int cachestat_probe(void)
+{
+    int fd = memfd_create("vmsnap-cachestat-probe", MFD_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct cs_range range = {0, 0};
+    struct cs_result cs = {0};
+    int rc = syscall(__NR_cachestat, fd, &range, &cs, 0) == 0 ? 0 : -errno;
+    close(fd);
+    return rc;
+}
+
+/* cachestat does not work in this process (`e`: ENOSYS, EPERM): off for good, said once. */
+static void cachestat_off(int e)
+{
+    atomic_store(&cs_state, -e);
+    if (!atomic_flag_test_and_set(&logged_unavailable))
+        vlog(VMSNAP_LOG_WARN,
+             "cachestat: %s: page-cache eviction of preserved files disabled (stat falls "
+             "back to mincore; staged truncation still works)",
+             e == ENOSYS ? "not supported by this kernel (needs Linux 6.5+)"
+                         : "denied (seccomp filter?)");
+}
+
 int pcache_cachestat(int fd, uint64_t off, uint64_t len, struct vmsnap_pcache_stat *st)
 {
     int state = atomic_load(&cs_state);
@@ -79,14 +105,19 @@ int pcache_cachestat(int fd, uint64_t off, uint64_t len, struct vmsnap_pcache_st
     struct cs_result cs = {0};
     if (syscall(__NR_cachestat, fd, &range, &cs, 0) != 0) {
         int e = errno;
-        if (e == ENOSYS || e == EPERM) {
-            atomic_store(&cs_state, -e);
-            if (!atomic_flag_test_and_set(&logged_unavailable))
+        /* EPERM is also the kernel's answer for a file the caller neither owns nor may write
+         * (Linux 6.10+): that file's alone, unless the call fails on a file of our own too.
+         * One such file used to turn eviction off for the rest of the process. */
+        if (e == EPERM && (state > 0 || cachestat_probe() == 0)) {
+            atomic_store(&cs_state, 1);
+            if (!atomic_flag_test_and_set(&logged_other))
                 vlog(VMSNAP_LOG_WARN,
-                     "cachestat: %s: page-cache eviction of preserved files disabled (stat falls "
-                     "back to mincore; staged truncation still works)",
-                     e == ENOSYS ? "not supported by this kernel (needs Linux 6.5+)"
-                                 : "denied (seccomp filter?)");
+                     "cachestat: not permitted on a file this user neither owns nor may write: "
+                     "its page cache is left (skipped)");
+            return -e;
+        }
+        if (e == ENOSYS || e == EPERM) {
+            cachestat_off(e);
         } else if (!atomic_flag_test_and_set(&logged_other)) {
             vlog(VMSNAP_LOG_WARN, "cachestat: %s: skipping page-cache eviction of such files",
                  strerror(e));
@@ -107,13 +138,17 @@ bool vmsnap_pcache_cachestat_available(void)
     int state = atomic_load(&cs_state);
     if (state != 0)
         return state > 0;
-    int fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    struct vmsnap_pcache_stat st;
-    int rc = pcache_cachestat(fd, 0, 0, &st);
-    close(fd);
-    return rc == 0;
+    /* probed on a file of our own: /proc/self/exe is one a user other than root may not
+     * write, which the kernel refuses cachestat on (eviction was then off for every caller
+     * but root) */
+    int rc = cachestat_probe();
+    if (rc == 0) {
+        atomic_store(&cs_state, 1);
+        return true;
+    }
+    if (rc == -ENOSYS || rc == -EPERM)
+        cachestat_off(-rc);
+    return false;
 }
 
 /* Resident pages of the file through mincore over read-only mappings, a window at a time so a
