@@ -1045,6 +1045,10 @@ static void release_dir_done(struct walk *w, int pfd, const char *name, const st
     if (preserved)
         return;
     int rc;
+    /* a directory renamed onto a preserved path since the walk began (a checkpoint writer's
+     * temporary + rename) is that checkpoint now, empty or not: an empty one was removed */
+    if (pfd >= 0 && preserved_now(w->ps, pfd, sb))
+        return;
     if (pfd >= 0) {
         rc = unlinkat(pfd, name, AT_REMOVEDIR);
     } else {

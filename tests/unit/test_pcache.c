@@ -11,10 +11,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -246,6 +248,37 @@ static void test_release_dir(void)
     CHECK(!t_exists(t_path("rel")) && rep.removed_files == 1 && rep.removed_dirs == 2);
     CHECK(vmsnap_pcache_release_dir(t_path("rel"), NULL, NULL, &rep, &err) == -ENOENT);
     free(buf);
+}
+
+/* A preserved directory replaced by a new, empty one while the release walks (a checkpoint
+ * writer's mkdir + rename, the walk frozen at its failpoint in a child) is the checkpoint now:
+ * kept, and so is the directory holding it. The empty one was removed, then its parent. */
+static void test_release_dir_renamed(void)
+{
+    REQUIRE(t_sh("mkdir -p '%s' '%s'", t_path("rr2/ckpt"), t_path("rr2/tmp")) == 0);
+    uint8_t *buf = random_buf(LEN / 8);
+    write_file(t_path("rr2/ckpt/mem"), buf, LEN / 8, true);
+    free(buf);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        setenv("VMSNAP_FAILPOINT", "evict-preserved:stop", 1);
+        const char *preserve[] = {"ckpt", NULL};
+        struct vmsnap_err err = {0};
+        _exit(vmsnap_pcache_release_dir(t_path("rr2"), preserve, NULL, NULL, &err) == 0 ? 0 : 1);
+    }
+    int st = 0;
+    REQUIRE(waitpid(pid, &st, WUNTRACED) == pid && WIFSTOPPED(st));
+    REQUIRE(t_sh("mkdir '%s' && mv '%s' '%s' && mv '%s' '%s' && rm -rf '%s'", t_path("rr2/tmp/new"),
+                 t_path("rr2/ckpt"), t_path("rr2/tmp/old"), t_path("rr2/tmp/new"),
+                 t_path("rr2/ckpt"), t_path("rr2/tmp/old")) == 0);
+    kill(pid, SIGCONT);
+    REQUIRE(waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    struct stat sb;
+    CHECKF(stat(t_path("rr2/ckpt"), &sb) == 0 && S_ISDIR(sb.st_mode),
+           "a directory renamed onto a preserved path during a release was removed");
+    REQUIRE(t_sh("rm -rf '%s'", t_path("rr2")) == 0);
 }
 
 /* A file with another descriptor or a mapping open on it is not ours alone: only evicted. */
@@ -515,6 +548,7 @@ int main(void)
     test_dirty_preserve();
     test_staged();
     test_release_dir();
+    test_release_dir_renamed();
     test_staged_busy();
     test_symlink_root();
     test_bind_mount();
