@@ -28,8 +28,9 @@ extern int cli_verbose;
 int cli_parse_size(const char *s, uint64_t *out);
 /* Parse a non-negative integer within [lo, hi]. */
 int cli_parse_uint(const char *s, unsigned long lo, unsigned long hi, unsigned long *out);
-/* `s` with control bytes as \xHH (a name from a store, printed on a line of its own), cut to fit
- * `cap` (at least 6). */
+/* `s` with control bytes, C1 controls and bytes that are not well-formed UTF-8 as \xHH (a name
+ * from a store or an image, printed on a line of its own or put in JSON, which must be UTF-8),
+ * cut to fit `cap` (at least 6). */
 void cli_printable(char *out, size_t cap, const char *s);
 /* "90", "90s", "30m", "2h", "7d" -> seconds. */
 int cli_parse_duration(const char *s, int64_t *out);

@@ -297,7 +297,9 @@ static int disk_info(int argc, char **argv)
         json_object_object_add(o, "inodes_used",
                                json_object_new_int64((int64_t)(in.inodes_total - in.inodes_free)));
         json_object_object_add(o, "uuid", json_object_new_string(in.uuid_str));
-        json_object_object_add(o, "label", json_object_new_string(in.label));
+        char label[4 * sizeof(in.label) + 8]; /* bytes from the image: UTF-8 or escaped */
+        cli_printable(label, sizeof(label), in.label);
+        json_object_object_add(o, "label", json_object_new_string(label));
         json_object *f = json_object_new_array();
         char feats[sizeof(in.features)];
         memcpy(feats, in.features, sizeof(feats));
@@ -321,9 +323,8 @@ static int disk_info(int argc, char **argv)
     printf("allocated:    %s (%" PRIu64 " bytes)\n", cli_bytes(b, sizeof(b), in.allocated),
            in.allocated);
     printf("uuid:         %s\n", in.uuid_str);
-    char label[sizeof(in.label)];
-    for (size_t i = 0; i < sizeof(label); i++) /* bytes from the image: no terminal escapes */
-        label[i] = in.label[i] && (in.label[i] < 0x20 || in.label[i] == 0x7f) ? '?' : in.label[i];
+    char label[4 * sizeof(in.label) + 8]; /* bytes from the image: no terminal escapes */
+    cli_printable(label, sizeof(label), in.label);
     printf("label:        %s\n", label);
     printf("features:     %s\n", in.features);
     printf("blocks:       %" PRIu64 " used, %" PRIu64 " free, %" PRIu64 " total (%u bytes each)\n",

@@ -80,15 +80,47 @@ int cli_parse_uint(const char *s, unsigned long lo, unsigned long hi, unsigned l
     return 0;
 }
 
+/* Length of the well-formed UTF-8 sequence at `p` (RFC 3629: no overlong forms, no surrogates,
+ * nothing past U+10FFFF) that is not a C1 control (U+0080-U+009F: 0x9b is a terminal's CSI);
+ * 0 when there is none. */
+static size_t utf8_printable_len(const unsigned char *p)
+{
+    unsigned char c = p[0];
+    size_t n;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf)
+        n = 2;
+    else if (c >= 0xe0 && c <= 0xef)
+        n = 3, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
+    else if (c >= 0xf0 && c <= 0xf4)
+        n = 4, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
+    else
+        return 0;
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if (p[i] < 0x80 || p[i] > 0xbf)
+            return 0;
+    if (c == 0xc2 && p[1] <= 0x9f)
+        return 0;
+    return n;
+}
+
 void cli_printable(char *out, size_t cap, const char *s)
 {
     size_t o = 0;
-    for (; *s && o + 5 < cap; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch < 0x20 || ch == 0x7f)
-            o += (size_t)snprintf(out + o, cap - o, "\\x%02x", ch);
-        else
-            out[o++] = (char)ch;
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p && o + 5 < cap) {
+        size_t n = *p >= 0x80 ? utf8_printable_len(p) : (*p < 0x20 || *p == 0x7f ? 0 : 1);
+        if (n == 0) {
+            o += (size_t)snprintf(out + o, cap - o, "\\x%02x", *p++);
+            continue;
+        }
+        if (o + n + 1 > cap)
+            break;
+        memcpy(out + o, p, n);
+        o += n;
+        p += n;
     }
     out[o] = '\0';
 }

@@ -124,6 +124,15 @@ grep -q "requested number of inodes" "$T/err" || fail "too many inodes: unclear 
 # a label is bytes from the image: printed without terminal escapes
 "$VMSNAP" disk create --size 64M --label "$(printf 'a\033[31mb')" "$T/lab.img" || fail "create with a label"
 "$VMSNAP" disk info "$T/lab.img" | grep -q "$(printf '\033')" && fail "disk info printed an escape from the label"
+# ... a UTF-8 label as it is (each byte >= 0x80 was a '?'), one that is not UTF-8 (an 8-bit
+# CSI, 0x9b) escaped as \xHH in the text and in the JSON, which stays valid UTF-8 (it went raw)
+"$VMSNAP" disk create --size 64M --label "$(printf 'h\303\251llo')" "$T/lab2.img" || fail "create with a UTF-8 label"
+"$VMSNAP" disk info "$T/lab2.img" | grep -q "^label: *$(printf 'h\303\251llo')\$" || fail "UTF-8 label: $("$VMSNAP" disk info "$T/lab2.img" | grep label)"
+"$VMSNAP" disk create --size 64M --label "$(printf '\377\2332J')" "$T/lab3.img" || fail "create with a non-UTF-8 label"
+"$VMSNAP" disk info "$T/lab3.img" | grep -q '^label: *\\xff\\x9b2J$' || fail "non-UTF-8 label: $("$VMSNAP" disk info "$T/lab3.img" | grep label | od -c | head -3)"
+"$VMSNAP" disk info --json "$T/lab3.img" >"$T/lab3.json"
+python3 -c 'import json,sys; l=json.loads(open(sys.argv[1],"rb").read().decode("utf-8"))["label"]; sys.exit(l != "\\xff\\x9b2J")' "$T/lab3.json" ||
+    fail "disk info --json of a non-UTF-8 label: $(od -c "$T/lab3.json" | head -5)"
 # a source tree deeper than 1000 directories: refused (the copy recurses per level)
 deep() { python3 -c 'import os,sys
 os.mkdir(sys.argv[1]); os.chdir(sys.argv[1])
