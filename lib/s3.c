@@ -620,16 +620,24 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
         return r->cb_err; /* stream_fn filled err */
     }
     if (cc != CURLE_OK) {
-        if (r->stream_fn && r->delivered)
-            return vmsnap_err_set(err, curl_errno(cc), "GET %s://%s/%s: %s (after data)",
-                                  cfg->url_scheme, cfg->bucket, r->key, curl_easy_strerror(cc));
-        if (retryable_curl(cc)) {
-            vmsnap_err_set(err, curl_errno(cc), "%s %s://%s/%s: %s", r->method, cfg->url_scheme,
-                           cfg->bucket, r->key, curl_easy_strerror(cc));
-            return 1;
+        /* where it went, when the connection is what failed (a wrong AWS_ENDPOINT_URL, a host
+         * down: the URL alone does not say) */
+        char where[340] = "";
+        if (cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST ||
+            cc == CURLE_SSL_CONNECT_ERROR || cc == CURLE_OPERATION_TIMEDOUT ||
+            cc == CURLE_PEER_FAILED_VERIFICATION) {
+            char hp[300];
+            host_header(cfg, hp, sizeof(hp));
+            snprintf(where, sizeof(where), " (endpoint %s://%s)", cfg->scheme, hp);
         }
-        return vmsnap_err_set(err, curl_errno(cc), "%s %s://%s/%s: %s", r->method, cfg->url_scheme,
-                              cfg->bucket, r->key, curl_easy_strerror(cc));
+        if (r->stream_fn && r->delivered)
+            return vmsnap_err_set(err, curl_errno(cc), "GET %s://%s/%s: %s%s (after data)",
+                                  cfg->url_scheme, cfg->bucket, r->key, curl_easy_strerror(cc),
+                                  where);
+        int ec =
+            vmsnap_err_set(err, curl_errno(cc), "%s %s://%s/%s: %s%s", r->method, cfg->url_scheme,
+                           cfg->bucket, r->key, curl_easy_strerror(cc), where);
+        return retryable_curl(cc) ? 1 : ec;
     }
     if (r->status >= 200 && r->status < 300) {
         /* CompleteMultipartUpload may answer 200 with an <Error> body */
@@ -657,6 +665,9 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
 
 static int perform(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err *err)
 {
+    struct vmsnap_err own = {0};
+    if (!err) /* the retry lines still say why */
+        err = &own;
     const struct s3_config *cfg = &c->st->s3;
     struct s3_conn *sc = c->impl;
     r->errbody.max = ERRBODY_CAP;
@@ -681,7 +692,7 @@ static int perform(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
         /* full jitter in [delay/2, delay] */
         unsigned j = delay / 2 + (unsigned)(rng_next(&sc->rng) % (delay / 2 + 1));
         vlog(VMSNAP_LOG_INFO, "s3: retry %u/%u of %s %s/%s in %u ms (%s)", a, cfg->max_attempts - 1,
-             r->method, cfg->bucket, r->key, j, err ? err->msg : "");
+             r->method, cfg->bucket, r->key, j, err->msg);
         for (unsigned left = j; left > 0 && !(req_abortable(r) && cancel_pending());) {
             unsigned k = left < 100 ? left : 100; /* a cancel is seen within 0.1 s */
             sys_sleep_ms(k);

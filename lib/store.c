@@ -191,9 +191,10 @@ static int open_s3(struct vmsnap_store *st, const char *url, bool gs,
     c->path_style = o->path_style || (ps && !strcasecmp(ps, "true")) || store_host_is_ip(c->host) ||
                     strchr(c->bucket, '.') != NULL;
     c->insecure_tls = o->insecure_tls;
+    /* an explicit --retries wins over the environment's default (it lost to it) */
     c->max_attempts = o->max_attempts ? o->max_attempts : 6;
     const char *att = env("VMSNAP_S3_ATTEMPTS");
-    if (att && atoi(att) > 0)
+    if (!o->max_attempts && att && atoi(att) > 0)
         c->max_attempts = (unsigned)atoi(att);
     c->backoff_ms = o->backoff_ms ? o->backoff_ms : 200;
 

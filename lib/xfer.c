@@ -1968,6 +1968,72 @@ static int put_mark(struct vmsnap_store_conn *ctl, const struct set_push *s, int
     return rc;
 }
 
+/* 1 when the manifest at `mkey` is, byte for byte, the one this push read when it started
+ * (the set it replaces), 0 when it is another or gone, < 0 when it cannot be read. */
+static int manifest_same(struct xfer *x, struct vmsnap_store_conn *c, const char *mkey,
+                         const struct set_push *s, struct vmsnap_err *err)
+{
+    char murl[URL_BUF];
+    vmsnap_store_url(x->st, mkey, murl, sizeof(murl));
+    struct manifest m = {0};
+    char *raw = NULL;
+    size_t len = 0;
+    int rc = read_manifest_raw(c, mkey, murl, x->o.max_size, &m, &raw, &len, err);
+    manifest_fini(&m);
+    if (rc == 0)
+        rc = len == s->old_raw_len && !memcmp(raw, s->old_raw, len);
+    free(raw);
+    if (rc == -ENOENT) {
+        vmsnap_err_clear(err);
+        return 0;
+    }
+    return rc;
+}
+
+/* A push over a set that fails before its un-commit: that set is still committed and none of
+ * its objects was stored over (the caller aborted the deferred uploads). What this push stored
+ * under names that set does not have goes, each after a check that the set there is still that
+ * one and no other push is there; then the mark. Otherwise both stay for gc (a mark beside a
+ * committed set: gc removes only what that set does not name). Runs after a cancel too. */
+static void remove_new_names(struct xfer *x, struct vmsnap_store_conn *ctl, const char *prefix,
+                             const char *mkey, const struct set_push *s)
+{
+    cancel_hold();
+    char url[URL_BUF];
+    vmsnap_store_url(ctl->st, prefix, url, sizeof(url));
+    char *lp = join_key(prefix, "");
+    bool left = !lp;
+    for (size_t i = 0; i < s->n && !left; i++) {
+        if (s->in_old[i])
+            continue;
+        if (prefix_busy_but(ctl, lp, NULL, s->mark_key, &s->prior) != 0 ||
+            manifest_same(x, ctl, mkey, s, NULL) != 1) {
+            left = true;
+            break;
+        }
+        if (delete_set_object(ctl, prefix, s->files[i].name, url, "") < 0)
+            left = true;
+    }
+    if (left)
+        vlog(VMSNAP_LOG_WARN, "%s: this push's mark stays for 'vmsnap gc' to finish", url);
+    else if (s->mark_key && vmsnap_store_delete(ctl, s->mark_key, NULL) < 0)
+        vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
+    free(lp);
+    cancel_release();
+}
+
+/* After a failure: a set this push read and has not un-committed yet stays, and what this push
+ * stored under new names goes; else the set it replaces back (restore_old) or what it stored
+ * goes (no set there, or one un-committed unread: a corrupt manifest). */
+static void push_failed(struct xfer *x, struct vmsnap_store_conn *ctl, const char *prefix,
+                        const char *mkey, const struct set_push *s, bool uncommitted)
+{
+    if (!uncommitted && s->in_old)
+        remove_new_names(x, ctl, prefix, mkey, s);
+    else if (!restore_old(ctl, prefix, mkey, s))
+        remove_pushed(ctl, prefix, mkey, s);
+}
+
 static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir,
                     const char *prefix, const char *url, struct vmsnap_xfer_stats *stats,
                     struct vmsnap_err *err)
@@ -2032,12 +2098,19 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
             vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
         goto out;
     }
-    /* un-commit the set this push found there (not once cancelled: the set stays), then clear
-     * the leftovers of killed pushes (not cut short: the un-commit is done). Found none: there
-     * is nothing to un-commit, and a manifest there now is a set another push committed
-     * meanwhile, which this one's DELETE destroyed (and its clean-up then that set's objects) */
+    /* A set this push read stays committed while the push uploads: the objects of its names are
+     * stored as uploads held open (deferred), so nothing of that set changes until the push
+     * un-commits it, right before it completes them. A push failing before then (a store gone
+     * mid-upload, a kill) leaves that set whole; the un-commit used to come first, and such a
+     * failure left the set invisible, its manifest only in the dead push's memory, and gc then
+     * deleted its objects. A set whose manifest is corrupt is un-committed here (nothing
+     * to protect); a push that found no set un-commits nothing: a manifest there now is a set
+     * another push committed meanwhile (deleted, then its objects by the clean-up). Then the
+     * leftovers of killed pushes are cleared (not cut short). */
+    const bool late = s.in_old != NULL;
+    bool uncommitted = false;
     if ((rc = cancel_check(err)) < 0 ||
-        (had_old && (rc = vmsnap_store_delete(ctl, mkey, err)) < 0)) {
+        (had_old && !late && (rc = vmsnap_store_delete(ctl, mkey, err)) < 0)) {
         /* A DELETE that failed may still have been carried out (its answer lost): when the set
          * this push replaces is gone, its objects are dead, as after a failure past the
          * un-commit; when that cannot be told, the mark (which names them) stays for gc. */
@@ -2053,6 +2126,7 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
             vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
         goto out;
     }
+    uncommitted = had_old && !late;
     char *lp = join_key(prefix, "");
     if (!lp) {
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
@@ -2064,8 +2138,7 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
     cancel_release();
     free(lp);
     if (rc < 0) {
-        if (!restore_old(ctl, prefix, mkey, &s))
-            remove_pushed(ctl, prefix, mkey, &s); /* the un-committed set's objects */
+        push_failed(x, ctl, prefix, mkey, &s, uncommitted);
         goto out;
     }
 
@@ -2085,24 +2158,55 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         rc = s.rc;
         if (err)
             *err = s.err;
-        /* no manifest: the set is incomplete; the old one back, or remove what this push
-         * stored (best effort) */
+        /* no manifest: the set is incomplete; the old one stays or comes back, or remove what
+         * this push stored (best effort) */
         finish_deferred(&s, true, NULL);
-        if (!restore_old(ctl, prefix, mkey, &s))
-            remove_pushed(ctl, prefix, mkey, &s);
+        push_failed(x, ctl, prefix, mkey, &s, uncommitted);
         goto out;
     }
     struct manifest m = {s.files, s.n, 2, ""};
     memcpy(m.push_id, s.push_id, sizeof(m.push_id));
     if (!(json = manifest_build(&m)))
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    if (rc == 0 && late) {
+        /* the un-commit, now that every object is uploaded: only of the set this push read (a
+         * manifest another push committed since is that push's set, not this one's to delete),
+         * and not once cancelled (the set stays) */
+        int same = 0;
+        if ((rc = cancel_check(err)) == 0 && (same = manifest_same(x, ctl, mkey, &s, err)) == 0)
+            rc = vmsnap_err_set(err, EBUSY,
+                                "%s: another push to the same place ran at the same time: the "
+                                "set there is no longer the one this push replaces; this "
+                                "snapshot is NOT stored there",
+                                url);
+        else if (rc == 0 && same < 0)
+            rc = same;
+        if (rc == 0 && (rc = vmsnap_store_delete(ctl, mkey, err)) < 0) {
+            /* carried out with its answer lost? as for the early un-commit above */
+            int ex = rc == -ECANCELED ? 1 : key_exists(ctl, mkey, NULL);
+            finish_deferred(&s, true, NULL);
+            if (ex < 0)
+                vlog(VMSNAP_LOG_WARN,
+                     "%s: cannot tell whether the set there is still committed: "
+                     "this push's mark stays for 'vmsnap gc'",
+                     url);
+            else
+                push_failed(x, ctl, prefix, mkey, &s, ex == 0);
+            goto out;
+        }
+        if (rc < 0) {
+            finish_deferred(&s, true, NULL);
+            push_failed(x, ctl, prefix, mkey, &s, false);
+            goto out;
+        }
+        uncommitted = true;
+    }
     if (rc < 0)
         finish_deferred(&s, true, NULL);
     else if ((rc = finish_deferred(&s, false, err)) < 0)
         finish_deferred(&s, true, NULL); /* those not completed */
     if (rc < 0) {
-        if (!restore_old(ctl, prefix, mkey, &s))
-            remove_pushed(ctl, prefix, mkey, &s);
+        push_failed(x, ctl, prefix, mkey, &s, uncommitted);
         goto out;
     }
     /* objects first (a push racing this one may have replaced some: then nothing is
@@ -2117,8 +2221,7 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
              "(the only way to leave one there)",
              url);
     if (!s.overwrote && (rc = cancel_check(err)) < 0) {
-        if (!restore_old(ctl, prefix, mkey, &s))
-            remove_pushed(ctl, prefix, mkey, &s);
+        push_failed(x, ctl, prefix, mkey, &s, uncommitted);
         goto out;
     }
     cancel_hold();
@@ -2137,8 +2240,7 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         /* not committed (a full store, a refused write): the objects are nobody's (or the old
          * set is back when none of its objects was stored over). When the answer was lost after
          * the manifest was stored, it exists and they stay. */
-        if (!restore_old(ctl, prefix, mkey, &s))
-            remove_pushed(ctl, prefix, mkey, &s);
+        push_failed(x, ctl, prefix, mkey, &s, uncommitted);
     } else {
         rc = check_committed(x, prefix, mkey, &m, url, true, err);
         /* committed and checked: the replaced set's other objects go, then the mark has done

@@ -24,8 +24,9 @@ kill_push_mid_upload() {
 }
 
 # interrupt_push_mid_upload SRC DEST: push SRC over the set at DEST in 64 KiB parts, send it
-# SIGINT (as a Ctrl-C) once an upload is under way there (the set is un-committed by then); its
-# exit status in $irc, its stderr in $T/ierr
+# SIGINT (as a Ctrl-C) once an upload is under way there (the set there still committed: a push
+# un-commits it only once every object is uploaded); its exit status in $irc, its stderr in
+# $T/ierr
 interrupt_push_mid_upload() {
     env --default-signal=INT "$VMSNAP" push -j 1 --part-size 64K --max-memory 128K "$1" "$2" \
         2>"$T/ierr" &
@@ -34,7 +35,7 @@ interrupt_push_mid_upload() {
         ls -A "$2" 2>/dev/null | grep -q '\.zstd\.mpu-' && break
         sleep 0.05
     done
-    [ -e "$2/manifest.json" ] && fail "test did not catch the push to $2 after its un-commit"
+    [ -e "$2/manifest.json" ] || fail "the push to $2 un-committed the set there while it uploaded"
     kill -INT $pid
     irc=0 && wait $pid || irc=$?
 }
@@ -707,8 +708,9 @@ rm -rf "$T/kout" && "$VMSNAP" -q pull "$S/sets/cl" "$T/kout" ||
 cmp -s "$T/kbig" "$T/kout/memory-ranges" || fail "the set pushed beside a clean-up differs"
 "$VMSNAP" -q rm "$S/sets/cl" || fail "rm cl"
 
-# a push over a set interrupted (Ctrl-C) before it stored over any of that set's objects puts
-# the set back as it was (it was gone: neither set), and removes what it stored under new names
+# a push over a set interrupted (Ctrl-C) while it uploads leaves the set as it was (it used to
+# un-commit it first and put it back; a store gone meanwhile left neither set), and removes
+# what it stored under new names
 mkdir -p "$T/iset" && mk "$T/iset/memory-ranges" $((1024 * 1024)) && echo s1 >"$T/iset/state.json"
 "$VMSNAP" -q push "$T/iset" "$S/sets/in" || fail "push of the set to interrupt a push over"
 cp "$S/sets/in/manifest.json" "$T/in.manifest"
@@ -716,8 +718,8 @@ mkdir -p "$T/iset2" && mk "$T/iset2/memory-ranges" $((32 * 1024 * 1024)) &&
     echo s2 >"$T/iset2/state.json" && echo n >"$T/iset2/new-name"
 interrupt_push_mid_upload "$T/iset2" "$S/sets/in"
 [ $irc = 1 ] || fail "the interrupted push over a set: exit $irc: $(cat "$T/ierr")"
-grep -q "the set this push was replacing is in place again" "$T/ierr" || fail "interrupted push over a set: $(cat "$T/ierr")"
-cmp -s "$T/in.manifest" "$S/sets/in/manifest.json" || fail "the interrupted push did not put the old manifest back"
+grep -q "the set this push was replacing is in place again" "$T/ierr" && fail "an interrupted push un-committed the set: $(cat "$T/ierr")"
+cmp -s "$T/in.manifest" "$S/sets/in/manifest.json" || fail "the interrupted push changed the old manifest"
 rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset" "$T/iout" >/dev/null ||
     fail "the set an interrupted push was replacing does not pull back whole"
 [ "$(ls -A "$S/sets/in" | tr '\n' ' ')" = "manifest.json memory-ranges.zstd state.json.zstd " ] ||
@@ -729,8 +731,8 @@ VMSNAP_FAILPOINT=push-marked "$VMSNAP" -q push "$T/iset2" "$S/sets/in" 2>/dev/nu
 ls "$S"/sets/in/vmsnap-push-*.json >/dev/null 2>&1 || fail "the killed push left no mark"
 touch -d '2 hours ago' "$S"/sets/in/vmsnap-push-*.json # a younger one may be a push running now
 interrupt_push_mid_upload "$T/iset2" "$S/sets/in"
-[ $irc = 1 ] && grep -q "the set this push was replacing is in place again" "$T/ierr" ||
-    fail "interrupted push over a set beside an old mark: exit $irc: $(cat "$T/ierr")"
+[ $irc = 1 ] || fail "interrupted push over a set beside an old mark: exit $irc: $(cat "$T/ierr")"
+cmp -s "$T/in.manifest" "$S/sets/in/manifest.json" || fail "the interrupted push (beside an old mark) changed the old manifest"
 rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset" "$T/iout" >/dev/null ||
     fail "the set an interrupted push was replacing (beside an old mark) does not pull back"
 # ... and when its uploads are gone at completion time (aborted meanwhile) while one file is
@@ -747,11 +749,11 @@ rc=0 && wait $upid || rc=$?
     fail "uploads gone, one file unchanged: exit $rc: $(cat "$T/uerr")"
 rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset" "$T/iout" >/dev/null ||
     fail "the set whose replacing push lost its uploads (one file unchanged) does not pull back"
-# ... and when an object of a new name cannot be removed (a directory in its place): the set is
-# put back all the same, the mark stays for gc (it removed the old set)
+# ... and when an object of a new name cannot be written (a directory in its place): the set
+# stays, and the push's mark stays for gc (it removed the old set)
 mkdir -p "$S/sets/in/new-name.zstd/x"
 expect_fail "push over a set where an object cannot be written" "$VMSNAP" push "$T/iset2" "$S/sets/in"
-grep -q "the set this push was replacing is in place again" "$T/err" || fail "undeletable new name: $(cat "$T/err")"
+cmp -s "$T/in.manifest" "$S/sets/in/manifest.json" || fail "undeletable new name: the old manifest changed: $(cat "$T/err")"
 rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset" "$T/iout" >/dev/null ||
     fail "the set a push with an unremovable new name was replacing does not pull back"
 rm -rf "$S/sets/in/new-name.zstd"
@@ -798,9 +800,10 @@ find "$S/sets/gc" -exec touch -d '2 hours ago' {} +
 "$VMSNAP" gc "$S/sets/gc" >"$T/gc.out" 2>&1 || fail "gc after a killed push: $(cat "$T/gc.out")"
 ! ls -A "$S/sets/gc" 2>/dev/null | grep -q 'mpu-' || fail "gc kept a killed push's uploads: $(cat "$T/gc.out")"
 # a set pushed over a set of other names: what only the old set had goes with it (it stayed
-# unlisted forever); objects of names no set had stay. Killed after the un-commit, the push's
-# mark names the old set's other names too and gc removes them; killed right after its commit,
-# gc removes them and keeps the committed set.
+# unlisted forever); objects of names no set had stay. Killed while it uploads, the push leaves
+# that set committed and whole, and gc then removes what the push stored under its new names
+# (its mark names them) and keeps the set; killed right after its commit, gc removes the old
+# set's other names and keeps the committed set.
 mkdir -p "$T/ra" "$T/rb" && echo a1 >"$T/ra/a" && echo b1 >"$T/ra/b" && echo a2 >"$T/rb/a" && echo c2 >"$T/rb/c"
 "$VMSNAP" -q push "$T/ra" "$S/sets/rp" || fail "push ra"
 echo keep >"$S/sets/rp/stray.zstd"
@@ -830,10 +833,14 @@ rc=0 && wait $pid || rc=$?
 mk "$T/rb/big" $((32 * 1024 * 1024))
 kill_push_mid_upload "$T/rb" "$S/sets/rp"
 ls -A "$S/sets/rp" | grep -q '\.zstd\.mpu-' || fail "test did not catch the push over a set mid-upload"
-[ -e "$S/sets/rp/manifest.json" ] && fail "the killed push did not un-commit the set it replaced"
 grep -q '"replaces":\["b"\]' "$S"/sets/rp/vmsnap-push-*.json || fail "mark of the killed push: $(cat "$S"/sets/rp/vmsnap-push-*.json)"
+rm -rf "$T/rout" && "$VMSNAP" -q pull "$S/sets/rp" "$T/rout" && diff -r "$T/ra" "$T/rout" ||
+    fail "the set a push killed mid-upload was replacing does not pull whole: $(ls -A "$S/sets/rp")"
 "$VMSNAP" gc --older-than 0 "$S/sets/rp" 2>"$T/gc" || fail "gc after a push over a set was killed: $(cat "$T/gc")"
-[ -e "$S/sets/rp" ] && fail "gc after a push over a set was killed left: $(ls -A "$S/sets/rp")"
+[ "$(ls -A "$S/sets/rp" | tr '\n' ' ')" = "a.zstd b.zstd manifest.json " ] ||
+    fail "gc after a push over a set was killed left: $(ls -A "$S/sets/rp")"
+rm -rf "$T/rout" && "$VMSNAP" -q pull "$S/sets/rp" "$T/rout" && diff -r "$T/ra" "$T/rout" ||
+    fail "the set a push killed mid-upload was replacing does not pull whole after gc"
 rm "$T/rb/big"
 # a directory the user cannot read, below a prefix (another tenant's, a root-owned one): ls and
 # gc list and clean the rest, warn naming it and exit 1 (it stopped both at once, and each cron

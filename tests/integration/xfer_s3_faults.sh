@@ -51,6 +51,17 @@ grep -q "gave up after 3 attempts" "$T/err" || fail "push: not a bounded-retry e
 [ "$(head_code gone)" = 404 ] || fail "an object is visible after the failed push"
 [ "$(uploads_left)" = 0 ] || fail "the failed push left its multipart upload"
 
+# an endpoint where nothing listens: the error names it (only the bucket and key were named, and
+# a mistyped AWS_ENDPOINT_URL looked like a store problem)
+stop_proxy
+dead=$(cat "$T/port") # (the proxy's port, free again)
+# (--retries 1: two attempts, whatever VMSNAP_S3_ATTEMPTS says: the environment won over it)
+VMSNAP_S3_ATTEMPTS=5 expect_fail "pull from an endpoint nobody listens on" \
+    "$VMSNAP" -v pull --retries 1 --endpoint "http://127.0.0.1:$dead" "s3://$BUCKET/f" "$T/nobody"
+grep -q "Couldn't connect to server (endpoint http://127.0.0.1:$dead)" "$T/err" ||
+    fail "unreachable endpoint not named: $(cat "$T/err")"
+grep -q "gave up after 2 attempts" "$T/err" || fail "--retries 1 beside VMSNAP_S3_ATTEMPTS=5: $(cat "$T/err")"
+
 # ... and mid-pull: from the 4th request on
 start_proxy "4+:reset"
 VMSNAP_S3_ATTEMPTS=3 expect_fail "pull with the server gone" \
@@ -143,7 +154,8 @@ rm -rf "$T/cm.out" && "$VMSNAP" -q pull "s3://$BUCKET/cm" "$T/cm.out" && diff -r
 "$VMSNAP" -q rm "s3://$BUCKET/cm" || fail "rm cm"
 
 # a push over a set interrupted while uploading (before it stored over any of that set's
-# objects) puts the set back: the same manifest, the same objects, no upload left
+# objects) leaves the set as it was: the same manifest, the same objects, no upload left (it
+# un-commits the set only once every object is uploaded)
 head -c $((2 * M)) /dev/urandom >"$T/cm/memory-ranges" && echo s1 >"$T/cm/state"
 "$VMSNAP" -q push "$T/cm" "s3://$BUCKET/ov" || fail "push of the set to replace"
 raw_get ov/manifest.json "$T/ov.manifest"
@@ -153,15 +165,45 @@ start_proxy "m3+:delay5000"
 interrupt INT 1.5 "$VMSNAP" push -j 2 --part-size 5M --endpoint "$PEP" "$T/cm2" "s3://$BUCKET/ov"
 stop_proxy
 [ "$irc" = 1 ] || fail "interrupted push over a set: exit $irc ($(cat "$T/err"))"
-grep -q "the set this push was replacing is in place again" "$T/err" || fail "interrupted push over a set: $(cat "$T/err")"
 raw_get ov/manifest.json "$T/ov.manifest2"
-cmp -s "$T/ov.manifest" "$T/ov.manifest2" || fail "the interrupted push did not put the old manifest back"
+cmp -s "$T/ov.manifest" "$T/ov.manifest2" || fail "the interrupted push changed the old manifest: $(cat "$T/err")"
 rm -rf "$T/ov.out" && "$VMSNAP" -q pull "s3://$BUCKET/ov" "$T/ov.out" && diff -r "$T/cm" "$T/ov.out" >/dev/null ||
     fail "the set an interrupted push was replacing does not pull back whole"
 [ "$(keys_under ov/ | tr '\n' ' ')" = "ov/manifest.json ov/memory-ranges.zstd ov/state.zstd " ] ||
     fail "the interrupted push over a set left: $(keys_under ov/)"
 [ "$(uploads_left)" = 0 ] || fail "the interrupted push over a set left uploads"
 "$VMSNAP" -q rm "s3://$BUCKET/ov" || fail "rm ov"
+
+# the store gone while a push over a set uploads (the proxy killed at its 2nd part): the push
+# fails, and the set it was replacing is still there, whole, for every other node to resume;
+# gc later keeps it. It used to un-commit the set first: with the store gone it could not put
+# the manifest back, and gc, taking the set's objects for the failed push's, deleted them.
+"$VMSNAP" -q push "$T/cm" "s3://$BUCKET/og" || fail "push of the set the store loses mid-push"
+raw_get og/manifest.json "$T/og.manifest"
+: >"$T/proxy.log" # (earlier pushes' part requests are in it)
+start_proxy "m2+:delay4000"
+VMSNAP_S3_ATTEMPTS=2 "$VMSNAP" -v push -j 2 --part-size 5M --endpoint "$PEP" "$T/cm2" "s3://$BUCKET/og" 2>"$T/err" &
+opid=$!
+for _ in $(seq 1 200); do
+    grep -q 'partNumber=2' "$T/proxy.log" && break
+    sleep 0.05
+done
+grep -q 'partNumber=2' "$T/proxy.log" || fail "the push over og did not reach its 2nd part: $(cat "$T/err")"
+stop_proxy
+rc=0 && wait $opid || rc=$?
+[ "$rc" = 1 ] || fail "push with the store gone mid-upload: exit $rc: $(cat "$T/err")"
+# (its clean-up's listings are retried too, each line saying why: they said "()")
+grep -q "s3: retry .*GET .*Couldn't connect to server (endpoint" "$T/err" ||
+    fail "no retry of the clean-up's requests logged with its reason: $(grep 's3: retry' "$T/err")"
+grep "s3: retry" "$T/err" | grep -q '()$' && fail "a retry line without its reason: $(grep 's3: retry' "$T/err")"
+raw_get og/manifest.json "$T/og.manifest2"
+cmp -s "$T/og.manifest" "$T/og.manifest2" || fail "the store gone mid-push: the set it replaced lost its manifest: $(cat "$T/err")"
+"$VMSNAP" -q gc --older-than 0 "s3://$BUCKET/og" 2>"$T/gc" || fail "gc after the store came back: $(cat "$T/gc")"
+rm -rf "$T/og.out" && "$VMSNAP" -q pull "s3://$BUCKET/og" "$T/og.out" && diff -r "$T/cm" "$T/og.out" >/dev/null ||
+    fail "the set a push was replacing when the store went away does not pull whole after gc"
+[ "$(keys_under og/ | tr '\n' ' ')" = "og/manifest.json og/memory-ranges.zstd og/state.zstd " ] ||
+    fail "the push the store lost mid-upload, then gc, left: $(keys_under og/)"
+"$VMSNAP" -q rm "s3://$BUCKET/og" || fail "rm og"
 
 # every answer to the un-commit (the DELETE of the old manifest) is lost, though the server
 # carried it out: the push sees the manifest gone and puts the old set back (it removed it)
