@@ -187,8 +187,8 @@ static int disk_create(int argc, char **argv)
             goto out;
         }
     }
-    if (optind != argc - 1) {
-        rc = cli_usage("disk", "create wants exactly one IMAGE");
+    if (optind != argc - 1 || !argv[optind][0]) {
+        rc = cli_usage("disk", "create wants exactly one IMAGE (a non-empty path)");
         goto out;
     }
     o.entries = ents;
@@ -238,8 +238,9 @@ static int disk_clone(int argc, char **argv)
             return cli_usage("disk", "clone: unknown option");
         }
     }
-    if (optind != argc - 2)
-        return cli_usage("disk", "clone wants SRC DST");
+    if (optind != argc - 2 || !argv[optind][0] || !argv[optind + 1][0])
+        return cli_usage("disk", "clone wants SRC DST (non-empty paths: an empty DST failed only "
+                                 "after the whole copy)");
     if (o.link && o.new_uuid)
         return cli_usage("disk", "clone: --link and --new-uuid exclude each other (a link shares "
                                  "the source's superblock)");

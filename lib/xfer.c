@@ -4049,7 +4049,8 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
     if ((rc = vmsnap_store_conn_new(x.st, &c, err)) < 0)
         goto out;
     struct vmsnap_err me = {0};
-    int mrc = read_manifest(c, mkey, murl, x.o.max_size, &m, &me);
+    bool unusable = false;
+    int mrc = read_manifest_x(c, mkey, murl, x.o.max_size, &m, NULL, NULL, &unusable, &me);
     if (mrc == -ENOENT && strstr(me.msg, "no such bucket")) { /* a HEAD's 404 cannot tell */
         rc = mrc;
         if (err)
@@ -4116,7 +4117,10 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
         rc = mrc;
         if (err)
             *err = me;
-        vmsnap_err_wrap(err, "cannot read the manifest (--force deletes anyway): ");
+        /* --force is for a manifest that is not one (corrupt); a store that did not answer
+         * is not helped by it */
+        vmsnap_err_wrap(err, unusable ? "cannot read the manifest (--force deletes anyway): "
+                                      : "cannot read the manifest: ");
         goto out;
     } else {
         /* the manifest first: from here on the set is no longer visible */

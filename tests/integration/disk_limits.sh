@@ -234,6 +234,15 @@ rm -f "$T/craft.img"
 # more is refused clearly (libext2fs said "invalid argument"); --inodes past ext4's limit
 rc=0 && "$VMSNAP" disk create --size 0 "$T/sz.img" 2>"$T/err" || rc=$?
 [ "$rc" = 2 ] && [ ! -e "$T/sz.img" ] || fail "--size 0: exit $rc: $(cat "$T/err")"
+# an empty path is a usage error before any work (a clone copied the whole image, then failed
+# renaming onto '')
+"$VMSNAP" disk create --size 64M "$T/e.img" || fail "create e.img"
+for c in "disk create --size 64M ''" "disk clone '$T/e.img' ''" "disk clone '' '$T/e2.img'"; do
+    rc=0 && eval "\"\$VMSNAP\" $c" 2>"$T/err" || rc=$?
+    [ "$rc" = 2 ] || fail "$c: exit $rc: $(cat "$T/err")"
+done
+ls -A "$T" | grep -q '^\.e\.img\.\|^\.\.' && fail "an empty DST left a temporary: $(ls -A "$T")"
+rm -f "$T/e.img"
 # out of range and too long a label: usage errors (exit 2, they were 1), before anything is made
 for a in "--size 1K" "--size 16T" "--label 12345678901234567"; do
     rc=0 && "$VMSNAP" disk create $a "$T/sz.img" 2>"$T/err" || rc=$?

@@ -61,6 +61,11 @@ VMSNAP_S3_ATTEMPTS=5 expect_fail "pull from an endpoint nobody listens on" \
 grep -q "Couldn't connect to server (endpoint http://127.0.0.1:$dead)" "$T/err" ||
     fail "unreachable endpoint not named: $(cat "$T/err")"
 grep -q "gave up after 2 attempts" "$T/err" || fail "--retries 1 beside VMSNAP_S3_ATTEMPTS=5: $(cat "$T/err")"
+# ... and rm there does not suggest --force, which does not help a store that does not answer
+VMSNAP_S3_ATTEMPTS=1 expect_fail "rm at an endpoint nobody listens on" \
+    "$VMSNAP" rm --endpoint "http://127.0.0.1:$dead" "s3://$BUCKET/f"
+grep -q "cannot read the manifest: .*Couldn't connect" "$T/err" && ! grep -q -- "--force" "$T/err" ||
+    fail "rm with the store unreachable: $(cat "$T/err")"
 
 # ... and mid-pull: from the 4th request on
 start_proxy "4+:reset"
