@@ -5,7 +5,8 @@
  * parts are pwritten into at their offsets, concurrently, from any thread; complete fsyncs it,
  * renames it and fsyncs the directory. A put is such an upload of one part. Listing skips hidden
  * names, so a temporary is never visible as an object; list_uploads reports them, so that the
- * leftovers of a killed push can be aborted.
+ * leftovers of a killed push can be aborted. A manifest or push mark is put under a hidden
+ * temporary of its own (`.<name>.XXXXXX`), never listed.
  *
  * Page cache: the store is a directory on the node, so every byte written to or read from it
  * lands in the page cache, charged to the caller's memory cgroup (a suspended VM's snapshot,
@@ -216,12 +217,46 @@ static int lmpu_abort(struct vmsnap_store_conn *c, const char *key, const char *
     return rc;
 }
 
-/* A single PUT is an upload of one part: its temporary is an upload's (`.<name>.mpu-XXXXXX`),
- * so one a killed push left is an unfinished upload that the next push of that key or gc aborts
- * (a temporary of its own name was never found again). */
+/* A small file's control object (a manifest, a push mark): a hidden temporary of its own, fsynced
+ * and renamed. Not listed as an upload: a push starting at the prefix, or rm, aborts the uploads
+ * it finds, and another push's commit would fail half way. */
+static int lput_plain(struct vmsnap_store_conn *c, const char *key, const void *buf, size_t len,
+                      struct vmsnap_err *err)
+{
+    char *path = store_local_path(c->st, key);
+    if (!path)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    struct sys_atomic_file af;
+    int rc = mkparents(path, err);
+    if (rc == 0)
+        rc = sys_atomic_open(&af, path, 0600, err);
+    if (rc == 0) {
+        rc = sys_write_full(af.fd, buf, len);
+        if (rc == 0 && fsync(af.fd) < 0)
+            rc = -errno;
+        if (rc < 0) {
+            vmsnap_err_set(err, -rc, "write %s: %s", path, strerror(-rc));
+            sys_atomic_abort(&af);
+        } else {
+            (void)posix_fadvise(af.fd, 0, 0, POSIX_FADV_DONTNEED); /* clean after the fsync */
+            rc = sys_atomic_commit(&af, false, err);
+            if (rc == 0)
+                rc = sys_fsync_parent(path, err);
+        }
+    }
+    free(path);
+    return rc;
+}
+
+/* A single PUT of an object (`*.zstd`) is an upload of one part: its temporary is an upload's
+ * (`.<name>.mpu-XXXXXX`), so one a killed push left is an unfinished upload that the next push
+ * of that key or gc aborts (a temporary of its own name was never found again). */
 static int lput(struct vmsnap_store_conn *c, const char *key, const void *buf, size_t len,
                 struct vmsnap_err *err)
 {
+    size_t kl = strlen(key);
+    if (kl < 5 || strcmp(key + kl - 5, ".zstd"))
+        return lput_plain(c, key, buf, len, err);
     char *id = NULL;
     int rc = lmpu_create(c, key, &id, err);
     if (rc == 0)

@@ -1819,8 +1819,10 @@ static void old_set_run(struct xtask *xt, struct vmsnap_store_conn *c)
     char murl[URL_BUF];
     vmsnap_store_url(o->x->st, o->mkey, murl, sizeof(murl));
     bool unusable = false;
-    int rc = read_manifest_x(c, o->mkey, murl, o->x->o.max_size, &o->m, &o->raw, &o->raw_len,
-                             &unusable, &o->err);
+    /* without --max-size: that cap is a policy for what is pulled, not damage, and a set taken
+     * for unusable is un-committed before the upload, its manifest not kept */
+    int rc = read_manifest_x(c, o->mkey, murl, UINT64_MAX, &o->m, &o->raw, &o->raw_len, &unusable,
+                             &o->err);
     /* an object stored at the set's own key (S3; on the local store a file there is no
      * directory): pull of the URL would take the set and hide it */
     int obj = rc == -ENOENT && o->x->st->kind == VMSNAP_STORE_S3 && *o->key
@@ -1915,9 +1917,10 @@ static int key_fits(const struct xfer *x, const char *key, struct vmsnap_err *er
         return vmsnap_err_set(err, ENAMETOOLONG, "%s: path too long for the local store", u);
     for (const char *p = u; *p;) {
         size_t n = strcspn(p, "/");
-        if (n > NAME_MAX)
-            return vmsnap_err_set(err, ENAMETOOLONG, "%s: a name longer than %d bytes", u,
-                                  NAME_MAX);
+        /* the last name also gets its upload's temporary beside it, `.<name>.mpu-XXXXXX` */
+        size_t room = p[n] ? NAME_MAX : NAME_MAX - 12;
+        if (n > room)
+            return vmsnap_err_set(err, ENAMETOOLONG, "%s: a name longer than %zu bytes", u, room);
         p += n + (p[n] == '/');
     }
     return 0;
@@ -1988,6 +1991,48 @@ static int manifest_same(struct xfer *x, struct vmsnap_store_conn *c, const char
         return 0;
     }
     return rc;
+}
+
+/* Are this push's held uploads (the old set's names) all still there? One listing of the
+ * prefix's uploads. Another push starting at the prefix aborts the unfinished uploads it finds
+ * there: un-committing over uploads that are gone left neither set (the completions fail, and a
+ * restore gives way to that push's mark). 1: all there, 0: one is gone, < 0: cannot tell. */
+struct held_ctx {
+    const struct set_push *s;
+    bool *seen;
+};
+
+static int see_held(void *arg, const char *key, const char *id, int64_t started)
+{
+    (void)key;
+    (void)started;
+    struct held_ctx *h = arg;
+    for (size_t i = 0; i < h->s->n; i++)
+        if (h->s->def[i].upload_id && !strcmp(h->s->def[i].upload_id, id))
+            h->seen[i] = true;
+    return 0;
+}
+
+static int held_intact(struct vmsnap_store_conn *ctl, const char *prefix, const struct set_push *s,
+                       struct vmsnap_err *err)
+{
+    if (!s->def)
+        return 1;
+    char *lp = join_key(prefix, "");
+    bool *seen = calloc(s->n ? s->n : 1, sizeof(*seen));
+    struct held_ctx h = {s, seen};
+    int rc = lp && seen ? vmsnap_store_list_uploads(ctl, lp, see_held, &h, err)
+                        : vmsnap_err_set(err, ENOMEM, "out of memory");
+    for (size_t i = 0; rc == 0 && i < s->n; i++)
+        if (s->def[i].upload_id && !seen[i])
+            rc = vmsnap_err_set(err, EBUSY,
+                                "the upload of %s.zstd was aborted meanwhile (another push to the "
+                                "same place?): the set there is left as it was; this snapshot is "
+                                "NOT stored there",
+                                s->files[i].name);
+    free(seen);
+    free(lp);
+    return rc == 0 ? 1 : rc == -EBUSY ? 0 : rc;
 }
 
 /* A push over a set that fails before its un-commit: that set is still committed and none of
@@ -2172,8 +2217,12 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
         /* the un-commit, now that every object is uploaded: only of the set this push read (a
          * manifest another push committed since is that push's set, not this one's to delete),
          * and not once cancelled (the set stays) */
-        int same = 0;
-        if ((rc = cancel_check(err)) == 0 && (same = manifest_same(x, ctl, mkey, &s, err)) == 0)
+        int same = 0, held = 1;
+        xfer_failpoint("push-uncommitting");
+        if ((rc = cancel_check(err)) == 0 && (held = held_intact(ctl, prefix, &s, err)) <= 0) {
+            rc = held < 0 ? held : -EBUSY;
+            vmsnap_err_wrap(err, "%s: ", url);
+        } else if (rc == 0 && (same = manifest_same(x, ctl, mkey, &s, err)) == 0)
             rc = vmsnap_err_set(err, EBUSY,
                                 "%s: another push to the same place ran at the same time: the "
                                 "set there is no longer the one this push replaces; this "
@@ -2181,7 +2230,13 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
                                 url);
         else if (rc == 0 && same < 0)
             rc = same;
-        if (rc == 0 && (rc = vmsnap_store_delete(ctl, mkey, err)) < 0) {
+        if (rc == 0) {
+            /* one attempt: no back-off between the check and the DELETE */
+            ctl->one_attempt = true;
+            rc = vmsnap_store_delete(ctl, mkey, err);
+            ctl->one_attempt = false;
+        }
+        if (rc < 0 && same == 1) {
             /* carried out with its answer lost? as for the early un-commit above */
             int ex = rc == -ECANCELED ? 1 : key_exists(ctl, mkey, NULL);
             finish_deferred(&s, true, NULL);

@@ -8,8 +8,9 @@
  * upload and the encoder's own buffers are capped by max_memory together (the encoder waits). An
  * object that fits in one part is one PutObject. A directory (a snapshot set) goes to
  * <url>/<name>.zstd for every regular file, files in parallel and parts in parallel, then
- * <url>/manifest.json LAST (the commit marker; an existing manifest is deleted first so a
- * half-replaced set is never visible as complete).
+ * <url>/manifest.json LAST (the commit marker). A set being replaced stays committed while the
+ * push uploads (the objects of its names are held as unfinished uploads); its manifest is deleted
+ * right before they are completed, so a half-replaced set is never visible as complete.
  *
  * Pull: the mirror. One suffix-range GET (size, footer, seek table; no HEAD), then groups of whole
  * frames (about 16 MiB) fetched over the connections and decoded in parallel into a sparse file
@@ -91,8 +92,9 @@ VMSNAP_API int vmsnap_xfer_check_dest(const char *url, bool set,
                                       const struct vmsnap_xfer_opts *opts, struct vmsnap_err *err);
 
 /* Push the regular file or snapshot-set directory `path` to `url`. Errors name the file or
- * object; on failure no new object is visible at the file's key (a set has no manifest) and no
- * multipart upload is left. */
+ * object; on failure no new object is visible at the file's key and no multipart upload is left;
+ * a set push leaves no manifest of its own: a set it was replacing stays (failing before the
+ * un-commit) or is put back when none of its objects was stored over yet. */
 VMSNAP_API int vmsnap_xfer_push(const char *path, const char *url,
                                 const struct vmsnap_xfer_opts *opts,
                                 struct vmsnap_xfer_stats *stats, struct vmsnap_err *err);
