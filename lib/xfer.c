@@ -1941,7 +1941,18 @@ static int set_ready(const struct xfer *x, const struct set_push *s, struct vmsn
             rc = vmsnap_err_set(err, errno, "open %s/%s: %s", s->dir, name, strerror(errno));
             break;
         }
+        /* the read-back before the commit holds the set's objects to --max-size as a pull
+         * does: a larger file failed there, after the set it replaced was stored over */
+        struct stat sb;
+        if (fstat(fd, &sb) == 0 && (uint64_t)sb.st_size > x->o.max_size)
+            rc = vmsnap_err_set(err, EFBIG,
+                                "%s/%s is %llu bytes, over the cap of %llu (--max-size; raise it "
+                                "for a larger image)",
+                                s->dir, name, (unsigned long long)sb.st_size,
+                                (unsigned long long)x->o.max_size);
         close(fd);
+        if (rc < 0)
+            break;
         char obj[300];
         snprintf(obj, sizeof(obj), "%s.zstd", name);
         char *k = join_key(s->prefix, obj);
@@ -1981,7 +1992,7 @@ static int manifest_same(struct xfer *x, struct vmsnap_store_conn *c, const char
     struct manifest m = {0};
     char *raw = NULL;
     size_t len = 0;
-    int rc = read_manifest_raw(c, mkey, murl, x->o.max_size, &m, &raw, &len, err);
+    int rc = read_manifest_raw(c, mkey, murl, UINT64_MAX, &m, &raw, &len, err); /* as read */
     manifest_fini(&m);
     if (rc == 0)
         rc = len == s->old_raw_len && !memcmp(raw, s->old_raw, len);

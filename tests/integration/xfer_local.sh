@@ -157,9 +157,21 @@ echo x >"$T/ov/$long"
 expect_fail "push over a set with a name too long for the store" "$VMSNAP" push "$T/ov" "$S/ov"
 grep -q "a name longer than 243 bytes" "$T/err" || fail "long name: $(cat "$T/err")"
 rm "$T/ov/$long"
+# a file over --max-size: refused before anything (it failed the read-back before the commit,
+# after the set it replaced was stored over)
+expect_fail "push over a set with a file over --max-size" "$VMSNAP" push --max-size 1M "$T/ov" "$S/ov"
+grep -q "$T/ov/mem is 3145728 bytes, over the cap of 1048576 (--max-size" "$T/err" || fail "--max-size: $(cat "$T/err")"
 "$VMSNAP" -q pull "$S/ov" "$T/ov.out" && diff -r "$T/ov" "$T/ov.out" >/dev/null ||
     fail "a push that failed on a local check did not leave the set it would replace"
 rm -rf "$T/ov.out"
+# ... while the set it replaces may hold larger files: --max-size does not make it "unusable"
+# (it was deleted before the upload, with a warning, and could not be put back on a failure)
+mkdir -p "$T/ovs" && echo s >"$T/ovs/state" && echo m >"$T/ovs/mem"
+cp -a "$S/ov" "$S/ov2"
+"$VMSNAP" push --max-size 1M "$T/ovs" "$S/ov2" 2>"$T/err" || fail "small set over a large one with --max-size: $(cat "$T/err")"
+grep -q "replacing it" "$T/err" && fail "--max-size took the set being replaced for unusable: $(cat "$T/err")"
+"$VMSNAP" -q pull "$S/ov2" "$T/ov2.out" && diff -r "$T/ovs" "$T/ov2.out" >/dev/null || fail "the small set over a large one"
+rm -rf "$T/ov2.out" "$S/ov2"
 
 # ls prints keys with control characters escaped (anyone who can write to a bucket could
 # forge lines of the listing, or send terminal escapes)
