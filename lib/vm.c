@@ -908,7 +908,9 @@ static void recover_new_checkpoint(struct vmctx *c)
     bool whole = exists(newdir) && (complete_this_boot(newdir) ||
                                     (torn && pjoin(p, newdir, COMPLETE_MARK, NULL) == 0 &&
                                      exists(p) && !snapshot_missing(newdir)));
-    if (!whole) {
+    json_object *nc = NULL;
+    bool newer = whole && newer_than_ckpt(c, newdir, &nc);
+    if (!whole || !nc) { /* (a config that cannot be read: not the VM's newest state either) */
         if (torn && rename(old, c->ckpt) == 0) {
             sys_fsync_parent(c->ckpt, NULL);
             vlog(VMSNAP_LOG_WARN,
@@ -918,14 +920,25 @@ static void recover_new_checkpoint(struct vmctx *c)
             vlog(VMSNAP_LOG_ERROR, "VM '%s': cannot put %s back as its checkpoint: %s", c->name,
                  old, strerror(errno));
         }
+        json_object_put(nc);
         return;
     }
-    json_object *nc = NULL;
-    bool newer = newer_than_ckpt(c, newdir, &nc);
-    if (!nc)
-        return;
     struct vmsnap_err e = {0};
-    if (newer && swap_checkpoint(c, newdir, &e) == 0) {
+    int src = -1;
+    if (torn) {
+        /* the swap's second rename, then the old one goes: swap_checkpoint would remove
+         * checkpoint.old first, the only fallback while the rename has not happened */
+        if (rename(newdir, c->ckpt) == 0) {
+            sys_fsync_parent(c->ckpt, NULL);
+            rm_rf(old);
+            src = 0;
+        } else {
+            vmsnap_err_set(&e, errno, "rename %s to %s: %s", newdir, c->ckpt, strerror(errno));
+        }
+    } else if (newer) {
+        src = swap_checkpoint(c, newdir, &e);
+    }
+    if (src == 0) {
         vlog(VMSNAP_LOG_WARN,
              "VM '%s': completed a checkpoint whose pause was interrupted (generation %lld)",
              c->name, (long long)cfg_int(nc, "generation"));
@@ -935,7 +948,7 @@ static void recover_new_checkpoint(struct vmctx *c)
             unlink(c->ram);
         rm_rf(c->ondemand);
         record_recovered(c, c->ckpt, "paused");
-    } else if (newer) {
+    } else if (newer || torn) {
         vlog(VMSNAP_LOG_ERROR, "VM '%s': cannot complete the interrupted checkpoint %s: %s",
              c->name, newdir, e.msg);
         c->rerr = e;
@@ -1063,8 +1076,8 @@ static int ckpt_ram(struct vmctx *c, json_object *cfg, const char *dst, bool *ra
     return 0;
 }
 
-/* The VM's VMM state; `wait` > 0: seconds its QEMU may take to answer, at most (vm ls), else
- * the QMP timeout. */
+/* The VM's VMM state; `wait` > 0: seconds its QEMU may take to answer, at most (vm ls), 0: the
+ * QMP timeout, < 0: QEMU is not asked (its pid only, a live one's state "other"). */
 static int vm_state(struct vmctx *c, json_object *cfg, double wait, enum vmsnap_vmm_state *st,
                     pid_t *pid, struct vmsnap_err *err)
 {
@@ -2492,7 +2505,7 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
         /* a VM a command holds is not asked: its QEMU may be that command's QMP client (one
          * at a time), and ls waited for it, up to the QMP timeout per VM */
         pid_t busy = lock_holder(vc.vmdir);
-        int src = busy ? 0 : vm_state(&vc, cfg, LS_QMP_WAIT, &st, &pid, &e2);
+        int src = vm_state(&vc, cfg, busy ? -1 : LS_QMP_WAIT, &st, &pid, &e2);
         if (src < 0)
             st = VMSNAP_VMM_OTHER;
         char pend[PATH_LEN];

@@ -29,7 +29,8 @@ struct vmsnap_vmm {
     unsigned cpus;
     bool ram_shared;
     bool state_has_ram;
-    double qmp_wait; /* > 0: seconds a QMP reply may take at most (a probe's); 0: the default */
+    double qmp_wait; /* > 0: seconds a QMP reply may take at most (a probe's); 0: the default;
+                      * < 0: state() reads the pid file only, QEMU is not asked */
     char qmp_sock[108], con_sock[108];
     char console_log[4096], qemu_log[4096], pidfile[4096];
 };

@@ -902,6 +902,10 @@ static int qemu_state(struct vmsnap_vmm *v, enum vmsnap_vmm_state *st, pid_t *pi
     }
     if (pidp)
         *pidp = pid;
+    if (v->qmp_wait < 0) { /* the pid only: QEMU is not asked */
+        *st = VMSNAP_VMM_OTHER;
+        return 0;
+    }
     json_object *ret = NULL, *status = NULL;
     int rc = qmp_once(v, "query-status", NULL, &ret, err);
     if (rc < 0)

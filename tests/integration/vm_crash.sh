@@ -114,6 +114,18 @@ kill -CONT $pid
 wait $pid || fail "the pause stopped and continued failed: $(cat "$T/perr")"
 vmc "$S" ls | grep -Eq '^golden +paused ' || fail "vm ls after the pause: $(vmc "$S" ls)"
 read -r r d <<<"$(last_counter "$S" golden)"
+# ... and while a resume holds it with its QEMU up (frozen after the restore): busy, with that
+# QEMU's pid, read without asking QEMU (ls asks no busy VM's QEMU, and said pid 0)
+VMSNAP_FAILPOINT=resume-restored:stop "$VMSNAP" vm resume golden --state-dir "$S" 2>"$T/rerr" &
+pid=$!
+wait_stopped $pid 60 || fail "the resume did not stop after its restore: $(cat "$T/rerr")"
+qpid=$(cat "$S/vms/golden/pid" 2>/dev/null || true)
+vmc "$S" ls | grep -Eq "^golden +busy +$qpid " && [ -n "$qpid" ] && [ "$qpid" != 0 ] ||
+    fail "vm ls during a resume holding its QEMU (pid $qpid): $(vmc "$S" ls)"
+kill -CONT $pid
+wait $pid || fail "the resume stopped and continued failed: $(cat "$T/rerr")"
+vmc "$S" pause golden || fail "pause after the frozen resume"
+read -r r d <<<"$(last_counter "$S" golden)"
 resume_check "$S" golden "$r" "$d" || done_tests
 sleep 4
 rc=0 && VMSNAP_FAILPOINT=checkpoint-before-swap vmc "$S" pause golden 2>"$T/err" || rc=$?
