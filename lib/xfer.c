@@ -1499,6 +1499,17 @@ static int delete_set_object(struct vmsnap_store_conn *ctl, const char *prefix, 
     return drc == -ENOENT ? 1 : 0;
 }
 
+/* A failed push's mark at the end of its clean-up: removed when everything it names went
+ * (`left` false), else it stays, and says so, for gc. */
+static void end_mark(struct vmsnap_store_conn *ctl, const struct set_push *s, const char *url,
+                     bool left)
+{
+    if (left)
+        vlog(VMSNAP_LOG_WARN, "%s: this push's mark stays for 'vmsnap gc' to finish", url);
+    else if (s->mark_key && vmsnap_store_delete(ctl, s->mark_key, NULL) < 0)
+        vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
+}
+
 /* A failed push removes what it stored, unless another push committed a set there meanwhile
  * (the objects may be that push's now). Clean-up: runs after a cancel too. */
 static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
@@ -1533,10 +1544,7 @@ static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, con
     }
     /* the mark last, and only when every object went: while it stays, gc knows the objects may
      * be left */
-    if (left)
-        vlog(VMSNAP_LOG_WARN, "%s: this push's mark stays for 'vmsnap gc' to finish", url);
-    else if (s->mark_key && vmsnap_store_delete(ctl, s->mark_key, NULL) < 0)
-        vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
+    end_mark(ctl, s, url, left);
     if (!left && lp)
         vmsnap_store_tidy(ctl, lp);
     free(lp);
@@ -1734,10 +1742,7 @@ static bool restore_old(struct vmsnap_store_conn *ctl, const char *prefix, const
     }
     if (back) {
         vlog(VMSNAP_LOG_WARN, "%s: the set this push was replacing is in place again", url);
-        if (left)
-            vlog(VMSNAP_LOG_WARN, "%s: this push's mark stays for 'vmsnap gc' to finish", url);
-        else if (s->mark_key && vmsnap_store_delete(ctl, s->mark_key, NULL) < 0)
-            vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
+        end_mark(ctl, s, url, left);
     }
     free(lp);
     cancel_release();
@@ -2070,10 +2075,7 @@ static void remove_new_names(struct xfer *x, struct vmsnap_store_conn *ctl, cons
         if (delete_set_object(ctl, prefix, s->files[i].name, url, "") < 0)
             left = true;
     }
-    if (left)
-        vlog(VMSNAP_LOG_WARN, "%s: this push's mark stays for 'vmsnap gc' to finish", url);
-    else if (s->mark_key && vmsnap_store_delete(ctl, s->mark_key, NULL) < 0)
-        vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
+    end_mark(ctl, s, url, left);
     free(lp);
     cancel_release();
 }
