@@ -3058,7 +3058,8 @@ static int read_manifest_x(struct vmsnap_store_conn *c, const char *mkey, const 
         if (unusable)
             *unusable = true;
     }
-    if (rc == 0 && got < size) {
+    const bool two_gets = rc == 0 && got < size;
+    if (two_gets) {
         /* larger than TAIL_READ: read it whole in one more GET rather than splicing the front
          * onto the tail, so a manifest replaced between the two requests cannot be half one
          * version and half the other (a longer replacement arrives truncated and fails to parse) */
@@ -3069,8 +3070,10 @@ static int read_manifest_x(struct vmsnap_store_conn *c, const char *mkey, const 
         else
             rc = vmsnap_store_get(c, mkey, 0, size, buf, err);
     }
+    /* read in two GETs, a manifest replaced in between arrives cut (its parse fails): that is
+     * not damage to replace, but another push's set (taken for corrupt, it was un-committed) */
     if (rc == 0 && (rc = manifest_parse(buf, size, murl, max_size, m, err)) < 0 && unusable)
-        *unusable = rc != -ENOMEM;
+        *unusable = rc != -ENOMEM && !two_gets;
     if (rc == 0 && raw) {
         *raw = buf;
         *raw_len = (size_t)size;

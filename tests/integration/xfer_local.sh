@@ -697,6 +697,15 @@ grep -q "cannot read what is at the destination, which this push would replace: 
     fail "push over a manifest that cannot be read: $(cat "$T/err")"
 [ "$(ls -A "$S/nrs/nr2" | tr '\n' ' ')" = "manifest.json " ] ||
     fail "a push refused over an unreadable manifest changed: $(ls -A "$S/nrs/nr2")"
+# ... and one larger than the first GET (64 KiB) that does not parse: read in two GETs, it may
+# be another push's manifest replaced between them (cut short), not a corrupt one to replace
+rm -rf "$S/nrs/nr3" && mkdir -p "$S/nrs/nr3" && head -c 100000 /dev/zero | tr '\0' x >"$S/nrs/nr3/manifest.json"
+expect_fail "push over a large manifest that does not parse" "$VMSNAP" push "$T/nra" "$S/nrs/nr3"
+grep -q "cannot read what is at the destination" "$T/err" || fail "large unparsable manifest: $(cat "$T/err")"
+[ "$(stat -c %s "$S/nrs/nr3/manifest.json")" = 100000 ] || fail "a push replaced a large unparsable manifest"
+# (a small one is taken for corrupt and replaced, with a warning)
+printf '{"broken' >"$S/nrs/nr3/manifest.json"
+"$VMSNAP" -q push "$T/nra" "$S/nrs/nr3" 2>"$T/err" || fail "push over a small corrupt manifest: $(cat "$T/err")"
 
 # a failed push's clean-up meets another push at the same prefix: once that push's mark or
 # manifest is there it deletes nothing more (it checked once, before all its deletes: a push
