@@ -169,8 +169,13 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
             return cli_usage(verb, "bad option"), -1;
         }
     }
-    if (o->part_size && o->max_memory && o->max_memory < o->part_size)
-        return cli_usage(verb, "--max-memory must be at least --part-size"), -1;
+    /* a budget under one part cannot hold the part being filled: it was accepted and not kept
+     * (--max-memory 1M peaked at 120 MB) */
+    if (!strcmp(verb, "push") && o->max_memory &&
+        o->max_memory < (o->part_size ? o->part_size : VMSNAP_XFER_DEFAULT_PART_SIZE))
+        return cli_usage(verb, "--max-memory must be at least the part size (--part-size, %s)",
+                         o->part_size ? "as given" : "16M by default"),
+               -1;
     struct vmsnap_pack_opts po = {.frame_size = o->frame_size, .level = o->level};
     struct vmsnap_err perr = {0};
     if (vmsnap_image_check_pack_opts(&po, &perr) < 0) /* a usage error, as pack says it */

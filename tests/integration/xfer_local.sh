@@ -150,6 +150,11 @@ mkdir -p "$T/ov" && echo s >"$T/ov/state" && mk "$T/ov/mem" $((3 * 1024 * 1024))
 rc=0; "$VMSNAP" push --frame-size 512K "$T/ov" "$S/ov" 2>"$T/err" || rc=$?
 [ "$rc" = 2 ] && grep -q "frame size 524288" "$T/err" || fail "bad frame size: exit $rc: $(cat "$T/err")"
 expect_fail "push over a set with a too large part size" "$VMSNAP" push --part-size 6G "$T/ov" "$S/ov"
+# a memory budget under one part (16M by default) is a usage error: it was taken and not kept
+for a in "--max-memory 1M" "--max-memory 128K --part-size 256K"; do
+    rc=0 && "$VMSNAP" push $a "$T/ov" "$S/ov" 2>"$T/err" || rc=$?
+    [ "$rc" = 2 ] && grep -q "max-memory must be at least the part size" "$T/err" || fail "push $a: exit $rc: $(cat "$T/err")"
+done
 # (a name of 240 bytes: its object, 245, fits a directory, but not its upload's temporary
 # beside it, `.<object>.mpu-XXXXXX`: it passed this check and failed half way)
 long=$(printf 'n%.0s' $(seq 1 240))
