@@ -33,6 +33,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2586,9 +2587,21 @@ int vmsnap_vm_console_send(const struct vmsnap_vm_opts *o, const char *name, con
         rc = sys_write_full(fd, "\n", 1);
     if (rc < 0)
         rc = vmsnap_err_set(err, -rc, "VM '%s' console: %s", name, strerror(-rc));
-    /* Give the chardev a moment to pass the bytes on before the peer disappears. */
-    struct timespec ts = {0, 100 * 1000000L};
-    nanosleep(&ts, NULL);
+    /* Closed right after the write, the line could be lost: QEMU's socket chardev accepts one
+     * client at a time and reads only while the serial port takes bytes, and a hang-up it saw
+     * first dropped what was unread (a busy guest under load: a test's command went unanswered).
+     * So the write side is shut and the socket held until QEMU, having read everything, closes
+     * its end (its EOF), 5 s at most. */
+    if (rc == 0 && shutdown(fd, SHUT_WR) == 0) {
+        struct pollfd p = {fd, POLLIN, 0};
+        char sink[256];
+        for (int waited = 0; waited < 5000 && poll(&p, 1, 100) >= 0; waited += 100) {
+            if (!(p.revents & (POLLIN | POLLHUP)))
+                continue;
+            if (read(fd, sink, sizeof(sink)) <= 0)
+                break; /* EOF: QEMU read the line and let go */
+        }
+    }
     close(fd);
     return rc;
 }
