@@ -21,7 +21,6 @@
 #include "sys/sys.h"
 
 #include <errno.h>
-#include <signal.h>
 #include <fcntl.h>
 #include <libgen.h>
 #include <pthread.h>
@@ -446,9 +445,7 @@ int vmsnap_disk_clone(const char *src, const char *dst, const struct vmsnap_disk
     }
     close(sfd);
     sfd = -1;
-    const char *fp = getenv("VMSNAP_FAILPOINT"); /* test hook: frozen with the copy made */
-    if (fp && !strcmp(fp, "disk-clone-copied:stop"))
-        raise(SIGSTOP);
+    sys_failpoint("disk-clone-copied"); /* test hook: the copy made */
     if (fchmod(af.fd, st.st_mode & 0777) < 0) {
         rc =
             vmsnap_err_set(err, errno, "disk clone %s: chmod %s: %s", src, af.tmp, strerror(errno));

@@ -16,6 +16,8 @@
  */
 #include "pcache_int.h"
 
+#include "sys/sys.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <dirent.h>
@@ -345,15 +347,6 @@ static bool root_preserved(const struct preserve_set *ps, const char *path)
 static bool same_inode(const struct stat *a, const struct stat *b)
 {
     return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
-}
-
-/* Test hook: VMSNAP_FAILPOINT=NAME:stop freezes the process at the point NAME (as xfer.c's). */
-static void pcache_failpoint(const char *name)
-{
-    const char *f = getenv("VMSNAP_FAILPOINT");
-    size_t nl = strlen(name);
-    if (f && !strncmp(f, name, nl) && !strcmp(f + nl, ":stop"))
-        raise(SIGSTOP);
 }
 
 /* Whether the file `sb` (`name` in the directory `dfd`) is, right now, at a preserved path or
@@ -1073,7 +1066,7 @@ static int evict_common(const char *path, const char *base, const char *const *p
     int rc = preserve_init(&ps, base, preserve, err);
     if (rc < 0)
         return rc;
-    pcache_failpoint("evict-preserved");
+    sys_failpoint("evict-preserved");
     struct evict_ctx c = {.opts = opts ? opts : &defaults, .rep = rep ? rep : &scratch};
     struct walk w = {
         .op = remove_dirs ? "release" : "evict",

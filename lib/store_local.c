@@ -22,7 +22,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -262,9 +261,7 @@ static int lput(struct vmsnap_store_conn *c, const char *key, const void *buf, s
     if (rc == 0)
         rc = lmpu_part(c, key, id, 1, 0, buf, len, NULL, err);
     if (rc == 0) {
-        const char *f = getenv("VMSNAP_FAILPOINT"); /* test hook: killed with the data written */
-        if (f && !strcmp(f, "local-put-written"))
-            raise(SIGKILL);
+        sys_failpoint("local-put-written"); /* test hook: the data written */
         rc = lmpu_complete(c, key, id, NULL, 0, err);
     }
     if (rc < 0 && id)

@@ -192,18 +192,6 @@ static bool stage_unsaved(const struct vmctx *c)
            S_ISREG(sb.st_mode);
 }
 
-/* Test hook: VMSNAP_FAILPOINT=NAME kills the process at the point of that name, with SIGKILL
- * (no cleanup runs), as a crash or the OOM killer would. The crash-recovery tests use it. */
-static void vm_failpoint(const char *name)
-{
-    const char *f = getenv("VMSNAP_FAILPOINT");
-    size_t nl = strlen(name);
-    if (f && !strcmp(f, name))
-        raise(SIGKILL);
-    if (f && !strncmp(f, name, nl) && !strcmp(f + nl, ":stop"))
-        raise(SIGSTOP); /* NAME:stop: frozen there, the VM still held (tests of "busy") */
-}
-
 /* Everything a snapshot directory needs to restore the VM. */
 static const char *const snapshot_files[] = {"memory-ranges", "state", "config.json", DISK_CKPT};
 #define N_SNAPSHOT_FILES (sizeof(snapshot_files) / sizeof(snapshot_files[0]))
@@ -727,7 +715,7 @@ static int swap_checkpoint(struct vmctx *c, const char *newdir, struct vmsnap_er
     if (exists(c->ckpt)) {
         if (rename(c->ckpt, old) < 0)
             return vmsnap_err_set(err, errno, "rename %s: %s", c->ckpt, strerror(errno));
-        vm_failpoint("checkpoint-swap-torn");
+        sys_failpoint("checkpoint-swap-torn");
     }
     if (rename(newdir, c->ckpt) < 0) {
         int e = errno;
@@ -1350,7 +1338,7 @@ static int finish_local(struct vmctx *c, json_object *cfg, const char *sdir, boo
         json_object_put(ck);
     }
     if (rc == 0)
-        vm_failpoint("checkpoint-before-swap");
+        sys_failpoint("checkpoint-before-swap");
     if (rc == 0)
         rc = swap_checkpoint(c, newdir, err);
     if (rc < 0) {
@@ -1418,7 +1406,7 @@ int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name, struct vms
     if (rc == 0)
         rc = take_state(&c, cfg, v, newdir, t, &t0, err);
     if (rc == 0)
-        vm_failpoint("pause-taken");
+        sys_failpoint("pause-taken");
     if (rc == 0) {
         rc = finish_local(&c, cfg, newdir, !(o && o->no_evict), t, &t0, err);
         if (rc < 0)
@@ -1673,7 +1661,7 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
         rc = take_state(&c, cfg, v, c.stage, t, &t0, err);
     if (rc < 0)
         goto out;
-    vm_failpoint("suspend-taken");
+    sys_failpoint("suspend-taken");
     char p[PATH_LEN];
     bool ram_in_state = false;
     rc = pjoin(p, c.stage, "memory-ranges", err);
@@ -1721,7 +1709,7 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
         keep_stage(&c, cfg, e2.msg, err);
         goto out;
     }
-    vm_failpoint("suspend-staged");
+    sys_failpoint("suspend-staged");
     step(t, "stage", &t0);
     struct vmsnap_xfer_stats xs = {0};
     struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
@@ -2238,14 +2226,14 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     /* a cancel (SIGINT) before the restore: the ordinary failure path undoes the staging */
     if ((rc = cancel_check(err)) < 0)
         goto out_src;
-    vm_failpoint("resume-before-restore");
+    sys_failpoint("resume-before-restore");
     rc = vmm_from_cfg(&c, cfg, &v, err);
     if (rc == 0)
         rc = vmsnap_vmm_restore(v, src, err);
     if (rc < 0)
         goto out_src;
     restored = true;
-    vm_failpoint("resume-restored");
+    sys_failpoint("resume-restored");
     step(t, "restore", &t0);
 
     /* Release the restore files: pulled ones are truncated (the privately mapped image of an
@@ -2311,7 +2299,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     if (from_stage)
         stage_consumed(&c);
     step(t, "resume", &t0);
-    vm_failpoint("resume-running"); /* the guest runs; nothing cleaned up yet */
+    sys_failpoint("resume-running"); /* the guest runs; nothing cleaned up yet */
     if (url)
         rm_rf(c.ckpt); /* superseded by the store's snapshot, now that the VM runs from it */
     if (from_stage)

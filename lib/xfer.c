@@ -1383,24 +1383,6 @@ static const char *key_base(const char *key)
     return sl ? sl + 1 : key;
 }
 
-/* Test hook (as vm.c's): VMSNAP_FAILPOINT=NAME kills the process at the point NAME (SIGKILL),
- * NAME:stop freezes it there. */
-static void xfer_failpoint(const char *name)
-{
-    const char *f = getenv("VMSNAP_FAILPOINT");
-    size_t nl = strlen(name);
-    if (f && !strncmp(f, name, nl) && !strcmp(f + nl, ":stop")) {
-        raise(SIGSTOP);
-        /* continued: a signal sent while stopped (a test's SIGINT before its SIGCONT) is taken
-         * by the CLI's signal thread, not this one; give it time to set the cancel flag, or this
-         * thread runs on past the checks the test is about */
-        struct timespec ts = {0, 200 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    } else if (f && !strcmp(f, name)) {
-        raise(SIGKILL);
-    }
-}
-
 /* Is another push at `lp` ("P/"): its manifest there, or a push mark other than `own`? (One
  * listing; < 0 when it cannot tell.) A failed push's clean-up asks before each delete: the
  * objects of its names may be a racing push's now, and that push stores its mark before any
@@ -1540,7 +1522,7 @@ static void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, con
                               "") < 0)
             left = true;
         if (i == 0)
-            xfer_failpoint("push-cleanup-deleted"); /* after its first delete */
+            sys_failpoint("push-cleanup-deleted"); /* after its first delete */
     }
     /* the mark last, and only when every object went: while it stays, gc knows the objects may
      * be left */
@@ -1571,7 +1553,7 @@ static void def_run(struct xtask *xt, struct vmsnap_store_conn *c)
     cancel_hold(); /* per thread: once asked for, a completion runs to its answer */
     static atomic_flag stopped_once = ATOMIC_FLAG_INIT;
     if (!t->abort && !atomic_flag_test_and_set(&stopped_once))
-        xfer_failpoint("push-completion"); /* the first completion: a test's Ctrl-C here */
+        sys_failpoint("push-completion"); /* the first completion: a test's Ctrl-C here */
     struct deferred *d = &t->s->def[t->i];
     const struct mf_file *mine = &t->s->files[t->i], *old = &t->s->old_files[t->i];
     char obj[300];
@@ -1649,7 +1631,7 @@ static int finish_deferred(struct set_push *s, bool abort, struct vmsnap_err *er
     if (n == 0)
         return 0;
     if (!abort)
-        xfer_failpoint("push-completing");
+        sys_failpoint("push-completing");
     int rc = abort ? 0 : cancel_check(err);
     if (rc < 0)
         abort = true;
@@ -2129,7 +2111,7 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
     rc = s.mark_key ? put_mark(ctl, &s, mark_time, url, err)
                     : vmsnap_err_set(err, ENOMEM, "out of memory");
     if (rc == 0)
-        xfer_failpoint("push-marked");
+        sys_failpoint("push-marked");
     struct vmsnap_err oe = {0};
     int orc = find_replaced(&s, &old, &oe);
     manifest_fini(&old.m);
@@ -2231,7 +2213,7 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
          * manifest another push committed since is that push's set, not this one's to delete),
          * and not once cancelled (the set stays) */
         int same = 0, held = 1;
-        xfer_failpoint("push-uncommitting");
+        sys_failpoint("push-uncommitting");
         if ((rc = cancel_check(err)) == 0 && (held = held_intact(ctl, prefix, &s, err)) <= 0) {
             rc = held < 0 ? held : -EBUSY;
             vmsnap_err_wrap(err, "%s: ", url);
@@ -2315,7 +2297,7 @@ static int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *d
          * its work (one left behind is gc's: the manifest names its push, the mark what it
          * replaced) */
         if (rc == 0)
-            xfer_failpoint("push-committed");
+            sys_failpoint("push-committed");
         if (rc == 0 && remove_replaced(ctl, prefix, mkey, &s, url) &&
             vmsnap_store_delete(ctl, s.mark_key, NULL) < 0)
             vlog(VMSNAP_LOG_WARN, "%s: cannot remove the push mark %s (gc will)", url, s.mark_key);
@@ -3132,8 +3114,8 @@ static void drop_stale_links(const char *dir)
 static int publish_set(struct xfer *x, const char *dir, struct down *ds, size_t n,
                        struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
 {
-    static atomic_ulong link_seq;      /* unique names for pulls running at once in one process */
-    xfer_failpoint("pull-publishing"); /* every file downloaded, none in place: a test's kill */
+    static atomic_ulong link_seq;     /* unique names for pulls running at once in one process */
+    sys_failpoint("pull-publishing"); /* every file downloaded, none in place: a test's kill */
     struct pub {
         char *path; /* the destination (the commit frees the atomic file's copy) */
         char *old;  /* a link to the file it replaces, or NULL */
@@ -3929,7 +3911,7 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
             l->objects += cands[q].present;
         goto out;
     }
-    xfer_failpoint("gc-before-delete");
+    sys_failpoint("gc-before-delete");
     /* Each delete right after a listing that shows the prefix as the first one did (a push
      * started since wrote its mark, and whatever it stored is newer), in one attempt: no
      * back-off between the check and the delete. Then the marks. */

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -411,4 +412,17 @@ int sys_lexical_path(const char *path, char *out, size_t len)
     if (o == 0)
         snprintf(out, len, "/");
     return 0;
+}
+
+void sys_failpoint(const char *name)
+{
+    const char *f = getenv("VMSNAP_FAILPOINT");
+    size_t nl = strlen(name);
+    if (f && !strcmp(f, name))
+        raise(SIGKILL);
+    if (f && !strncmp(f, name, nl) && !strcmp(f + nl, ":stop")) {
+        raise(SIGSTOP);
+        struct timespec ts = {0, 200 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
 }

@@ -49,6 +49,13 @@ int sys_atomic_commit_ex(struct sys_atomic_file *af, bool sync, bool noreplace,
 int sys_atomic_close(struct sys_atomic_file *af, struct vmsnap_err *err);
 void sys_atomic_abort(struct sys_atomic_file *af);
 
+/* Test hook, one for every module: VMSNAP_FAILPOINT=NAME kills the process at the point NAME
+ * (SIGKILL: no clean-up runs, as a crash or the OOM killer would), NAME:stop freezes it there
+ * (SIGSTOP; continued, it waits 0.2 s: a signal a test sent while it was stopped, a SIGINT
+ * before its SIGCONT, is taken by the CLI's signal thread, which needs that time to set the
+ * cancel flag before this thread runs past the checks the test is about). */
+void sys_failpoint(const char *name);
+
 /* fsync the directory holding `path`. */
 int sys_fsync_parent(const char *path, struct vmsnap_err *err);
 /* 0 when `path` is a regular file or nothing: what may be replaced by a rename. Else an error
