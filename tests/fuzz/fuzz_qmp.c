@@ -2,7 +2,7 @@
 /* Fuzz target: the QMP reply classifier on untrusted bytes (what a hostile or broken QEMU could
  * send on its socket). A reply is an event/greeting (0), a return (1, with a value), or an error
  * (negative, with a message that names the command); a status string maps to some state. */
-#include "vmm_int.h"
+#include "vmm/vmm_int.h"
 
 #include <stdint.h>
 #include <stdlib.h>

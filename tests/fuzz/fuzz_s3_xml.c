@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target: the S3 XML reader on untrusted response bodies, walking them the way the S3
  * backend does (list results, uploads, errors). */
-#include "s3_int.h"
+#include "store/s3/s3_int.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target: the seek table parser on untrusted bytes (the whole skippable frame). */
-#include "image_int.h"
+#include "image/image_int.h"
 #include "vmsnap/image.h"
 
 #include <stddef.h>

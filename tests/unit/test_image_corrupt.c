@@ -6,7 +6,7 @@
  * Every case must exit 1 with a message, and leave nothing at (or beside) the destination.
  */
 #include "img_util.h"
-#include "image_int.h"
+#include "image/image_int.h"
 #include "util/util.h"
 
 #include <dirent.h>

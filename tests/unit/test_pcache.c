@@ -6,7 +6,7 @@
  * and by the mountinfo fallback). Needs cachestat (Linux 6.5+) and a file system with a page cache
  * that tracks dirty pages (not tmpfs). */
 #include "t.h"
-#include "pcache_int.h"
+#include "pcache/pcache_int.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -4,7 +4,7 @@
  * one line, do not crash, still truncate staged files, leave preserved files untouched (content
  * and cached pages) and stat through mincore. */
 #include "t.h"
-#include "pcache_int.h"
+#include "pcache/pcache_int.h"
 
 #include <errno.h>
 #include <fcntl.h>

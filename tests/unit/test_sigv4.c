@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* SigV4 against AWS's published examples, the S3 XML reader on hostile input, URL parsing, and
  * manifest validation. */
-#include "manifest_int.h"
-#include "s3_int.h"
-#include "sigv4_int.h"
-#include "store_int.h"
+#include "xfer/manifest_int.h"
+#include "store/s3/s3_int.h"
+#include "store/s3/sigv4_int.h"
+#include "store/store_int.h"
 #include "t.h"
 
 #include <errno.h>

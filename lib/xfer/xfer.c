@@ -20,7 +20,7 @@
  */
 #include "sys/crypto_dl.h"
 #include "manifest_int.h"
-#include "store_int.h"
+#include "store/store_int.h"
 #include "xfer_int.h"
 
 #include "sys/sys.h"

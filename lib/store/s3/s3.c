@@ -12,7 +12,7 @@
 #include "s3_curl.h"
 #include "s3_int.h"
 #include "sigv4_int.h"
-#include "store_int.h"
+#include "store/store_int.h"
 
 #include "sys/sys.h"
 #include "util/util.h"

@@ -21,7 +21,7 @@
  * Every step that can fail leaves either the running VM or the latest complete checkpoint: a new
  * checkpoint is built under checkpoint.new and swapped in by renames only once complete.
  */
-#include "vmm_int.h"
+#include "vmm/vmm_int.h"
 
 #include "sys/sys.h"
 #include "util/util.h"

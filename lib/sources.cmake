@@ -1,0 +1,56 @@
+# SPDX-License-Identifier: Apache-2.0
+# The library's sources, one block per module folder, in dependency order (docs/ARCHITECTURE.md):
+# util <- sys <- {image, store, pcache, disk, vmm} <- xfer <- vm. A new file is added here.
+
+set(VMSNAP_UTIL_SOURCES
+    lib/util/cancel.c
+    lib/util/err.c
+    lib/util/fmt.c)
+
+set(VMSNAP_SYS_SOURCES
+    lib/sys/crypto_dl.c
+    lib/sys/fileio.c)
+
+set(VMSNAP_IMAGE_SOURCES
+    lib/image/image_dec.c
+    lib/image/image_enc.c
+    lib/image/image_io.c
+    lib/image/image_rec.c
+    lib/image/image_seq.c)
+
+set(VMSNAP_STORE_SOURCES
+    lib/store/store.c
+    lib/store/store_local.c
+    lib/store/s3/s3.c
+    lib/store/s3/s3_curl.c
+    lib/store/s3/s3_xml.c
+    lib/store/s3/sigv4.c)
+
+set(VMSNAP_PCACHE_SOURCES
+    lib/pcache/pcache.c
+    lib/pcache/pcache_retry.c)
+
+set(VMSNAP_DISK_SOURCES
+    lib/disk/disk.c
+    lib/disk/disk_clone.c
+    lib/disk/disk_io.c
+    lib/disk/disk_tree.c)
+
+set(VMSNAP_VMM_SOURCES
+    lib/vmm/vmm.c
+    lib/vmm/vmm_qemu.c)
+
+set(VMSNAP_XFER_SOURCES
+    lib/xfer/manifest.c
+    lib/xfer/xfer.c
+    lib/xfer/xfer_pool.c)
+
+set(VMSNAP_VM_SOURCES
+    lib/vm/vm.c)
+
+set(VMSNAP_LIB_SOURCES "")
+foreach(mod UTIL SYS IMAGE STORE PCACHE DISK VMM XFER VM)
+  foreach(src IN LISTS VMSNAP_${mod}_SOURCES)
+    list(APPEND VMSNAP_LIB_SOURCES ${CMAKE_SOURCE_DIR}/${src})
+  endforeach()
+endforeach()
