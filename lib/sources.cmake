@@ -5,7 +5,7 @@
 set(VMSNAP_UTIL_SOURCES
     lib/util/cancel.c
     lib/util/err.c
-    lib/util/fmt.c)
+    lib/util/misc.c)
 
 set(VMSNAP_SYS_SOURCES
     lib/sys/crypto_dl.c

@@ -175,8 +175,7 @@ static int check_sources(const char *path, const struct vmsnap_disk_create_opts 
     struct stat st;
     if (o->from_dir) {
         if (stat(o->from_dir, &st) < 0)
-            return vmsnap_err_set(err, errno, "disk create %s: --from-dir %s: %s", path,
-                                  o->from_dir, strerror(errno));
+            return err_sys(err, "disk create %s: --from-dir %s", path, o->from_dir);
         if (!S_ISDIR(st.st_mode))
             return vmsnap_err_set(err, ENOTDIR, "disk create %s: --from-dir %s: not a directory",
                                   path, o->from_dir);
@@ -194,8 +193,7 @@ static int check_sources(const char *path, const struct vmsnap_disk_create_opts 
         if (e->op == VMSNAP_DISK_ADD && !e->src)
             return vmsnap_err_set(err, EINVAL, "disk create %s: %s: no source", path, e->dest);
         if (e->op == VMSNAP_DISK_ADD && lstat(e->src, &st) < 0)
-            return vmsnap_err_set(err, errno, "disk create %s: source %s: %s", path, e->src,
-                                  strerror(errno));
+            return err_sys(err, "disk create %s: source %s", path, e->src);
     }
     return 0;
 }
@@ -298,8 +296,7 @@ int vmsnap_disk_create(const char *path, const struct vmsnap_disk_create_opts *o
     ext2_filsys fs = NULL;
     struct disk_tree *tree = NULL;
     if (ftruncate(af.fd, (off_t)size) < 0) {
-        rc = vmsnap_err_set(err, errno, "disk create %s: set size %llu: %s", path,
-                            (unsigned long long)size, strerror(errno));
+        rc = err_sys(err, "disk create %s: set size %llu", path, (unsigned long long)size);
         goto out;
     }
 
@@ -324,14 +321,14 @@ int vmsnap_disk_create(const char *path, const struct vmsnap_disk_create_opts *o
     if (o->uuid) {
         memcpy(sb->s_uuid, o->uuid, 16);
     } else if ((rc = disk_random_uuid(sb->s_uuid)) < 0) {
-        rc = vmsnap_err_set(err, -rc, "disk create %s: random UUID: %s", path, strerror(-rc));
+        rc = err_code(err, -rc, "disk create %s: random UUID", path);
         goto out;
     }
     sb->s_checksum_type = EXT2_CRC32C_CHKSUM;
     sb->s_checksum_seed = ext2fs_crc32c_le(~0U, sb->s_uuid, sizeof(sb->s_uuid));
     ext2fs_init_csum_seed(fs);
     if ((rc = disk_random_uuid((uint8_t *)sb->s_hash_seed)) < 0) {
-        rc = vmsnap_err_set(err, -rc, "disk create %s: random hash seed: %s", path, strerror(-rc));
+        rc = err_code(err, -rc, "disk create %s: random hash seed", path);
         goto out;
     }
     sb->s_def_hash_version = EXT2_HASH_HALF_MD4;
@@ -455,7 +452,7 @@ static int open_img(const char *path, bool rw, ext2_filsys *fs, int *fd, struct 
         if (*fd >= 0)
             close(*fd);
         *fd = -1;
-        return vmsnap_err_set(err, e, "disk %s %s: %s", verb, path, strerror(e));
+        return err_code(err, e, "disk %s %s", verb, path);
     }
     if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
         close(*fd);
@@ -510,7 +507,7 @@ int vmsnap_disk_info(const char *path, struct vmsnap_disk_info *info, struct vms
     memset(info, 0, sizeof(*info));
     struct stat st;
     if (stat(path, &st) < 0)
-        return vmsnap_err_set(err, errno, "disk info %s: %s", path, strerror(errno));
+        return err_sys(err, "disk info %s", path);
     ext2_filsys fs;
     int rofd;
     int rc = open_img(path, false, &fs, &rofd, err, "info");
@@ -590,7 +587,7 @@ int disk_set_uuid(const char *path, const char *name, const uint8_t *uuid, bool 
     if (uuid) {
         memcpy(sb.s_uuid, uuid, 16);
     } else if ((rc = disk_random_uuid(sb.s_uuid)) < 0) {
-        rc = vmsnap_err_set(err, -rc, "new UUID for %s: random UUID: %s", name, strerror(-rc));
+        rc = err_code(err, -rc, "new UUID for %s: random UUID", name);
         goto out;
     }
     /* The geometry is the image's: a crafted one (8 blocks per group, no sparse_super) in a
@@ -617,8 +614,8 @@ int disk_set_uuid(const char *path, const char *name, const uint8_t *uuid, bool 
         ext2fs_superblock_csum_set(fs, &sb);
         int w = sys_pwrite_full(fd, &sb, sizeof(sb), off);
         if (w < 0) {
-            rc = vmsnap_err_set(err, -w, "new UUID for %s: write superblock of group %u: %s", name,
-                                (unsigned)g, strerror(-w));
+            rc = err_code(err, -w, "new UUID for %s: write superblock of group %u", name,
+                          (unsigned)g);
             goto out;
         }
     }
@@ -626,7 +623,7 @@ int disk_set_uuid(const char *path, const char *name, const uint8_t *uuid, bool 
 out:
     ext2fs_free(fs);
     if (close(rofd) < 0 && rc == 0)
-        rc = vmsnap_err_set(err, errno, "new UUID for %s: close: %s", name, strerror(errno));
+        rc = err_sys(err, "new UUID for %s: close", name);
     return rc;
 }
 

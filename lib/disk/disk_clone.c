@@ -118,14 +118,8 @@ static int queue_range_direct(struct direct_io *d, int sfd, int dfd, uint64_t of
         rc = copy_range(sfd, dfd, off, a0, use_cfr, buf);
     }
     for (uint64_t o = a0; rc == 0 && o < a1;) {
-        if (d->n == d->cap) {
-            size_t cap = d->cap ? d->cap * 2 : 256;
-            struct dchunk *c = realloc(d->c, cap * sizeof(*c));
-            if (!c)
-                return -ENOMEM;
-            d->c = c;
-            d->cap = cap;
-        }
+        if (grow_array(&d->c, &d->cap, d->n + 1, sizeof(*d->c), 256) < 0)
+            return -ENOMEM;
         uint32_t len = (uint32_t)VMSNAP_MIN(a1 - o, (uint64_t)DIRECT_BUF);
         d->c[d->n++] = (struct dchunk){o, len};
         o += len;
@@ -232,7 +226,7 @@ static int copy_extents(const char *src, int sfd, int dfd, uint64_t size, bool d
                         enum vmsnap_disk_clone_how *how, struct vmsnap_err *err)
 {
     if (ftruncate(dfd, (off_t)size) < 0)
-        return vmsnap_err_set(err, errno, "set size: %s", strerror(errno));
+        return err_sys(err, "set size");
     bool use_cfr = true;
     uint8_t *buf = NULL;
     int rc = 0;
@@ -244,32 +238,29 @@ static int copy_extents(const char *src, int sfd, int dfd, uint64_t size, bool d
         if (data < 0) {
             if (errno == ENXIO)
                 break;
-            rc = vmsnap_err_set(err, errno, "seek data in %s: %s", src, strerror(errno));
+            rc = err_sys(err, "seek data in %s", src);
             goto out;
         }
         off_t hole = lseek(sfd, data, SEEK_HOLE);
         if (hole < 0) {
-            rc = vmsnap_err_set(err, errno, "seek hole in %s: %s", src, strerror(errno));
+            rc = err_sys(err, "seek hole in %s", src);
             goto out;
         }
         uint64_t end = VMSNAP_MIN((uint64_t)hole, size);
         rc = direct ? queue_range_direct(&d, sfd, dfd, (uint64_t)data, end, &use_cfr, &buf)
                     : copy_range(sfd, dfd, (uint64_t)data, end, &use_cfr, &buf);
         if (rc == -ENOSPC || rc == -EDQUOT) { /* the copy's side (the caller names it) */
-            rc = vmsnap_err_set(err, -rc, "writing the copy at offset %lld: %s", (long long)data,
-                                strerror(-rc));
+            rc = err_code(err, -rc, "writing the copy at offset %lld", (long long)data);
             goto out;
         } else if (rc < 0) {
-            rc = vmsnap_err_set(err, -rc, "copy %s at offset %lld: %s", src, (long long)data,
-                                strerror(-rc));
+            rc = err_code(err, -rc, "copy %s at offset %lld", src, (long long)data);
             goto out;
         }
         pos = end;
     }
     if (direct && d.n && (rc = run_direct(&d)) < 0) {
-        rc = vmsnap_err_set(err, -rc, "%s %s (direct I/O): %s",
-                            rc == -ENOSPC || rc == -EDQUOT ? "writing the copy of" : "copy", src,
-                            strerror(-rc));
+        rc = err_code(err, -rc, "%s %s (direct I/O)",
+                      rc == -ENOSPC || rc == -EDQUOT ? "writing the copy of" : "copy", src);
         goto out;
     }
     if (direct && d.cached) {
@@ -278,7 +269,7 @@ static int copy_extents(const char *src, int sfd, int dfd, uint64_t size, bool d
         if (sync_file_range(dfd, 0, 0,
                             SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
                                 SYNC_FILE_RANGE_WAIT_AFTER) < 0) {
-            rc = vmsnap_err_set(err, errno, "write out the copy of %s: %s", src, strerror(errno));
+            rc = err_sys(err, "write out the copy of %s", src);
             goto out;
         }
         (void)posix_fadvise(dfd, 0, 0, POSIX_FADV_DONTNEED);
@@ -319,8 +310,7 @@ static int do_link(const char *src, const char *dst, const struct stat *want, bo
             return 0;
         if (errno == EXDEV || errno == EPERM)
             return -EXDEV;
-        return vmsnap_err_set(err, errno, "disk clone %s: link to %s: %s", src, dst,
-                              strerror(errno));
+        return err_sys(err, "disk clone %s: link to %s", src, dst);
     }
     size_t n = strlen(dst) + 32;
     char *tmp = malloc(n);
@@ -336,13 +326,13 @@ static int do_link(const char *src, const char *dst, const struct stat *want, bo
         free(tmp);
         if (e == EXDEV || e == EPERM)
             return -EXDEV;
-        return vmsnap_err_set(err, e, "disk clone %s: link to %s: %s", src, dst, strerror(e));
+        return err_code(err, e, "disk clone %s: link to %s", src, dst);
     }
     if (rename(tmp, dst) < 0) {
         int e = errno;
         unlink(tmp);
         free(tmp);
-        return vmsnap_err_set(err, e, "disk clone %s: rename onto %s: %s", src, dst, strerror(e));
+        return err_code(err, e, "disk clone %s: rename onto %s", src, dst);
     }
     free(tmp);
     return 0;
@@ -359,7 +349,7 @@ int vmsnap_disk_clone(const char *src, const char *dst, const struct vmsnap_disk
                               src);
     int sfd = open(src, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO is refused, not waited on */
     if (sfd < 0)
-        return vmsnap_err_set(err, errno, "disk clone: source image %s: %s", src, strerror(errno));
+        return err_sys(err, "disk clone: source image %s", src);
     struct stat st, dst_st;
     if (fstat(sfd, &st) < 0 || !S_ISREG(st.st_mode)) {
         int e = S_ISREG(st.st_mode) ? errno : EINVAL;
@@ -417,7 +407,7 @@ int vmsnap_disk_clone(const char *src, const char *dst, const struct vmsnap_disk
         int e = errno;
         if (e != EOPNOTSUPP && e != ENOTTY && e != EXDEV && e != EINVAL && e != ENOSYS &&
             e != EPERM) {
-            rc = vmsnap_err_set(err, e, "disk clone %s: FICLONE to %s: %s", src, dst, strerror(e));
+            rc = err_code(err, e, "disk clone %s: FICLONE to %s", src, dst);
             goto fail;
         }
         rc = copy_extents(src, sfd, af.fd, (uint64_t)st.st_size, o->direct, &h, err);
@@ -447,8 +437,7 @@ int vmsnap_disk_clone(const char *src, const char *dst, const struct vmsnap_disk
     sfd = -1;
     sys_failpoint("disk-clone-copied"); /* test hook: the copy made */
     if (fchmod(af.fd, st.st_mode & 0777) < 0) {
-        rc =
-            vmsnap_err_set(err, errno, "disk clone %s: chmod %s: %s", src, af.tmp, strerror(errno));
+        rc = err_sys(err, "disk clone %s: chmod %s", src, af.tmp);
         sys_atomic_abort(&af);
         return rc;
     }

@@ -142,14 +142,8 @@ static void init_extents(struct ext2_inode_large *in)
 static int add_dent(struct disk_tree *t, struct ddir *d, const char *name, ext2_ino_t ino,
                     uint8_t ftype, struct ddir *sub, struct vmsnap_err *err)
 {
-    if (d->n == d->cap) {
-        size_t nc = d->cap ? d->cap * 2 : 8;
-        struct dent *ne = realloc(d->ents, nc * sizeof(*ne));
-        if (!ne)
-            return vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);
-        d->ents = ne;
-        d->cap = nc;
-    }
+    if (grow_array(&d->ents, &d->cap, d->n + 1, sizeof(*d->ents), 8) < 0)
+        return vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);
     char *nm = strdup(name);
     if (!nm)
         return vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);
@@ -249,8 +243,7 @@ static int copy_data(struct disk_tree *t, int fd, ext2_file_t f, uint64_t size, 
             if (errno == ENXIO)
                 break;
             if (errno != EINVAL && errno != EOPNOTSUPP)
-                return vmsnap_err_set(err, errno, "disk create %s: read %s: %s", t->image, where,
-                                      strerror(errno));
+                return err_sys(err, "disk create %s: read %s", t->image, where);
             data = pos; /* no SEEK_DATA: treat everything as data (zero blocks still skipped) */
         }
         off_t hole = lseek(fd, data, SEEK_HOLE);
@@ -265,8 +258,7 @@ static int copy_data(struct disk_tree *t, int fd, ext2_file_t f, uint64_t size, 
             if (n < 0) {
                 if (errno == EINTR)
                     continue;
-                return vmsnap_err_set(err, errno, "disk create %s: read %s: %s", t->image, where,
-                                      strerror(errno));
+                return err_sys(err, "disk create %s: read %s", t->image, where);
             }
             if (n == 0) /* shorter than its size: it is being changed */
                 return vmsnap_err_set(err, EAGAIN,
@@ -427,8 +419,7 @@ static int copy_dir_contents(struct disk_tree *t, struct ddir *d, int dfd, const
     if (!dir) {
         int e = errno;
         close(dfd);
-        return vmsnap_err_set(err, e, "disk create %s: open directory %s: %s", t->image, hostpath,
-                              strerror(e));
+        return err_code(err, e, "disk create %s: open directory %s", t->image, hostpath);
     }
     char **names = NULL;
     size_t n = 0, cap = 0;
@@ -440,14 +431,9 @@ static int copy_dir_contents(struct disk_tree *t, struct ddir *d, int dfd, const
             continue;
         if (at_root && !strcmp(de->d_name, "lost+found"))
             continue; /* the image has its own */
-        if (n == cap) {
-            cap = cap ? cap * 2 : 64;
-            char **nn = realloc(names, cap * sizeof(*nn));
-            if (!nn) {
-                rc = vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);
-                goto out;
-            }
-            names = nn;
+        if (grow_array(&names, &cap, n + 1, sizeof(*names), 64) < 0) {
+            rc = vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);
+            goto out;
         }
         if (!(names[n] = strdup(de->d_name))) {
             rc = vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);
@@ -457,8 +443,7 @@ static int copy_dir_contents(struct disk_tree *t, struct ddir *d, int dfd, const
         errno = 0;
     }
     if (errno) {
-        rc = vmsnap_err_set(err, errno, "disk create %s: read directory %s: %s", t->image, hostpath,
-                            strerror(errno));
+        rc = err_sys(err, "disk create %s: read directory %s", t->image, hostpath);
         goto out;
     }
     /* Sorted names: the same tree always gives the same image layout. */
@@ -495,8 +480,7 @@ static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const 
         return rc;
     struct stat st;
     if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-        return vmsnap_err_set(err, errno, "disk create %s: source %s: %s", t->image, hostpath,
-                              strerror(errno));
+        return err_sys(err, "disk create %s: source %s", t->image, hostpath);
     if (S_ISREG(st.st_mode) && t->self_ino && st.st_ino == t->self_ino && st.st_dev == t->self_dev)
         return 0; /* --from-dir holding the destination: the image's own temporary file */
     uint16_t mode = (uint16_t)(mode_ovr >= 0 ? (uint32_t)mode_ovr : (st.st_mode & 07777));
@@ -506,8 +490,7 @@ static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const 
     if (S_ISDIR(st.st_mode)) {
         int dfd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (dfd < 0)
-            return vmsnap_err_set(err, errno, "disk create %s: open directory %s: %s", t->image,
-                                  hostpath, strerror(errno));
+            return err_sys(err, "disk create %s: open directory %s", t->image, hostpath);
         if (t->depth >= TREE_DEPTH_MAX) {
             close(dfd);
             return vmsnap_err_set(err, ELOOP,
@@ -562,8 +545,7 @@ static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const 
         ssize_t n = readlinkat(dirfd, name, target, PATH_MAX);
         if (n < 0) {
             free(target);
-            return vmsnap_err_set(err, errno, "disk create %s: read symlink %s: %s", t->image,
-                                  hostpath, strerror(errno));
+            return err_sys(err, "disk create %s: read symlink %s", t->image, hostpath);
         }
         target[n] = '\0';
         rc = add_symlink(t, parent, imgname, target, &st, uid, gid, hostpath, &ino, err);
@@ -573,8 +555,7 @@ static int copy_node(struct disk_tree *t, struct ddir *parent, int dirfd, const 
          * FIFO (or anything else) in between is refused, not waited on */
         int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
         if (fd < 0)
-            return vmsnap_err_set(err, errno, "disk create %s: open %s: %s", t->image, hostpath,
-                                  strerror(errno));
+            return err_sys(err, "disk create %s: open %s", t->image, hostpath);
         struct stat ost;
         if (fstat(fd, &ost) < 0 || !S_ISREG(ost.st_mode) || ost.st_ino != st.st_ino ||
             ost.st_dev != st.st_dev) {
@@ -656,8 +637,7 @@ int disk_tree_from_dir(struct disk_tree *t, const char *dir, struct vmsnap_err *
         int e = errno;
         if (dfd >= 0)
             close(dfd);
-        return vmsnap_err_set(err, e, "disk create %s: --from-dir %s: %s", t->image, dir,
-                              strerror(e));
+        return err_code(err, e, "disk create %s: --from-dir %s", t->image, dir);
     }
     /* Like mke2fs -d, the image root takes the source directory's mode, owner and times. */
     init_inode(&t->root->meta, (uint16_t)(LINUX_S_IFDIR | (st.st_mode & 07777)), st.st_uid,

@@ -534,9 +534,8 @@ int vmsnap_image_decode_parallel(const struct vmsnap_image *img, const struct vm
     if (!opts)
         opts = &defaults;
     if (dst_fd >= 0 && ftruncate(dst_fd, (off_t)img->total_size) < 0)
-        return vmsnap_err_set(err, errno, "%s: set its size to %llu (the image's logical size): %s",
-                              opts->dst_name ? opts->dst_name : "destination", ULL(img->total_size),
-                              strerror(errno));
+        return err_sys(err, "%s: set its size to %llu (the image's logical size)",
+                       opts->dst_name ? opts->dst_name : "destination", ULL(img->total_size));
     unsigned threads = opts->threads ? opts->threads : sys_cpus();
     if (threads > 256)
         threads = 256;

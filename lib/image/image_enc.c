@@ -382,26 +382,18 @@ static int find_extents(struct worker *w, uint64_t start, uint64_t end, size_t *
         if (d < 0) {
             if (errno == ENXIO)
                 break;
-            return vmsnap_err_set(err, errno, "%s: SEEK_DATA at offset %llu: %s", e->name,
-                                  (unsigned long long)pos, strerror(errno));
+            return err_sys(err, "%s: SEEK_DATA at offset %llu", e->name, (unsigned long long)pos);
         }
         if ((uint64_t)d >= end)
             break;
         off_t h = lseek(e->fd, d, SEEK_HOLE);
         if (h < 0)
-            return vmsnap_err_set(err, errno, "%s: SEEK_HOLE at offset %lld: %s", e->name,
-                                  (long long)d, strerror(errno));
+            return err_sys(err, "%s: SEEK_HOLE at offset %lld", e->name, (long long)d);
         uint64_t hend = VMSNAP_MIN((uint64_t)h, end);
         if (hend <= (uint64_t)d)
             break;
-        if (n == w->next_cap) {
-            size_t cap = w->next_cap ? w->next_cap * 2 : 64;
-            struct extent *x = realloc(w->ext, cap * sizeof(*x));
-            if (!x)
-                return vmsnap_err_set(err, ENOMEM, "out of memory (extent list)");
-            w->ext = x;
-            w->next_cap = cap;
-        }
+        if (grow_array(&w->ext, &w->next_cap, n + 1, sizeof(*w->ext), 64) < 0)
+            return vmsnap_err_set(err, ENOMEM, "out of memory (extent list)");
         w->ext[n].off = (uint64_t)d;
         w->ext[n].len = hend - (uint64_t)d;
         n++;
@@ -445,9 +437,8 @@ static int build_records(struct worker *w, uint64_t idx, bool drop, struct recs 
         const size_t p = o + REC_HDR_LEN; /* where this extent's data is read to */
         ssize_t got = sys_pread_full(e->fd, w->b.p + p, len, d);
         if (got < 0)
-            return vmsnap_err_set(err, (int)-got, "%s: read %llu bytes at offset %llu: %s", e->name,
-                                  (unsigned long long)len, (unsigned long long)d,
-                                  strerror((int)-got));
+            return err_code(err, (int)-got, "%s: read %llu bytes at offset %llu", e->name,
+                            (unsigned long long)len, (unsigned long long)d);
         if ((uint64_t)got != len)
             return vmsnap_err_set(err, EIO,
                                   "%s: file shrank while reading (offset %llu): is it in use?",
@@ -713,14 +704,8 @@ struct table {
 
 static int table_add(struct table *t, const struct vmsnap_frame_info *fi, struct vmsnap_err *err)
 {
-    if (t->n == t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 64;
-        struct vmsnap_frame_info *f = realloc(t->f, cap * sizeof(*f));
-        if (!f)
-            return vmsnap_err_set(err, ENOMEM, "out of memory (seek table)");
-        t->f = f;
-        t->cap = cap;
-    }
+    if (grow_array(&t->f, &t->cap, t->n + 1, sizeof(*t->f), 64) < 0)
+        return vmsnap_err_set(err, ENOMEM, "out of memory (seek table)");
     t->f[t->n++] = *fi;
     return 0;
 }
@@ -857,7 +842,7 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
     const char *name = src_name ? src_name : "source";
     struct stat st;
     if (fstat(src_fd, &st) < 0)
-        return vmsnap_err_set(err, errno, "stat %s: %s", name, strerror(errno));
+        return err_sys(err, "stat %s", name);
     if (!S_ISREG(st.st_mode))
         return vmsnap_err_set(err, EINVAL, "%s: not a regular file", name);
     char probe;
@@ -1134,8 +1119,7 @@ static int fd_sink_write(void *arg, const void *buf, size_t len, struct vmsnap_e
     if (rc == -ECANCELED)
         return cancel_check(err);
     if (rc < 0)
-        return vmsnap_err_set(err, -rc, "write %s: %s", af->path ? af->path : "stdout",
-                              strerror(-rc));
+        return err_code(err, -rc, "write %s", af->path ? af->path : "stdout");
     return 0;
 }
 
@@ -1146,7 +1130,7 @@ int vmsnap_image_pack(const char *src, const char *dst, const struct vmsnap_pack
      * it); the encoder refuses anything but a regular file */
     int fd = open(src, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
-        return vmsnap_err_set(err, errno, "open %s: %s", src, strerror(errno));
+        return err_sys(err, "open %s", src);
     (void)fcntl(fd, F_SETFL, 0);
     struct stat sst;
     if (fstat(fd, &sst) < 0 || !S_ISREG(sst.st_mode)) {

@@ -18,8 +18,8 @@ static int fd_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsna
     int fd = (int)(intptr_t)arg;
     ssize_t n = sys_pread_full(fd, buf, len, off);
     if (n < 0)
-        return vmsnap_err_set(err, (int)-n, "read %zu bytes at offset %llu: %s", len,
-                              (unsigned long long)off, strerror((int)-n));
+        return err_code(err, (int)-n, "read %zu bytes at offset %llu", len,
+                        (unsigned long long)off);
     if ((size_t)n != len)
         return vmsnap_err_set(err, EBADMSG,
                               "truncated (did it shrink while read?): wanted %zu bytes at offset "
@@ -83,8 +83,7 @@ static int decode_sequential(int fd, uint64_t off, int dst_fd, uint64_t max_size
         if (n < 0) {
             if (errno == EINTR)
                 continue;
-            rc = vmsnap_err_set(err, errno, "read %s at byte %llu: %s", name,
-                                (unsigned long long)done, strerror(errno));
+            rc = err_sys(err, "read %s at byte %llu", name, (unsigned long long)done);
             break;
         }
         if (n == 0)
@@ -118,13 +117,13 @@ static int input_open(struct input *in, const char *src, uint64_t max_size, stru
     in->name = in->is_stdin ? "stdin" : src;
     in->fd = in->is_stdin ? STDIN_FILENO : open(src, O_RDONLY | O_CLOEXEC);
     if (in->fd < 0)
-        return vmsnap_err_set(err, errno, "open %s: %s", src, strerror(errno));
+        return err_sys(err, "open %s", src);
     in->stream = in->is_stdin;
     if (in->is_stdin)
         return 0;
     struct stat st;
     if (fstat(in->fd, &st) < 0) {
-        int rc = vmsnap_err_set(err, errno, "stat %s: %s", src, strerror(errno));
+        int rc = err_sys(err, "stat %s", src);
         close(in->fd);
         return rc;
     }

@@ -67,8 +67,8 @@ static int word(struct rec_parser *rp, uint64_t v, struct vmsnap_err *err)
         rp->total = v;
         rp->have_total = true;
         if (rp->truncate_on_total && rp->fd >= 0 && ftruncate(rp->fd, (off_t)v) < 0)
-            return vmsnap_err_set(err, errno, "%s: set destination size to %llu: %s", rp->name,
-                                  (unsigned long long)v, strerror(errno));
+            return err_sys(err, "%s: set destination size to %llu", rp->name,
+                           (unsigned long long)v);
         rp->state = REC_OFF;
         return 0;
     case REC_OFF:
@@ -125,9 +125,9 @@ int rec_feed(struct rec_parser *rp, const uint8_t *buf, size_t len, struct vmsna
             if (rp->fd >= 0) {
                 int rc = sys_pwrite_full(rp->fd, buf, n, rp->data_off);
                 if (rc < 0)
-                    return vmsnap_err_set(err, -rc, "%s: write %zu bytes at offset %llu: %s",
-                                          rp->dst_name ? rp->dst_name : "destination", n,
-                                          (unsigned long long)rp->data_off, strerror(-rc));
+                    return err_code(err, -rc, "%s: write %zu bytes at offset %llu",
+                                    rp->dst_name ? rp->dst_name : "destination", n,
+                                    (unsigned long long)rp->data_off);
             }
             rp->data_off += n;
             rp->data_left -= n;

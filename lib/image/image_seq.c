@@ -131,9 +131,8 @@ static int plain_flush(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
     if (!zero && sd->fd >= 0) {
         int rc = sys_pwrite_full(sd->fd, sd->blk, sd->blk_fill, sd->plain_pos);
         if (rc < 0)
-            return vmsnap_err_set(err, -rc, "%s: write at offset %llu: %s",
-                                  sd->dst_name ? sd->dst_name : "destination", ULL(sd->plain_pos),
-                                  strerror(-rc));
+            return err_code(err, -rc, "%s: write at offset %llu",
+                            sd->dst_name ? sd->dst_name : "destination", ULL(sd->plain_pos));
     }
     sd->plain_pos += sd->blk_fill;
     sd->blk_fill = 0;
@@ -187,14 +186,8 @@ static int add_seen(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
 {
     if (sd->n_seen == SEEK_MAX_FRAMES)
         return img_corrupt(err, sd->name, "more than %u frames", SEEK_MAX_FRAMES);
-    if (sd->n_seen == sd->seen_cap) {
-        size_t cap = sd->seen_cap ? sd->seen_cap * 2 : 64;
-        struct seen_frame *s = realloc(sd->seen, cap * sizeof(*s));
-        if (!s)
-            return vmsnap_err_set(err, ENOMEM, "out of memory");
-        sd->seen = s;
-        sd->seen_cap = cap;
-    }
+    if (grow_array(&sd->seen, &sd->seen_cap, sd->n_seen + 1, sizeof(*sd->seen), 64) < 0)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
     sd->seen[sd->n_seen++] = (struct seen_frame){.csize = sd->in_off - sd->frame_start,
                                                  .dsize = sd->frame_dsize,
                                                  .xxh = XXH64_digest(sd->xxh),
@@ -558,8 +551,7 @@ int vmsnap_seqdec_finish(struct vmsnap_seqdec *sd, struct vmsnap_image_stats *st
         if ((rc = plain_flush(sd, err)) < 0)
             return rc;
         if (sd->fd >= 0 && ftruncate(sd->fd, (off_t)sd->plain_pos) < 0)
-            return vmsnap_err_set(err, errno, "%s: set destination size: %s", sd->name,
-                                  strerror(errno));
+            return err_sys(err, "%s: set destination size", sd->name);
         st.total_size = sd->plain_pos;
         st.populated = sd->plain_data; /* what unpack writes: the blocks that are not all zero */
         st.frames = sd->plain_frames;

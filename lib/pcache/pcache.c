@@ -189,7 +189,7 @@ int vmsnap_pcache_stat_fd(int fd, struct vmsnap_pcache_stat *st, struct vmsnap_e
     memset(st, 0, sizeof(*st));
     struct stat sb;
     if (fstat(fd, &sb) != 0)
-        return vmsnap_err_set(err, errno, "pcache stat: fstat fd %d: %s", fd, strerror(errno));
+        return err_sys(err, "pcache stat: fstat fd %d", fd);
     if (!S_ISREG(sb.st_mode))
         return vmsnap_err_set(err, EINVAL, "pcache stat: fd %d is not a regular file", fd);
     st->page_size = page_size();
@@ -201,7 +201,7 @@ int vmsnap_pcache_stat_fd(int fd, struct vmsnap_pcache_stat *st, struct vmsnap_e
     st->mincore = true;
     int rc = mincore_count(fd, st->size, st->page_size, &st->cached);
     if (rc < 0)
-        return vmsnap_err_set(err, -rc, "pcache stat: mincore fd %d: %s", fd, strerror(-rc));
+        return err_code(err, -rc, "pcache stat: mincore fd %d", fd);
     return 0;
 }
 
@@ -309,7 +309,7 @@ static int preserve_init(struct preserve_set *ps, const char *base, const char *
         if (stat(p, &sb) != 0) {
             int e = errno;
             preserve_fini(ps);
-            return vmsnap_err_set(err, e, "preserve %s: %s", p, strerror(e));
+            return err_code(err, e, "preserve %s", p);
         }
         if (!(ps->path[ps->n] = strdup(p))) {
             preserve_fini(ps);
@@ -475,14 +475,8 @@ static void walk_fini(struct walk *w)
 static int path_set(struct walk *w, size_t at, const char *name)
 {
     size_t n = strlen(name), need = at + 1 + n + 1;
-    if (need > w->cap) {
-        size_t cap = VMSNAP_MAX(need, w->cap * 2);
-        char *p = realloc(w->path, cap);
-        if (!p)
-            return -ENOMEM;
-        w->path = p;
-        w->cap = cap;
-    }
+    if (grow_array(&w->path, &w->cap, need, 1, need) < 0)
+        return -ENOMEM;
     size_t len = at;
     if (at > 0 && w->path[at - 1] != '/')
         w->path[len++] = '/';
@@ -531,15 +525,8 @@ static int load_mount_points(struct walk *w)
         struct stat sb;
         if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode) || sb.st_dev != w->root_dev)
             continue;
-        if (w->nmpoints == cap) {
-            cap = cap ? cap * 2 : 16;
-            struct devino *v = realloc(w->mpoints, cap * sizeof(*v));
-            if (!v) {
-                rc = -ENOMEM;
-                break;
-            }
-            w->mpoints = v;
-        }
+        if ((rc = grow_array(&w->mpoints, &cap, w->nmpoints + 1, sizeof(*w->mpoints), 16)) < 0)
+            break;
         w->mpoints[w->nmpoints++] = (struct devino){sb.st_dev, sb.st_ino};
     }
     free(line);
@@ -680,7 +667,7 @@ static int walk_root(struct walk *w, const char *path)
     pfd = open(w->follow_root ? path : p, O_PATH | O_CLOEXEC | (w->follow_root ? 0 : O_NOFOLLOW));
     struct stat sb;
     if (pfd < 0 || fstat(pfd, &sb) != 0) {
-        rc = vmsnap_err_set(w->err, errno, "%s %s: %s", w->op, path, strerror(errno));
+        rc = err_sys(w->err, "%s %s", w->op, path);
         goto out;
     }
     if (S_ISLNK(sb.st_mode)) {
@@ -692,7 +679,7 @@ static int walk_root(struct walk *w, const char *path)
         dfd = openat(pfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         struct stat dsb;
         if (dfd < 0 || fstat(dfd, &dsb) != 0) {
-            rc = vmsnap_err_set(w->err, errno, "%s %s: %s", w->op, path, strerror(errno));
+            rc = err_sys(w->err, "%s %s", w->op, path);
             goto out;
         }
         bool preserved = root_preserved(w->ps, p);
@@ -711,7 +698,7 @@ static int walk_root(struct walk *w, const char *path)
         if (w->follow_root) {
             real = realpath(path, NULL);
             if (!real) {
-                rc = vmsnap_err_set(w->err, errno, "%s %s: %s", w->op, path, strerror(errno));
+                rc = err_sys(w->err, "%s %s", w->op, path);
                 goto out;
             }
             file = real;
@@ -725,7 +712,7 @@ static int walk_root(struct walk *w, const char *path)
         free(dir);
         struct stat fsb;
         if (dfd < 0) {
-            rc = vmsnap_err_set(w->err, e, "%s %s: parent directory: %s", w->op, path, strerror(e));
+            rc = err_code(w->err, e, "%s %s: parent directory", w->op, path);
         } else if (fstatat(dfd, base, &fsb, AT_SYMLINK_NOFOLLOW) != 0 || !same_inode(&fsb, &sb)) {
             rc = vmsnap_err_set(w->err, EAGAIN, "%s %s: replaced while being opened; try again",
                                 w->op, path);
@@ -1101,7 +1088,7 @@ int vmsnap_pcache_release_dir(const char *dir, const char *const *preserve,
      * a symlink, and refuses anything but a directory there too. */
     struct stat sb;
     if (lstat(dir, &sb) != 0)
-        return vmsnap_err_set(err, errno, "release %s: %s", dir, strerror(errno));
+        return err_sys(err, "release %s", dir);
     if (!S_ISDIR(sb.st_mode) && !S_ISLNK(sb.st_mode))
         return vmsnap_err_set(err, ENOTDIR, "release %s: not a directory", dir);
     struct vmsnap_pcache_evict_opts opts = {.staged = true, .retrier = retrier};
@@ -1114,7 +1101,7 @@ int vmsnap_pcache_drop_written(const char *path, bool kick_writeback,
 {
     struct stat sb;
     if (lstat(path, &sb) != 0)
-        return vmsnap_err_set(err, errno, "drop cache %s: %s", path, strerror(errno));
+        return err_sys(err, "drop cache %s", path);
     if (!S_ISREG(sb.st_mode))
         return vmsnap_err_set(err, EINVAL, "drop cache %s: not a regular file", path);
     struct vmsnap_pcache_evict_opts opts = {.kick_writeback = kick_writeback, .retrier = retrier};

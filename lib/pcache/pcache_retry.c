@@ -45,13 +45,6 @@ struct vmsnap_pcache_retrier {
 
 static const double default_delays[] = {0.5, 1.5, 3.0};
 
-static double mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static struct timespec to_ts(double t)
 {
     struct timespec ts;
@@ -139,14 +132,10 @@ static void *run(void *arg)
             e.next++;
             if (r->stop)
                 break;
-            if (r->n == r->cap) { /* an add may have taken the slot it came from */
-                struct entry *q = realloc(r->q, (r->cap * 2) * sizeof(*q));
-                if (!q) {
-                    r->st.failed++;
-                    break;
-                }
-                r->q = q;
-                r->cap *= 2;
+            /* an add may have taken the slot it came from */
+            if (grow_array(&r->q, &r->cap, r->n + 1, sizeof(*r->q), 16) < 0) {
+                r->st.failed++;
+                break;
             }
             r->q[r->n++] = e;
             e.path = NULL;
@@ -211,7 +200,7 @@ int vmsnap_pcache_retrier_new(const double *delays, size_t ndelays,
         pthread_mutex_destroy(&r->mu);
         free(r->delays);
         free(r);
-        return vmsnap_err_set(err, rc, "pcache retrier: thread: %s", strerror(rc));
+        return err_code(err, rc, "pcache retrier: thread");
     }
     *out = r;
     return 0;
@@ -228,15 +217,8 @@ int pcache_retrier_add(struct vmsnap_pcache_retrier *r, const char *path, const 
         rc = -ECANCELED;
     } else if (r->n >= VMSNAP_PCACHE_RETRIER_MAX_PENDING) {
         rc = -ENOSPC;
-    } else if (r->n == r->cap) {
-        size_t cap = r->cap ? r->cap * 2 : 16;
-        struct entry *q = realloc(r->q, cap * sizeof(*q));
-        if (!q)
-            rc = -ENOMEM;
-        else {
-            r->q = q;
-            r->cap = cap;
-        }
+    } else {
+        rc = grow_array(&r->q, &r->cap, r->n + 1, sizeof(*r->q), 16);
     }
     if (rc == 0) {
         r->q[r->n++] = (struct entry){.path = copy, .id = *st, .t0 = mono_now(), .next = 0};

@@ -63,7 +63,7 @@ static int local_key(const char *path, char **key, struct vmsnap_err *err)
     char buf[PATH_MAX];
     int rc = sys_lexical_path(path, buf, sizeof(buf));
     if (rc < 0)
-        return vmsnap_err_set(err, -rc, "%s: %s", path, strerror(-rc));
+        return err_code(err, -rc, "%s", path);
     *key = strdup(buf + 1);
     return *key ? 0 : vmsnap_err_set(err, ENOMEM, "out of memory");
 }

@@ -41,7 +41,7 @@ static int mkparents(const char *path, struct vmsnap_err *err)
         *s = '\0';
         if (mkdir(p, 0700) < 0 && errno != EEXIST) {
             int e = errno;
-            vmsnap_err_set(err, e, "mkdir %s: %s", p, strerror(e));
+            err_code(err, e, "mkdir %s", p);
             free(p);
             return -e;
         }
@@ -115,8 +115,7 @@ static int lmpu_create(struct vmsnap_store_conn *c, const char *key, char **uplo
     if (rc == 0) {
         int fd = mkostemp(tmp, O_CLOEXEC);
         if (fd < 0) {
-            rc = vmsnap_err_set(err, errno, "create temporary file for %s: %s", path,
-                                strerror(errno));
+            rc = err_sys(err, "create temporary file for %s", path);
         } else {
             close(fd); /* mkostemp creates 0600 */
             *upload_id = strdup(strrchr(tmp, '/') + 1);
@@ -144,7 +143,7 @@ static int lmpu_part(struct vmsnap_store_conn *c, const char *key, const char *u
     if (fd < 0) {
         rc = errno == ENOENT
                  ? vmsnap_err_set(err, ENOENT, "upload %s of %s no longer exists", upload_id, key)
-                 : vmsnap_err_set(err, errno, "open %s: %s", p, strerror(errno));
+                 : err_sys(err, "open %s", p);
     } else {
         /* Written out here, on the pool thread, while the encoder works on the next parts, then
          * dropped: the upload's dirty pages stay bounded by the parts in flight, and complete's
@@ -155,8 +154,7 @@ static int lmpu_part(struct vmsnap_store_conn *c, const char *key, const char *u
                                            SYNC_FILE_RANGE_WAIT_AFTER) < 0)
             rc = -errno;
         if (rc < 0)
-            vmsnap_err_set(err, -rc, "write %s at %llu: %s", p, (unsigned long long)offset,
-                           strerror(-rc));
+            err_code(err, -rc, "write %s at %llu", p, (unsigned long long)offset);
         else
             (void)posix_fadvise(fd, (off_t)offset, (off_t)len, POSIX_FADV_DONTNEED);
         close(fd);
@@ -184,15 +182,15 @@ static int lmpu_complete(struct vmsnap_store_conn *c, const char *key, const cha
     if (!dst)
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
     else if (fd < 0)
-        rc = vmsnap_err_set(err, errno, "open %s: %s", p, strerror(errno));
+        rc = err_sys(err, "open %s", p);
     else if (fsync(fd) < 0)
-        rc = vmsnap_err_set(err, errno, "fsync %s: %s", p, strerror(errno));
+        rc = err_sys(err, "fsync %s", p);
     if (rc == 0)
         rc = sys_check_replaceable(dst, err); /* (one put there meanwhile) */
     if (rc == 0) {
         (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED); /* clean after the fsync: no I/O */
         if (rename(p, dst) < 0)
-            rc = vmsnap_err_set(err, errno, "rename %s: %s", dst, strerror(errno));
+            rc = err_sys(err, "rename %s", dst);
         else
             rc = sys_fsync_parent(dst, err);
     }
@@ -211,7 +209,7 @@ static int lmpu_abort(struct vmsnap_store_conn *c, const char *key, const char *
         return -err_code_or(err, EINVAL);
     int rc = 0;
     if (unlink(p) < 0 && errno != ENOENT)
-        rc = vmsnap_err_set(err, errno, "unlink %s: %s", p, strerror(errno));
+        rc = err_sys(err, "unlink %s", p);
     free(p);
     return rc;
 }
@@ -234,7 +232,7 @@ static int lput_plain(struct vmsnap_store_conn *c, const char *key, const void *
         if (rc == 0 && fsync(af.fd) < 0)
             rc = -errno;
         if (rc < 0) {
-            vmsnap_err_set(err, -rc, "write %s: %s", path, strerror(-rc));
+            err_code(err, -rc, "write %s", path);
             sys_atomic_abort(&af);
         } else {
             (void)posix_fadvise(af.fd, 0, 0, POSIX_FADV_DONTNEED); /* clean after the fsync */
@@ -318,8 +316,7 @@ static int lget(struct vmsnap_store_conn *c, const char *key, uint64_t off, size
     ssize_t n = sys_pread_full(fd, buf, len, off);
     int rc = 0;
     if (n < 0)
-        rc = vmsnap_err_set(err, (int)-n, "read %s at %llu: %s", p, (unsigned long long)off,
-                            strerror((int)-n));
+        rc = err_code(err, (int)-n, "read %s at %llu", p, (unsigned long long)off);
     else if ((size_t)n != len)
         rc = vmsnap_err_set(err, EIO, "read %s: short object (%zd of %zu bytes at %llu)", p, n, len,
                             (unsigned long long)off);
@@ -339,13 +336,12 @@ static int lget_tail(struct vmsnap_store_conn *c, const char *key, size_t len, v
     struct stat sb;
     int rc = 0;
     if (fstat(fd, &sb) < 0)
-        rc = vmsnap_err_set(err, errno, "%s: %s", p, strerror(errno));
+        rc = err_sys(err, "%s", p);
     uint64_t sz = rc == 0 ? (uint64_t)sb.st_size : 0;
     size_t n = sz < len ? (size_t)sz : len;
     ssize_t r = rc == 0 && n ? sys_pread_full(fd, buf, n, (off_t)(sz - n)) : 0;
     if (r < 0)
-        rc = vmsnap_err_set(err, (int)-r, "read %s at %llu: %s", p, (unsigned long long)(sz - n),
-                            strerror((int)-r));
+        rc = err_code(err, (int)-r, "read %s at %llu", p, (unsigned long long)(sz - n));
     else if (rc == 0 && (size_t)r != n)
         rc = vmsnap_err_set(err, EIO, "read %s: short object (%zd of %zu bytes at %llu)", p, r, n,
                             (unsigned long long)(sz - n));
@@ -372,7 +368,7 @@ static int lget_stream(struct vmsnap_store_conn *c, const char *key, vmsnap_stor
     for (uint64_t off = 0; rc == 0;) {
         ssize_t n = sys_pread_full(fd, buf, CHUNK, off);
         if (n < 0) {
-            rc = vmsnap_err_set(err, (int)-n, "read %s: %s", p, strerror((int)-n));
+            rc = err_code(err, (int)-n, "read %s", p);
             break;
         }
         if (n == 0)
@@ -405,7 +401,7 @@ static int lhead(struct vmsnap_store_conn *c, const char *key, uint64_t *size, c
     if (fd < 0)
         return fd;
     struct stat sb;
-    int rc = fstat(fd, &sb) < 0 ? vmsnap_err_set(err, errno, "stat %s: %s", p, strerror(errno)) : 0;
+    int rc = fstat(fd, &sb) < 0 ? err_sys(err, "stat %s", p) : 0;
     if (rc == 0)
         *size = (uint64_t)sb.st_size;
     if (rc == 0 && etag)
@@ -457,7 +453,7 @@ static int lmpu_part_copy(struct vmsnap_store_conn *c, const char *key, const ch
     struct stat sb;
     char tag[VMSNAP_STORE_ETAG_MAX];
     if (rc == 0 && fstat(sfd, &sb) < 0)
-        rc = vmsnap_err_set(err, errno, "stat %s: %s", sp, strerror(errno));
+        rc = err_sys(err, "stat %s", sp);
     if (rc == 0) {
         local_etag(&sb, tag);
         if (strcmp(tag, src_etag))
@@ -471,7 +467,7 @@ static int lmpu_part_copy(struct vmsnap_store_conn *c, const char *key, const ch
     if (rc == 0 && (fd = open(p, O_WRONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)) < 0)
         rc = errno == ENOENT
                  ? vmsnap_err_set(err, ENOENT, "upload %s of %s no longer exists", upload_id, key)
-                 : vmsnap_err_set(err, errno, "open %s: %s", p, strerror(errno));
+                 : err_sys(err, "open %s", p);
     if (rc == 0) {
         loff_t in = (loff_t)src_off, o = (loff_t)offset;
         uint64_t left = len;
@@ -482,7 +478,7 @@ static int lmpu_part_copy(struct vmsnap_store_conn *c, const char *key, const ch
                 /* no in-kernel copy between these files: read and write */
                 rc = copy_rw(sfd, (uint64_t)in, fd, (uint64_t)o, left);
                 if (rc < 0)
-                    vmsnap_err_set(err, -rc, "copy %s to %s: %s", sp, p, strerror(-rc));
+                    err_code(err, -rc, "copy %s to %s", sp, p);
                 break;
             }
             if (n <= 0) {
@@ -496,8 +492,7 @@ static int lmpu_part_copy(struct vmsnap_store_conn *c, const char *key, const ch
         if (rc == 0 && sync_file_range(fd, (off64_t)offset, (off64_t)len,
                                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
                                            SYNC_FILE_RANGE_WAIT_AFTER) < 0)
-            rc = vmsnap_err_set(err, errno, "write %s at %llu: %s", p, (unsigned long long)offset,
-                                strerror(errno));
+            rc = err_sys(err, "write %s at %llu", p, (unsigned long long)offset);
         if (rc == 0)
             (void)posix_fadvise(fd, (off_t)offset, (off_t)len, POSIX_FADV_DONTNEED);
     }
@@ -525,7 +520,7 @@ static int ldel(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err 
     if (lstat(p, &sb) == 0 && !S_ISREG(sb.st_mode))
         rc = vmsnap_err_set(err, EISDIR, "delete %s: not an object", p);
     else if (unlink(p) < 0 && errno != ENOENT && errno != ENOTDIR)
-        rc = vmsnap_err_set(err, errno, "delete %s: %s", p, strerror(errno));
+        rc = err_sys(err, "delete %s", p);
     else
         (void)sys_fsync_parent(p, NULL); /* best effort: the unlink itself succeeded */
     free(p);
@@ -593,7 +588,7 @@ static int walk_dir(struct walk *w, const char *dirkey, int depth)
             return 0;
         }
         if (e != ENOENT && e != ENOTDIR)
-            vmsnap_err_set(w->err, e, "list %s: %s", dpath, strerror(e));
+            err_code(w->err, e, "list %s", dpath);
         free(dpath);
         return e == ENOENT || e == ENOTDIR ? 0 : -e;
     }

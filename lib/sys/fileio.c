@@ -149,7 +149,7 @@ int sys_atomic_open_tagged(struct sys_atomic_file *af, const char *path, mode_t 
     if (af->fd < 0) {
         int e = errno;
         sys_atomic_abort(af);
-        return vmsnap_err_set(err, e, "create temporary file for %s: %s", path, strerror(e));
+        return err_code(err, e, "create temporary file for %s", path);
     }
     /* a tagged temporary is locked while its writer lives: a clean-up from another PID
      * namespace (a directory shared between containers) cannot take it for a dead one's */
@@ -158,7 +158,7 @@ int sys_atomic_open_tagged(struct sys_atomic_file *af, const char *path, mode_t 
     if (fchmod(af->fd, mode) < 0) {
         int e = errno;
         sys_atomic_abort(af);
-        return vmsnap_err_set(err, e, "chmod %s: %s", path, strerror(e));
+        return err_code(err, e, "chmod %s", path);
     }
     return 0;
 }
@@ -171,7 +171,7 @@ int sys_fsync_parent(const char *path, struct vmsnap_err *err)
     int dfd = open(dirname(dup), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     int rc = 0;
     if (dfd < 0 || fsync(dfd) < 0)
-        rc = vmsnap_err_set(err, errno, "fsync directory of %s: %s", path, strerror(errno));
+        rc = err_sys(err, "fsync directory of %s", path);
     if (dfd >= 0)
         close(dfd);
     free(dup);
@@ -182,9 +182,7 @@ int sys_atomic_close(struct sys_atomic_file *af, struct vmsnap_err *err)
 {
     if (af->fd < 0)
         return 0;
-    int rc = close(af->fd) < 0
-                 ? vmsnap_err_set(err, errno, "close %s: %s", af->path, strerror(errno))
-                 : 0;
+    int rc = close(af->fd) < 0 ? err_sys(err, "close %s", af->path) : 0;
     af->fd = -1;
     return rc;
 }
@@ -214,7 +212,7 @@ int sys_atomic_commit_ex(struct sys_atomic_file *af, bool sync, bool noreplace,
 {
     int rc = 0;
     if (sync && af->fd >= 0 && fsync(af->fd) < 0) {
-        rc = vmsnap_err_set(err, errno, "fsync %s: %s", af->path, strerror(errno));
+        rc = err_sys(err, "fsync %s", af->path);
         goto fail;
     }
     if ((rc = sys_atomic_close(af, err)) < 0)
@@ -226,12 +224,11 @@ int sys_atomic_commit_ex(struct sys_atomic_file *af, bool sync, bool noreplace,
                                               "%s appeared while this ran (not replaced; the "
                                               "result is discarded)",
                                               af->path)
-                             : vmsnap_err_set(err, errno, "rename %s to %s: %s", af->tmp, af->path,
-                                              strerror(errno));
+                             : err_sys(err, "rename %s to %s", af->tmp, af->path);
         goto fail;
     }
     if (!noreplace && rename(af->tmp, af->path) < 0) {
-        rc = vmsnap_err_set(err, errno, "rename %s to %s: %s", af->tmp, af->path, strerror(errno));
+        rc = err_sys(err, "rename %s to %s", af->tmp, af->path);
         goto fail;
     }
     free(af->tmp);

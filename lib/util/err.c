@@ -44,6 +44,40 @@ int vmsnap_err_set(struct vmsnap_err *err, int code, const char *fmt, ...)
     return -code;
 }
 
+static int vset(struct vmsnap_err *err, int code, const char *fmt, va_list ap)
+{
+    if (err) {
+        char all[8 * VMSNAP_ERR_MSG_MAX];
+        int n = vsnprintf(all, sizeof(all), fmt, ap);
+        if (n < 0)
+            n = 0;
+        if ((size_t)n >= sizeof(all))
+            n = (int)sizeof(all) - 1;
+        snprintf(all + n, sizeof(all) - (size_t)n, ": %s", strerror(code));
+        vmsnap_err_set(err, code, "%s", all);
+    }
+    return code > 0 ? -code : -EIO;
+}
+
+int err_code(struct vmsnap_err *err, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vset(err, code, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int err_sys(struct vmsnap_err *err, const char *fmt, ...)
+{
+    const int code = errno;
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vset(err, code, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
 /* Prefix the message. When the whole does not fit, its middle goes (" ... "): the outermost
  * context stays at the start and the root cause (an errno string, last) at the end. */
 int vmsnap_err_wrap(struct vmsnap_err *err, const char *fmt, ...)

@@ -6,7 +6,22 @@
 #include "vmsnap/common.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+
+/* vmsnap_err_set() for a failed system call: the message is the formatted text followed by
+ * ": " and strerror(code); returns -code (EIO when code <= 0). err_sys() takes the code from
+ * errno as it is on entry. Write `return err_sys(err, "open %s", path)`. */
+int err_code(struct vmsnap_err *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int err_sys(struct vmsnap_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Make room for `need` elements of `elem` bytes in the array *arr of capacity *cap: doubles
+ * (starting at `first`), checking for overflow. 0, or -ENOMEM with *arr and *cap unchanged. */
+int grow_array(void *arr, size_t *cap, size_t need, size_t elem, size_t first);
+
+/* CLOCK_MONOTONIC in seconds (step timings, deadlines, back-offs). */
+double mono_now(void);
 
 /* Log through the user's callback (no-op when none is installed or the level is filtered). */
 void vlog(enum vmsnap_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -49,8 +64,5 @@ static inline uint64_t get_le64(const uint8_t *p)
         v = (v << 8) | p[i];
     return v;
 }
-
-/* Format a byte count as "1.50 GiB" into buf; returns buf. */
-const char *vmsnap_fmt_bytes(char *buf, size_t len, uint64_t bytes);
 
 #endif

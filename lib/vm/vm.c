@@ -61,16 +61,9 @@
 #define TAKING_MARK ".vmsnap-taking"
 #define PATH_LEN 4096
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static void step(struct vmsnap_vm_timing *t, const char *name, double *t0)
 {
-    double t1 = now();
+    double t1 = mono_now();
     if (t && t->n < VMSNAP_VM_MAX_STEPS) {
         t->step[t->n].name = name;
         t->step[t->n].seconds = t1 - *t0;
@@ -126,11 +119,11 @@ static int mkdir_p(const char *path, struct vmsnap_err *err)
             continue;
         *p = 0;
         if (mkdir(tmp, 0700) < 0 && errno != EEXIST)
-            return vmsnap_err_set(err, errno, "mkdir %s: %s", tmp, strerror(errno));
+            return err_sys(err, "mkdir %s", tmp);
         *p = '/';
     }
     if (mkdir(tmp, 0700) < 0 && errno != EEXIST)
-        return vmsnap_err_set(err, errno, "mkdir %s: %s", tmp, strerror(errno));
+        return err_sys(err, "mkdir %s", tmp);
     return 0;
 }
 
@@ -234,7 +227,7 @@ static int mark_unsaved(const struct vmctx *c, struct vmsnap_err *err)
         return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c->stage);
     int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0)
-        return vmsnap_err_set(err, errno, "create %s: %s", p, strerror(errno));
+        return err_sys(err, "create %s", p);
     close(fd);
     return 0;
 }
@@ -273,12 +266,12 @@ static int ctx_init(struct vmctx *c, const struct vmsnap_vm_opts *o, const char 
     if (rc == 0 && snprintf(c->state, sizeof(c->state), "%s", canon) >= (int)sizeof(c->state))
         rc = -ENAMETOOLONG;
     if (rc < 0)
-        return vmsnap_err_set(err, -rc, "state directory %s: %s", sd, strerror(-rc));
+        return err_code(err, -rc, "state directory %s", sd);
     rc = sys_canon_path(rd, canon);
     if (rc == 0 && snprintf(c->ram_dir, sizeof(c->ram_dir), "%s", canon) >= (int)sizeof(c->ram_dir))
         rc = -ENAMETOOLONG;
     if (rc < 0)
-        return vmsnap_err_set(err, -rc, "RAM directory %s: %s", rd, strerror(-rc));
+        return err_code(err, -rc, "RAM directory %s", rd);
     char vms[PATH_LEN];
     rc = pjoin(vms, c->state, "vms", err);
     if (rc == 0)
@@ -380,7 +373,7 @@ static int ctx_lock(struct vmctx *c, struct vmsnap_err *err)
     if (c->lockfd < 0) {
         if (errno == ENOENT)
             return vmsnap_err_set(err, ENOENT, "no VM named '%s' under %s", c->name, c->state);
-        return vmsnap_err_set(err, errno, "open %s: %s", c->vmdir, strerror(errno));
+        return err_sys(err, "open %s", c->vmdir);
     }
     if (flock(c->lockfd, LOCK_EX | LOCK_NB) < 0)
         return vmsnap_err_set(err, EBUSY, "VM '%s' is busy: another vmsnap command holds %s",
@@ -393,7 +386,7 @@ static int check_ram_dir(struct vmctx *c, struct vmsnap_err *err)
 {
     struct statfs sf;
     if (statfs(c->ram_dir, &sf) < 0)
-        return vmsnap_err_set(err, errno, "RAM directory %s: %s", c->ram_dir, strerror(errno));
+        return err_sys(err, "RAM directory %s", c->ram_dir);
     if ((unsigned long)sf.f_type != TMPFS_MAGIC_ && (unsigned long)sf.f_type != HUGETLBFS_MAGIC_)
         return vmsnap_err_set(err, EINVAL,
                               "RAM directory %s is not tmpfs or hugetlbfs: guest RAM there would "
@@ -419,7 +412,7 @@ static int cfg_load(const char *path, json_object **out, struct vmsnap_err *err)
      * command or be read as one */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
-        return vmsnap_err_set(err, errno, "%s: %s", path, strerror(errno));
+        return err_sys(err, "%s", path);
     struct stat fs;
     if (fstat(fd, &fs) < 0 || !S_ISREG(fs.st_mode)) {
         close(fd);
@@ -439,7 +432,7 @@ static int cfg_load(const char *path, json_object **out, struct vmsnap_err *err)
     close(fd);
     if (n < 0) {
         free(buf);
-        return vmsnap_err_set(err, (int)-n, "read %s: %s", path, strerror((int)-n));
+        return err_code(err, (int)-n, "read %s", path);
     }
     buf[n] = 0;
     json_tokener *tok = json_tokener_new();
@@ -472,7 +465,7 @@ static int cfg_save(const char *path, json_object *o, struct vmsnap_err *err)
         rc = sys_write_full(af.fd, "\n", 1);
     if (rc < 0) {
         sys_atomic_abort(&af);
-        return vmsnap_err_set(err, -rc, "write %s: %s", path, strerror(-rc));
+        return err_code(err, -rc, "write %s", path);
     }
     return sys_atomic_commit(&af, false, err);
 }
@@ -631,11 +624,11 @@ static int write_small(const char *path, const char *s, struct vmsnap_err *err)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
-        return vmsnap_err_set(err, errno, "create %s: %s", path, strerror(errno));
+        return err_sys(err, "create %s", path);
     int rc = sys_write_full(fd, s, strlen(s));
     close(fd);
     if (rc < 0)
-        return vmsnap_err_set(err, -rc, "write %s: %s", path, strerror(-rc));
+        return err_code(err, -rc, "write %s", path);
     return 0;
 }
 
@@ -679,7 +672,7 @@ static int fsync_dir_files(const char *dir, struct vmsnap_err *err)
 {
     DIR *d = opendir(dir);
     if (!d)
-        return vmsnap_err_set(err, errno, "open %s: %s", dir, strerror(errno));
+        return err_sys(err, "open %s", dir);
     int rc = 0;
     struct dirent *de;
     while (rc == 0 && (de = readdir(d))) {
@@ -690,12 +683,12 @@ static int fsync_dir_files(const char *dir, struct vmsnap_err *err)
             continue;
         int fd = openat(dirfd(d), de->d_name, O_RDONLY | O_CLOEXEC);
         if (fd < 0 || fsync(fd) < 0)
-            rc = vmsnap_err_set(err, errno, "fsync %s/%s: %s", dir, de->d_name, strerror(errno));
+            rc = err_sys(err, "fsync %s/%s", dir, de->d_name);
         if (fd >= 0)
             close(fd);
     }
     if (rc == 0 && fsync(dirfd(d)) < 0)
-        rc = vmsnap_err_set(err, errno, "fsync %s: %s", dir, strerror(errno));
+        rc = err_sys(err, "fsync %s", dir);
     closedir(d);
     return rc;
 }
@@ -714,14 +707,14 @@ static int swap_checkpoint(struct vmctx *c, const char *newdir, struct vmsnap_er
     rm_rf(old);
     if (exists(c->ckpt)) {
         if (rename(c->ckpt, old) < 0)
-            return vmsnap_err_set(err, errno, "rename %s: %s", c->ckpt, strerror(errno));
+            return err_sys(err, "rename %s", c->ckpt);
         sys_failpoint("checkpoint-swap-torn");
     }
     if (rename(newdir, c->ckpt) < 0) {
         int e = errno;
         if (rename(old, c->ckpt) < 0)
             vlog(VMSNAP_LOG_ERROR, "restore %s from %s: %s", c->ckpt, old, strerror(errno));
-        return vmsnap_err_set(err, e, "rename %s to %s: %s", newdir, c->ckpt, strerror(e));
+        return err_code(err, e, "rename %s to %s", newdir, c->ckpt);
     }
     sys_fsync_parent(c->ckpt, NULL);
     rm_rf(old);
@@ -922,7 +915,7 @@ static void recover_new_checkpoint(struct vmctx *c)
             rm_rf(old);
             src = 0;
         } else {
-            vmsnap_err_set(&e, errno, "rename %s to %s: %s", newdir, c->ckpt, strerror(errno));
+            err_sys(&e, "rename %s to %s", newdir, c->ckpt);
         }
     } else if (newer) {
         src = swap_checkpoint(c, newdir, &e);
@@ -1013,7 +1006,7 @@ static int ckpt_meta(struct vmctx *c, json_object *cfg, const char *dir, bool li
         return rc;
     if (link_disk) {
         if (link(c->disk, p) < 0)
-            return vmsnap_err_set(err, errno, "link %s to %s: %s", c->disk, p, strerror(errno));
+            return err_sys(err, "link %s to %s", c->disk, p);
     } else if ((rc = sparse_copy(c->disk, p, err)) < 0) {
         return rc;
     }
@@ -1034,11 +1027,11 @@ static int ckpt_ram(struct vmctx *c, json_object *cfg, const char *dst, bool *ra
     if (*ram_in_state) {
         int fd = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (fd < 0)
-            return vmsnap_err_set(err, errno, "create %s: %s", dst, strerror(errno));
+            return err_sys(err, "create %s", dst);
         int rc = ftruncate(fd, (off_t)cfg_int(cfg, "memory")) < 0 ? -errno : 0;
         close(fd);
         if (rc < 0)
-            return vmsnap_err_set(err, -rc, "truncate %s: %s", dst, strerror(-rc));
+            return err_code(err, -rc, "truncate %s", dst);
         return 0;
     }
     /* the VM's own RAM file, whatever its record says (a record is not trusted to name a
@@ -1055,7 +1048,7 @@ static int ckpt_ram(struct vmctx *c, json_object *cfg, const char *dst, bool *ra
         *slash = 0;
     if (same_fs(ram, dir)) {
         if (rename(ram, dst) < 0)
-            return vmsnap_err_set(err, errno, "rename %s to %s: %s", ram, dst, strerror(errno));
+            return err_sys(err, "rename %s to %s", ram, dst);
         return 0;
     }
     int rc = image_copy(c, ram, dst, err);
@@ -1109,7 +1102,7 @@ int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
                   const struct vmsnap_vm_run_args *a, struct vmsnap_vm_timing *t,
                   struct vmsnap_err *err)
 {
-    double t0 = now(), tstart = t0;
+    double t0 = mono_now(), tstart = t0;
     struct vmctx c;
     json_object *cfg = NULL;
     struct vmsnap_vmm *v = NULL;
@@ -1142,7 +1135,7 @@ int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
     if (mkdir(c.vmdir, 0700) < 0) {
         rc = errno == EEXIST ? vmsnap_err_set(err, EEXIST, "a VM named '%s' already exists in %s",
                                               name, c.state)
-                             : vmsnap_err_set(err, errno, "mkdir %s: %s", c.vmdir, strerror(errno));
+                             : err_sys(err, "mkdir %s", c.vmdir);
         goto out;
     }
     created = true;
@@ -1191,7 +1184,7 @@ int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
         goto out;
     int fd = open(c.ram, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0 || ftruncate(fd, (off_t)mem) < 0) {
-        rc = vmsnap_err_set(err, errno, "create guest RAM file %s: %s", c.ram, strerror(errno));
+        rc = err_sys(err, "create guest RAM file %s", c.ram);
         if (fd >= 0)
             close(fd);
         goto out;
@@ -1220,7 +1213,7 @@ out:
     if (rc < 0)
         vmsnap_err_wrap(err, "vm run %s: ", name);
     if (t)
-        t->total = now() - tstart;
+        t->total = mono_now() - tstart;
     vmsnap_vmm_free(v);
     json_object_put(cfg);
     ctx_fini(&c);
@@ -1267,7 +1260,7 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
                               c->name, rec, c->ram);
     rm_rf(sdir);
     if (mkdir(sdir, 0700) < 0)
-        return vmsnap_err_set(err, errno, "mkdir %s: %s", sdir, strerror(errno));
+        return err_sys(err, "mkdir %s", sdir);
     rc = vmsnap_vmm_pause(v, err);
     if (rc < 0)
         goto fail;
@@ -1316,7 +1309,7 @@ static int finish_local(struct vmctx *c, json_object *cfg, const char *sdir, boo
     if (!in_place) {
         rm_rf(newdir);
         if (mkdir(newdir, 0700) < 0)
-            return vmsnap_err_set(err, errno, "mkdir %s: %s", newdir, strerror(errno));
+            return err_sys(err, "mkdir %s", newdir);
         rc = copy_small(sdir, newdir, "state", err);
         if (rc == 0)
             rc = pjoin(p, sdir, "memory-ranges", err);
@@ -1391,7 +1384,7 @@ static int load_vm(struct vmctx *c, json_object **cfg, struct vmsnap_err *err)
 int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name, struct vmsnap_vm_timing *t,
                     struct vmsnap_err *err)
 {
-    double t0 = now(), tstart = t0;
+    double t0 = mono_now(), tstart = t0;
     struct vmctx c;
     json_object *cfg = NULL;
     struct vmsnap_vmm *v = NULL;
@@ -1425,7 +1418,7 @@ int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name, struct vms
     if (rc < 0)
         vmsnap_err_wrap(err, "vm pause %s: ", name);
     if (t)
-        t->total = now() - tstart;
+        t->total = mono_now() - tstart;
     vmsnap_vmm_free(v);
     json_object_put(cfg);
     ctx_fini(&c);
@@ -1542,7 +1535,7 @@ static int dest_outside_vms(const struct vmctx *c, const char *url, struct vmsna
     if (rc == 0)
         rc = sys_canon_path(c->vmdir, cvm);
     if (rc < 0)
-        return vmsnap_err_set(err, -rc, "%s: %s", url, strerror(-rc));
+        return err_code(err, -rc, "%s", url);
     const char *inside = path_under(canon, cvms) ? cvms : path_under(canon, cvm) ? cvm : NULL;
     if (!inside && path_under(canon, c->ram_dir)) {
         /* a VM's RAM file or stage (any VM's: vmsnap-<hash>-<name>.ram|.stage) */
@@ -1564,7 +1557,7 @@ static int dest_outside_vms(const struct vmctx *c, const char *url, struct vmsna
 int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const char *url,
                       struct vmsnap_vm_timing *t, struct vmsnap_err *err)
 {
-    double t0 = now(), tstart = t0;
+    double t0 = mono_now(), tstart = t0;
     struct vmctx c;
     json_object *cfg = NULL;
     struct vmsnap_vmm *v = NULL;
@@ -1767,7 +1760,7 @@ out:
     if (rc < 0)
         vmsnap_err_wrap(err, "vm suspend %s: ", name);
     if (t)
-        t->total = now() - tstart;
+        t->total = mono_now() - tstart;
     vmsnap_vmm_free(v);
     json_object_put(cfg);
     ctx_fini(&c);
@@ -1885,7 +1878,7 @@ static int trust_assets(const struct vmctx *c, json_object *cfg, json_object *ol
 int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const char *url,
                      struct vmsnap_vm_timing *t, struct vmsnap_err *err)
 {
-    double t0 = now(), tstart = t0;
+    double t0 = mono_now(), tstart = t0;
     struct vmctx c;
     json_object *cfg = NULL, *old = NULL;
     struct vmsnap_vmm *v = NULL;
@@ -1915,7 +1908,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
             return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c.state);
         rc = mkdir_p(vms, err);
         if (rc == 0 && mkdir(c.vmdir, 0700) < 0)
-            rc = vmsnap_err_set(err, errno, "mkdir %s: %s", c.vmdir, strerror(errno));
+            rc = err_sys(err, "mkdir %s", c.vmdir);
         if (rc < 0)
             goto out;
         created = true;
@@ -2044,7 +2037,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
          * predictable, and a directory someone else made in its place is refused. */
         rm_rf(src);
         if (mkdir(src, 0700) < 0) {
-            rc = vmsnap_err_set(err, errno, "mkdir %s: %s", src, strerror(errno));
+            rc = err_sys(err, "mkdir %s", src);
             goto out;
         }
         struct vmsnap_xfer_opts xo = {0};
@@ -2129,7 +2122,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         struct stat ms;
         rc = pjoin(mr, src, "memory-ranges", err);
         if (rc == 0 && stat(mr, &ms) < 0)
-            rc = vmsnap_err_set(err, errno, "%s: %s", mr, strerror(errno));
+            rc = err_sys(err, "%s", mr);
         if (rc == 0 && (uint64_t)ms.st_size != (uint64_t)cfg_int(cfg, "memory"))
             rc = vmsnap_err_set(err, EINVAL,
                                 "%s: the memory image holds %llu bytes, the VM's memory is %llu: "
@@ -2147,13 +2140,12 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     if (rc < 0)
         goto out_src;
     if (exists(disk_prev) && rename(disk_prev, c.disk) < 0) { /* left by a crashed resume */
-        rc = vmsnap_err_set(err, errno, "rename %s to %s: %s", disk_prev, c.disk, strerror(errno));
+        rc = err_sys(err, "rename %s to %s", disk_prev, c.disk);
         goto out_src;
     }
     if (exists(c.disk)) {
         if (rename(c.disk, disk_prev) < 0) {
-            rc = vmsnap_err_set(err, errno, "rename %s to %s: %s", c.disk, disk_prev,
-                                strerror(errno));
+            rc = err_sys(err, "rename %s to %s", c.disk, disk_prev);
             goto out_src;
         }
         had_prev = true;
@@ -2174,12 +2166,12 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         if (from_stage && same_fs(img, c.ram_dir)) {
             /* a second name: the stage stays whole (its only copy) until the VM runs */
             if (link(img, c.ram) < 0) {
-                rc = vmsnap_err_set(err, errno, "link %s to %s: %s", img, c.ram, strerror(errno));
+                rc = err_sys(err, "link %s to %s", img, c.ram);
                 goto out_src;
             }
         } else if (url && same_fs(img, c.ram_dir)) {
             if (rename(img, c.ram) < 0) {
-                rc = vmsnap_err_set(err, errno, "rename %s to %s: %s", img, c.ram, strerror(errno));
+                rc = err_sys(err, "rename %s to %s", img, c.ram);
                 goto out_src;
             }
         } else {
@@ -2331,7 +2323,7 @@ out:
     if (rc < 0)
         vmsnap_err_wrap(err, "vm resume %s: ", name);
     if (t)
-        t->total = now() - tstart;
+        t->total = mono_now() - tstart;
     free(url_copy);
     vmsnap_vmm_free(v);
     json_object_put(cfg);
@@ -2399,7 +2391,7 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
         }
         if (remove) {
             int r = rm_rf(c.vmdir);
-            rc = r < 0 ? vmsnap_err_set(err, -r, "remove %s: %s", c.vmdir, strerror(-r)) : 0;
+            rc = r < 0 ? err_code(err, -r, "remove %s", c.vmdir) : 0;
         }
     }
     if (rc < 0)
@@ -2455,7 +2447,7 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
         return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c.state);
     DIR *d = opendir(vms);
     if (!d)
-        return errno == ENOENT ? 0 : vmsnap_err_set(err, errno, "%s: %s", vms, strerror(errno));
+        return errno == ENOENT ? 0 : err_sys(err, "%s", vms);
     char **names = NULL;
     size_t n = 0, cap = 0;
     struct dirent *de;
@@ -2563,7 +2555,7 @@ int vmsnap_vm_console_send(const struct vmsnap_vm_opts *o, const char *name, con
         return vmsnap_err_set(err, ENAMETOOLONG, "console socket path too long");
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return vmsnap_err_set(err, errno, "socket: %s", strerror(errno));
+        return err_sys(err, "socket");
     if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
         rc = vmsnap_err_set(err, errno, "VM '%s' console %s: %s (is it running?)", name,
                             sa.sun_path, strerror(errno));
@@ -2574,7 +2566,7 @@ int vmsnap_vm_console_send(const struct vmsnap_vm_opts *o, const char *name, con
     if (rc == 0)
         rc = sys_write_full(fd, "\n", 1);
     if (rc < 0)
-        rc = vmsnap_err_set(err, -rc, "VM '%s' console: %s", name, strerror(-rc));
+        rc = err_code(err, -rc, "VM '%s' console", name);
     /* Closed right after the write, the line could be lost: QEMU's socket chardev accepts one
      * client at a time and reads only while the serial port takes bytes, and a hang-up it saw
      * first dropped what was unread (a busy guest under load: a test's command went unanswered).

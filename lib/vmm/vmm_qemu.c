@@ -48,13 +48,6 @@ static double qmp_timeout(void)
     return e && *e && end && !*end && s >= 1 && s <= 3600 ? (double)s : QMP_TIMEOUT;
 }
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 int qemu_opt_escape(const char *s, char *out, size_t len)
 {
     size_t o = 0;
@@ -168,7 +161,7 @@ static int qmp_readline(struct qmp *q, double deadline, char **line, struct vmsn
         if (q->len >= QMP_LINE_MAX)
             return vmsnap_err_set(err, EPROTO, "QMP %s: message longer than %u bytes", q->sock,
                                   QMP_LINE_MAX);
-        double left = deadline - now();
+        double left = deadline - mono_now();
         if (left <= 0)
             return vmsnap_err_set(err, ETIMEDOUT, "QMP %s: no reply in %.0f s", q->sock,
                                   q->timeout);
@@ -177,14 +170,14 @@ static int qmp_readline(struct qmp *q, double deadline, char **line, struct vmsn
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0)
-            return vmsnap_err_set(err, errno, "QMP %s: poll: %s", q->sock, strerror(errno));
+            return err_sys(err, "QMP %s: poll", q->sock);
         if (r == 0)
             continue;
         ssize_t got = read(q->fd, q->buf + q->len, QMP_LINE_MAX - q->len);
         if (got < 0 && errno == EINTR)
             continue;
         if (got < 0)
-            return vmsnap_err_set(err, errno, "QMP %s: read: %s", q->sock, strerror(errno));
+            return err_sys(err, "QMP %s: read", q->sock);
         if (got == 0)
             return vmsnap_err_set(err, ECONNRESET, "QMP %s: connection closed by QEMU", q->sock);
         q->len += (size_t)got;
@@ -237,7 +230,7 @@ static int qmp_exec_fd(struct qmp *q, const char *cmd, json_object *args, int pa
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0) {
-            rc = vmsnap_err_set(err, errno, "QMP %s: send %s: %s", q->sock, cmd, strerror(errno));
+            rc = err_sys(err, "QMP %s: send %s", q->sock, cmd);
             break;
         }
         off += (size_t)w;
@@ -245,7 +238,7 @@ static int qmp_exec_fd(struct qmp *q, const char *cmd, json_object *args, int pa
     free(s);
     if (rc < 0)
         return rc;
-    double deadline = now() + q->timeout;
+    double deadline = mono_now() + q->timeout;
     for (;;) {
         char *line;
         rc = qmp_readline(q, deadline, &line, err);
@@ -280,18 +273,18 @@ static int qmp_open(struct vmsnap_vmm *v, struct qmp *q, double timeout, struct 
     /* Non-blocking connect: QEMU accepts one QMP client at a time and leaves the others in the
      * listen backlog; with the backlog full (a hung QEMU, or clients queued behind another) a
      * blocking connect waited forever. EAGAIN is retried for as long as a reply may take. */
-    const double t0 = now(), deadline = t0 + timeout, busy_deadline = t0 + q->timeout;
+    const double t0 = mono_now(), deadline = t0 + timeout, busy_deadline = t0 + q->timeout;
     int rc;
     for (;;) {
         q->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (q->fd < 0) {
-            rc = vmsnap_err_set(err, errno, "socket: %s", strerror(errno));
+            rc = err_sys(err, "socket");
             goto fail;
         }
         if (connect(q->fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
             int fl = fcntl(q->fd, F_GETFL);
             if (fl < 0 || fcntl(q->fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
-                rc = vmsnap_err_set(err, errno, "QMP %s: fcntl: %s", v->qmp_sock, strerror(errno));
+                rc = err_sys(err, "QMP %s: fcntl", v->qmp_sock);
                 goto fail;
             }
             break;
@@ -299,21 +292,21 @@ static int qmp_open(struct vmsnap_vmm *v, struct qmp *q, double timeout, struct 
         int e = errno;
         close(q->fd);
         q->fd = -1;
-        if (e == EAGAIN && now() >= busy_deadline) {
+        if (e == EAGAIN && mono_now() >= busy_deadline) {
             rc = vmsnap_err_set(err, ETIMEDOUT,
                                 "QMP %s: QEMU accepted no connection in %.0f s (hung, or busy "
                                 "with other clients)",
                                 v->qmp_sock, q->timeout);
             goto fail;
         }
-        if (e != EAGAIN && (now() >= deadline || (e != ENOENT && e != ECONNREFUSED))) {
-            rc = vmsnap_err_set(err, e, "QMP connect %s: %s", v->qmp_sock, strerror(e));
+        if (e != EAGAIN && (mono_now() >= deadline || (e != ENOENT && e != ECONNREFUSED))) {
+            rc = err_code(err, e, "QMP connect %s", v->qmp_sock);
             goto fail;
         }
         sys_sleep_ms(20);
     }
     char *line;
-    rc = qmp_readline(q, now() + q->timeout, &line, err); /* greeting */
+    rc = qmp_readline(q, mono_now() + q->timeout, &line, err); /* greeting */
     if (rc < 0)
         goto fail;
     if (!strstr(line, "\"QMP\"")) {
@@ -584,14 +577,14 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
     unlink(v->con_sock);
     int logfd = open(v->qemu_log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (logfd < 0) {
-        rc = vmsnap_err_set(err, errno, "open %s: %s", v->qemu_log, strerror(errno));
+        rc = err_sys(err, "open %s", v->qemu_log);
         free(pool);
         free(envp);
         return rc;
     }
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) < 0) {
-        rc = vmsnap_err_set(err, errno, "pipe: %s", strerror(errno));
+        rc = err_sys(err, "pipe");
         close(logfd);
         free(pool);
         free(envp);
@@ -601,7 +594,7 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
      * has to reap it; the pipe carries the exec error (if any) back. */
     pid_t mid = fork();
     if (mid < 0) {
-        rc = vmsnap_err_set(err, errno, "fork: %s", strerror(errno));
+        rc = err_sys(err, "fork");
         close(pfd[0]);
         close(pfd[1]);
         close(logfd);
@@ -662,7 +655,7 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
         ;
     close(pfd[0]);
     if (r == (ssize_t)sizeof(e)) {
-        rc = vmsnap_err_set(err, e, "exec %s: %s", argv[0], strerror(e));
+        rc = err_code(err, e, "exec %s", argv[0]);
         free(pool);
         free(envp);
         return rc;
@@ -670,7 +663,7 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
     free(pool);
     free(envp);
     /* Wait for the QMP socket; QEMU exiting first means a bad command line or asset. */
-    double deadline = now() + 30.0;
+    double deadline = mono_now() + 30.0;
     struct qmp q;
     for (;;) {
         struct vmsnap_err e2;
@@ -679,7 +672,7 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
             qmp_close(&q);
             break;
         }
-        if (!proc_alive((pid_t)qpid) || now() > deadline) {
+        if (!proc_alive((pid_t)qpid) || mono_now() > deadline) {
             bool timeout = proc_alive((pid_t)qpid);
             if (timeout)
                 qemu_stop(v, NULL);
@@ -724,7 +717,7 @@ static int set_ignore_shared(struct qmp *q, bool on, struct vmsnap_err *err)
 /* Poll query-migrate until completed (or failed). */
 static int wait_migration(struct qmp *q, const char *what, struct vmsnap_err *err)
 {
-    double deadline = now() + 300.0;
+    double deadline = mono_now() + 300.0;
     unsigned ms = 2;
     for (;;) {
         json_object *ret = NULL, *status = NULL;
@@ -747,7 +740,7 @@ static int wait_migration(struct qmp *q, const char *what, struct vmsnap_err *er
             return rc;
         }
         json_object_put(ret);
-        if (now() > deadline)
+        if (mono_now() > deadline)
             return vmsnap_err_set(err, ETIMEDOUT, "%s: migration not done after 300 s", what);
         sys_sleep_ms(ms);
         ms = ms < 50 ? ms * 2 : 50;
@@ -763,7 +756,7 @@ static int pass_state_fd(struct qmp *q, const char *path, bool write, struct vms
     int fd = write ? open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)
                    : open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return vmsnap_err_set(err, errno, "%s: %s", path, strerror(errno));
+        return err_sys(err, "%s", path);
     json_object *args = json_object_new_object();
     json_object_object_add(args, "fdname", json_object_new_string(STATE_FD_NAME));
     int rc = qmp_exec_fd(q, "getfd", args, fd, NULL, err);
@@ -779,7 +772,7 @@ static int qemu_restore(struct vmsnap_vmm *v, const char *dir, struct vmsnap_err
     if (snprintf(path, sizeof(path), "%s/state", dir) >= (int)sizeof(path))
         return vmsnap_err_set(err, ENAMETOOLONG, "snapshot directory %s too long", dir);
     if (access(path, R_OK) < 0)
-        return vmsnap_err_set(err, errno, "restore: %s: %s", path, strerror(errno));
+        return err_sys(err, "restore: %s", path);
     rc = qemu_boot(v, true, err);
     if (rc < 0)
         return rc;
@@ -856,9 +849,9 @@ static int qemu_snapshot(struct vmsnap_vmm *v, const char *dir, struct vmsnap_er
 
 static bool wait_gone(struct vmsnap_vmm *v, pid_t pid, double secs)
 {
-    double deadline = now() + secs;
+    double deadline = mono_now() + secs;
     while (pid_is_ours(v, pid)) {
-        if (now() > deadline)
+        if (mono_now() > deadline)
             return false;
         sys_sleep_ms(10);
     }

@@ -1056,7 +1056,7 @@ static void *producer(void *arg)
         if (!key || (s->x->base_key && !bkey))
             rc = vmsnap_err_set(&e, ENOMEM, "out of memory");
         else if (fd < 0)
-            rc = vmsnap_err_set(&e, errno, "open %s: %s", path, strerror(errno));
+            rc = err_sys(&e, "open %s", path);
         else
             rc = push_fd(s->x, ctl, fd, path, key, bkey, f,
                          s->in_old && s->in_old[i] ? &s->def[i] : NULL, &e);
@@ -1099,7 +1099,7 @@ static int scan_set(const char *dir, struct mf_file **out, size_t *n, struct vms
     *n = 0;
     DIR *d = opendir(dir);
     if (!d)
-        return vmsnap_err_set(err, errno, "open directory %s: %s", dir, strerror(errno));
+        return err_sys(err, "open directory %s", dir);
     size_t cap = 0;
     struct mf_file *v = NULL;
     int rc = 0;
@@ -1120,7 +1120,7 @@ static int scan_set(const char *dir, struct mf_file **out, size_t *n, struct vms
          * root must not carry off what a link in a directory points to. */
         struct stat sb;
         if (fstatat(dirfd(d), name, &sb, AT_SYMLINK_NOFOLLOW) < 0) {
-            rc = vmsnap_err_set(err, errno, "stat %s/%s: %s", dir, name, strerror(errno));
+            rc = err_sys(err, "stat %s/%s", dir, name);
             break;
         }
         if (!S_ISREG(sb.st_mode)) {
@@ -1919,13 +1919,13 @@ static int set_ready(const struct xfer *x, const struct set_push *s, struct vmsn
 {
     int dfd = open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0)
-        return vmsnap_err_set(err, errno, "open directory %s: %s", s->dir, strerror(errno));
+        return err_sys(err, "open directory %s", s->dir);
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < s->n; i++) {
         const char *name = s->files[i].name;
         int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         if (fd < 0) {
-            rc = vmsnap_err_set(err, errno, "open %s/%s: %s", s->dir, name, strerror(errno));
+            rc = err_sys(err, "open %s/%s", s->dir, name);
             break;
         }
         /* the read-back before the commit holds the set's objects to --max-size as a pull
@@ -2417,7 +2417,7 @@ int vmsnap_xfer_check_dest(const char *url, bool set, const struct vmsnap_xfer_o
         else if (!S_ISDIR(sb.st_mode) && (set || strcmp(p + 1, key)))
             rc = vmsnap_err_set(err, ENOTDIR, "%s: %s is not a directory", url, p);
         else if (S_ISDIR(sb.st_mode) && access(p, W_OK | X_OK) < 0)
-            rc = vmsnap_err_set(err, errno, "%s: cannot write in %s: %s", url, p, strerror(errno));
+            rc = err_sys(err, "%s: cannot write in %s", url, p);
     }
     free(key);
     xfer_fini(&x, false);
@@ -2454,7 +2454,7 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
         memset(stats, 0, sizeof(*stats));
     struct stat sb;
     if (stat(path, &sb) < 0)
-        return vmsnap_err_set(err, errno, "%s: %s", path, strerror(errno));
+        return err_sys(err, "%s", path);
     if (!S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode))
         return vmsnap_err_set(err, EINVAL, "%s: not a regular file or a directory", path);
     struct xfer x;
@@ -2493,7 +2493,7 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
     } else {
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) {
-            rc = vmsnap_err_set(err, errno, "open %s: %s", path, strerror(errno));
+            rc = err_sys(err, "open %s", path);
             goto out;
         }
         /* a set under KEY/ would shadow this object: pull KEY prefers the set */
@@ -2860,8 +2860,7 @@ static int down_open(struct down *d, struct vmsnap_store_conn *c, const char *ds
             d->url, (unsigned long long)d->stats.total_size, (unsigned long long)d->stats.populated,
             (unsigned long long)d->mf->size, (unsigned long long)d->mf->populated);
     if (ftruncate(d->af.fd, (off_t)d->stats.total_size) < 0)
-        return vmsnap_err_set(err, errno, "set size of %s to %llu: %s", dst,
-                              (unsigned long long)d->stats.total_size, strerror(errno));
+        return err_sys(err, "set size of %s to %llu", dst, (unsigned long long)d->stats.total_size);
     if (d->mf && d->mf->detail && d->mf->table_digest) {
         /* tableSha256 over the very bytes the table was parsed from: every frame is then
          * checked against that table (compressed XXH64, content XXH64, zstd's checksum) */
@@ -3134,7 +3133,7 @@ static int publish_set(struct xfer *x, const char *dir, struct down *ds, size_t 
             rc = vmsnap_err_set(err, EISDIR, "%s is a directory: cannot put the set's file there",
                                 path);
         else if (!x->o.no_fsync && fsync(ds[i].af.fd) < 0)
-            rc = vmsnap_err_set(err, errno, "fsync %s: %s", path, strerror(errno));
+            rc = err_sys(err, "fsync %s", path);
         else
             rc = sys_atomic_close(&ds[i].af, err);
         if (rc < 0 || !p[i].there)
@@ -3153,8 +3152,7 @@ static int publish_set(struct xfer *x, const char *dir, struct down *ds, size_t 
             /* a filesystem without hard links, or no room for one more name: published without
              * a way back (as before there was one) */
             if (e != EPERM && e != ENOTSUP && e != EMLINK && e != ENOSPC && e != EDQUOT)
-                rc = vmsnap_err_set(err, e, "link %s (kept until the set is in place): %s", path,
-                                    strerror(e));
+                rc = err_code(err, e, "link %s (kept until the set is in place)", path);
         }
     }
     size_t done = 0; /* commits tried; the last one tried failed when rc < 0 */
@@ -3181,10 +3179,10 @@ static int publish_set(struct xfer *x, const char *dir, struct down *ds, size_t 
     if (rc == 0 && !x->o.no_fsync) {
         int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (dfd < 0 || fsync(dfd) < 0)
-            rc = vmsnap_err_set(err, errno,
-                                "fsync directory %s (the set is in place, but may not survive a "
-                                "crash): %s",
-                                dir, strerror(errno));
+            rc = err_sys(err,
+                         "fsync directory %s (the set is in place, but may not survive a "
+                         "crash)",
+                         dir);
         if (dfd >= 0)
             close(dfd);
     }
@@ -3209,10 +3207,10 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
         drop_stale_links(dir); /* a killed pull's room back before this one needs it */
     } else if (errno == ENOENT) {
         if (mkdir(dir, 0700) < 0)
-            return vmsnap_err_set(err, errno, "mkdir %s: %s", dir, strerror(errno));
+            return err_sys(err, "mkdir %s", dir);
         created = true;
     } else {
-        return vmsnap_err_set(err, errno, "%s: %s", dir, strerror(errno));
+        return err_sys(err, "%s", dir);
     }
     /* Fail before downloading anything when the set cannot fit (the manifest gives every
      * file's populated bytes; the decoder writes those and leaves holes) */
@@ -3530,7 +3528,7 @@ static int local_prefix_exists(struct xfer *x, const char *url, const char *key,
     if (!dir)
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
     else if (stat(dir, &sb) < 0)
-        rc = vmsnap_err_set(err, errno, "%s: %s", url, strerror(errno));
+        rc = err_sys(err, "%s", url);
     else if (!S_ISDIR(sb.st_mode))
         rc = vmsnap_err_set(err, ENOTDIR,
                             "%s: not a directory of sets (an object: 'vmsnap inspect' or "
@@ -3560,7 +3558,7 @@ int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsna
     if (rc == 0) {
         rc = vmsnap_store_list(c, lp, collect, &k, err);
         if (rc < 0 && (!err || !err->code))
-            rc = vmsnap_err_set(err, -rc, "list %s: %s", url, strerror(-rc));
+            rc = err_code(err, -rc, "list %s", url);
     }
     for (size_t i = 0; i < k.n && rc == 0; i++) {
         char murl[URL_BUF], surl[URL_BUF];
@@ -3979,7 +3977,7 @@ static int clean_marks(struct xfer *x, struct vmsnap_store_conn *c, struct lefto
     /* every key that starts with `prefix`, then key_under */
     int rc = vmsnap_store_list(c, prefix, collect_mark, &mk, err);
     if (rc < 0 && (!err || !err->code))
-        rc = vmsnap_err_set(err, -rc, "list %s: %s", prefix, strerror(-rc));
+        rc = err_code(err, -rc, "list %s", prefix);
     if (rc == 0 && mk.k.n)
         qsort(mk.k.v, mk.k.n, sizeof(*mk.k.v), cmp_by_dir);
     for (size_t i = 0; rc == 0 && i < mk.k.n;) {

@@ -76,7 +76,7 @@ int xpool_init(struct xpool *p, struct vmsnap_store *st, unsigned n, uint64_t me
         if (rc != 0) {
             pthread_mutex_unlock(&p->mu);
             xpool_fini(p);
-            return vmsnap_err_set(err, rc, "cannot start transfer thread: %s", strerror(rc));
+            return err_code(err, rc, "cannot start transfer thread");
         }
         p->n = i + 1;
     }

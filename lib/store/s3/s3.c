@@ -80,16 +80,8 @@ static int dbuf_add(struct dbuf *b, const void *data, size_t n)
         b->overflow = true;
         return -1;
     }
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return -1;
-        b->p = p;
-        b->cap = cap;
-    }
+    if (grow_array(&b->p, &b->cap, b->len + n + 1, 1, 4096) < 0)
+        return -1;
     memcpy(b->p + b->len, data, n);
     b->len += n;
     b->p[b->len] = '\0';
@@ -425,13 +417,6 @@ static int http_error(const struct s3_config *cfg, const struct req *r, struct v
                           where, r->status, detail, msg[0] ? ": " : "", msg);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static unsigned env_uint(const char *name, unsigned def)
 {
     const char *v = getenv(name);
@@ -588,7 +573,7 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
     curl_easy_setopt(h, CURLOPT_NOPROGRESS, req_abortable(r) ? 0L : 1L);
     curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, abort_cb);
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, r);
-    double t0 = now_s();
+    double t0 = mono_now();
     CURLcode cc = curl_easy_perform(h);
     curl_slist_free_all(hl);
     long status = 0;
@@ -597,7 +582,7 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
         r->status = status;
     vlog(VMSNAP_LOG_DEBUG, "s3: %s %s/%s%s%s -> %ld%s%s (%.3f s)", r->method, cfg->bucket, r->key,
          query[0] ? "?" : "", query, r->status, cc ? " curl: " : "",
-         cc ? curl_easy_strerror(cc) : "", now_s() - t0);
+         cc ? curl_easy_strerror(cc) : "", mono_now() - t0);
 
     if (cc == CURLE_ABORTED_BY_CALLBACK && cancel_check(err) < 0)
         return -ECANCELED;

@@ -6,6 +6,7 @@
  */
 #include "sys/crypto_dl.h"
 #include "sigv4_int.h"
+#include "util/util.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -101,14 +102,8 @@ struct sbuf {
 static int sb_add(struct sbuf *s, const char *str)
 {
     size_t n = strlen(str);
-    if (s->len + n + 1 > s->cap) {
-        size_t cap = (s->cap ? s->cap * 2 : 512) + n;
-        char *p = realloc(s->p, cap);
-        if (!p)
-            return -ENOMEM;
-        s->p = p;
-        s->cap = cap;
-    }
+    if (grow_array(&s->p, &s->cap, s->len + n + 1, 1, 512) < 0)
+        return -ENOMEM;
     memcpy(s->p + s->len, str, n + 1);
     s->len += n;
     return 0;
