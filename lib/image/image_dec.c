@@ -9,7 +9,7 @@
  * frame header must agree), its XXH64 compared, and its records parsed with the frame's source
  * range as a fence, so a corrupt frame can never write outside the range it claims.
  */
-#include "image_rec.h"
+#include "image_int.h"
 #include "sys/sys.h"
 
 #include <errno.h>

@@ -4,7 +4,7 @@
  * decompressed bytes in pieces of any size, validates every word before acting on it, and
  * pwrites extent data straight from the caller's buffer.
  */
-#include "image_rec.h"
+#include "image_int.h"
 #include "sys/sys.h"
 
 #include <errno.h>

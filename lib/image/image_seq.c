@@ -10,7 +10,7 @@
  * are plain zstd of a whole file; their output is written in 64 KiB blocks, all-zero blocks left as
  * holes.
  */
-#include "image_rec.h"
+#include "image_int.h"
 #include "sys/sys.h"
 
 #include <errno.h>
