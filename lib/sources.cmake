@@ -14,6 +14,11 @@ set(VMSNAP_SYS_SOURCES
 set(VMSNAP_IMAGE_SOURCES
     lib/image/image_dec.c
     lib/image/image_enc.c
+    lib/image/image_enc_buf.c
+    lib/image/image_enc_range.c
+    lib/image/image_enc_scan.c
+    lib/image/image_enc_write.c
+    lib/image/image_enc_zstd.c
     lib/image/image_io.c
     lib/image/image_rec.c
     lib/image/image_seq.c)

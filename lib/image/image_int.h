@@ -7,9 +7,11 @@
 #include "util/util.h"
 #include "vmsnap/image.h"
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <zstd.h>
 
 #define IMG_MAGIC "ATESPRSE"
 #define IMG_MAGIC_LEN 8
@@ -112,5 +114,142 @@ void rec_init(struct rec_parser *rp, enum rec_state start, int fd, const char *n
 int rec_feed(struct rec_parser *rp, const uint8_t *buf, size_t len, struct vmsnap_err *err);
 /* True when the parser sits between records (a frame may end here). */
 bool rec_at_boundary(const struct rec_parser *rp);
+
+/* ---- the encoder (image_enc*.c; the design is in image_enc.c) ---- */
+
+enum slot_state { SLOT_FREE, SLOT_BUSY, SLOT_DONE };
+
+/* A buffer kept across ranges: an anonymous mapping (not the C heap, whose per-thread arenas
+ * keep what is freed), charged by its usable size to the budget when there is one. With a
+ * budget, a trimmed buffer keeps its mapping: the bytes past `cap` are given back to the kernel
+ * (MADV_DONTNEED) and uncharged, and a later use that fits in the mapping charges them again
+ * without mapping anew, so the pages it kept need no new page faults (a frame buffer is trimmed
+ * to its frame after every range). Only bytes below `cap` are ever resident. */
+struct ebuf {
+    uint8_t *p;
+    size_t cap; /* usable bytes, and what is charged */
+    size_t map; /* bytes mapped at p (>= cap) */
+};
+
+struct slot {
+    enum slot_state state;
+    int rc;
+    struct vmsnap_err err;
+    struct ebuf c; /* compressed frame, kept across uses of the slot */
+    size_t clen;
+    bool has_frame;              /* false for a range without data */
+    bool reused;                 /* the frame is the base's */
+    struct vmsnap_frame_info bf; /* then: the base's entry (offset in the base object) */
+    struct vmsnap_frame_info fi;
+    uint64_t zero_elided;
+    uint64_t extents;
+};
+
+/* The records of one range, built in the worker's buffer. */
+struct recs {
+    size_t len; /* bytes of records in w->b.p (0: the range has no data) */
+    uint64_t populated, extents, zero;
+};
+
+/* With a base: what the pre-scan found and decided for one range. */
+struct plan {
+    uint32_t base_frame; /* the base's frame for this range, index + 1 (0: none) */
+    uint32_t run_id;     /* planned run (1, 2, ...; 0: none) */
+    bool reuse;          /* take the base's frame */
+    uint64_t run_left;   /* base bytes from this frame to the end of its planned run */
+    struct recs scan;    /* records found (len only marks data where the base has no frame) */
+};
+
+struct enc {
+    int fd;
+    const char *name;
+    uint64_t size;
+    uint64_t frame_size;
+    uint64_t nranges;
+    int level;
+    bool elide;
+    bool drop_cache;
+    const struct vmsnap_image *base;
+    struct plan *plan; /* with a base: one per range */
+    uint64_t min_run;  /* bytes a reused run and the written bytes before it need at least */
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work; /* a slot was freed or abort */
+    pthread_cond_t cv_done; /* a slot finished */
+    uint64_t next;          /* next range to hand out */
+    uint64_t written;       /* ranges consumed by the writer */
+    unsigned window;
+    struct slot *slots;
+    bool abort; /* set under mu (img_set_abort); gate_stop reads it without */
+    const struct vmsnap_pack_mem *mem; /* budget for the buffers; NULL: none */
+};
+
+struct extent {
+    uint64_t off;
+    uint64_t len;
+};
+
+struct worker {
+    struct enc *e;
+    ZSTD_CCtx *cctx;
+    struct ebuf b; /* the records of the range being encoded */
+    struct extent *ext;
+    size_t next_cap;
+    uint64_t cur; /* that range (gate_stop) */
+    bool wait;    /* may wait for the budget (not the writer's) */
+};
+
+/* Growable array of frame entries for the seek table. */
+struct table {
+    struct vmsnap_frame_info *f;
+    size_t n, cap;
+};
+
+struct out {
+    const struct vmsnap_sink *sink;
+    uint64_t pos;
+};
+
+/* Buffers (image_enc_buf.c). Make `b` hold at least `len` bytes (what it held is lost), charged
+ * to the budget for worker `gw` (NULL: never waits); keep only `keep` bytes (0: unmap); after a
+ * use, give it back when more is charged than the budget allows. */
+int img_ebuf_reserve(const struct enc *e, struct ebuf *b, size_t len, struct worker *gw,
+                     struct vmsnap_err *err);
+void img_ebuf_trim(const struct enc *e, struct ebuf *b, size_t keep);
+void img_ebuf_settle(const struct enc *e, struct ebuf *b);
+
+/* One zstd frame (image_enc_zstd.c): compress `len` bytes at `src` into `out` as a frame with
+ * the content checksum `checksum` (the XXH64 of src); stepped at high levels, where a cancel or
+ * e->abort (e may be NULL) stops it. img_compress_into does it into a slot buffer. */
+int img_compress_frame(const struct enc *e, ZSTD_CCtx *cctx, int level, const uint8_t *src,
+                       size_t len, uint64_t checksum, uint8_t *out, size_t *out_len,
+                       struct vmsnap_err *err);
+int img_compress_into(const struct enc *e, ZSTD_CCtx *cctx, const uint8_t *src, size_t len,
+                      uint64_t checksum, struct ebuf *c, size_t *out_len, struct worker *gw,
+                      struct vmsnap_err *err);
+
+/* The range encoder (image_enc_range.c): the data extents of [start, end) into w->ext; the
+ * records of range `idx` into w->b (its page cache dropped after when `drop`); the worker
+ * thread's loop. */
+int img_find_extents(struct worker *w, uint64_t start, uint64_t end, size_t *n_out,
+                     struct vmsnap_err *err);
+int img_build_records(struct worker *w, uint64_t idx, bool drop, struct recs *r,
+                      struct vmsnap_err *err);
+void *img_worker_main(void *arg);
+
+/* The base pre-scan (image_enc_scan.c): fills e->plan (which ranges reuse the base's frame). */
+int img_prescan(struct enc *e, struct worker *ws, unsigned threads, struct vmsnap_err *err);
+
+/* The ordered writer (image_enc_write.c). */
+void img_set_abort(struct enc *e);
+int img_table_add(struct table *t, const struct vmsnap_frame_info *fi, struct vmsnap_err *err);
+int img_emit(struct out *o, const void *buf, size_t len, struct vmsnap_err *err);
+int img_emit_word_frame(struct out *o, ZSTD_CCtx *cctx, int level, uint64_t word, uint64_t src_pos,
+                        struct table *t, struct vmsnap_err *err);
+int img_emit_info_frame(struct out *o, uint64_t frame_size, struct vmsnap_err *err);
+int img_emit_seek_table(struct out *o, const struct table *t, const struct vmsnap_image_stats *st,
+                        uint64_t frame_size, uint64_t frames_start, int level, bool elided,
+                        struct vmsnap_err *err);
+int img_demote(struct worker *wk, uint64_t idx, struct slot *sl, struct vmsnap_err *err);
 
 #endif
