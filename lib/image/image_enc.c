@@ -18,6 +18,13 @@
  * more, unless it is the range the writer waits for next (that one never waits, so the output
  * always moves); a frame's buffer shrinks to the frame once compressed; and while more is
  * charged than the budget allows, buffers are given back after each use instead of kept.
+ *
+ * This file is the file-level pack: the options, vmsnap_image_pack_fd's phases (check the
+ * source, plan against a base, pre-scan, head frames, workers, ordered writer, tail frames) and
+ * the file/pipe sink of vmsnap_image_pack. Its parts, each using only those listed before it
+ * (and none of them this file): image_enc_buf.c (buffers and the budget), image_enc_zstd.c (one
+ * zstd frame), image_enc_range.c (the range encoder and its worker threads), image_enc_scan.c
+ * (the base pre-scan), image_enc_write.c (the ordered writer, head and tail frames, seek table).
  */
 #include "image_int.h"
 #include "sys/sys.h"
@@ -48,30 +55,31 @@ int vmsnap_image_check_pack_opts(const struct vmsnap_pack_opts *opts, struct vms
     return 0;
 }
 
-int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_sink *sink,
-                         const struct vmsnap_pack_opts *opts, struct vmsnap_image_stats *stats,
-                         struct vmsnap_err *err)
+/* The source: a regular file whose size tells what it holds. */
+static int check_source(int fd, const char *name, struct stat *st, struct vmsnap_err *err)
 {
-    static const struct vmsnap_pack_opts defaults;
-    if (!opts)
-        opts = &defaults;
-    const char *name = src_name ? src_name : "source";
-    struct stat st;
-    if (fstat(src_fd, &st) < 0)
+    if (fstat(fd, st) < 0)
         return err_sys(err, "stat %s", name);
-    if (!S_ISREG(st.st_mode))
+    if (!S_ISREG(st->st_mode))
         return vmsnap_err_set(err, EINVAL, "%s: not a regular file", name);
     char probe;
-    if (st.st_size == 0 && pread(src_fd, &probe, 1, 0) == 1) /* packed as empty, exit 0 */
+    if (st->st_size == 0 && pread(fd, &probe, 1, 0) == 1) /* packed as empty, exit 0 */
         return vmsnap_err_set(err, EINVAL,
                               "%s reports a size of 0 but has data (a /proc or /sys file?): the "
                               "encoder reads a file by its size; copy it to a file first",
                               name);
+    return 0;
+}
 
-    struct enc e = {
-        .fd = src_fd,
+/* The encoder's settings from the options, and how many workers it runs. */
+static int enc_init(struct enc *e, int fd, const char *name, const struct stat *st,
+                    const struct vmsnap_pack_opts *opts, unsigned *threads_out,
+                    struct vmsnap_err *err)
+{
+    *e = (struct enc){
+        .fd = fd,
         .name = name,
-        .size = (uint64_t)st.st_size,
+        .size = (uint64_t)st->st_size,
         .frame_size = opts->frame_size ? opts->frame_size : VMSNAP_IMAGE_DEFAULT_FRAME_SIZE,
         .level = opts->level ? opts->level : 1,
         .elide = !opts->keep_zero_pages,
@@ -81,36 +89,129 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
     int crc = vmsnap_image_check_pack_opts(opts, err);
     if (crc < 0)
         return crc;
-    e.nranges = (e.size + e.frame_size - 1) / e.frame_size;
-    if (e.nranges + 2 > SEEK_MAX_FRAMES)
+    e->nranges = (e->size + e->frame_size - 1) / e->frame_size;
+    if (e->nranges + 2 > SEEK_MAX_FRAMES)
         return vmsnap_err_set(err, EFBIG,
                               "%s: %llu bytes makes too many frames at frame size %llu; use a "
                               "larger --frame-size",
-                              name, (unsigned long long)e.size, (unsigned long long)e.frame_size);
+                              name, (unsigned long long)e->size, (unsigned long long)e->frame_size);
     unsigned threads = opts->threads ? opts->threads : sys_cpus();
     if (threads > 256)
         threads = 256;
-    if ((uint64_t)threads > e.nranges)
-        threads = e.nranges ? (unsigned)e.nranges : 1;
-    e.window = threads + 1;
-    if (opts->base && sink->copy) {
-        struct vmsnap_image_stats bs;
-        vmsnap_image_get_stats(opts->base, &bs);
-        if (bs.frame_size == e.frame_size && bs.level == e.level && e.nranges > 0) {
-            e.base = opts->base;
-            e.plan = calloc(e.nranges, sizeof(*e.plan));
-            e.min_run = opts->base_min_run ? opts->base_min_run : VMSNAP_IMAGE_DEFAULT_MIN_RUN;
-            if (!e.plan)
-                return vmsnap_err_set(err, ENOMEM, "out of memory");
-            uint32_t nb = vmsnap_image_frame_count(e.base);
-            for (uint32_t i = 0; i < nb; i++) {
-                struct vmsnap_frame_info bf;
-                vmsnap_image_frame(e.base, i, &bf);
-                if (bf.src_end > bf.src_start && bf.src_start % e.frame_size == 0 &&
-                    bf.src_start / e.frame_size < e.nranges)
-                    e.plan[bf.src_start / e.frame_size].base_frame = i + 1;
-            }
+    if ((uint64_t)threads > e->nranges)
+        threads = e->nranges ? (unsigned)e->nranges : 1;
+    e->window = threads + 1;
+    *threads_out = threads;
+    return 0;
+}
+
+/* With a base of the same frame size and level, and a sink that can copy its frames: which
+ * base frame covers each range (the pre-scan then finds the unchanged ones). */
+static int plan_base(struct enc *e, const struct vmsnap_pack_opts *opts,
+                     const struct vmsnap_sink *sink, struct vmsnap_err *err)
+{
+    if (!opts->base || !sink->copy)
+        return 0;
+    struct vmsnap_image_stats bs;
+    vmsnap_image_get_stats(opts->base, &bs);
+    if (bs.frame_size != e->frame_size || bs.level != e->level || e->nranges == 0)
+        return 0;
+    e->base = opts->base;
+    e->plan = calloc(e->nranges, sizeof(*e->plan));
+    e->min_run = opts->base_min_run ? opts->base_min_run : VMSNAP_IMAGE_DEFAULT_MIN_RUN;
+    if (!e->plan)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    uint32_t nb = vmsnap_image_frame_count(e->base);
+    for (uint32_t i = 0; i < nb; i++) {
+        struct vmsnap_frame_info bf;
+        vmsnap_image_frame(e->base, i, &bf);
+        if (bf.src_end > bf.src_start && bf.src_start % e->frame_size == 0 &&
+            bf.src_start / e->frame_size < e->nranges)
+            e->plan[bf.src_start / e->frame_size].base_frame = i + 1;
+    }
+    return 0;
+}
+
+/* Header, info frame and the totalSize frame: out before any worker starts. */
+static int emit_head(struct out *o, const struct enc *e, ZSTD_CCtx *cctx, struct table *t,
+                     uint64_t *frames_start, struct vmsnap_err *err)
+{
+    uint8_t hdr[IMG_HEADER_LEN];
+    memcpy(hdr, IMG_MAGIC, IMG_MAGIC_LEN);
+    put_le32(hdr + 8, IMG_VERSION);
+    int rc;
+    if ((rc = img_emit(o, hdr, sizeof(hdr), err)) < 0 ||
+        (rc = img_emit_info_frame(o, e->frame_size, err)) < 0)
+        return rc;
+    *frames_start = o->pos;
+    return img_emit_word_frame(o, cctx, e->level, e->size, 0, t, err);
+}
+
+/* Start the workers; *started says how many run (the writer needs at least one). */
+static int start_workers(struct worker *ws, pthread_t *tids, unsigned threads, unsigned *started,
+                         struct vmsnap_err *err)
+{
+    for (; *started < threads; (*started)++) {
+        unsigned i = *started;
+        ws[i].cctx = ZSTD_createCCtx();
+        if (!ws[i].cctx || pthread_create(&tids[i], NULL, img_worker_main, &ws[i]) != 0) {
+            ZSTD_freeCCtx(ws[i].cctx);
+            return vmsnap_err_set(err, EAGAIN, "cannot start encoder thread %u", i);
         }
+    }
+    return 0;
+}
+
+/* Stop the workers, wait for them and give back the slots' and the writer's buffers. */
+static void stop_workers(struct enc *e, struct worker *ws, pthread_t *tids, unsigned started,
+                         struct worker *wk)
+{
+    pthread_mutex_lock(&e->mu);
+    img_set_abort(e);
+    pthread_mutex_unlock(&e->mu);
+    for (unsigned i = 0; i < started; i++) {
+        pthread_join(tids[i], NULL);
+        ZSTD_freeCCtx(ws[i].cctx);
+    }
+    for (unsigned i = 0; i < e->window; i++)
+        img_ebuf_trim(e, &e->slots[i].c, 0);
+    img_ebuf_trim(e, &wk->b, 0);
+    free(wk->ext);
+}
+
+/* A file written while it was read is encoded as it never was (ranges of different moments; a
+ * shrunk file's lost tail read as holes): refused before the object is whole. */
+static int check_unchanged(int fd, const char *name, const struct stat *st, struct vmsnap_err *err)
+{
+    struct stat after;
+    if (fstat(fd, &after) < 0 || after.st_size != st->st_size ||
+        after.st_mtim.tv_sec != st->st_mtim.tv_sec || after.st_mtim.tv_nsec != st->st_mtim.tv_nsec)
+        return vmsnap_err_set(err, EAGAIN,
+                              "%s changed while being read (size or modification time): encode "
+                              "it again when nothing writes to it",
+                              name);
+    return 0;
+}
+
+int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_sink *sink,
+                         const struct vmsnap_pack_opts *opts, struct vmsnap_image_stats *stats,
+                         struct vmsnap_err *err)
+{
+    static const struct vmsnap_pack_opts defaults;
+    if (!opts)
+        opts = &defaults;
+    const char *name = src_name ? src_name : "source";
+    struct stat st;
+    struct enc e = {0};
+    unsigned threads = 0;
+    int rc = check_source(src_fd, name, &st, err);
+    if (rc == 0)
+        rc = enc_init(&e, src_fd, name, &st, opts, &threads, err);
+    if (rc == 0)
+        rc = plan_base(&e, opts, sink, err);
+    if (rc < 0) {
+        free(e.plan);
+        return rc;
     }
 
     struct vmsnap_image_stats s = {
@@ -122,7 +223,6 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
     e.slots = calloc(e.window, sizeof(*e.slots));
     ZSTD_CCtx *cctx = ZSTD_createCCtx();
     unsigned started = 0;
-    int rc = 0;
     if (!ws || !tids || !e.slots || !cctx) {
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
         goto out;
@@ -138,127 +238,18 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
         ws[i] = (struct worker){.e = &e, .wait = true};
     if (e.base && (rc = img_prescan(&e, ws, threads, err)) < 0)
         goto out_sync;
-
-    /* Header, info frame and the totalSize frame go out before any worker starts. */
-    uint8_t hdr[IMG_HEADER_LEN];
-    memcpy(hdr, IMG_MAGIC, IMG_MAGIC_LEN);
-    put_le32(hdr + 8, IMG_VERSION);
-    if ((rc = img_emit(&o, hdr, sizeof(hdr), err)) < 0 ||
-        (rc = img_emit_info_frame(&o, e.frame_size, err)) < 0)
-        goto out_sync;
-    const uint64_t frames_start = o.pos;
-    if ((rc = img_emit_word_frame(&o, cctx, e.level, e.size, 0, &t, err)) < 0)
+    uint64_t frames_start = 0;
+    if ((rc = emit_head(&o, &e, cctx, &t, &frames_start, err)) < 0)
         goto out_sync;
 
-    for (; started < threads; started++) {
-        ws[started].cctx = ZSTD_createCCtx();
-        if (!ws[started].cctx ||
-            pthread_create(&tids[started], NULL, img_worker_main, &ws[started]) != 0) {
-            ZSTD_freeCCtx(ws[started].cctx);
-            rc = vmsnap_err_set(err, EAGAIN, "cannot start encoder thread %u", started);
-            break;
-        }
-    }
-
-    /* The ordered writer. With a base it also shapes the runs of reused frames (see below). */
+    /* The ordered writer (with a base it also shapes the runs of reused frames) runs here. */
     struct worker wk = {.e = &e, .cctx = cctx};
-    uint64_t seg = o.pos, run_left = 0, prev_base_end = 0;
-    uint32_t prev_run = 0;
-    bool copying = false, prev_reused = false;
-    for (uint64_t i = 0; rc == 0 && i < e.nranges; i++) {
-        if ((rc = cancel_check(err)) < 0)
-            break;
-        struct slot *sl = &e.slots[i % e.window];
-        pthread_mutex_lock(&e.mu);
-        while (sl->state != SLOT_DONE && started > 0)
-            pthread_cond_wait(&e.cv_done, &e.mu);
-        pthread_mutex_unlock(&e.mu);
-        if (sl->state != SLOT_DONE) {
-            rc = vmsnap_err_set(err, EAGAIN, "no encoder thread running");
-            break;
-        }
-        if (sl->rc < 0) {
-            if (err)
-                *err = sl->err;
-            rc = sl->rc;
-        } else if (sl->has_frame) {
-            sl->fi.offset = o.pos;
-            if (sl->reused) {
-                /* A run must reach the sink with at least min_run bytes, after at least min_run
-                 * written bytes (or none) since the previous run: compress its head here when
-                 * the bytes before it are fewer, all of it when too little would be left. */
-                if (!(prev_reused && sl->bf.offset == prev_base_end &&
-                      e.plan[i].run_id == prev_run)) {
-                    run_left = e.plan[i].run_left; /* a planned run starts */
-                    copying = false;
-                }
-                prev_run = e.plan[i].run_id;
-                if (!copying && ((seg > 0 && seg < e.min_run) || run_left < e.min_run))
-                    rc = img_demote(&wk, i, sl, err);
-                else
-                    copying = true;
-                run_left -= VMSNAP_MIN(run_left, sl->bf.csize);
-                prev_reused = true;
-                prev_base_end = sl->bf.offset + sl->bf.csize;
-            } else {
-                copying = prev_reused = false;
-            }
-            if (rc < 0) {
-                /* img_demote failed */
-            } else if (sl->reused) {
-                rc = sink->copy(sink->arg, &sl->bf, err);
-                o.pos += sl->fi.csize;
-                seg = 0;
-                s.reused++;
-                s.reused_bytes += sl->fi.csize;
-            } else {
-                rc = img_emit(&o, sl->c.p, sl->clen, err);
-                seg += sl->clen;
-            }
-            if (rc == 0)
-                rc = img_table_add(&t, &sl->fi, err);
-            s.populated += sl->fi.populated;
-            s.frames++;
-        }
-        img_ebuf_settle(&e, &sl->c);
-        s.zero_elided += sl->zero_elided;
-        s.extents += sl->extents;
-        pthread_mutex_lock(&e.mu);
-        sl->state = SLOT_FREE;
-        __atomic_store_n(&e.written, e.written + 1, __ATOMIC_RELEASE);
-        if (rc < 0)
-            img_set_abort(&e);
-        pthread_cond_broadcast(&e.cv_work);
-        if (e.mem) /* the range now waited for may be waiting for the budget: not any more */
-            e.mem->kick(e.mem->arg);
-        pthread_mutex_unlock(&e.mu);
-        if (rc == 0 && opts->progress)
-            opts->progress(opts->progress_arg, VMSNAP_MIN((i + 1) * e.frame_size, e.size), e.size);
-    }
-    pthread_mutex_lock(&e.mu);
-    img_set_abort(&e);
-    pthread_mutex_unlock(&e.mu);
-    for (unsigned i = 0; i < started; i++) {
-        pthread_join(tids[i], NULL);
-        ZSTD_freeCCtx(ws[i].cctx);
-    }
-    for (unsigned i = 0; i < e.window; i++)
-        img_ebuf_trim(&e, &e.slots[i].c, 0);
-    img_ebuf_trim(&e, &wk.b, 0);
-    free(wk.ext);
-    if (rc < 0)
+    rc = start_workers(ws, tids, threads, &started, err);
+    if (rc == 0)
+        rc = img_write_ranges(&wk, started, &o, &t, &s, opts, err);
+    stop_workers(&e, ws, tids, started, &wk);
+    if (rc < 0 || (rc = check_unchanged(src_fd, name, &st, err)) < 0)
         goto out_sync;
-    /* A file written while it was read is encoded as it never was (ranges of different
-     * moments; a shrunk file's lost tail read as holes): refused before the object is whole. */
-    struct stat after;
-    if (fstat(src_fd, &after) < 0 || after.st_size != st.st_size ||
-        after.st_mtim.tv_sec != st.st_mtim.tv_sec || after.st_mtim.tv_nsec != st.st_mtim.tv_nsec) {
-        rc = vmsnap_err_set(err, EAGAIN,
-                            "%s changed while being read (size or modification time): encode it "
-                            "again when nothing writes to it",
-                            name);
-        goto out_sync;
-    }
 
     if ((rc = img_emit_word_frame(&o, cctx, e.level, UINT64_MAX, e.size, &t, err)) < 0)
         goto out_sync;

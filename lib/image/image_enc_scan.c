@@ -24,7 +24,7 @@ static bool same_as_base(const struct enc *e, uint64_t idx, const struct recs *r
 }
 
 /* Pre-scan with a base: every range's records are built and hashed (not compressed) to find the
- * frames that did not change. Runs over ranges in parallel; results in e->same. */
+ * frames that did not change. Runs over ranges in parallel; results in e->plan. */
 struct scan {
     struct enc *e;
     struct worker *w;

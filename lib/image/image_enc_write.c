@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The ordered writer's pieces: the file header frames, the seek table it builds as frames go
- * out, the abort that stops the workers, and the demotion of a reused frame to a compressed one.
+ * The ordered writer: it takes the workers' slots in range order, writes each frame (or has the
+ * sink copy the base's), builds the seek table as frames go out, and with a base shapes the runs
+ * of reused frames (a reused frame is demoted to a compressed one where its run would be too
+ * short). Also the frames around the data: header, info frame, totalSize, sentinel, seek table.
  */
 #include "image_int.h"
 #include "sys/sys.h"
@@ -124,7 +126,7 @@ int img_emit_seek_table(struct out *o, const struct table *t, const struct vmsna
 
 /* Compress a range the workers left to the base after all (the writer shapes runs): rebuild its
  * records with the writer's own worker state and compress them into the slot. */
-int img_demote(struct worker *wk, uint64_t idx, struct slot *sl, struct vmsnap_err *err)
+static int demote(struct worker *wk, uint64_t idx, struct slot *sl, struct vmsnap_err *err)
 {
     struct enc *e = wk->e;
     struct recs r;
@@ -144,4 +146,124 @@ int img_demote(struct worker *wk, uint64_t idx, struct slot *sl, struct vmsnap_e
     sl->fi.csize = sl->clen;
     sl->fi.ccheck = XXH64(sl->c.p, sl->clen, 0);
     return 0;
+}
+
+/* With a base: the writer's view of the runs of reused frames. */
+struct runs {
+    uint64_t seg;           /* bytes written since the last reused frame (or the start) */
+    uint64_t run_left;      /* base bytes left in the run being copied */
+    uint64_t prev_base_end; /* where the previous reused frame ends in the base object */
+    uint32_t prev_run;      /* its planned run */
+    bool copying, prev_reused;
+};
+
+/* Wait until the slot of the next range is done (or no worker runs). */
+static int wait_slot(struct enc *e, struct slot *sl, unsigned started, struct vmsnap_err *err)
+{
+    pthread_mutex_lock(&e->mu);
+    while (sl->state != SLOT_DONE && started > 0)
+        pthread_cond_wait(&e->cv_done, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    if (sl->state != SLOT_DONE)
+        return vmsnap_err_set(err, EAGAIN, "no encoder thread running");
+    return 0;
+}
+
+/* A reused frame of range `i`: copied as the base's, or compressed here after all. */
+static int shape_run(struct worker *wk, struct runs *r, uint64_t i, struct slot *sl,
+                     struct vmsnap_err *err)
+{
+    const struct enc *e = wk->e;
+    int rc = 0;
+    if (!sl->reused) {
+        r->copying = r->prev_reused = false;
+        return 0;
+    }
+    /* A run must reach the sink with at least min_run bytes, after at least min_run
+     * written bytes (or none) since the previous run: compress its head here when
+     * the bytes before it are fewer, all of it when too little would be left. */
+    if (!(r->prev_reused && sl->bf.offset == r->prev_base_end &&
+          e->plan[i].run_id == r->prev_run)) {
+        r->run_left = e->plan[i].run_left; /* a planned run starts */
+        r->copying = false;
+    }
+    r->prev_run = e->plan[i].run_id;
+    if (!r->copying && ((r->seg > 0 && r->seg < e->min_run) || r->run_left < e->min_run))
+        rc = demote(wk, i, sl, err);
+    else
+        r->copying = true;
+    r->run_left -= VMSNAP_MIN(r->run_left, sl->bf.csize);
+    r->prev_reused = true;
+    r->prev_base_end = sl->bf.offset + sl->bf.csize;
+    return rc;
+}
+
+/* Range `i`'s frame to the sink (the base's copied, or the slot's written) and into the table. */
+static int put_frame(struct worker *wk, struct runs *r, uint64_t i, struct slot *sl, struct out *o,
+                     struct table *t, struct vmsnap_image_stats *s, struct vmsnap_err *err)
+{
+    sl->fi.offset = o->pos;
+    int rc = shape_run(wk, r, i, sl, err);
+    if (rc < 0) {
+        /* demote failed */
+    } else if (sl->reused) {
+        rc = o->sink->copy(o->sink->arg, &sl->bf, err);
+        o->pos += sl->fi.csize;
+        r->seg = 0;
+        s->reused++;
+        s->reused_bytes += sl->fi.csize;
+    } else {
+        rc = img_emit(o, sl->c.p, sl->clen, err);
+        r->seg += sl->clen;
+    }
+    if (rc == 0)
+        rc = img_table_add(t, &sl->fi, err);
+    s->populated += sl->fi.populated;
+    s->frames++;
+    return rc;
+}
+
+/* The slot back to the workers, the range counted as written (and on failure, the stop). */
+static void release_slot(struct enc *e, struct slot *sl, int rc)
+{
+    pthread_mutex_lock(&e->mu);
+    sl->state = SLOT_FREE;
+    __atomic_store_n(&e->written, e->written + 1, __ATOMIC_RELEASE);
+    if (rc < 0)
+        img_set_abort(e);
+    pthread_cond_broadcast(&e->cv_work);
+    if (e->mem) /* the range now waited for may be waiting for the budget: not any more */
+        e->mem->kick(e->mem->arg);
+    pthread_mutex_unlock(&e->mu);
+}
+
+int img_write_ranges(struct worker *wk, unsigned started, struct out *o, struct table *t,
+                     struct vmsnap_image_stats *s, const struct vmsnap_pack_opts *opts,
+                     struct vmsnap_err *err)
+{
+    struct enc *e = wk->e;
+    struct runs r = {.seg = o->pos};
+    int rc = 0;
+    for (uint64_t i = 0; rc == 0 && i < e->nranges; i++) {
+        if ((rc = cancel_check(err)) < 0)
+            break;
+        struct slot *sl = &e->slots[i % e->window];
+        if ((rc = wait_slot(e, sl, started, err)) < 0)
+            break;
+        if (sl->rc < 0) {
+            if (err)
+                *err = sl->err;
+            rc = sl->rc;
+        } else if (sl->has_frame) {
+            rc = put_frame(wk, &r, i, sl, o, t, s, err);
+        }
+        img_ebuf_settle(e, &sl->c);
+        s->zero_elided += sl->zero_elided;
+        s->extents += sl->extents;
+        release_slot(e, sl, rc);
+        if (rc == 0 && opts->progress)
+            opts->progress(opts->progress_arg, VMSNAP_MIN((i + 1) * e->frame_size, e->size),
+                           e->size);
+    }
+    return rc;
 }

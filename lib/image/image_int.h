@@ -250,6 +250,11 @@ int img_emit_info_frame(struct out *o, uint64_t frame_size, struct vmsnap_err *e
 int img_emit_seek_table(struct out *o, const struct table *t, const struct vmsnap_image_stats *st,
                         uint64_t frame_size, uint64_t frames_start, int level, bool elided,
                         struct vmsnap_err *err);
-int img_demote(struct worker *wk, uint64_t idx, struct slot *sl, struct vmsnap_err *err);
+/* Take the ranges' slots in order (`started` workers fill them; `wk` is the writer's own worker
+ * state, for demoted frames), send each frame to o->sink, add it to `t` and count it in `s`.
+ * Returns 0 when every range is out, or the first failure (the caller stops the workers). */
+int img_write_ranges(struct worker *wk, unsigned started, struct out *o, struct table *t,
+                     struct vmsnap_image_stats *s, const struct vmsnap_pack_opts *opts,
+                     struct vmsnap_err *err);
 
 #endif
