@@ -53,10 +53,10 @@ static int src_read(const struct vmsnap_source *src, void *buf, size_t len, uint
     return rc;
 }
 
-int img_table_parse(const uint8_t *t, size_t tsize, uint64_t toff, uint64_t max_size,
-                    const char *name, struct vmsnap_image **out, struct vmsnap_err *err)
+/* The footer, the frame header and the checksum of a seek table: *n_out is its frame count. */
+static int table_footer(const uint8_t *t, size_t tsize, uint64_t toff, const char *name,
+                        uint32_t *n_out, struct vmsnap_err *err)
 {
-    *out = NULL;
     if (tsize < 8 + SEEK_HDR_LEN + 2 * SEEK_ENTRY_LEN + SEEK_FOOTER_LEN)
         return img_corrupt(err, name, "seek table at byte %llu is too short (%zu bytes)", ULL(toff),
                            tsize);
@@ -78,109 +78,131 @@ int img_table_parse(const uint8_t *t, size_t tsize, uint64_t toff, uint64_t max_
                            get_le32(foot + 12), ULL(foot_off + 12), n);
     if (get_le32(t) != SEEK_SKIP_MAGIC || get_le32(t + 4) != tsize - 8)
         return img_corrupt(err, name, "seek table frame header at byte %llu is damaged", ULL(toff));
-    const uint8_t *h = t + 8;
     const size_t body = SEEK_HDR_LEN + (size_t)n * SEEK_ENTRY_LEN;
-    if (XXH64(h, body, 0) != get_le64(foot))
+    if (XXH64(t + 8, body, 0) != get_le64(foot))
         return img_corrupt(err, name, "seek table checksum mismatch (table at byte %llu)",
                            ULL(toff));
+    *n_out = n;
+    return 0;
+}
 
-    struct vmsnap_image *img = calloc(1, sizeof(*img));
-    if (!img)
-        return vmsnap_err_set(err, ENOMEM, "out of memory");
-    img->f = calloc(n, sizeof(*img->f));
-    img->name = strdup(name);
-    int rc = -EBADMSG;
-    if (!img->f || !img->name) {
-        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-        goto fail;
-    }
-    img->object_size = toff + tsize;
+/* The table header `h` into `img`, checked against the footer's count `n` and the object. */
+static int table_header(struct vmsnap_image *img, const uint8_t *h, uint32_t n, uint64_t toff,
+                        uint64_t max_size, const char *name, uint64_t *frames_start,
+                        struct vmsnap_err *err)
+{
     img->flags = get_le32(h + 4);
     img->level = (int)get_le32(h + 60);
     img->total_size = get_le64(h + 8);
     img->populated = get_le64(h + 16);
     img->zero_elided = get_le64(h + 24);
     img->frame_size = get_le64(h + 32);
-    const uint64_t frames_start = get_le64(h + 40), frames_end = get_le64(h + 48);
+    *frames_start = get_le64(h + 40);
+    const uint64_t frames_end = get_le64(h + 48);
     img->n = n;
-    if (get_le32(h) != SEEK_TABLE_VERSION || get_le32(h + 56) != n) {
-        img_corrupt(err, name, "seek table header at byte %llu disagrees with its footer",
-                    ULL(toff));
-        goto fail;
-    }
-    if ((int64_t)img->total_size < 0) {
-        img_corrupt(err, name, "negative totalSize %lld", (long long)img->total_size);
-        goto fail;
-    }
+    if (get_le32(h) != SEEK_TABLE_VERSION || get_le32(h + 56) != n)
+        return img_corrupt(err, name, "seek table header at byte %llu disagrees with its footer",
+                           ULL(toff));
+    if ((int64_t)img->total_size < 0)
+        return img_corrupt(err, name, "negative totalSize %lld", (long long)img->total_size);
     if (img->total_size > max_size) { /* a policy, not damage: the image may be fine */
         vmsnap_err_set(err, EFBIG,
                        "%s: totalSize %llu exceeds the cap of %llu bytes (--max-size; raise it "
                        "for a larger image)",
                        name, ULL(img->total_size), ULL(max_size));
+        return -EBADMSG; /* (err says EFBIG; the parser has always returned -EBADMSG here) */
+    }
+    if (*frames_start != IMG_HEADER_LEN + 8 + INFO_CONTENT_LEN || frames_end != toff)
+        return img_corrupt(err, name,
+                           "seek table frame span [%llu, %llu) does not match the object",
+                           ULL(*frames_start), ULL(frames_end));
+    return 0;
+}
+
+/* Entry `i` (at object offset `eoff`) of a frame starting at `off`, before the frames' end `toff`;
+ * `prev_end`: where the previous data frame's source range ends. */
+static int table_entry(struct vmsnap_image *img, const uint8_t *e, uint32_t i, uint64_t off,
+                       uint64_t toff, uint64_t eoff, uint64_t prev_end, const char *name,
+                       struct vmsnap_err *err)
+{
+    struct vmsnap_frame_info *fi = &img->f[i];
+    fi->offset = off;
+    fi->csize = get_le64(e);
+    fi->dsize = get_le64(e + 8);
+    fi->src_start = get_le64(e + 16);
+    fi->src_end = get_le64(e + 24);
+    fi->populated = get_le64(e + 32);
+    fi->checksum = get_le64(e + 40);
+    fi->ccheck = get_le64(e + 48);
+    if (fi->csize == 0 || fi->csize > toff - off)
+        return img_corrupt(err, name,
+                           "frame %u: compressed size %llu (entry at byte %llu) runs past the "
+                           "frames' end at %llu",
+                           i, ULL(fi->csize), ULL(eoff), ULL(toff));
+    /* a frame no encoder could have made that large: pull allocates csize bytes for it */
+    if (fi->csize > ZSTD_compressBound(fi->dsize) + 1024)
+        return img_corrupt(err, name,
+                           "frame %u (entry at byte %llu): compressed size %llu exceeds the bound "
+                           "for %llu decoded bytes",
+                           i, ULL(eoff), ULL(fi->csize), ULL(fi->dsize));
+    if (i == 0 || i == img->n - 1) {
+        uint64_t at = i == 0 ? 0 : img->total_size;
+        if (fi->dsize != 8 || fi->src_start != at || fi->src_end != at || fi->populated)
+            return img_corrupt(err, name, "frame %u (entry at byte %llu): bad %s frame", i,
+                               ULL(eoff), i == 0 ? "totalSize" : "sentinel");
+        return 0;
+    }
+    const uint64_t span = fi->src_end - fi->src_start;
+    if (fi->src_start >= fi->src_end || fi->src_end > img->total_size || fi->src_start < prev_end ||
+        span > VMSNAP_IMAGE_MAX_FRAME_SIZE || fi->populated > span ||
+        fi->dsize < fi->populated + REC_HDR_LEN || (fi->dsize - fi->populated) % REC_HDR_LEN ||
+        fi->dsize > img_max_dsize(span))
+        return img_corrupt(err, name,
+                           "frame %u (entry at byte %llu): inconsistent range [%llu, %llu), %llu "
+                           "data bytes, %llu decoded bytes",
+                           i, ULL(eoff), ULL(fi->src_start), ULL(fi->src_end), ULL(fi->populated),
+                           ULL(fi->dsize));
+    return 0;
+}
+
+int img_table_parse(const uint8_t *t, size_t tsize, uint64_t toff, uint64_t max_size,
+                    const char *name, struct vmsnap_image **out, struct vmsnap_err *err)
+{
+    *out = NULL;
+    uint32_t n = 0;
+    int rc = table_footer(t, tsize, toff, name, &n, err);
+    if (rc < 0)
+        return rc;
+    struct vmsnap_image *img = calloc(1, sizeof(*img));
+    if (!img)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    img->f = calloc(n, sizeof(*img->f));
+    img->name = strdup(name);
+    if (!img->f || !img->name) {
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
         goto fail;
     }
-    if (frames_start != IMG_HEADER_LEN + 8 + INFO_CONTENT_LEN || frames_end != toff) {
-        img_corrupt(err, name, "seek table frame span [%llu, %llu) does not match the object",
-                    ULL(frames_start), ULL(frames_end));
+    img->object_size = toff + tsize;
+    const uint8_t *h = t + 8;
+    uint64_t frames_start = 0;
+    if ((rc = table_header(img, h, n, toff, max_size, name, &frames_start, err)) < 0)
         goto fail;
-    }
     uint64_t off = frames_start, prev_end = 0, pop = 0;
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *e = h + SEEK_HDR_LEN + (size_t)i * SEEK_ENTRY_LEN;
-        struct vmsnap_frame_info *fi = &img->f[i];
-        fi->offset = off;
-        fi->csize = get_le64(e);
-        fi->dsize = get_le64(e + 8);
-        fi->src_start = get_le64(e + 16);
-        fi->src_end = get_le64(e + 24);
-        fi->populated = get_le64(e + 32);
-        fi->checksum = get_le64(e + 40);
-        fi->ccheck = get_le64(e + 48);
         const uint64_t eoff = toff + 8 + SEEK_HDR_LEN + (uint64_t)i * SEEK_ENTRY_LEN;
-        if (fi->csize == 0 || fi->csize > frames_end - off) {
-            img_corrupt(err, name,
-                        "frame %u: compressed size %llu (entry at byte %llu) runs past the frames' "
-                        "end at %llu",
-                        i, ULL(fi->csize), ULL(eoff), ULL(frames_end));
+        if ((rc = table_entry(img, e, i, off, toff, eoff, prev_end, name, err)) < 0)
             goto fail;
+        off += img->f[i].csize;
+        if (i > 0 && i < n - 1) {
+            prev_end = img->f[i].src_end;
+            pop += img->f[i].populated;
         }
-        /* a frame no encoder could have made that large: pull allocates csize bytes for it */
-        if (fi->csize > ZSTD_compressBound(fi->dsize) + 1024) {
-            img_corrupt(err, name,
-                        "frame %u (entry at byte %llu): compressed size %llu exceeds the bound "
-                        "for %llu decoded bytes",
-                        i, ULL(eoff), ULL(fi->csize), ULL(fi->dsize));
-            goto fail;
-        }
-        off += fi->csize;
-        if (i == 0 || i == n - 1) {
-            uint64_t at = i == 0 ? 0 : img->total_size;
-            if (fi->dsize != 8 || fi->src_start != at || fi->src_end != at || fi->populated) {
-                img_corrupt(err, name, "frame %u (entry at byte %llu): bad %s frame", i, ULL(eoff),
-                            i == 0 ? "totalSize" : "sentinel");
-                goto fail;
-            }
-            continue;
-        }
-        const uint64_t span = fi->src_end - fi->src_start;
-        if (fi->src_start >= fi->src_end || fi->src_end > img->total_size ||
-            fi->src_start < prev_end || span > VMSNAP_IMAGE_MAX_FRAME_SIZE ||
-            fi->populated > span || fi->dsize < fi->populated + REC_HDR_LEN ||
-            (fi->dsize - fi->populated) % REC_HDR_LEN || fi->dsize > img_max_dsize(span)) {
-            img_corrupt(err, name,
-                        "frame %u (entry at byte %llu): inconsistent range [%llu, %llu), %llu data "
-                        "bytes, %llu decoded bytes",
-                        i, ULL(eoff), ULL(fi->src_start), ULL(fi->src_end), ULL(fi->populated),
-                        ULL(fi->dsize));
-            goto fail;
-        }
-        prev_end = fi->src_end;
-        pop += fi->populated;
     }
-    if (off != frames_end || pop != img->populated) {
-        img_corrupt(err, name,
-                    "seek table frames do not add up (end %llu vs %llu, data %llu vs %llu)",
-                    ULL(off), ULL(frames_end), ULL(pop), ULL(img->populated));
+    if (off != toff || pop != img->populated) {
+        rc = img_corrupt(err, name,
+                         "seek table frames do not add up (end %llu vs %llu, data %llu vs %llu)",
+                         ULL(off), ULL(toff), ULL(pop), ULL(img->populated));
         goto fail;
     }
     *out = img;
