@@ -32,8 +32,10 @@ set(VMSNAP_STORE_SOURCES
     lib/store/s3/sigv4.c)
 
 set(VMSNAP_PCACHE_SOURCES
-    lib/pcache/pcache.c
-    lib/pcache/pcache_retry.c)
+    lib/pcache/pcache_evict.c
+    lib/pcache/pcache_retry.c
+    lib/pcache/pcache_stat.c
+    lib/pcache/pcache_walk.c)
 
 set(VMSNAP_DISK_SOURCES
     lib/disk/disk.c
