@@ -40,6 +40,7 @@ set(VMSNAP_PCACHE_SOURCES
 set(VMSNAP_DISK_SOURCES
     lib/disk/disk.c
     lib/disk/disk_clone.c
+    lib/disk/disk_ext2.c
     lib/disk/disk_io.c
     lib/disk/disk_tree.c)
 

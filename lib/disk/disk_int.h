@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Private declarations of the disk module (lib/disk*.c). */
+/* The disk module's private header. Its files depend one way: disk_ext2.c (error codes, UUIDs)
+ * and disk_io.c (the io manager) <- disk_tree.c (seeding) <- disk.c (create, info, UUID)
+ * <- disk_clone.c. */
 #ifndef VMSNAP_DISK_INT_H
 #define VMSNAP_DISK_INT_H
 
@@ -9,7 +11,7 @@
 #include <ext2fs/ext2fs.h>
 
 /*
- * The write-back io manager (lib/disk_io.c). The channel name is the decimal number of an
+ * The write-back io manager (disk_io.c). The channel name is the decimal number of an
  * already open file descriptor, which the channel borrows (it never closes it). Every write
  * lands in an in-memory page cache, written out at flush in block order with one pwritev per
  * contiguous run; the cache is flushed early when it holds more than DISK_IO_CACHE_MAX bytes.
@@ -23,7 +25,7 @@ extern io_manager disk_io_manager;
 /* Bytes written to the file by a disk_io channel so far (for tests and logs). */
 uint64_t disk_io_bytes_written(io_channel ch);
 
-/* Map a libext2fs error code to a positive errno and a short description. */
+/* Map a libext2fs error code to a positive errno and a short description (disk_ext2.c). */
 int disk_ext2_errno(errcode_t code);
 const char *disk_ext2_strerror(errcode_t code);
 
@@ -33,7 +35,7 @@ int disk_random_uuid(uint8_t uuid[16]);
 void disk_format_uuid(const uint8_t uuid[16], char *buf);
 
 /*
- * Tree building (lib/disk_tree.c). A builder keeps every directory made or changed during the
+ * Tree building (disk_tree.c). A builder keeps every directory made or changed during the
  * create in memory as a list of entries and writes each directory's blocks once at the end, so
  * adding N files to a directory costs O(N) instead of libext2fs's O(N^2) ext2fs_link scans.
  */
