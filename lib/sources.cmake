@@ -42,7 +42,8 @@ set(VMSNAP_DISK_SOURCES
     lib/disk/disk_clone.c
     lib/disk/disk_ext2.c
     lib/disk/disk_io.c
-    lib/disk/disk_tree.c)
+    lib/disk/disk_tree.c
+    lib/disk/disk_tree_write.c)
 
 set(VMSNAP_VMM_SOURCES
     lib/vmm/vmm.c

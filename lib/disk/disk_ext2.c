@@ -2,7 +2,7 @@
 /*
  * Helpers every file of the disk module may use and that use none of them: libext2fs error codes
  * mapped to an errno and a message, and random/formatted UUIDs. The module's files depend one way:
- * disk_ext2.c, disk_io.c <- disk_tree.c <- disk.c <- disk_clone.c.
+ * disk_ext2.c, disk_io.c <- disk_tree.c <- disk_tree_write.c <- disk.c <- disk_clone.c.
  */
 #include "disk_int.h"
 

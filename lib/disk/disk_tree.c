@@ -3,13 +3,14 @@
  * Seeding a new image with host files (what mke2fs -d does, in-process).
  *
  * Directories are kept in memory as entry lists while the tree is copied and written once at
- * the end: each directory's blocks are laid out in order (entries never straddle a block, each
- * block ends with the metadata_csum tail) and written through ext2fs_write_dir_block4, which
- * sets the checksum. This avoids ext2fs_link, which scans the whole directory for every new
- * name. Regular files are copied extent by extent (SEEK_DATA/SEEK_HOLE) through the ext2fs_file
- * API, skipping all-zero blocks, so holes stay holes. Hard links are found by (st_dev, st_ino)
- * and get one inode with the right link count. Symlinks go through ext2fs_symlink (fast when
- * the target fits in the inode, a block otherwise). Anything else is refused.
+ * the end (disk_tree_write.c): each directory's blocks are laid out in order (entries never
+ * straddle a block, each block ends with the metadata_csum tail) and written through
+ * ext2fs_write_dir_block4, which sets the checksum. This avoids ext2fs_link, which scans the whole
+ * directory for every new name. Regular files are copied extent by extent (SEEK_DATA/SEEK_HOLE)
+ * through the ext2fs_file API, skipping all-zero blocks, so holes stay holes. Hard links are found
+ * by (st_dev, st_ino) and get one inode with the right link count. Symlinks go through
+ * ext2fs_symlink (fast when the target fits in the inode, a block otherwise). Anything else is
+ * refused.
  */
 #include "disk_int.h"
 
@@ -27,58 +28,13 @@
 
 #define COPY_BUF (1u << 20)
 
-struct ddir;
-
-struct dent {
-    char *name;
-    uint8_t len;
-    uint8_t ftype;
-    ext2_ino_t ino;
-    struct ddir *sub; /* the directory, when this entry is one we can add into */
-};
-
-struct ddir {
-    ext2_ino_t ino, parent;
-    struct dent *ents;
-    size_t n, cap;
-    uint32_t nsubdirs;
-    bool is_new;   /* inode created here, written at finish */
-    bool changed;  /* blocks must be (re)written */
-    bool has_meta; /* meta holds mode/owner/times to apply at finish */
-    struct ext2_inode_large meta;
-    struct ddir *next;
-};
-
-struct hlink {
-    dev_t dev;
-    ino_t ino;
-    ext2_ino_t e2;
-    uint32_t links;
-};
-
-struct disk_tree {
-    ext2_filsys fs;
-    const char *image;
-    struct ddir *root;
-    struct ddir *all;
-    struct hlink *hl;
-    size_t hl_cap, hl_n;
-    uint8_t *buf;
-    uint64_t files;
-    unsigned depth; /* directories being copied, nested (copy_node recurses once per level) */
-    dev_t self_dev; /* the image being written (its temporary file), never copied into itself */
-    ino_t self_ino;
-    uint64_t xattr_files; /* source files with extended attributes (not copied): said once */
-    char *xattr_first;
-};
-
 /* Deeper source trees are refused: the copy recurses (and holds a descriptor) per level. */
 #define TREE_DEPTH_MAX 1000
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
-static int e2err(struct disk_tree *t, errcode_t e2, struct vmsnap_err *err, const char *what,
-                 const char *where)
+int disk_tree_e2err(struct disk_tree *t, errcode_t e2, struct vmsnap_err *err, const char *what,
+                    const char *where)
 {
     ext2_filsys fs = t->fs;
     if (e2 == EXT2_ET_INODE_ALLOC_FAIL)
@@ -128,7 +84,7 @@ static void init_inode(struct ext2_inode_large *in, uint16_t mode, uint32_t uid,
 }
 
 /* An empty in-inode extent tree (what the kernel writes for a new file). */
-static void init_extents(struct ext2_inode_large *in)
+void disk_tree_init_extents(struct ext2_inode_large *in)
 {
     struct ext3_extent_header *eh = (struct ext3_extent_header *)in->i_block;
     in->i_flags |= EXT4_EXTENTS_FL;
@@ -288,7 +244,7 @@ static int copy_data(struct disk_tree *t, int fd, ext2_file_t f, uint64_t size, 
                 if (!e2 && got != j - i)
                     e2 = EXT2_ET_SHORT_WRITE;
                 if (e2)
-                    return e2err(t, e2, err, "writing", where);
+                    return disk_tree_e2err(t, e2, err, "writing", where);
                 i = j;
             }
             at += n;
@@ -306,28 +262,28 @@ static int add_regular(struct disk_tree *t, struct ddir *parent, const char *nam
     ext2_ino_t ino;
     errcode_t e2 = ext2fs_new_inode(fs, parent->ino, LINUX_S_IFREG | mode, NULL, &ino);
     if (e2)
-        return e2err(t, e2, err, "adding", where);
+        return disk_tree_e2err(t, e2, err, "adding", where);
     ext2fs_inode_alloc_stats2(fs, ino, +1, 0);
     struct ext2_inode_large in;
     init_inode(&in, (uint16_t)(LINUX_S_IFREG | mode), uid, gid, st);
-    init_extents(&in);
+    disk_tree_init_extents(&in);
     e2 = ext2fs_write_inode_full(fs, ino, (struct ext2_inode *)&in, sizeof(in));
     if (e2)
-        return e2err(t, e2, err, "writing inode of", where);
+        return disk_tree_e2err(t, e2, err, "writing inode of", where);
     if (st->st_size > 0) {
         ext2_file_t f;
         e2 = ext2fs_file_open(fs, ino, EXT2_FILE_WRITE, &f);
         if (e2)
-            return e2err(t, e2, err, "opening", where);
+            return disk_tree_e2err(t, e2, err, "opening", where);
         int rc = copy_data(t, fd, f, (uint64_t)st->st_size, where, err);
         if (rc == 0) {
             e2 = ext2fs_file_set_size2(f, (uint64_t)st->st_size);
             if (e2)
-                rc = e2err(t, e2, err, "sizing", where);
+                rc = disk_tree_e2err(t, e2, err, "sizing", where);
         }
         e2 = ext2fs_file_close(f);
         if (rc == 0 && e2)
-            rc = e2err(t, e2, err, "writing", where);
+            rc = disk_tree_e2err(t, e2, err, "writing", where);
         if (rc < 0)
             return rc;
     }
@@ -349,11 +305,11 @@ static int add_symlink(struct disk_tree *t, struct ddir *parent, const char *nam
     if (!e2)
         e2 = ext2fs_symlink(fs, parent->ino, ino, NULL, target);
     if (e2)
-        return e2err(t, e2, err, "adding symlink", where);
+        return disk_tree_e2err(t, e2, err, "adding symlink", where);
     struct ext2_inode_large in;
     e2 = ext2fs_read_inode_full(fs, ino, (struct ext2_inode *)&in, sizeof(in));
     if (e2)
-        return e2err(t, e2, err, "reading inode of", where);
+        return disk_tree_e2err(t, e2, err, "reading inode of", where);
     struct ext2_inode_large meta;
     init_inode(&meta, in.i_mode, uid, gid, st);
     in.i_uid = meta.i_uid;
@@ -371,7 +327,7 @@ static int add_symlink(struct disk_tree *t, struct ddir *parent, const char *nam
     in.i_crtime_extra = meta.i_crtime_extra;
     e2 = ext2fs_write_inode_full(fs, ino, (struct ext2_inode *)&in, sizeof(in));
     if (e2)
-        return e2err(t, e2, err, "writing inode of", where);
+        return disk_tree_e2err(t, e2, err, "writing inode of", where);
     *out = ino;
     return add_dent(t, parent, name, ino, EXT2_FT_SYMLINK, NULL, err);
 }
@@ -383,7 +339,7 @@ static int new_dir(struct disk_tree *t, struct ddir *parent, const char *name, u
     ext2_ino_t ino;
     errcode_t e2 = ext2fs_new_inode(t->fs, parent->ino, LINUX_S_IFDIR | mode, NULL, &ino);
     if (e2)
-        return e2err(t, e2, err, "adding directory", where);
+        return disk_tree_e2err(t, e2, err, "adding directory", where);
     ext2fs_inode_alloc_stats2(t->fs, ino, +1, 1);
     struct ddir *d = ddir_new(t, ino, parent->ino);
     if (!d)
@@ -658,7 +614,7 @@ static int mkdir_meta(struct disk_tree *t, struct ddir *x, const struct vmsnap_d
         errcode_t e2 =
             ext2fs_read_inode_full(t->fs, x->ino, (struct ext2_inode *)&x->meta, sizeof(x->meta));
         if (e2)
-            return e2err(t, e2, err, "reading", e->dest);
+            return disk_tree_e2err(t, e2, err, "reading", e->dest);
         x->has_meta = true;
     }
     x->changed = true;
@@ -757,157 +713,6 @@ int disk_tree_apply(struct disk_tree *t, const struct vmsnap_disk_entry *e, stru
     rc = copy_node(t, d, AT_FDCWD, e->src, e->src, last, e->mode, e->uid, e->gid, err);
 out:
     free(path);
-    return rc;
-}
-
-/* The path of directory d inside the image, for messages ("/" for the root; only on error
- * paths: found by walking up through the parents' entries). */
-static void dir_path(const struct disk_tree *t, const struct ddir *d, char *out, size_t n)
-{
-    char buf[1024];
-    size_t len = 0; /* the path is built backwards at the end of buf */
-    buf[sizeof(buf) - 1] = 0;
-    for (int depth = 0; d && d->ino != EXT2_ROOT_INO && depth < 256; depth++) {
-        const struct ddir *p = t->all;
-        while (p && p->ino != d->parent)
-            p = p->next;
-        const char *nm = NULL;
-        for (size_t i = 0; p && i < p->n && !nm; i++)
-            if (p->ents[i].ino == d->ino)
-                nm = p->ents[i].name;
-        size_t k = nm ? strlen(nm) : 0;
-        if (!nm || len + k + 2 >= sizeof(buf))
-            break;
-        memcpy(buf + sizeof(buf) - 1 - len - k, nm, k);
-        buf[sizeof(buf) - 2 - len - k] = '/';
-        len += k + 1;
-        d = p;
-    }
-    snprintf(out, n, "%s", len ? buf + sizeof(buf) - 1 - len : "/");
-}
-
-static const char *dir_where(const struct disk_tree *t, const struct ddir *d, char *out, size_t n)
-{
-    char dp[1024];
-    dir_path(t, d, dp, sizeof(dp));
-    snprintf(out, n, "directory %s", dp);
-    return out;
-}
-
-/* Lay out d's entries ("." and ".." first) in blocks and write them; then its inode. */
-static int write_dir(struct disk_tree *t, struct ddir *d, uint8_t *blk, struct vmsnap_err *err)
-{
-    ext2_filsys fs = t->fs;
-    const unsigned bs = fs->blocksize;
-    const unsigned usable = bs - (unsigned)sizeof(struct ext2_dir_entry_tail);
-    struct ext2_inode_large in;
-    errcode_t e2;
-    char where[1100]; /* filled only for an error (dir_path walks the tree) */
-    if (d->is_new) {
-        in = d->meta;
-        init_extents(&in);
-        e2 = ext2fs_write_inode_full(fs, d->ino, (struct ext2_inode *)&in, sizeof(in));
-        if (e2)
-            return e2err(t, e2, err, "writing", dir_where(t, d, where, sizeof(where)));
-    }
-    e2 = ext2fs_read_inode_full(fs, d->ino, (struct ext2_inode *)&in, sizeof(in));
-    if (e2)
-        return e2err(t, e2, err, "reading", dir_where(t, d, where, sizeof(where)));
-
-    blk64_t lblk = 0;
-    size_t i = 0; /* entry index; -2 and -1 are "." and ".." */
-    size_t total = d->n + 2;
-    while (i < total) {
-        memset(blk, 0, bs);
-        unsigned off = 0, last_off = 0;
-        while (i < total) {
-            const char *nm = i == 0 ? "." : i == 1 ? ".." : d->ents[i - 2].name;
-            unsigned nl = (unsigned)strlen(nm);
-            unsigned rec = EXT2_DIR_REC_LEN(nl);
-            if (off + rec > usable)
-                break;
-            struct ext2_dir_entry *de = (struct ext2_dir_entry *)(blk + off);
-            de->inode = i == 0 ? d->ino : i == 1 ? d->parent : d->ents[i - 2].ino;
-            de->rec_len = (uint16_t)rec;
-            ext2fs_dirent_set_name_len(de, (int)nl);
-            ext2fs_dirent_set_file_type(de, i < 2 ? EXT2_FT_DIR : d->ents[i - 2].ftype);
-            memcpy(de->name, nm, nl);
-            last_off = off;
-            off += rec;
-            i++;
-        }
-        /* The last entry spans the rest of the block, up to the checksum tail. */
-        ((struct ext2_dir_entry *)(blk + last_off))->rec_len = (uint16_t)(usable - last_off);
-        ext2fs_initialize_dirent_tail(fs, (struct ext2_dir_entry_tail *)(blk + usable));
-        blk64_t pblk = 0;
-        e2 =
-            ext2fs_bmap2(fs, d->ino, (struct ext2_inode *)&in, NULL, BMAP_ALLOC, lblk, NULL, &pblk);
-        if (!e2)
-            e2 = ext2fs_write_dir_block4(fs, pblk, blk, 0, d->ino);
-        if (e2)
-            return e2err(t, e2, err, "writing", dir_where(t, d, where, sizeof(where)));
-        lblk++;
-    }
-    /* bmap wrote the 128-byte inode; re-read the full one and finish it. */
-    e2 = ext2fs_read_inode_full(fs, d->ino, (struct ext2_inode *)&in, sizeof(in));
-    if (e2)
-        return e2err(t, e2, err, "reading", dir_where(t, d, where, sizeof(where)));
-    if (d->has_meta) {
-        in.i_mode = d->meta.i_mode;
-        in.i_uid = d->meta.i_uid;
-        in.i_gid = d->meta.i_gid;
-        in.osd2.linux2.l_i_uid_high = d->meta.osd2.linux2.l_i_uid_high;
-        in.osd2.linux2.l_i_gid_high = d->meta.osd2.linux2.l_i_gid_high;
-        in.i_atime = d->meta.i_atime;
-        in.i_mtime = d->meta.i_mtime;
-        in.i_ctime = d->meta.i_ctime;
-        in.i_atime_extra = d->meta.i_atime_extra;
-        in.i_mtime_extra = d->meta.i_mtime_extra;
-        in.i_ctime_extra = d->meta.i_ctime_extra;
-        if (d->is_new) {
-            in.i_crtime = d->meta.i_crtime;
-            in.i_crtime_extra = d->meta.i_crtime_extra;
-        }
-    }
-    uint32_t links = 2 + d->nsubdirs;
-    in.i_links_count = (uint16_t)(links >= EXT2_LINK_MAX ? 1 : links);
-    e2 = ext2fs_inode_size_set(fs, (struct ext2_inode *)&in, (ext2_off64_t)lblk * bs);
-    if (!e2)
-        e2 = ext2fs_write_inode_full(fs, d->ino, (struct ext2_inode *)&in, sizeof(in));
-    if (e2)
-        return e2err(t, e2, err, "writing", dir_where(t, d, where, sizeof(where)));
-    return 0;
-}
-
-int disk_tree_finish(struct disk_tree *t, struct vmsnap_err *err)
-{
-    uint8_t *blk = malloc(t->fs->blocksize);
-    if (!blk)
-        return vmsnap_err_set(err, ENOMEM, "disk create %s: out of memory", t->image);
-    int rc = 0;
-    for (struct ddir *d = t->all; d && rc == 0; d = d->next)
-        if (d->changed || d->is_new)
-            rc = write_dir(t, d, blk, err);
-    free(blk);
-    if (rc == 0 && t->xattr_files)
-        vlog(VMSNAP_LOG_WARN,
-             "disk create %s: %llu source file%s extended attributes (file capabilities, "
-             "security labels), which are not copied (the first: %s)",
-             t->image, (unsigned long long)t->xattr_files, t->xattr_files == 1 ? " has" : "s have",
-             t->xattr_first ? t->xattr_first : "?");
-    for (size_t i = 0; i < t->hl_cap && rc == 0; i++) {
-        struct hlink *h = &t->hl[i];
-        if (!h->e2 || h->links < 2)
-            continue;
-        struct ext2_inode in;
-        errcode_t e2 = ext2fs_read_inode(t->fs, h->e2, &in);
-        if (!e2) {
-            in.i_links_count = (uint16_t)VMSNAP_MIN(h->links, (uint32_t)EXT2_LINK_MAX);
-            e2 = ext2fs_write_inode(t->fs, h->e2, &in);
-        }
-        if (e2)
-            rc = e2err(t, e2, err, "updating link count of", "a hard-linked file");
-    }
     return rc;
 }
 
