@@ -140,8 +140,11 @@ out:
     return rc;
 }
 
-int vmsnap_disk_create(const char *path, const struct vmsnap_disk_create_opts *o,
-                       struct vmsnap_err *err)
+/* The size, inode count, label and destination asked for, checked before anything is created;
+ * *blocks and *inodes are what the image gets. */
+static int check_create(const char *path, const struct vmsnap_disk_create_opts *o,
+                        uint64_t *size_out, uint64_t *blocks_out, uint64_t *inodes_out,
+                        struct vmsnap_err *err)
 {
     const uint64_t asked = o->size ? o->size : VMSNAP_DISK_DEFAULT_SIZE;
     uint64_t size = asked & ~(uint64_t)(DISK_BLOCK_SIZE - 1);
@@ -176,21 +179,48 @@ int vmsnap_disk_create(const char *path, const struct vmsnap_disk_create_opts *o
         if (S_ISDIR(st.st_mode))
             return vmsnap_err_set(err, EISDIR, "disk create %s: is a directory", path);
     }
-    int rc = check_sources(path, o, err);
-    if (rc < 0)
-        return rc;
+    *size_out = size;
+    *blocks_out = blocks;
+    *inodes_out = inodes;
+    return check_sources(path, o, err);
+}
 
-    struct sys_atomic_file af;
-    rc = sys_atomic_open(&af, path, 0600, err);
-    if (rc < 0)
-        return vmsnap_err_wrap(err, "disk create %s: ", path);
-    ext2_filsys fs = NULL;
-    struct disk_tree *tree = NULL;
-    if (ftruncate(af.fd, (off_t)size) < 0) {
-        rc = err_sys(err, "disk create %s: set size %llu", path, (unsigned long long)size);
-        goto out;
-    }
+/* The superblock's identity and policy: UUID, checksum seed, hash seed, label, no fsck
+ * schedule, no root reserve; every group's inode table marked zeroed. */
+static int init_super(ext2_filsys fs, const char *path, const struct vmsnap_disk_create_opts *o,
+                      struct vmsnap_err *err)
+{
+    int rc;
+    struct ext2_super_block *sb = fs->super;
+    if (o->uuid)
+        memcpy(sb->s_uuid, o->uuid, 16);
+    else if ((rc = disk_random_uuid(sb->s_uuid)) < 0)
+        return err_code(err, -rc, "disk create %s: random UUID", path);
+    sb->s_checksum_type = EXT2_CRC32C_CHKSUM;
+    sb->s_checksum_seed = ext2fs_crc32c_le(~0U, sb->s_uuid, sizeof(sb->s_uuid));
+    ext2fs_init_csum_seed(fs);
+    if ((rc = disk_random_uuid((uint8_t *)sb->s_hash_seed)) < 0)
+        return err_code(err, -rc, "disk create %s: random hash seed", path);
+    sb->s_def_hash_version = EXT2_HASH_HALF_MD4;
+    if (o->label)
+        strncpy((char *)sb->s_volume_name, o->label, sizeof(sb->s_volume_name));
+    sb->s_max_mnt_count = -1;
+    sb->s_checkinterval = 0;
+    ext2fs_r_blocks_count_set(sb, 0); /* no root reserve: the guest writes as any user */
+    sb->s_kbytes_written = 1;
+    time_t now = time(NULL);
+    sb->s_mkfs_time = sb->s_lastcheck = (uint32_t)now;
+    for (dgrp_t g = 0; g < fs->group_desc_count; g++)
+        ext2fs_bg_flags_set(fs, g, EXT2_BG_INODE_ZEROED);
+    return 0;
+}
 
+/* The file system on the open file `fd`: layout, group tables and superblock (*fs is set as soon
+ * as it exists: the caller frees it on failure). */
+static int init_fs(int fd, const char *path, uint64_t blocks, uint64_t inodes,
+                   const struct vmsnap_disk_create_opts *o, ext2_filsys *fs, struct vmsnap_err *err)
+{
+    int rc = 0;
     struct ext2_super_block param;
     memset(&param, 0, sizeof(param));
     ext2fs_blocks_count_set(&param, blocks);
@@ -203,65 +233,63 @@ int vmsnap_disk_create(const char *path, const struct vmsnap_disk_create_opts *o
     set_features(&param);
 
     char name[32];
-    snprintf(name, sizeof(name), "%d", af.fd);
-    E2(ext2fs_initialize(name, EXT2_FLAG_64BITS, &param, disk_io_manager, &fs), "initialize");
-    E2(io_channel_set_options(fs->io, "fresh"), "set io options");
-    E2(ext2fs_allocate_tables(fs), "allocate group tables");
+    snprintf(name, sizeof(name), "%d", fd);
+    E2(ext2fs_initialize(name, EXT2_FLAG_64BITS, &param, disk_io_manager, fs), "initialize");
+    E2(io_channel_set_options((*fs)->io, "fresh"), "set io options");
+    E2(ext2fs_allocate_tables(*fs), "allocate group tables");
+    rc = init_super(*fs, path, o, err);
+out:
+    return rc;
+}
 
-    struct ext2_super_block *sb = fs->super;
-    if (o->uuid) {
-        memcpy(sb->s_uuid, o->uuid, 16);
-    } else if ((rc = disk_random_uuid(sb->s_uuid)) < 0) {
-        rc = err_code(err, -rc, "disk create %s: random UUID", path);
-        goto out;
-    }
-    sb->s_checksum_type = EXT2_CRC32C_CHKSUM;
-    sb->s_checksum_seed = ext2fs_crc32c_le(~0U, sb->s_uuid, sizeof(sb->s_uuid));
-    ext2fs_init_csum_seed(fs);
-    if ((rc = disk_random_uuid((uint8_t *)sb->s_hash_seed)) < 0) {
-        rc = err_code(err, -rc, "disk create %s: random hash seed", path);
-        goto out;
-    }
-    sb->s_def_hash_version = EXT2_HASH_HALF_MD4;
-    if (o->label)
-        strncpy((char *)sb->s_volume_name, o->label, sizeof(sb->s_volume_name));
-    sb->s_max_mnt_count = -1;
-    sb->s_checkinterval = 0;
-    ext2fs_r_blocks_count_set(sb, 0); /* no root reserve: the guest writes as any user */
-    sb->s_kbytes_written = 1;
-    time_t now = time(NULL);
-    sb->s_mkfs_time = sb->s_lastcheck = (uint32_t)now;
-    for (dgrp_t g = 0; g < fs->group_desc_count; g++)
-        ext2fs_bg_flags_set(fs, g, EXT2_BG_INODE_ZEROED);
+/* --from-dir, then the --add / --mkdir steps in order, into the image. */
+static int seed(ext2_filsys fs, const char *path, int fd, const struct vmsnap_disk_create_opts *o,
+                struct vmsnap_err *err)
+{
+    if (!o->from_dir && !o->n_entries)
+        return 0;
+    struct disk_tree *tree = NULL;
+    int rc = disk_tree_new(fs, path, fd, &tree, err);
+    if (rc == 0 && o->from_dir)
+        rc = disk_tree_from_dir(tree, o->from_dir, err);
+    for (size_t i = 0; rc == 0 && i < o->n_entries; i++)
+        rc = disk_tree_apply(tree, &o->entries[i], err);
+    if (rc == 0)
+        rc = disk_tree_finish(tree, err);
+    disk_tree_free(tree);
+    return rc;
+}
 
-    rc = make_skeleton(fs, path, err);
+int vmsnap_disk_create(const char *path, const struct vmsnap_disk_create_opts *o,
+                       struct vmsnap_err *err)
+{
+    uint64_t size = 0, blocks = 0, inodes = 0;
+    int rc = check_create(path, o, &size, &blocks, &inodes, err);
     if (rc < 0)
-        goto out;
+        return rc;
 
-    if (o->from_dir || o->n_entries) {
-        rc = disk_tree_new(fs, path, af.fd, &tree, err);
-        if (rc < 0)
-            goto out;
-        if (o->from_dir && (rc = disk_tree_from_dir(tree, o->from_dir, err)) < 0)
-            goto out;
-        for (size_t i = 0; i < o->n_entries; i++)
-            if ((rc = disk_tree_apply(tree, &o->entries[i], err)) < 0)
-                goto out;
-        if ((rc = disk_tree_finish(tree, err)) < 0)
-            goto out;
+    struct sys_atomic_file af;
+    rc = sys_atomic_open(&af, path, 0600, err);
+    if (rc < 0)
+        return vmsnap_err_wrap(err, "disk create %s: ", path);
+    ext2_filsys fs = NULL;
+    if (ftruncate(af.fd, (off_t)size) < 0) {
+        rc = err_sys(err, "disk create %s: set size %llu", path, (unsigned long long)size);
+        goto out;
     }
+    if ((rc = init_fs(af.fd, path, blocks, inodes, o, &fs, err)) < 0 ||
+        (rc = make_skeleton(fs, path, err)) < 0 || (rc = seed(fs, path, af.fd, o, err)) < 0)
+        goto out;
     E2(ext2fs_set_gdt_csum(fs), "update group descriptors");
     vlog(VMSNAP_LOG_DEBUG, "disk create %s: %u groups, %u inodes, %llu blocks", path,
-         fs->group_desc_count, sb->s_inodes_count, (unsigned long long)ext2fs_blocks_count(sb));
+         fs->group_desc_count, fs->super->s_inodes_count,
+         (unsigned long long)ext2fs_blocks_count(fs->super));
     E2(ext2fs_close_free(&fs), "write the image (its buffered blocks)");
-    disk_tree_free(tree);
-    tree = NULL;
     rc = sys_atomic_commit_ex(&af, o->fsync, !o->force, err);
     if (rc < 0)
         return vmsnap_err_wrap(err, "disk create %s: ", path);
     return 0;
 out:
-    disk_tree_free(tree);
     if (fs)
         ext2fs_free(fs);
     sys_atomic_abort(&af);
