@@ -13,14 +13,17 @@ CTEST_ARGS ?= --output-on-failure -j$(JOBS)
 
 all: build
 
+# Each command installs only the Debian packages it needs (scripts/deps.sh groups).
 deps:
 	@scripts/deps.sh all
 
-build: deps
+build:
+	@scripts/deps.sh
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVMSNAP_WERROR=ON >/dev/null
 	cmake --build $(BUILD)
 
-build-asan: deps
+build-asan:
+	@scripts/deps.sh
 	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DVMSNAP_WERROR=ON \
 	      -DVMSNAP_SANITIZE=ON -DCMAKE_C_COMPILER=clang -DVMSNAP_FUZZ=ON >/dev/null
 	cmake --build $(BUILD_ASAN)
@@ -28,16 +31,19 @@ build-asan: deps
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
-format-check: deps
+format-check:
+	@scripts/deps.sh
 	@bad=$$(for f in $$(git ls-files -co --exclude-standard -- 'include/*.h' 'lib/*.[ch]' 'cli/*.[ch]' 'tests/*.[ch]' 'bench/*.[ch]' 'guest/*.[ch]'); do \
 	    clang-format --dry-run -Werror "$$f" >/dev/null 2>&1 || echo "$$f"; done); \
 	if [ -n "$$bad" ]; then echo "not clang-formatted (run 'make format'):"; echo "$$bad"; exit 1; fi; \
 	echo "format-check: ok"
 
 test-normal: build
+	@scripts/deps.sh s3 vm
 	cd $(BUILD) && ctest $(CTEST_ARGS)
 
 test-asan: build-asan
+	@scripts/deps.sh s3 vm
 	cd $(BUILD_ASAN) && VMSNAP_SANITIZED=1 \
 	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest $(CTEST_ARGS)
@@ -47,10 +53,12 @@ test: format-check
 	$(MAKE) test-asan
 
 demo: build
+	@scripts/deps.sh vm
 	scripts/demo.sh $(BUILD)/vmsnap
 	guest/demo.sh $(BUILD)/vmsnap
 
 bench: build
+	@scripts/deps.sh bench
 	bench/codec.sh $(BUILD)/vmsnap
 
 clean:

@@ -9,6 +9,7 @@ set(VMSNAP_UTIL_SOURCES
 
 set(VMSNAP_SYS_SOURCES
     lib/sys/crypto_dl.c
+    lib/sys/dirswap.c
     lib/sys/fileio.c)
 
 set(VMSNAP_IMAGE_SOURCES

@@ -76,4 +76,32 @@ int sys_canon_path(const char *path, char *out);
  * `out` (`len` bytes; "/" for the root). 0, or -errno (getcwd), -ENAMETOOLONG. */
 int sys_lexical_path(const char *path, char *out, size_t len);
 
+/* Replace several files of a directory at once (lib/sys/dirswap.c): the directory's new state is
+ * built beside it, of hard links, and swapped in by one renameat2(RENAME_EXCHANGE); a reader or
+ * a kill sees the old directory or the new one. Caller-owned; begin, add each file, commit (or
+ * abort). */
+struct sys_dir_swap {
+    char dir[4096];
+    char side[256]; /* the sibling's name in the parent */
+    int dfd, pfd, sfd;
+    bool made, swapped;
+};
+/* Names the directory does not keep (the files being replaced, the caller's temporaries). */
+typedef bool sys_dir_swap_skip_fn(const char *name, void *arg);
+/* Build the sibling holding a link of every entry of `dir` that `skip` does not name. -EOPNOTSUPP
+ * (nothing changed) where a swap would change more than the files: a subdirectory, extended
+ * attributes, an owner the caller cannot give, an entry that cannot be linked. */
+int sys_dir_swap_begin(struct sys_dir_swap *s, const char *dir, sys_dir_swap_skip_fn *skip,
+                       void *arg, struct vmsnap_err *err);
+/* Link the file at `from` (on the same filesystem) into the new state as `name`. */
+int sys_dir_swap_add(struct sys_dir_swap *s, const char *from, const char *name,
+                     struct vmsnap_err *err);
+/* Swap the new state in (fsyncs first with `sync`), remove the old one. -EOPNOTSUPP with
+ * nothing changed on a mount point or a filesystem without RENAME_EXCHANGE. Ends the swap. */
+int sys_dir_swap_commit(struct sys_dir_swap *s, bool sync, struct vmsnap_err *err);
+/* Remove the sibling (before a commit: nothing in `dir` changed). Idempotent. */
+void sys_dir_swap_abort(struct sys_dir_swap *s);
+/* Remove the siblings of `dir` that killed swaps left (their PID gone, their lock free). */
+void sys_dir_swap_sweep(const char *dir);
+
 #endif
