@@ -46,7 +46,16 @@ set(VMSNAP_XFER_SOURCES
     lib/xfer/xfer_pool.c)
 
 set(VMSNAP_VM_SOURCES
-    lib/vm/vm.c)
+    lib/vm/vm_checkpoint.c
+    lib/vm/vm_console.c
+    lib/vm/vm_ctx.c
+    lib/vm/vm_ls.c
+    lib/vm/vm_record.c
+    lib/vm/vm_recover.c
+    lib/vm/vm_resume.c
+    lib/vm/vm_run.c
+    lib/vm/vm_stop.c
+    lib/vm/vm_suspend.c)
 
 set(VMSNAP_LIB_SOURCES "")
 foreach(mod UTIL SYS IMAGE STORE PCACHE DISK VMM XFER VM)

@@ -1,0 +1,554 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The dump side: vm pause (a local checkpoint) and vm suspend (a checkpoint pushed to a store),
+ * both taking the device state of the running VM first (take_state). */
+#include "vm_int.h"
+
+#include "sys/sys.h"
+#include "util/util.h"
+#include "vmsnap/pcache.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Stop the running VM after writing its device state into `sdir` (created). On failure the VM
+ * runs again and `sdir` is removed. */
+static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, const char *sdir,
+                      struct vmsnap_vm_timing *t, double *t0, struct vmsnap_err *err)
+{
+    enum vmsnap_vmm_state st;
+    int rc = vmsnap_vmm_state(v, &st, NULL, err);
+    if (rc < 0)
+        return rc;
+    if (st == VMSNAP_VMM_DEAD) {
+        const char *was = cfg_str(cfg, "status") ? cfg_str(cfg, "status") : "?";
+        bool ran = status_live(was);
+        if (exists(c->ckpt) || stage_unsaved(c))
+            return vmsnap_err_set(err, ESRCH,
+                                  "VM '%s' has no running QEMU (%s): 'vmsnap vm resume %s' goes "
+                                  "back to its last checkpoint",
+                                  c->name, ran ? "it exited while the guest ran" : was, c->name);
+        return vmsnap_err_set(err, ESRCH,
+                              "VM '%s' has no running QEMU (%s), and no checkpoint here: resume "
+                              "it from a store ('vmsnap vm resume %s URL') or remove it ('vmsnap "
+                              "vm stop --rm %s')",
+                              c->name, ran ? "it exited while the guest ran" : was, c->name,
+                              c->name);
+    }
+    /* io-error: QEMU stopped the guest on a failed disk write (a full host filesystem); the
+     * device state keeps the request, which the restored guest retries */
+    if (st != VMSNAP_VMM_RUNNING && st != VMSNAP_VMM_PAUSED && st != VMSNAP_VMM_IO_ERROR)
+        return vmsnap_err_set(err, EINVAL, "VM '%s' is %s, not running", c->name,
+                              vmsnap_vmm_state_name(st));
+    /* checked while the VM still runs: the checkpoint takes the RAM from c->ram */
+    const char *rec = cfg_str(cfg, "ram_path");
+    if (cfg_bool(cfg, "ram_shared") && rec && !same_path(rec, c->ram))
+        return vmsnap_err_set(err, EINVAL,
+                              "VM '%s' keeps its RAM in %s, not %s: give the --ram-dir "
+                              "(VMSNAP_RAM_DIR) it was started with",
+                              c->name, rec, c->ram);
+    rm_rf(sdir);
+    if (mkdir(sdir, 0700) < 0)
+        return err_sys(err, "mkdir %s", sdir);
+    rc = vmsnap_vmm_pause(v, err);
+    if (rc < 0)
+        goto fail;
+    step(t, "pause", t0);
+    rc = vmsnap_vmm_snapshot(v, sdir, err);
+    if (rc < 0)
+        goto fail;
+    step(t, "snapshot", t0);
+    /* every checkpoint of a VM's lineage (base_id) gets the next generation: a resume can tell
+     * a stale snapshot from a newer local checkpoint */
+    int64_t gen = cfg_int(cfg, "generation");
+    json_object_object_add(cfg, "generation",
+                           json_object_new_int64(gen > 0 && gen < GEN_MAX ? gen + 1
+                                                 : gen > 0                ? GEN_MAX
+                                                                          : 1));
+    /* From the stop on, `sdir` (the device state) and the RAM file and live disk are the VM's
+     * newest state, until the checkpoint is complete: the config and a mark saying so go in
+     * first, so a process killed meanwhile leaves what finish_taken() completes. */
+    if ((rc = write_taking(cfg, sdir, err)) < 0)
+        goto fail;
+    rc = vmsnap_vmm_stop(v, err);
+    if (rc < 0)
+        goto fail;
+    step(t, "teardown", t0);
+    return 0;
+fail:
+    rm_rf(sdir);
+    if (st == VMSNAP_VMM_RUNNING) {
+        struct vmsnap_err e2;
+        if (vmsnap_vmm_resume(v, &e2) < 0)
+            vlog(VMSNAP_LOG_ERROR, "VM '%s': resume after a failed checkpoint: %s", c->name,
+                 e2.msg);
+    }
+    return rc;
+}
+
+/* Turn a stopped VM's state directory `sdir` (on any filesystem) into the local checkpoint. */
+static int finish_local(struct vmctx *c, json_object *cfg, const char *sdir, bool evict,
+                        struct vmsnap_vm_timing *t, double *t0, struct vmsnap_err *err)
+{
+    char newdir[PATH_LEN], p[PATH_LEN];
+    if (pcat(newdir, c->ckpt, ".new") < 0)
+        return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c->ckpt);
+    bool in_place = !strcmp(sdir, newdir);
+    int rc = 0;
+    if (!in_place) {
+        rm_rf(newdir);
+        if (mkdir(newdir, 0700) < 0)
+            return err_sys(err, "mkdir %s", newdir);
+        rc = copy_small(sdir, newdir, "state", err);
+        if (rc == 0)
+            rc = pjoin(p, sdir, "memory-ranges", err);
+        char dst[PATH_LEN];
+        if (rc == 0)
+            rc = pjoin(dst, newdir, "memory-ranges", err);
+        if (rc == 0)
+            rc = image_copy(c, p, dst, err);
+    } else {
+        bool ram_in_state = false;
+        rc = pjoin(p, newdir, "memory-ranges", err);
+        if (rc == 0)
+            rc = ckpt_ram(c, cfg, p, &ram_in_state, err);
+        json_object_object_add(cfg, "ram_in_state", json_object_new_boolean(ram_in_state));
+    }
+    if (rc == 0) {
+        json_object *ck = ckpt_config(cfg);
+        rc = ck ? ckpt_meta(c, ck, newdir, true, err) : vmsnap_err_set(err, ENOMEM, "oom");
+        json_object_put(ck);
+    }
+    if (rc == 0)
+        sys_failpoint("checkpoint-before-swap");
+    if (rc == 0)
+        rc = swap_checkpoint(c, newdir, err);
+    if (rc < 0) {
+        /* In place, checkpoint.new holds the state the pause took (the device state, maybe the
+         * RAM): with the RAM file and the live disk, the VM's newest state. It stays for
+         * recover_interrupted() to complete; from a stage, the stage still has it all. */
+        if (!in_place)
+            rm_rf(newdir);
+        return rc;
+    }
+    /* The live disk lives on as the checkpoint's hard link; resume clones it out again. */
+    unlink(c->disk);
+    if (cfg_bool(cfg, "ram_shared"))
+        unlink(c->ram);
+    rm_rf(c->ondemand);
+    step(t, "checkpoint", t0);
+    if (evict) {
+        /* The checkpoint was just written: start its writeback and drop what is clean, so it
+         * does not stay charged to this cgroup next to the next guest's RAM. */
+        struct vmsnap_pcache_evict_opts eo = {.kick_writeback = true};
+        struct vmsnap_pcache_report rep = {0};
+        struct vmsnap_err e2;
+        if (vmsnap_pcache_evict(c->ckpt, &eo, &rep, &e2) < 0)
+            vlog(VMSNAP_LOG_WARN, "evict %s: %s", c->ckpt, e2.msg);
+        step(t, "evict", t0);
+    }
+    return 0;
+}
+
+/* The record of a VM whose local checkpoint was just swapped in (its generation is cfg's). */
+static int record_paused(struct vmctx *c, json_object *cfg, struct vmsnap_err *err)
+{
+    cfg_set_str(cfg, "status", "paused");
+    json_object_object_del(cfg, "ram_in_state");
+    int rc = cfg_save(c->cfgpath, cfg, err);
+    if (rc < 0)
+        vmsnap_err_wrap(
+            err, "the checkpoint %s is complete, but the VM's record is not updated: ", c->ckpt);
+    return rc;
+}
+
+int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name, struct vmsnap_vm_timing *t,
+                    struct vmsnap_err *err)
+{
+    double t0 = mono_now(), tstart = t0;
+    struct vmctx c;
+    json_object *cfg = NULL;
+    struct vmsnap_vmm *v = NULL;
+    int rc = ctx_init(&c, o, name, err);
+    if (rc == 0)
+        rc = load_vm(&c, &cfg, err);
+    if (rc == 0)
+        rc = vmm_from_cfg(&c, cfg, &v, err);
+    char newdir[PATH_LEN];
+    if (pcat(newdir, c.ckpt, ".new") < 0)
+        newdir[0] = 0;
+    if (rc == 0)
+        rc = take_state(&c, cfg, v, newdir, t, &t0, err);
+    if (rc == 0)
+        sys_failpoint("pause-taken");
+    if (rc == 0) {
+        rc = finish_local(&c, cfg, newdir, !(o && o->no_evict), t, &t0, err);
+        if (rc < 0)
+            vmsnap_err_wrap(err,
+                            "VM stopped; the state it took is kept in %s and becomes its "
+                            "checkpoint at the next 'vmsnap vm resume %s' once this is fixed: ",
+                            newdir, name);
+    }
+    if (rc == 0)
+        rc = record_paused(&c, cfg, err);
+    /* A stage next to a live QEMU is the snapshot that QEMU was restored from (a resume from it
+     * killed before or after the guest ran; its image may be the RAM file's inode, which it
+     * would keep on the tmpfs): this checkpoint supersedes it. */
+    if (rc == 0 && stage_ok(&c))
+        unstage(&c);
+    if (rc < 0)
+        vmsnap_err_wrap(err, "vm pause %s: ", name);
+    if (t)
+        t->total = mono_now() - tstart;
+    vmsnap_vmm_free(v);
+    json_object_put(cfg);
+    ctx_fini(&c);
+    return rc;
+}
+
+/* Transfer options for a suspend: the caller's, with the codec frame size derived from the
+ * guest's memory when the caller left it at 0 (for every file of the set; the disk image and
+ * the small files do not care): memory / 64, a power of two in [8, 64] MiB
+ * (512 MiB -> 8 MiB, 4 GiB and more -> 64 MiB). A guest's populated RAM bunches up in a few
+ * 64 MiB ranges, so the codec default leaves a small guest with a handful of frames: one thread
+ * compresses the last big one alone, and each thread holds two 64 MiB buffers (push peaked at
+ * 270 MiB for a 512 MiB guest, 120 MiB with 8 MiB frames, same output size +-0.2%). The size
+ * depends on the guest alone, so the object stays byte-identical for any thread count. */
+static struct vmsnap_xfer_opts suspend_xfer_opts(const struct vmsnap_vm_opts *o, json_object *cfg)
+{
+    static const struct vmsnap_xfer_opts zero;
+    struct vmsnap_xfer_opts x = o && o->xfer ? *o->xfer : zero;
+    if (x.frame_size == 0) {
+        int64_t mem = cfg_int(cfg, "memory");
+        uint64_t fs = 8ull << 20;
+        while (fs < (64ull << 20) && mem > 0 && fs * 64 < (uint64_t)mem)
+            fs <<= 1;
+        x.frame_size = fs;
+    }
+    return x;
+}
+
+/* True when two snapshot URLs are in the same S3 bucket (the endpoint and credentials come from
+ * the same options). Local stores are left out: an object's frames are not block-aligned, so
+ * copying them is a data copy (no reflink), which costs about what compressing them from tmpfs
+ * costs (measured: no faster); S3 copies cost the node nothing. gs:// is left out too: Cloud
+ * Storage's XML multipart API takes no preconditions, so a copy could not be guarded by the
+ * base's ETag. */
+static bool same_bucket(const char *a, const char *b)
+{
+    if (strncmp(a, "s3://", 5) || strncmp(b, "s3://", 5))
+        return false;
+    const char *ea = strchr(a + 5, '/'), *eb = strchr(b + 5, '/');
+    size_t la = ea ? (size_t)(ea - a) : strlen(a), lb = eb ? (size_t)(eb - b) : strlen(b);
+    return la == lb && !strncmp(a, b, la);
+}
+
+/* The push options of a suspend to `url`: frames sized to the guest, and the store URL the VM
+ * last came from or went to as the base when it is in the same bucket (frames that did not
+ * change since are copied by the store instead of uploaded). */
+static struct vmsnap_xfer_opts suspend_push_opts(const struct vmsnap_vm_opts *o, json_object *cfg,
+                                                 const char *url)
+{
+    struct vmsnap_xfer_opts x = suspend_xfer_opts(o, cfg);
+    const char *prev = cfg_str(cfg, "url");
+    if (!x.base && !(o && o->no_base) && prev && same_bucket(prev, url))
+        x.base = prev;
+    x.base_implicit = true;
+    return x;
+}
+
+/* A suspend could store its staged snapshot neither in the store nor as a local checkpoint
+ * (`why`): the stage is the only copy of the VM. Complete (memory image, device state, config),
+ * it is marked (UNSAVED_MARK), so that nothing removes it and the next suspend pushes it;
+ * incomplete, it is only left in place. Either way the error says where it is. */
+static void keep_stage(struct vmctx *c, json_object *cfg, const char *why, struct vmsnap_err *err)
+{
+    const char *missing = snapshot_missing(c->stage);
+    bool complete = !missing;
+    struct vmsnap_err me = {0};
+    bool marked = complete && (stage_unsaved(c) || mark_unsaved(c, &me) == 0);
+    if (!complete) { /* not a snapshot: nothing may take it for one */
+        char p[PATH_LEN];
+        if (pcat(p, c->stage, "/" UNSAVED_MARK) == 0)
+            unlink(p);
+    }
+    cfg_set_str(cfg, "status", "stopped");
+    cfg_save(c->cfgpath, cfg, NULL);
+    if (marked)
+        vmsnap_err_wrap(err,
+                        "the local checkpoint failed too (%s); the snapshot is left in %s (run "
+                        "'vmsnap vm suspend %s URL' again to store it): ",
+                        why, c->stage, c->name);
+    else if (complete)
+        vmsnap_err_wrap(err,
+                        "the local checkpoint failed too (%s); the snapshot is left in %s but "
+                        "could not be marked as unsaved (%s): copy it away before any 'vmsnap vm "
+                        "stop' or resume of this VM, which would remove it: ",
+                        why, c->stage, me.msg);
+    else
+        vmsnap_err_wrap(err,
+                        "the local checkpoint failed too (%s); what was taken of the VM is left "
+                        "in %s, incomplete (no %s), for the next 'vmsnap vm resume %s' to "
+                        "complete once this is fixed: ",
+                        why, c->stage, missing, c->name);
+}
+
+static bool path_under(const char *p, const char *dir)
+{
+    size_t n = strlen(dir);
+    return !strncmp(p, dir, n) && (p[n] == '\0' || p[n] == '/');
+}
+
+/* A local store URL inside the VMs' directories, a VM's stage or RAM file would be removed by
+ * the suspend's own teardown (or another VM's): the snapshot stored, then deleted. Compared in
+ * canonical spellings (symlinked directories resolved). */
+static int dest_outside_vms(const struct vmctx *c, const char *url, struct vmsnap_err *err)
+{
+    if (strstr(url, "://") && strncmp(url, "file://", 7))
+        return 0; /* s3://, gs:// */
+    char text[PATH_MAX], canon[PATH_MAX], vms[PATH_LEN], cvms[PATH_MAX], cvm[PATH_MAX];
+    /* the path the local store will use (".." resolved as text), then its canonical form */
+    int rc = sys_lexical_path(strncmp(url, "file://", 7) ? url : url + 7, text, sizeof(text));
+    if (rc == 0)
+        rc = sys_canon_path(text, canon);
+    if (rc == 0 && (rc = pjoin(vms, c->state, "vms", err)) == 0)
+        rc = sys_canon_path(vms, cvms);
+    if (rc == 0)
+        rc = sys_canon_path(c->vmdir, cvm);
+    if (rc < 0)
+        return err_code(err, -rc, "%s", url);
+    const char *inside = path_under(canon, cvms) ? cvms : path_under(canon, cvm) ? cvm : NULL;
+    if (!inside && path_under(canon, c->ram_dir)) {
+        /* a VM's RAM file or stage (any VM's: vmsnap-<hash>-<name>.ram|.stage) */
+        const char *leaf = canon + strlen(c->ram_dir);
+        leaf += *leaf == '/';
+        size_t n = strcspn(leaf, "/");
+        if (!strncmp(leaf, "vmsnap-", 7) && ((n > 4 && !strncmp(leaf + n - 4, ".ram", 4)) ||
+                                             (n > 6 && !strncmp(leaf + n - 6, ".stage", 6))))
+            inside = c->ram_dir;
+    }
+    if (inside)
+        return vmsnap_err_set(err, EINVAL,
+                              "%s is inside %s, which vmsnap manages (a suspend or stop removes "
+                              "what is there): store the snapshot elsewhere",
+                              url, inside);
+    return 0;
+}
+
+int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const char *url,
+                      struct vmsnap_vm_timing *t, struct vmsnap_err *err)
+{
+    double t0 = mono_now(), tstart = t0;
+    struct vmctx c;
+    json_object *cfg = NULL;
+    struct vmsnap_vmm *v = NULL;
+    int rc = ctx_init(&c, o, name, err);
+    if (rc == 0)
+        rc = load_vm(&c, &cfg, err);
+    if (rc == 0) {
+        /* a URL the store refuses (a typo, a local path under a file or in a directory this
+         * process cannot write) fails here, before the VM stops for nothing */
+        struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
+        rc = vmsnap_xfer_check_dest(url, true, &xo, err);
+    }
+    if (rc == 0)
+        rc = dest_outside_vms(&c, url, err);
+    if (rc == 0)
+        rc = check_ram_dir(&c, err);
+    if (rc == 0)
+        rc = vmm_from_cfg(&c, cfg, &v, err);
+    if (rc == 0) {
+        /* A stopped VM with a local checkpoint (paused, or a suspend whose upload failed), or
+         * with a snapshot only in its staging directory (a suspend that could store it
+         * nowhere): push that as it is. */
+        enum vmsnap_vmm_state st;
+        rc = vmsnap_vmm_state(v, &st, NULL, err);
+        char pend[PATH_LEN];
+        if (rc == 0 && st == VMSNAP_VMM_DEAD && recover_interrupted(&c, pend)) {
+            rc = pending_error(&c, pend, "", err);
+            goto out;
+        }
+        const bool unsaved = rc == 0 && st == VMSNAP_VMM_DEAD && stage_unsaved(&c);
+        const char *missing = unsaved ? snapshot_missing(c.stage) : NULL;
+        if (missing) {
+            rc = vmsnap_err_set(err, EIO,
+                                "the snapshot kept in %s is incomplete (no %s): not pushing it",
+                                c.stage, missing);
+            goto out;
+        }
+        if (rc == 0 && st == VMSNAP_VMM_DEAD && (unsaved || exists(c.ckpt))) {
+            struct vmsnap_xfer_stats xs = {0};
+            struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
+            const char *from = unsaved ? c.stage : c.ckpt;
+            const char *was = cfg_str(cfg, "status");
+            if (status_live(was)) {
+                /* QEMU died under a running guest (it crashed, or was killed): what the guest
+                 * did since the snapshot pushed here is gone; say so rather than succeed
+                 * quietly */
+                struct stat cs;
+                char when[64] = "?";
+                if (stat(from, &cs) == 0)
+                    strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S %Z",
+                             localtime(&cs.st_mtim.tv_sec));
+                vlog(VMSNAP_LOG_WARN,
+                     "VM '%s' is dead (its QEMU exited while the guest ran): suspending its "
+                     "last %s, %s, of %s; what the guest did after it is lost",
+                     name, unsaved ? "snapshot" : "checkpoint", from, when);
+            }
+            rc = vmsnap_xfer_push(from, url, &xo, &xs, err);
+            step(t, "upload", &t0);
+            if (t) {
+                t->object_bytes = xs.object_bytes;
+                t->copied_bytes = xs.copied_bytes;
+            }
+            if (rc < 0) {
+                vmsnap_err_wrap(err, "upload failed; the %s %s is kept: ",
+                                unsaved ? "snapshot in" : "local checkpoint", from);
+                goto out;
+            }
+            /* the record first: a suspend killed during the teardown leaves a record naming the
+             * snapshot just stored, not the previous one */
+            cfg_set_str(cfg, "status", "suspended");
+            cfg_set_str(cfg, "url", url);
+            rc = cfg_save(c.cfgpath, cfg, err);
+            if (rc < 0)
+                goto out;
+            unlink(c.disk);
+            unlink(c.ram); /* a dead QEMU's guest RAM (tmpfs: memory): not a state to keep */
+            const char *rp = cfg_str(cfg, "ram_path");
+            struct stat rs;
+            if (rp && strcmp(rp, c.ram) && lstat(rp, &rs) == 0) /* not followed: see vm stop */
+                vlog(VMSNAP_LOG_WARN,
+                     "VM '%s': its dead QEMU's RAM file %s stays (it ran with another "
+                     "--ram-dir): 'vmsnap vm stop %s --ram-dir DIR' with that directory removes it",
+                     name, rp, name);
+            rm_rf(c.ckpt);
+            rm_rf(c.ondemand);
+            if (unsaved)
+                unstage(&c);
+            step(t, "teardown-local", &t0);
+            goto out;
+        }
+    }
+    /* Stage on the RAM tmpfs: the RAM file is renamed in (no copy) and packed from there. */
+    if (rc == 0)
+        rc = take_state(&c, cfg, v, c.stage, t, &t0, err);
+    if (rc < 0)
+        goto out;
+    sys_failpoint("suspend-taken");
+    char p[PATH_LEN];
+    bool ram_in_state = false;
+    rc = pjoin(p, c.stage, "memory-ranges", err);
+    if (rc == 0)
+        rc = ckpt_ram(&c, cfg, p, &ram_in_state, err);
+    json_object_object_add(cfg, "ram_in_state", json_object_new_boolean(ram_in_state));
+    if (rc == 0) {
+        json_object *ck = ckpt_config(cfg);
+        rc = ck ? ckpt_meta(&c, ck, c.stage, false, err) : vmsnap_err_set(err, ENOMEM, "oom");
+        json_object_put(ck);
+    }
+    if (rc < 0) {
+        /* Nothing was uploaded; keep what exists as a local checkpoint if the RAM made it, and
+         * if even that fails, the stage holds the only copy of the VM's memory: keep it. */
+        struct vmsnap_err e2;
+        if (exists(p)) {
+            if (finish_local(&c, cfg, c.stage, false, NULL, &t0, &e2) == 0) {
+                record_paused(&c, cfg, NULL);
+                vmsnap_err_wrap(err, "the VM is stopped with a local checkpoint in %s: ", c.ckpt);
+                goto out_stage;
+            }
+            keep_stage(&c, cfg, e2.msg, err);
+            goto out;
+        }
+        /* the RAM is still the RAM file (or in the device state): the stage's device state is
+         * half of the VM's newest state, completed by the next resume (recover_interrupted) */
+        cfg_set_str(cfg, "status", "stopped");
+        cfg_save(c.cfgpath, cfg, NULL);
+        vmsnap_err_wrap(err,
+                        "the VM is stopped; the state it took is kept in %s and becomes its "
+                        "checkpoint at the next 'vmsnap vm resume %s' once this is fixed: ",
+                        c.stage, name);
+        goto out;
+    }
+    /* From here until the store has it, the stage is the VM's only copy: marked, so that a
+     * suspend killed during the upload leaves a snapshot the next command finds (a resume
+     * restores it, a suspend pushes it, a stop keeps it) instead of an older checkpoint. */
+    if ((rc = mark_unsaved(&c, err)) < 0) {
+        struct vmsnap_err e2;
+        if (finish_local(&c, cfg, c.stage, false, NULL, &t0, &e2) == 0) {
+            record_paused(&c, cfg, NULL);
+            vmsnap_err_wrap(err, "the VM is stopped with a local checkpoint in %s: ", c.ckpt);
+            goto out_stage;
+        }
+        keep_stage(&c, cfg, e2.msg, err);
+        goto out;
+    }
+    sys_failpoint("suspend-staged");
+    step(t, "stage", &t0);
+    struct vmsnap_xfer_stats xs = {0};
+    struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
+    rc = vmsnap_xfer_push(c.stage, url, &xo, &xs, err);
+    step(t, "upload", &t0);
+    if (t) {
+        t->object_bytes = xs.object_bytes;
+        t->copied_bytes = xs.copied_bytes;
+    }
+    if (rc < 0) {
+        struct vmsnap_err e2;
+        int lrc = finish_local(&c, cfg, c.stage, !(o && o->no_evict), t, &t0, &e2);
+        if (lrc == 0) {
+            record_paused(&c, cfg, NULL);
+            vmsnap_err_wrap(err,
+                            "upload failed; the VM is stopped and its checkpoint kept locally in "
+                            "%s (run 'vmsnap vm suspend %s URL' again, or 'vmsnap vm resume "
+                            "%s'): ",
+                            c.ckpt, name, name);
+        } else {
+            vmsnap_err_wrap(err, "upload failed: ");
+            keep_stage(&c, cfg, e2.msg, err);
+            goto out;
+        }
+        goto out_stage;
+    }
+    /* The manifest is written: only now remove the VM's local state, the record first (a
+     * suspend killed during the teardown leaves a record naming the snapshot just stored). */
+    cfg_set_str(cfg, "status", "suspended");
+    cfg_set_str(cfg, "url", url);
+    json_object_object_del(cfg, "ram_in_state");
+    rc = cfg_save(c.cfgpath, cfg, err);
+    if (rc < 0) {
+        /* the stage stays marked (resume NAME restores it, the newest state the record does not
+         * know) and says where its set is stored (resume NAME URL may go there) */
+        if (pcat(p, c.stage, "/" STORED_MARK) == 0)
+            write_small(p, url, NULL);
+        vmsnap_err_wrap(err,
+                        "the snapshot is stored at %s, but the VM's record could not be "
+                        "updated (its stage %s is kept: 'vmsnap vm resume %s' restores it, as "
+                        "does 'vmsnap vm resume %s %s'): ",
+                        url, c.stage, name, name, url);
+        goto out;
+    }
+    if (pcat(p, c.stage, "/" UNSAVED_MARK) == 0)
+        unlink(p);
+    unlink(c.disk);
+    unlink(c.ram);
+    rm_rf(c.ckpt);
+    rm_rf(c.ondemand);
+    step(t, "teardown-local", &t0);
+out_stage:
+    unstage(&c);
+out:
+    if (rc < 0)
+        vmsnap_err_wrap(err, "vm suspend %s: ", name);
+    if (t)
+        t->total = mono_now() - tstart;
+    vmsnap_vmm_free(v);
+    json_object_put(cfg);
+    ctx_fini(&c);
+    return rc;
+}
