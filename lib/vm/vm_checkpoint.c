@@ -19,7 +19,7 @@
 
 /* The stage lives in the RAM directory, often world-writable (/dev/shm), under a name anyone can
  * compute: only a directory of ours (not a link, owned by us, 0700) is ever taken for one. */
-bool stage_ok(const struct vmctx *c)
+bool vm_stage_ok(const struct vmctx *c)
 {
     struct stat sb;
     return lstat(c->stage, &sb) == 0 && S_ISDIR(sb.st_mode) && sb.st_uid == geteuid() &&
@@ -28,30 +28,30 @@ bool stage_ok(const struct vmctx *c)
 
 /* The stage's image now runs as guest RAM: its marks go (recovery must not take it for a
  * snapshot any more). */
-void stage_consumed(const struct vmctx *c)
+void vm_stage_consumed(const struct vmctx *c)
 {
     static const char *const marks[] = {"/" UNSAVED_MARK, "/" COMPLETE_MARK, "/" TAKING_MARK};
     char p[PATH_LEN];
     for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++)
-        if (pcat(p, c->stage, marks[i]) == 0)
+        if (vm_pcat(p, c->stage, marks[i]) == 0)
             unlink(p);
 }
 
 /* Remove the stage, its unsaved mark first: a process killed half way leaves no marked stage
  * that lacks files. */
-void unstage(const struct vmctx *c)
+void vm_unstage(const struct vmctx *c)
 {
     char p[PATH_LEN];
-    if (pcat(p, c->stage, "/" UNSAVED_MARK) == 0)
+    if (vm_pcat(p, c->stage, "/" UNSAVED_MARK) == 0)
         unlink(p);
-    rm_rf(c->stage);
+    vm_rm_rf(c->stage);
 }
 
-bool stage_unsaved(const struct vmctx *c)
+bool vm_stage_unsaved(const struct vmctx *c)
 {
     char p[PATH_LEN];
     struct stat sb;
-    return stage_ok(c) && pcat(p, c->stage, "/" UNSAVED_MARK) == 0 && lstat(p, &sb) == 0 &&
+    return vm_stage_ok(c) && vm_pcat(p, c->stage, "/" UNSAVED_MARK) == 0 && lstat(p, &sb) == 0 &&
            S_ISREG(sb.st_mode);
 }
 
@@ -60,11 +60,11 @@ static const char *const snapshot_files[] = {"memory-ranges", "state", "config.j
 #define N_SNAPSHOT_FILES (sizeof(snapshot_files) / sizeof(snapshot_files[0]))
 
 /* NULL when `dir` holds every snapshot file, else the first missing one. */
-const char *snapshot_missing(const char *dir)
+const char *vm_snapshot_missing(const char *dir)
 {
     char p[PATH_LEN];
     for (size_t i = 0; i < N_SNAPSHOT_FILES; i++)
-        if (pjoin(p, dir, snapshot_files[i], NULL) < 0 || !exists(p))
+        if (vm_pjoin(p, dir, snapshot_files[i], NULL) < 0 || !vm_exists(p))
             return snapshot_files[i];
     return NULL;
 }
@@ -83,17 +83,17 @@ static bool read_mark(const char *path, char *buf, size_t len)
 }
 
 /* The stage's set is stored at `url` (STORED_MARK). */
-bool stage_stored_at(const struct vmctx *c, const char *url)
+bool vm_stage_stored_at(const struct vmctx *c, const char *url)
 {
     char p[PATH_LEN], have[PATH_LEN];
-    return pcat(p, c->stage, "/" STORED_MARK) == 0 && read_mark(p, have, sizeof(have)) &&
+    return vm_pcat(p, c->stage, "/" STORED_MARK) == 0 && read_mark(p, have, sizeof(have)) &&
            !strcmp(have, url);
 }
 
-int mark_unsaved(const struct vmctx *c, struct vmsnap_err *err)
+int vm_mark_unsaved(const struct vmctx *c, struct vmsnap_err *err)
 {
     char p[PATH_LEN];
-    if (pcat(p, c->stage, "/" UNSAVED_MARK) < 0)
+    if (vm_pcat(p, c->stage, "/" UNSAVED_MARK) < 0)
         return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c->stage);
     int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0)
@@ -102,7 +102,7 @@ int mark_unsaved(const struct vmctx *c, struct vmsnap_err *err)
     return 0;
 }
 
-int write_small(const char *path, const char *s, struct vmsnap_err *err)
+int vm_write_small(const char *path, const char *s, struct vmsnap_err *err)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
@@ -115,7 +115,7 @@ int write_small(const char *path, const char *s, struct vmsnap_err *err)
 }
 
 /* Sparse copy (FICLONE when possible, else data extents only); dst appears when complete. */
-int sparse_copy(const char *src, const char *dst, struct vmsnap_err *err)
+int vm_sparse_copy(const char *src, const char *dst, struct vmsnap_err *err)
 {
     struct vmsnap_disk_clone_opts co = {.force = true};
     return vmsnap_disk_clone(src, dst, &co, NULL, err);
@@ -125,24 +125,24 @@ int sparse_copy(const char *src, const char *dst, struct vmsnap_err *err)
  * (the default) the disk side bypasses the page cache (O_DIRECT): a pause leaves no dirty pages
  * charged to the cgroup for the kernel to throttle on, and neither direction leaves clean ones
  * to evict. `--no-evict` keeps the buffered copy. */
-int image_copy(const struct vmctx *c, const char *src, const char *dst, struct vmsnap_err *err)
+int vm_image_copy(const struct vmctx *c, const char *src, const char *dst, struct vmsnap_err *err)
 {
     struct vmsnap_disk_clone_opts co = {.force = true, .direct = !(c->o && c->o->no_evict)};
     return vmsnap_disk_clone(src, dst, &co, NULL, err);
 }
 
-int copy_small(const char *sdir, const char *ddir, const char *name, struct vmsnap_err *err)
+int vm_copy_small(const char *sdir, const char *ddir, const char *name, struct vmsnap_err *err)
 {
     char s[PATH_LEN], d[PATH_LEN];
-    int rc = pjoin(s, sdir, name, err);
+    int rc = vm_pjoin(s, sdir, name, err);
     if (rc == 0)
-        rc = pjoin(d, ddir, name, err);
+        rc = vm_pjoin(d, ddir, name, err);
     if (rc == 0)
-        rc = sparse_copy(s, d, err);
+        rc = vm_sparse_copy(s, d, err);
     return rc;
 }
 
-bool same_fs(const char *a, const char *b)
+bool vm_same_fs(const char *a, const char *b)
 {
     struct stat sa, sb;
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev;
@@ -177,16 +177,16 @@ static int fsync_dir_files(const char *dir, struct vmsnap_err *err)
 /* Replace the local checkpoint with the complete directory `newdir`. The new checkpoint is made
  * durable first: once the VM is stopped it is the only copy of the guest, so a host crash right
  * after a pause must not leave a torn checkpoint in place of a good one. */
-int swap_checkpoint(struct vmctx *c, const char *newdir, struct vmsnap_err *err)
+int vm_swap_checkpoint(struct vmctx *c, const char *newdir, struct vmsnap_err *err)
 {
     char old[PATH_LEN];
-    if (pcat(old, c->ckpt, ".old") < 0)
+    if (vm_pcat(old, c->ckpt, ".old") < 0)
         return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c->ckpt);
     int frc = fsync_dir_files(newdir, err);
     if (frc < 0)
         return frc;
-    rm_rf(old);
-    if (exists(c->ckpt)) {
+    vm_rm_rf(old);
+    if (vm_exists(c->ckpt)) {
         if (rename(c->ckpt, old) < 0)
             return err_sys(err, "rename %s", c->ckpt);
         sys_failpoint("checkpoint-swap-torn");
@@ -198,7 +198,7 @@ int swap_checkpoint(struct vmctx *c, const char *newdir, struct vmsnap_err *err)
         return err_code(err, e, "rename %s to %s", newdir, c->ckpt);
     }
     sys_fsync_parent(c->ckpt, NULL);
-    rm_rf(old);
+    vm_rm_rf(old);
     return 0;
 }
 
@@ -217,23 +217,23 @@ static int boot_id(char out[64], struct vmsnap_err *err)
 }
 
 /* A mark file in `dir` holding this boot's id. */
-bool mark_this_boot(const char *dir, const char *mark)
+bool vm_mark_this_boot(const char *dir, const char *mark)
 {
     char p[PATH_LEN], want[64], have[64];
-    return pjoin(p, dir, mark, NULL) == 0 && boot_id(want, NULL) == 0 &&
+    return vm_pjoin(p, dir, mark, NULL) == 0 && boot_id(want, NULL) == 0 &&
            read_mark(p, have, sizeof(have)) && !strcmp(have, want);
 }
 
 /* A checkpoint directory whose COMPLETE_MARK holds this boot's id: every file was written, by a
  * process of this boot (a later crash of that process lost nothing in the page cache). */
-bool complete_this_boot(const char *dir)
+bool vm_complete_this_boot(const char *dir)
 {
-    return mark_this_boot(dir, COMPLETE_MARK) && !snapshot_missing(dir);
+    return vm_mark_this_boot(dir, COMPLETE_MARK) && !vm_snapshot_missing(dir);
 }
 
 /* The config a checkpoint of the VM described by `cfg` gets (without status and URL; whether its
  * RAM is in the device state). NULL on ENOMEM. */
-json_object *ckpt_config(json_object *cfg)
+json_object *vm_ckpt_config(json_object *cfg)
 {
     json_object *ck = NULL;
     if (json_object_deep_copy(cfg, &ck, NULL) != 0 || !ck)
@@ -241,73 +241,74 @@ json_object *ckpt_config(json_object *cfg)
     json_object_object_del(ck, "status");
     json_object_object_del(ck, "url");
     json_object_object_add(ck, "ram_in_state",
-                           json_object_new_boolean(!cfg_bool(cfg, "ram_shared")));
+                           json_object_new_boolean(!vm_cfg_bool(cfg, "ram_shared")));
     return ck;
 }
 
-int write_taking(json_object *cfg, const char *sdir, struct vmsnap_err *err)
+int vm_write_taking(json_object *cfg, const char *sdir, struct vmsnap_err *err)
 {
     char p[PATH_LEN], boot[64];
-    json_object *ck = ckpt_config(cfg);
-    int rc = ck ? pjoin(p, sdir, "config.json", err) : vmsnap_err_set(err, ENOMEM, "out of memory");
+    json_object *ck = vm_ckpt_config(cfg);
+    int rc =
+        ck ? vm_pjoin(p, sdir, "config.json", err) : vmsnap_err_set(err, ENOMEM, "out of memory");
     if (rc == 0)
-        rc = cfg_save(p, ck, err);
+        rc = vm_cfg_save(p, ck, err);
     json_object_put(ck);
     if (rc == 0)
-        rc = pjoin(p, sdir, TAKING_MARK, err);
+        rc = vm_pjoin(p, sdir, TAKING_MARK, err);
     if (rc == 0)
         rc = boot_id(boot, err);
     if (rc == 0)
-        rc = write_small(p, boot, err);
+        rc = vm_write_small(p, boot, err);
     return rc;
 }
 
 /* Fill `dir` with config.json, base-id and the disk (hard link from the live disk when
  * `link_disk`, else a sparse copy). memory-ranges and state are the caller's. */
-int ckpt_meta(struct vmctx *c, json_object *cfg, const char *dir, bool link_disk,
-              struct vmsnap_err *err)
+int vm_ckpt_meta(struct vmctx *c, json_object *cfg, const char *dir, bool link_disk,
+                 struct vmsnap_err *err)
 {
     char p[PATH_LEN];
-    int rc = pjoin(p, dir, "config.json", err);
+    int rc = vm_pjoin(p, dir, "config.json", err);
     if (rc == 0)
-        rc = cfg_save(p, cfg, err);
+        rc = vm_cfg_save(p, cfg, err);
     if (rc == 0)
-        rc = pjoin(p, dir, "base-id", err);
+        rc = vm_pjoin(p, dir, "base-id", err);
     if (rc == 0) {
         char line[80];
-        const char *b = cfg_str(cfg, "base_id");
+        const char *b = vm_cfg_str(cfg, "base_id");
         snprintf(line, sizeof(line), "%s\n", b ? b : "");
-        rc = write_small(p, line, err);
+        rc = vm_write_small(p, line, err);
     }
     if (rc == 0)
-        rc = pjoin(p, dir, DISK_CKPT, err);
+        rc = vm_pjoin(p, dir, DISK_CKPT, err);
     if (rc < 0)
         return rc;
     if (link_disk) {
         if (link(c->disk, p) < 0)
             return err_sys(err, "link %s to %s", c->disk, p);
-    } else if ((rc = sparse_copy(c->disk, p, err)) < 0) {
+    } else if ((rc = vm_sparse_copy(c->disk, p, err)) < 0) {
         return rc;
     }
     /* last: the directory is a whole snapshot, written during this boot */
     char boot[64];
-    if ((rc = pjoin(p, dir, COMPLETE_MARK, err)) == 0 && (rc = boot_id(boot, err)) == 0)
-        rc = write_small(p, boot, err);
+    if ((rc = vm_pjoin(p, dir, COMPLETE_MARK, err)) == 0 && (rc = boot_id(boot, err)) == 0)
+        rc = vm_write_small(p, boot, err);
     return rc;
 }
 
 /* Put the RAM image at `dst`: a rename when on the same filesystem (zero copy), else a sparse
  * copy and unlink. A VM mapping its image privately has its RAM in `state`; its memory-ranges
  * is then an empty sparse file of the RAM size (restores load the RAM from the state). */
-int ckpt_ram(struct vmctx *c, json_object *cfg, const char *dst, bool *ram_in_state,
-             struct vmsnap_err *err)
+int vm_ckpt_ram(struct vmctx *c, json_object *cfg, const char *dst, bool *ram_in_state,
+                struct vmsnap_err *err)
 {
-    *ram_in_state = !cfg_bool(cfg, "ram_shared");
+    *ram_in_state = !vm_cfg_bool(cfg, "ram_shared");
     if (*ram_in_state) {
         int fd = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (fd < 0)
             return err_sys(err, "create %s", dst);
-        int rc = ftruncate(fd, (off_t)cfg_int(cfg, "memory")) < 0 ? -errno : 0;
+        int rc = ftruncate(fd, (off_t)vm_cfg_int(cfg, "memory")) < 0 ? -errno : 0;
         close(fd);
         if (rc < 0)
             return err_code(err, -rc, "truncate %s", dst);
@@ -316,8 +317,8 @@ int ckpt_ram(struct vmctx *c, json_object *cfg, const char *dst, bool *ram_in_st
     /* the VM's own RAM file, whatever its record says (a record is not trusted to name a
      * file to move into a snapshot) */
     const char *ram = c->ram;
-    const char *rec = cfg_str(cfg, "ram_path");
-    if (rec && !same_path(rec, ram))
+    const char *rec = vm_cfg_str(cfg, "ram_path");
+    if (rec && !vm_same_path(rec, ram))
         return vmsnap_err_set(err, EINVAL, "VM '%s': its record names %s as its RAM, not %s",
                               c->name, rec, ram);
     char dir[PATH_LEN];
@@ -325,12 +326,12 @@ int ckpt_ram(struct vmctx *c, json_object *cfg, const char *dst, bool *ram_in_st
     char *slash = strrchr(dir, '/');
     if (slash)
         *slash = 0;
-    if (same_fs(ram, dir)) {
+    if (vm_same_fs(ram, dir)) {
         if (rename(ram, dst) < 0)
             return err_sys(err, "rename %s to %s", ram, dst);
         return 0;
     }
-    int rc = image_copy(c, ram, dst, err);
+    int rc = vm_image_copy(c, ram, dst, err);
     if (rc < 0)
         return vmsnap_err_wrap(err, "copy guest RAM: ");
     /* the RAM file stays until the checkpoint holding its copy is in place (finish_local) */

@@ -17,10 +17,10 @@ int vmsnap_vm_console_path(const struct vmsnap_vm_opts *o, const char *name, cha
                            struct vmsnap_err *err)
 {
     struct vmctx c;
-    int rc = ctx_init(&c, o, name, err);
+    int rc = vm_ctx_init(&c, o, name, err);
     if (rc < 0)
         return rc;
-    if (!exists(c.vmdir))
+    if (!vm_exists(c.vmdir))
         return vmsnap_err_set(err, ENOENT, "no VM named '%s' under %s", name, c.state);
     int w = snprintf(buf, len, "%s/console.log", c.vmdir);
     if (w < 0 || (size_t)w >= len)
@@ -32,7 +32,7 @@ int vmsnap_vm_console_send(const struct vmsnap_vm_opts *o, const char *name, con
                            struct vmsnap_err *err)
 {
     struct vmctx c;
-    int rc = ctx_init(&c, o, name, err);
+    int rc = vm_ctx_init(&c, o, name, err);
     if (rc < 0)
         return rc;
     struct sockaddr_un sa = {.sun_family = AF_UNIX};

@@ -19,7 +19,7 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
-void step(struct vmsnap_vm_timing *t, const char *name, double *t0)
+void vm_step(struct vmsnap_vm_timing *t, const char *name, double *t0)
 {
     double t1 = mono_now();
     if (t && t->n < VMSNAP_VM_MAX_STEPS) {
@@ -30,7 +30,7 @@ void step(struct vmsnap_vm_timing *t, const char *name, double *t0)
     *t0 = t1;
 }
 
-int pjoin(char *out, const char *a, const char *b, struct vmsnap_err *err)
+int vm_pjoin(char *out, const char *a, const char *b, struct vmsnap_err *err)
 {
     int w = snprintf(out, PATH_LEN, "%s/%s", a, b);
     if (w < 0 || w >= PATH_LEN)
@@ -39,13 +39,13 @@ int pjoin(char *out, const char *a, const char *b, struct vmsnap_err *err)
 }
 
 /* out = a + b (a plain concatenation), checked. */
-int pcat(char *out, const char *a, const char *b)
+int vm_pcat(char *out, const char *a, const char *b)
 {
     int w = snprintf(out, PATH_LEN, "%s%s", a, b);
     return w < 0 || w >= PATH_LEN ? -ENAMETOOLONG : 0;
 }
 
-bool valid_name(const char *n)
+bool vm_valid_name(const char *n)
 {
     size_t len = strlen(n);
     if (len == 0 || len > VMSNAP_VM_NAME_MAX || n[0] == '.' || n[0] == '-')
@@ -57,7 +57,7 @@ bool valid_name(const char *n)
     return true;
 }
 
-int mkdir_p(const char *path, struct vmsnap_err *err)
+int vm_mkdir_p(const char *path, struct vmsnap_err *err)
 {
     char tmp[PATH_LEN];
     snprintf(tmp, sizeof(tmp), "%s", path);
@@ -76,12 +76,12 @@ int mkdir_p(const char *path, struct vmsnap_err *err)
 
 /* A stage (in the RAM directory, often world-writable) or a VM's directory: removed through
  * descriptors, so a directory in it swapped for a link meanwhile removes nothing elsewhere. */
-int rm_rf(const char *path)
+int vm_rm_rf(const char *path)
 {
     return sys_rm_tree(path);
 }
 
-bool exists(const char *p)
+bool vm_exists(const char *p)
 {
     struct stat st;
     return lstat(p, &st) == 0;
@@ -95,14 +95,14 @@ static uint32_t fnv1a(const char *s)
     return h;
 }
 
-int ctx_init(struct vmctx *c, const struct vmsnap_vm_opts *o, const char *name,
-             struct vmsnap_err *err)
+int vm_ctx_init(struct vmctx *c, const struct vmsnap_vm_opts *o, const char *name,
+                struct vmsnap_err *err)
 {
     memset(c, 0, sizeof(*c));
     c->o = o;
     c->name = name;
     c->lockfd = -1;
-    if (!valid_name(name))
+    if (!vm_valid_name(name))
         return vmsnap_err_set(err, EINVAL,
                               "invalid VM name '%s' (letters, digits, '.', '_', '-', not starting "
                               "with '.' or '-'; at most %d)",
@@ -128,30 +128,30 @@ int ctx_init(struct vmctx *c, const struct vmsnap_vm_opts *o, const char *name,
     if (rc < 0)
         return err_code(err, -rc, "RAM directory %s", rd);
     char vms[PATH_LEN];
-    rc = pjoin(vms, c->state, "vms", err);
+    rc = vm_pjoin(vms, c->state, "vms", err);
     if (rc == 0)
-        rc = pjoin(c->vmdir, vms, name, err);
+        rc = vm_pjoin(c->vmdir, vms, name, err);
     if (rc == 0)
-        rc = pjoin(c->cfgpath, c->vmdir, "vm.json", err);
+        rc = vm_pjoin(c->cfgpath, c->vmdir, "vm.json", err);
     if (rc == 0)
-        rc = pjoin(c->ckpt, c->vmdir, "checkpoint", err);
+        rc = vm_pjoin(c->ckpt, c->vmdir, "checkpoint", err);
     if (rc == 0)
-        rc = pjoin(c->disk, c->vmdir, DISK_LIVE, err);
+        rc = vm_pjoin(c->disk, c->vmdir, DISK_LIVE, err);
     if (rc == 0)
-        rc = pjoin(c->ondemand, c->vmdir, "ondemand", err);
+        rc = vm_pjoin(c->ondemand, c->vmdir, "ondemand", err);
     if (rc < 0)
         return rc;
     /* RAM and staging names are unique per VM directory, so several state directories can
      * share one tmpfs. The hash is of the canonical state path. */
     char base[PATH_LEN], leaf[128];
     snprintf(leaf, sizeof(leaf), "/vmsnap-%08x-%s", fnv1a(c->state), name);
-    if (pcat(base, c->ram_dir, leaf) < 0 || pcat(c->ram, base, ".ram") < 0 ||
-        pcat(c->stage, base, ".stage") < 0)
+    if (vm_pcat(base, c->ram_dir, leaf) < 0 || vm_pcat(c->ram, base, ".ram") < 0 ||
+        vm_pcat(c->stage, base, ".stage") < 0)
         return vmsnap_err_set(err, ENAMETOOLONG, "RAM directory %s too long", c->ram_dir);
     return 0;
 }
 
-void ctx_fini(struct vmctx *c)
+void vm_ctx_fini(struct vmctx *c)
 {
     if (c->lockfd >= 0)
         close(c->lockfd);
@@ -205,7 +205,7 @@ static void sweep_dir(const char *dir, const char *base, bool nofollow)
  * clean-up: the RAM image being copied into the RAM directory (hundreds of MiB of tmpfs, that
  * is memory, that nothing else would ever remove), files being staged, a checkpoint file half
  * written. Called with the VM's lock held: no other command on it runs, so none is in use. The
- * stage (in the RAM directory) only when it is ours (stage_ok). */
+ * stage (in the RAM directory) only when it is ours (vm_stage_ok). */
 static void sweep_temps(const struct vmctx *c)
 {
     const char *rb = strrchr(c->ram, '/');
@@ -214,15 +214,15 @@ static void sweep_temps(const struct vmctx *c)
     const char *const dirs[] = {c->vmdir, c->ckpt, c->ondemand};
     for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++)
         sweep_dir(dirs[i], NULL, true);
-    if (stage_ok(c))
+    if (vm_stage_ok(c))
         sweep_dir(c->stage, NULL, true);
     char p[PATH_LEN];
-    if (pcat(p, c->ckpt, ".new") == 0)
+    if (vm_pcat(p, c->ckpt, ".new") == 0)
         sweep_dir(p, NULL, true);
 }
 
 /* Lock the VM's directory against concurrent vmsnap commands on the same VM. */
-int ctx_lock(struct vmctx *c, struct vmsnap_err *err)
+int vm_ctx_lock(struct vmctx *c, struct vmsnap_err *err)
 {
     c->lockfd = open(c->vmdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (c->lockfd < 0) {
@@ -237,7 +237,7 @@ int ctx_lock(struct vmctx *c, struct vmsnap_err *err)
     return 0;
 }
 
-int check_ram_dir(struct vmctx *c, struct vmsnap_err *err)
+int vm_check_ram_dir(struct vmctx *c, struct vmsnap_err *err)
 {
     struct statfs sf;
     if (statfs(c->ram_dir, &sf) < 0)
@@ -253,7 +253,7 @@ int check_ram_dir(struct vmctx *c, struct vmsnap_err *err)
 /* A guest's RAM file grows as the guest touches its memory; when its tmpfs has no room left the
  * guest dies (SIGBUS) with its newest state. Refused before QEMU starts, unless --ram-overcommit
  * (the check sees this VM alone: several VMs starting at once share the room). */
-int ram_room(const struct vmctx *c, int64_t mem, struct vmsnap_err *err)
+int vm_ram_room(const struct vmctx *c, int64_t mem, struct vmsnap_err *err)
 {
     struct statfs sf;
     struct stat sb;
@@ -273,10 +273,10 @@ int ram_room(const struct vmctx *c, int64_t mem, struct vmsnap_err *err)
         (unsigned long long)(have >> 20), (unsigned long long)(((uint64_t)mem - have) >> 20));
 }
 
-int load_vm(struct vmctx *c, json_object **cfg, struct vmsnap_err *err)
+int vm_load(struct vmctx *c, json_object **cfg, struct vmsnap_err *err)
 {
-    int rc = ctx_lock(c, err);
+    int rc = vm_ctx_lock(c, err);
     if (rc == 0)
-        rc = cfg_load(c->cfgpath, cfg, err);
+        rc = vm_cfg_load(c->cfgpath, cfg, err);
     return rc;
 }

@@ -64,66 +64,67 @@ struct vmctx {
     char state[PATH_LEN], vmdir[PATH_LEN], cfgpath[PATH_LEN], ckpt[PATH_LEN], disk[PATH_LEN];
     char ram_dir[PATH_LEN], ram[PATH_LEN], stage[PATH_LEN], ondemand[PATH_LEN];
     int lockfd;
-    struct vmsnap_err rerr; /* why recover_interrupted() could not complete a checkpoint */
+    struct vmsnap_err rerr; /* why vm_recover_interrupted() could not complete a checkpoint */
 };
 
 /* ---- vm_ctx.c: paths and context ---- */
-void step(struct vmsnap_vm_timing *t, const char *name, double *t0);
-int pjoin(char *out, const char *a, const char *b, struct vmsnap_err *err);
-int pcat(char *out, const char *a, const char *b);
-bool valid_name(const char *n);
-int mkdir_p(const char *path, struct vmsnap_err *err);
-int rm_rf(const char *path);
-bool exists(const char *p);
-int ctx_init(struct vmctx *c, const struct vmsnap_vm_opts *o, const char *name,
-             struct vmsnap_err *err);
-void ctx_fini(struct vmctx *c);
-int ctx_lock(struct vmctx *c, struct vmsnap_err *err);
-int check_ram_dir(struct vmctx *c, struct vmsnap_err *err);
-int ram_room(const struct vmctx *c, int64_t mem, struct vmsnap_err *err);
-int load_vm(struct vmctx *c, json_object **cfg, struct vmsnap_err *err);
+void vm_step(struct vmsnap_vm_timing *t, const char *name, double *t0);
+int vm_pjoin(char *out, const char *a, const char *b, struct vmsnap_err *err);
+int vm_pcat(char *out, const char *a, const char *b);
+bool vm_valid_name(const char *n);
+int vm_mkdir_p(const char *path, struct vmsnap_err *err);
+int vm_rm_rf(const char *path);
+bool vm_exists(const char *p);
+int vm_ctx_init(struct vmctx *c, const struct vmsnap_vm_opts *o, const char *name,
+                struct vmsnap_err *err);
+void vm_ctx_fini(struct vmctx *c);
+int vm_ctx_lock(struct vmctx *c, struct vmsnap_err *err);
+int vm_check_ram_dir(struct vmctx *c, struct vmsnap_err *err);
+int vm_ram_room(const struct vmctx *c, int64_t mem, struct vmsnap_err *err);
+int vm_load(struct vmctx *c, json_object **cfg, struct vmsnap_err *err);
 
 /* ---- vm_record.c: the JSON record and config ---- */
-int cfg_load(const char *path, json_object **out, struct vmsnap_err *err);
-int cfg_save(const char *path, json_object *o, struct vmsnap_err *err);
-const char *cfg_str(json_object *o, const char *key);
-int64_t cfg_int(json_object *o, const char *key);
-bool cfg_bool(json_object *o, const char *key);
-void cfg_set_str(json_object *o, const char *key, const char *val);
-bool status_live(const char *s);
-bool same_path(const char *a, const char *b);
-int vmm_from_cfg(struct vmctx *c, json_object *cfg, struct vmsnap_vmm **out,
-                 struct vmsnap_err *err);
-int check_set_cfg(const char *file, const char *path, json_object *cfg, struct vmsnap_err *err);
+int vm_cfg_load(const char *path, json_object **out, struct vmsnap_err *err);
+int vm_cfg_save(const char *path, json_object *o, struct vmsnap_err *err);
+const char *vm_cfg_str(json_object *o, const char *key);
+int64_t vm_cfg_int(json_object *o, const char *key);
+bool vm_cfg_bool(json_object *o, const char *key);
+void vm_cfg_set_str(json_object *o, const char *key, const char *val);
+bool vm_status_live(const char *s);
+bool vm_same_path(const char *a, const char *b);
+int vm_vmm_from_cfg(struct vmctx *c, json_object *cfg, struct vmsnap_vmm **out,
+                    struct vmsnap_err *err);
+int vm_check_set_cfg(const char *file, const char *path, json_object *cfg, struct vmsnap_err *err);
 int vm_state(struct vmctx *c, json_object *cfg, double wait, enum vmsnap_vmm_state *st, pid_t *pid,
              struct vmsnap_err *err);
 
 /* ---- vm_checkpoint.c: the checkpoint format ---- */
-bool stage_ok(const struct vmctx *c);
-void stage_consumed(const struct vmctx *c);
-void unstage(const struct vmctx *c);
-bool stage_unsaved(const struct vmctx *c);
-const char *snapshot_missing(const char *dir);
-bool stage_stored_at(const struct vmctx *c, const char *url);
-int mark_unsaved(const struct vmctx *c, struct vmsnap_err *err);
-int write_small(const char *path, const char *s, struct vmsnap_err *err);
-int sparse_copy(const char *src, const char *dst, struct vmsnap_err *err);
-int image_copy(const struct vmctx *c, const char *src, const char *dst, struct vmsnap_err *err);
-int copy_small(const char *sdir, const char *ddir, const char *name, struct vmsnap_err *err);
-bool same_fs(const char *a, const char *b);
-int swap_checkpoint(struct vmctx *c, const char *newdir, struct vmsnap_err *err);
-bool mark_this_boot(const char *dir, const char *mark);
-bool complete_this_boot(const char *dir);
-json_object *ckpt_config(json_object *cfg);
-int write_taking(json_object *cfg, const char *sdir, struct vmsnap_err *err);
-int ckpt_meta(struct vmctx *c, json_object *cfg, const char *dir, bool link_disk,
-              struct vmsnap_err *err);
-int ckpt_ram(struct vmctx *c, json_object *cfg, const char *dst, bool *ram_in_state,
-             struct vmsnap_err *err);
+bool vm_stage_ok(const struct vmctx *c);
+void vm_stage_consumed(const struct vmctx *c);
+void vm_unstage(const struct vmctx *c);
+bool vm_stage_unsaved(const struct vmctx *c);
+const char *vm_snapshot_missing(const char *dir);
+bool vm_stage_stored_at(const struct vmctx *c, const char *url);
+int vm_mark_unsaved(const struct vmctx *c, struct vmsnap_err *err);
+int vm_write_small(const char *path, const char *s, struct vmsnap_err *err);
+int vm_sparse_copy(const char *src, const char *dst, struct vmsnap_err *err);
+int vm_image_copy(const struct vmctx *c, const char *src, const char *dst, struct vmsnap_err *err);
+int vm_copy_small(const char *sdir, const char *ddir, const char *name, struct vmsnap_err *err);
+bool vm_same_fs(const char *a, const char *b);
+int vm_swap_checkpoint(struct vmctx *c, const char *newdir, struct vmsnap_err *err);
+bool vm_mark_this_boot(const char *dir, const char *mark);
+bool vm_complete_this_boot(const char *dir);
+json_object *vm_ckpt_config(json_object *cfg);
+int vm_write_taking(json_object *cfg, const char *sdir, struct vmsnap_err *err);
+int vm_ckpt_meta(struct vmctx *c, json_object *cfg, const char *dir, bool link_disk,
+                 struct vmsnap_err *err);
+int vm_ckpt_ram(struct vmctx *c, json_object *cfg, const char *dst, bool *ram_in_state,
+                struct vmsnap_err *err);
 
 /* ---- vm_recover.c: crash recovery ---- */
-const char *taken_pending(const struct vmctx *c, char *buf);
-const char *recover_interrupted(struct vmctx *c, char *pend);
-int pending_error(const struct vmctx *c, const char *dir, const char *what, struct vmsnap_err *err);
+const char *vm_taken_pending(const struct vmctx *c, char *buf);
+const char *vm_recover_interrupted(struct vmctx *c, char *pend);
+int vm_pending_error(const struct vmctx *c, const char *dir, const char *what,
+                     struct vmsnap_err *err);
 
 #endif

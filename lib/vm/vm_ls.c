@@ -18,7 +18,7 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* The pid of the process holding an flock on `path` (a VM directory: ctx_lock), from
+/* The pid of the process holding an flock on `path` (a VM directory: vm_ctx_lock), from
  * /proc/locks, or 0. vm ls only looks: taking the lock, even shared for a moment, could make a
  * command starting then fail as busy. */
 static pid_t lock_holder(const char *path)
@@ -50,11 +50,11 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
                    struct vmsnap_err *err)
 {
     struct vmctx c;
-    int rc = ctx_init(&c, o, "x", err);
+    int rc = vm_ctx_init(&c, o, "x", err);
     if (rc < 0)
         return rc;
     char vms[PATH_LEN];
-    if (pcat(vms, c.state, "/vms") < 0)
+    if (vm_pcat(vms, c.state, "/vms") < 0)
         return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c.state);
     DIR *d = opendir(vms);
     if (!d)
@@ -63,7 +63,7 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
     size_t n = 0, cap = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
-        if (!valid_name(de->d_name))
+        if (!vm_valid_name(de->d_name))
             continue;
         if (n == cap) {
             cap = cap ? cap * 2 : 16;
@@ -86,12 +86,12 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
     for (size_t i = 0; rc == 0 && i < n; i++) {
         struct vmctx vc;
         json_object *cfg = NULL;
-        if (ctx_init(&vc, o, names[i], NULL) < 0 || cfg_load(vc.cfgpath, &cfg, NULL) < 0)
+        if (vm_ctx_init(&vc, o, names[i], NULL) < 0 || vm_cfg_load(vc.cfgpath, &cfg, NULL) < 0)
             continue;
         enum vmsnap_vmm_state st = VMSNAP_VMM_DEAD;
         pid_t pid = 0;
         struct vmsnap_err e2;
-        const char *status = cfg_str(cfg, "status");
+        const char *status = vm_cfg_str(cfg, "status");
         if (!status)
             status = "?";
         /* a VM a command holds is not asked: its QEMU may be that command's QMP client (one
@@ -103,11 +103,11 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
         char pend[PATH_LEN];
         if (busy)
             status = "busy"; /* changing: what the files say now is half of it */
-        else if (st == VMSNAP_VMM_DEAD && taken_pending(&vc, pend))
+        else if (st == VMSNAP_VMM_DEAD && vm_taken_pending(&vc, pend))
             status = "interrupted"; /* its newest state waits for its checkpoint (resume) */
-        else if (st == VMSNAP_VMM_DEAD && stage_unsaved(&vc))
+        else if (st == VMSNAP_VMM_DEAD && vm_stage_unsaved(&vc))
             status = "unsaved"; /* its snapshot is only in the stage */
-        else if (st == VMSNAP_VMM_DEAD && status_live(status))
+        else if (st == VMSNAP_VMM_DEAD && vm_status_live(status))
             status = "dead"; /* gone, or a run or resume killed before its QEMU ran */
         else if (src == -ETIMEDOUT)
             status = "unresponsive"; /* a live QEMU that did not answer in LS_QMP_WAIT */
@@ -117,15 +117,15 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
                                 * (a paused VM of vmsnap's has no QEMU) */
         else if (st != VMSNAP_VMM_DEAD)
             status = vmsnap_vmm_state_name(st);
-        int64_t mem = cfg_int(cfg, "memory");
+        int64_t mem = vm_cfg_int(cfg, "memory");
         struct vmsnap_vm_info info = {
             .name = names[i],
             .status = status,
             .pid = pid,
-            .accel = cfg_str(cfg, "accel"),
+            .accel = vm_cfg_str(cfg, "accel"),
             .mem = mem > 0 ? (uint64_t)mem : 0,
-            .checkpoint = exists(vc.ckpt),
-            .url = cfg_str(cfg, "url"),
+            .checkpoint = vm_exists(vc.ckpt),
+            .url = vm_cfg_str(cfg, "url"),
             .dir = vc.vmdir,
             .busy_pid = busy,
         };

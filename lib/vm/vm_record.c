@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int cfg_load(const char *path, json_object **out, struct vmsnap_err *err)
+int vm_cfg_load(const char *path, json_object **out, struct vmsnap_err *err)
 {
     *out = NULL;
     /* O_NONBLOCK and the type check: a FIFO or a device planted as a record must not hang the
@@ -61,7 +61,7 @@ int cfg_load(const char *path, json_object **out, struct vmsnap_err *err)
     return 0;
 }
 
-int cfg_save(const char *path, json_object *o, struct vmsnap_err *err)
+int vm_cfg_save(const char *path, json_object *o, struct vmsnap_err *err)
 {
     struct sys_atomic_file af;
     int rc = sys_atomic_open(&af, path, 0600, err);
@@ -79,7 +79,7 @@ int cfg_save(const char *path, json_object *o, struct vmsnap_err *err)
     return sys_atomic_commit(&af, false, err);
 }
 
-const char *cfg_str(json_object *o, const char *key)
+const char *vm_cfg_str(json_object *o, const char *key)
 {
     json_object *v;
     if (!json_object_object_get_ex(o, key, &v) || !json_object_is_type(v, json_type_string))
@@ -87,7 +87,7 @@ const char *cfg_str(json_object *o, const char *key)
     return json_object_get_string(v);
 }
 
-int64_t cfg_int(json_object *o, const char *key)
+int64_t vm_cfg_int(json_object *o, const char *key)
 {
     json_object *v;
     if (!json_object_object_get_ex(o, key, &v) || !json_object_is_type(v, json_type_int))
@@ -95,13 +95,13 @@ int64_t cfg_int(json_object *o, const char *key)
     return json_object_get_int64(v);
 }
 
-bool cfg_bool(json_object *o, const char *key)
+bool vm_cfg_bool(json_object *o, const char *key)
 {
     json_object *v;
     return json_object_object_get_ex(o, key, &v) && json_object_get_boolean(v);
 }
 
-void cfg_set_str(json_object *o, const char *key, const char *val)
+void vm_cfg_set_str(json_object *o, const char *key, const char *val)
 {
     json_object_object_add(o, key, val ? json_object_new_string(val) : NULL);
 }
@@ -115,12 +115,12 @@ int vm_config_rewrite(json_object *cfg, const char *disk_path, const char *ram_p
             !json_object_is_type(disks, json_type_array) || json_object_array_length(disks) < 1 ||
             !json_object_is_type(d0 = json_object_array_get_idx(disks, 0), json_type_object))
             return vmsnap_err_set(err, EINVAL, "config: no disks[0] object to rewrite");
-        cfg_set_str(d0, "path", disk_path);
+        vm_cfg_set_str(d0, "path", disk_path);
     }
     if (ram_path)
-        cfg_set_str(cfg, "ram_path", ram_path);
+        vm_cfg_set_str(cfg, "ram_path", ram_path);
     if (run_dir)
-        cfg_set_str(cfg, "run_dir", run_dir);
+        vm_cfg_set_str(cfg, "run_dir", run_dir);
     return 0;
 }
 
@@ -131,12 +131,12 @@ static const char *cfg_disk(json_object *cfg)
         !json_object_is_type(disks, json_type_array) || json_object_array_length(disks) < 1)
         return NULL;
     d0 = json_object_array_get_idx(disks, 0);
-    return d0 ? cfg_str(d0, "path") : NULL;
+    return d0 ? vm_cfg_str(d0, "path") : NULL;
 }
 
 /* A record status saying a QEMU was started for the VM (booting, restoring or running): with
  * no QEMU alive, the VM is dead. */
-bool status_live(const char *s)
+bool vm_status_live(const char *s)
 {
     return s && (!strcmp(s, "running") || !strcmp(s, "restoring") || !strcmp(s, "starting"));
 }
@@ -144,7 +144,7 @@ bool status_live(const char *s)
 /* Do `a` and `b` name one file: the same string, or the same device and inode. Records written
  * before the state and RAM directories were used in their canonical spelling name them as the
  * user spelled them ("S/vms/a", "/dev/shm//x"). */
-bool same_path(const char *a, const char *b)
+bool vm_same_path(const char *a, const char *b)
 {
     struct stat sa, sb;
     return !strcmp(a, b) || (stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
@@ -152,28 +152,29 @@ bool same_path(const char *a, const char *b)
 }
 
 /* A driver handle from a config object. */
-int vmm_from_cfg(struct vmctx *c, json_object *cfg, struct vmsnap_vmm **out, struct vmsnap_err *err)
+int vm_vmm_from_cfg(struct vmctx *c, json_object *cfg, struct vmsnap_vmm **out,
+                    struct vmsnap_err *err)
 {
     /* QEMU is recognised by the paths on its command line: a record's run_dir spelled another
      * way (written before the canonical spelling) is the one its QEMU was started with */
-    const char *rd = cfg_str(cfg, "run_dir");
-    const char *run_dir = rd && same_path(rd, c->vmdir) ? rd : c->vmdir;
-    int64_t mem = cfg_int(cfg, "memory"), cpus = cfg_int(cfg, "cpus");
+    const char *rd = vm_cfg_str(cfg, "run_dir");
+    const char *run_dir = rd && vm_same_path(rd, c->vmdir) ? rd : c->vmdir;
+    int64_t mem = vm_cfg_int(cfg, "memory"), cpus = vm_cfg_int(cfg, "cpus");
     struct vmsnap_vmm_config vc = {
-        .kernel = cfg_str(cfg, "kernel"),
-        .initrd = cfg_str(cfg, "initrd"),
-        .cmdline = cfg_str(cfg, "cmdline"),
+        .kernel = vm_cfg_str(cfg, "kernel"),
+        .initrd = vm_cfg_str(cfg, "initrd"),
+        .cmdline = vm_cfg_str(cfg, "cmdline"),
         .mem = mem > 0 ? (uint64_t)mem : 0,
         .cpus = cpus > 0 && cpus < 1000 ? (unsigned)cpus : 0,
         .disk = cfg_disk(cfg),
-        .ram_path = cfg_str(cfg, "ram_path"),
-        .ram_shared = cfg_bool(cfg, "ram_shared"),
-        .state_has_ram = cfg_bool(cfg, "ram_in_state"),
-        .accel = cfg_str(cfg, "accel"),
+        .ram_path = vm_cfg_str(cfg, "ram_path"),
+        .ram_shared = vm_cfg_bool(cfg, "ram_shared"),
+        .state_has_ram = vm_cfg_bool(cfg, "ram_in_state"),
+        .accel = vm_cfg_str(cfg, "accel"),
         .run_dir = run_dir,
         .qemu = c->o ? c->o->qemu : NULL,
     };
-    int rc = vmsnap_vmm_new(cfg_str(cfg, "driver"), &vc, out, err);
+    int rc = vmsnap_vmm_new(vm_cfg_str(cfg, "driver"), &vc, out, err);
     if (rc < 0)
         return vmsnap_err_wrap(err, "VM '%s': ", c->name);
     return 0;
@@ -182,7 +183,7 @@ int vmm_from_cfg(struct vmctx *c, json_object *cfg, struct vmsnap_vmm **out, str
 /* A snapshot's config.json comes from a store another node (or tenant) wrote: before anything
  * is staged, its fields must be what a VM's config holds, each refusal naming the field and
  * `path` (the object's name: `file` is its staged copy). */
-int check_set_cfg(const char *file, const char *path, json_object *cfg, struct vmsnap_err *err)
+int vm_check_set_cfg(const char *file, const char *path, json_object *cfg, struct vmsnap_err *err)
 {
     struct stat sb;
     if (stat(file, &sb) == 0 && sb.st_size > SET_CFG_MAX)
@@ -207,16 +208,16 @@ int check_set_cfg(const char *file, const char *path, json_object *cfg, struct v
                                   ints[i].key, json_object_to_json_string(v),
                                   (long long)ints[i].min, (long long)ints[i].max);
     }
-    if (cfg_int(cfg, "memory") % (1 << 20))
+    if (vm_cfg_int(cfg, "memory") % (1 << 20))
         return vmsnap_err_set(err, EINVAL, "%s: \"memory\" %lld is not a multiple of 1 MiB", path,
-                              (long long)cfg_int(cfg, "memory"));
+                              (long long)vm_cfg_int(cfg, "memory"));
     json_object *disks;
     if (!json_object_object_get_ex(cfg, "disks", &disks) ||
         !json_object_is_type(disks, json_type_array) || json_object_array_length(disks) < 1 ||
         !json_object_is_type(json_object_array_get_idx(disks, 0), json_type_object))
         return vmsnap_err_set(err, EINVAL, "%s: \"disks\" is missing or not a list of disk objects",
                               path);
-    const char *cmd = cfg_str(cfg, "cmdline");
+    const char *cmd = vm_cfg_str(cfg, "cmdline");
     if (cmd && strlen(cmd) > CMDLINE_MAX)
         return vmsnap_err_set(err, EINVAL,
                               "%s: \"cmdline\" is %zu bytes, more than a kernel command line "
@@ -231,7 +232,7 @@ int vm_state(struct vmctx *c, json_object *cfg, double wait, enum vmsnap_vmm_sta
              struct vmsnap_err *err)
 {
     struct vmsnap_vmm *v = NULL;
-    int rc = vmm_from_cfg(c, cfg, &v, err);
+    int rc = vm_vmm_from_cfg(c, cfg, &v, err);
     if (rc == 0) {
         v->qmp_wait = wait;
         rc = vmsnap_vmm_state(v, st, pid, err);

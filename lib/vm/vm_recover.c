@@ -22,32 +22,33 @@
 static void finish_taken(struct vmctx *c, const char *dir, bool link_disk)
 {
     char p[PATH_LEN];
-    if (!exists(dir) || !mark_this_boot(dir, TAKING_MARK) || mark_this_boot(dir, COMPLETE_MARK))
+    if (!vm_exists(dir) || !vm_mark_this_boot(dir, TAKING_MARK) ||
+        vm_mark_this_boot(dir, COMPLETE_MARK))
         return;
     json_object *ck = NULL;
     struct vmsnap_err e = {0};
-    if (pjoin(p, dir, "config.json", NULL) < 0 || cfg_load(p, &ck, NULL) < 0 ||
-        pjoin(p, dir, "state", NULL) < 0 || !exists(p)) {
+    if (vm_pjoin(p, dir, "config.json", NULL) < 0 || vm_cfg_load(p, &ck, NULL) < 0 ||
+        vm_pjoin(p, dir, "state", NULL) < 0 || !vm_exists(p)) {
         json_object_put(ck);
         return;
     }
-    int rc = pjoin(p, dir, "memory-ranges", &e);
+    int rc = vm_pjoin(p, dir, "memory-ranges", &e);
     bool ris = false;
-    if (rc == 0 && (cfg_bool(ck, "ram_in_state") || exists(c->ram)))
-        rc = ckpt_ram(c, ck, p, &ris, &e); /* again from the RAM file: a copy may be torn */
-    else if (rc == 0 && !exists(p))
+    if (rc == 0 && (vm_cfg_bool(ck, "ram_in_state") || vm_exists(c->ram)))
+        rc = vm_ckpt_ram(c, ck, p, &ris, &e); /* again from the RAM file: a copy may be torn */
+    else if (rc == 0 && !vm_exists(p))
         rc = vmsnap_err_set(&e, ENOENT, "neither %s nor %s exists", c->ram, p);
-    if (rc == 0 && !exists(c->disk))
+    if (rc == 0 && !vm_exists(c->disk))
         rc = vmsnap_err_set(&e, ENOENT, "%s is gone", c->disk);
-    if (rc == 0 && pjoin(p, dir, DISK_CKPT, &e) == 0)
+    if (rc == 0 && vm_pjoin(p, dir, DISK_CKPT, &e) == 0)
         unlink(p);
     if (rc == 0)
-        rc = ckpt_meta(c, ck, dir, link_disk, &e);
+        rc = vm_ckpt_meta(c, ck, dir, link_disk, &e);
     if (rc == 0)
         vlog(VMSNAP_LOG_WARN,
              "VM '%s': completed the checkpoint in %s that an interrupted pause or suspend left "
              "(generation %lld)",
-             c->name, dir, (long long)cfg_int(ck, "generation"));
+             c->name, dir, (long long)vm_cfg_int(ck, "generation"));
     else {
         vlog(VMSNAP_LOG_ERROR,
              "VM '%s': %s holds the state of an interrupted pause or suspend that cannot be "
@@ -63,11 +64,12 @@ static void record_recovered(struct vmctx *c, const char *dir, const char *statu
 {
     char p[PATH_LEN];
     json_object *rec = NULL, *ck = NULL;
-    if (cfg_load(c->cfgpath, &rec, NULL) == 0 && pjoin(p, dir, "config.json", NULL) == 0 &&
-        cfg_load(p, &ck, NULL) == 0) {
-        json_object_object_add(rec, "generation", json_object_new_int64(cfg_int(ck, "generation")));
-        cfg_set_str(rec, "status", status);
-        cfg_save(c->cfgpath, rec, NULL);
+    if (vm_cfg_load(c->cfgpath, &rec, NULL) == 0 && vm_pjoin(p, dir, "config.json", NULL) == 0 &&
+        vm_cfg_load(p, &ck, NULL) == 0) {
+        json_object_object_add(rec, "generation",
+                               json_object_new_int64(vm_cfg_int(ck, "generation")));
+        vm_cfg_set_str(rec, "status", status);
+        vm_cfg_save(c->cfgpath, rec, NULL);
     }
     json_object_put(rec);
     json_object_put(ck);
@@ -80,13 +82,13 @@ static bool newer_than_ckpt(const struct vmctx *c, const char *newdir, json_obje
 {
     char p[PATH_LEN];
     json_object *nc = NULL, *oc = NULL;
-    if (pjoin(p, newdir, "config.json", NULL) < 0 || cfg_load(p, &nc, NULL) < 0)
+    if (vm_pjoin(p, newdir, "config.json", NULL) < 0 || vm_cfg_load(p, &nc, NULL) < 0)
         return false;
-    if (exists(c->ckpt) && pjoin(p, c->ckpt, "config.json", NULL) == 0)
-        cfg_load(p, &oc, NULL);
-    const char *nb = cfg_str(nc, "base_id"), *ob = oc ? cfg_str(oc, "base_id") : NULL;
+    if (vm_exists(c->ckpt) && vm_pjoin(p, c->ckpt, "config.json", NULL) == 0)
+        vm_cfg_load(p, &oc, NULL);
+    const char *nb = vm_cfg_str(nc, "base_id"), *ob = oc ? vm_cfg_str(oc, "base_id") : NULL;
     bool newer = !oc || (nb && ob && !strcmp(nb, ob) &&
-                         cfg_int(nc, "generation") > cfg_int(oc, "generation"));
+                         vm_cfg_int(nc, "generation") > vm_cfg_int(oc, "generation"));
     json_object_put(oc);
     if (nc_out)
         *nc_out = nc;
@@ -100,22 +102,22 @@ static bool newer_than_ckpt(const struct vmctx *c, const char *newdir, json_obje
  * caller holds the lock and found no QEMU). Anything else there is a torn attempt: left for the
  * next checkpoint to replace.
  *
- * No checkpoint but a checkpoint.old: the process, or the host, died between swap_checkpoint's
+ * No checkpoint but a checkpoint.old: the process, or the host, died between vm_swap_checkpoint's
  * two renames. It renames the checkpoint away only after every file of checkpoint.new is on
  * disk, so checkpoint.new is the VM's newest state then, even when another boot wrote it (after
- * a host crash, the only case complete_this_boot() cannot vouch for). Without a complete
+ * a host crash, the only case vm_complete_this_boot() cannot vouch for). Without a complete
  * checkpoint.new, checkpoint.old goes back: a VM never loses its checkpoint to a torn swap. */
 static void recover_new_checkpoint(struct vmctx *c)
 {
     char newdir[PATH_LEN], old[PATH_LEN], p[PATH_LEN];
-    if (pcat(newdir, c->ckpt, ".new") < 0 || pcat(old, c->ckpt, ".old") < 0)
+    if (vm_pcat(newdir, c->ckpt, ".new") < 0 || vm_pcat(old, c->ckpt, ".old") < 0)
         return;
-    bool torn = !exists(c->ckpt) && exists(old);
-    if (exists(newdir))
+    bool torn = !vm_exists(c->ckpt) && vm_exists(old);
+    if (vm_exists(newdir))
         finish_taken(c, newdir, true);
-    bool whole = exists(newdir) && (complete_this_boot(newdir) ||
-                                    (torn && pjoin(p, newdir, COMPLETE_MARK, NULL) == 0 &&
-                                     exists(p) && !snapshot_missing(newdir)));
+    bool whole = vm_exists(newdir) && (vm_complete_this_boot(newdir) ||
+                                       (torn && vm_pjoin(p, newdir, COMPLETE_MARK, NULL) == 0 &&
+                                        vm_exists(p) && !vm_snapshot_missing(newdir)));
     json_object *nc = NULL;
     bool newer = whole && newer_than_ckpt(c, newdir, &nc);
     if (!whole || !nc) { /* (a config that cannot be read: not the VM's newest state either) */
@@ -134,27 +136,27 @@ static void recover_new_checkpoint(struct vmctx *c)
     struct vmsnap_err e = {0};
     int src = -1;
     if (torn) {
-        /* the swap's second rename, then the old one goes: swap_checkpoint would remove
+        /* the swap's second rename, then the old one goes: vm_swap_checkpoint would remove
          * checkpoint.old first, the only fallback while the rename has not happened */
         if (rename(newdir, c->ckpt) == 0) {
             sys_fsync_parent(c->ckpt, NULL);
-            rm_rf(old);
+            vm_rm_rf(old);
             src = 0;
         } else {
             err_sys(&e, "rename %s to %s", newdir, c->ckpt);
         }
     } else if (newer) {
-        src = swap_checkpoint(c, newdir, &e);
+        src = vm_swap_checkpoint(c, newdir, &e);
     }
     if (src == 0) {
         vlog(VMSNAP_LOG_WARN,
              "VM '%s': completed a checkpoint whose pause was interrupted (generation %lld)",
-             c->name, (long long)cfg_int(nc, "generation"));
+             c->name, (long long)vm_cfg_int(nc, "generation"));
         /* as finish_local would have: the checkpoint holds the disk and the RAM now */
         unlink(c->disk);
-        if (!cfg_bool(nc, "ram_in_state"))
+        if (!vm_cfg_bool(nc, "ram_in_state"))
             unlink(c->ram);
-        rm_rf(c->ondemand);
+        vm_rm_rf(c->ondemand);
         record_recovered(c, c->ckpt, "paused");
     } else if (newer || torn) {
         vlog(VMSNAP_LOG_ERROR, "VM '%s': cannot complete the interrupted checkpoint %s: %s",
@@ -166,37 +168,39 @@ static void recover_new_checkpoint(struct vmctx *c)
 
 /* The directory (checkpoint.new or the stage) holding the state a pause or suspend of this boot
  * took whose checkpoint is not complete, or a complete checkpoint.new newer than the checkpoint
- * and not swapped in (after recover_interrupted: it could not), with the RAM file the VM's
+ * and not swapped in (after vm_recover_interrupted: it could not), with the RAM file the VM's
  * newest state. Nothing may replace that RAM file or resume an older checkpoint over it. NULL
  * when there is none (`buf` holds the path otherwise). */
-const char *taken_pending(const struct vmctx *c, char *buf)
+const char *vm_taken_pending(const struct vmctx *c, char *buf)
 {
-    if (pcat(buf, c->ckpt, ".new") == 0 && exists(buf) && mark_this_boot(buf, TAKING_MARK) &&
-        (!mark_this_boot(buf, COMPLETE_MARK) || newer_than_ckpt(c, buf, NULL)))
+    if (vm_pcat(buf, c->ckpt, ".new") == 0 && vm_exists(buf) &&
+        vm_mark_this_boot(buf, TAKING_MARK) &&
+        (!vm_mark_this_boot(buf, COMPLETE_MARK) || newer_than_ckpt(c, buf, NULL)))
         return buf;
-    if (stage_ok(c) && mark_this_boot(c->stage, TAKING_MARK) &&
-        !mark_this_boot(c->stage, COMPLETE_MARK))
+    if (vm_stage_ok(c) && vm_mark_this_boot(c->stage, TAKING_MARK) &&
+        !vm_mark_this_boot(c->stage, COMPLETE_MARK))
         return strcpy(buf, c->stage);
     return NULL;
 }
 
 /* Everything a killed or failed pause or suspend may have left, completed (the caller holds the
  * lock and found no QEMU): checkpoint.new swapped in when newer, a taken stage made a marked
- * snapshot. Returns what could not be (taken_pending, path in `pend`), or NULL. */
-const char *recover_interrupted(struct vmctx *c, char *pend)
+ * snapshot. Returns what could not be (vm_taken_pending, path in `pend`), or NULL. */
+const char *vm_recover_interrupted(struct vmctx *c, char *pend)
 {
     recover_new_checkpoint(c);
-    if (stage_ok(c) && !stage_unsaved(c)) {
+    if (vm_stage_ok(c) && !vm_stage_unsaved(c)) {
         finish_taken(c, c->stage, false);
-        if (mark_this_boot(c->stage, COMPLETE_MARK) && !snapshot_missing(c->stage) &&
-            mark_unsaved(c, NULL) == 0)
+        if (vm_mark_this_boot(c->stage, COMPLETE_MARK) && !vm_snapshot_missing(c->stage) &&
+            vm_mark_unsaved(c, NULL) == 0)
             record_recovered(c, c->stage, "stopped");
     }
-    return taken_pending(c, pend);
+    return vm_taken_pending(c, pend);
 }
 
-/* The error for a command that would go past a taken_pending() directory. */
-int pending_error(const struct vmctx *c, const char *dir, const char *what, struct vmsnap_err *err)
+/* The error for a command that would go past a vm_taken_pending() directory. */
+int vm_pending_error(const struct vmctx *c, const char *dir, const char *what,
+                     struct vmsnap_err *err)
 {
     return vmsnap_err_set(err, EBUSY,
                           "VM '%s': the state its last pause or suspend took is in %s, but its "

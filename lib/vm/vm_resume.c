@@ -23,7 +23,7 @@ static int resume_io_error(struct vmctx *c, json_object *rec, struct vmsnap_vm_t
 {
     struct vmsnap_vmm *v = NULL;
     enum vmsnap_vmm_state st = VMSNAP_VMM_RUNNING; /* after the cont, until seen otherwise */
-    int rc = vmm_from_cfg(c, rec, &v, err);
+    int rc = vm_vmm_from_cfg(c, rec, &v, err);
     if (rc == 0)
         rc = vmsnap_vmm_resume(v, err);
     /* a write that fails again stops it again (virtio-blk retries it at once): watched for
@@ -49,11 +49,11 @@ static int resume_io_error(struct vmctx *c, json_object *rec, struct vmsnap_vm_t
                             vmsnap_vmm_state_name(st));
     if (rc < 0)
         return rc;
-    step(t, "resume", t0);
+    vm_step(t, "resume", t0);
     vlog(VMSNAP_LOG_WARN, "VM '%s': continued after a failed disk write (io-error), retried now",
          c->name);
-    cfg_set_str(rec, "status", "running");
-    return cfg_save(c->cfgpath, rec, err);
+    vm_cfg_set_str(rec, "status", "running");
+    return vm_cfg_save(c->cfgpath, rec, err);
 }
 
 /* `path` (absolute) resolved is a regular file under one of the colon-separated directories
@@ -95,14 +95,14 @@ static int trust_assets(const struct vmctx *c, json_object *cfg, json_object *ol
     for (int k = 0; k < 2; k++) {
         const char *mine = !o ? NULL : k ? o->initrd : o->kernel;
         if (mine) {
-            cfg_set_str(cfg, keys[k], mine);
+            vm_cfg_set_str(cfg, keys[k], mine);
             continue;
         }
-        if (old && cfg_str(old, "kernel")) { /* a VM this node ran or resumed before */
-            cfg_set_str(cfg, keys[k], cfg_str(old, keys[k]));
+        if (old && vm_cfg_str(old, "kernel")) { /* a VM this node ran or resumed before */
+            vm_cfg_set_str(cfg, keys[k], vm_cfg_str(old, keys[k]));
             continue;
         }
-        const char *theirs = cfg_str(cfg, keys[k]);
+        const char *theirs = vm_cfg_str(cfg, keys[k]);
         if (!theirs)
             continue;
         if (!dirs || !*dirs)
@@ -117,7 +117,7 @@ static int trust_assets(const struct vmctx *c, json_object *cfg, json_object *ol
                                   "the snapshot names %s %s, which is not a file under the asset "
                                   "directories %s: refusing it",
                                   keys[k], theirs, dirs);
-        cfg_set_str(cfg, keys[k], rp);
+        vm_cfg_set_str(cfg, keys[k], rp);
     }
     return 0;
 }
@@ -136,13 +136,13 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     char src[PATH_LEN] = "", p[PATH_LEN];
     char mark[PATH_LEN] = ""; /* the stage's unsaved mark, once removed for the guest to run */
     char *url_copy = NULL;
-    int rc = ctx_init(&c, o, name, err);
+    int rc = vm_ctx_init(&c, o, name, err);
     if (rc < 0)
         return rc;
-    rc = check_ram_dir(&c, err);
+    rc = vm_check_ram_dir(&c, err);
     if (rc < 0)
         goto out;
-    if (!exists(c.vmdir)) {
+    if (!vm_exists(c.vmdir)) {
         if (!url) {
             rc = vmsnap_err_set(err, ENOENT,
                                 "no VM named '%s' under %s (give the URL it was "
@@ -151,49 +151,49 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
             goto out;
         }
         char vms[PATH_LEN];
-        if (pcat(vms, c.state, "/vms") < 0)
+        if (vm_pcat(vms, c.state, "/vms") < 0)
             return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c.state);
-        rc = mkdir_p(vms, err);
+        rc = vm_mkdir_p(vms, err);
         if (rc == 0 && mkdir(c.vmdir, 0700) < 0)
             rc = err_sys(err, "mkdir %s", c.vmdir);
         if (rc < 0)
             goto out;
         created = true;
     }
-    rc = ctx_lock(&c, err);
+    rc = vm_ctx_lock(&c, err);
     if (rc < 0)
         goto out;
-    if (!created && exists(c.cfgpath)) {
+    if (!created && vm_exists(c.cfgpath)) {
         /* a pause or suspend killed or failed after QEMU stopped: completed, or refused */
         json_object *rec = NULL;
         enum vmsnap_vmm_state st0;
         const char *pend = NULL;
-        if (cfg_load(c.cfgpath, &rec, NULL) == 0 && vm_state(&c, rec, 0, &st0, NULL, NULL) == 0 &&
-            st0 == VMSNAP_VMM_DEAD)
-            pend = recover_interrupted(&c, p);
+        if (vm_cfg_load(c.cfgpath, &rec, NULL) == 0 &&
+            vm_state(&c, rec, 0, &st0, NULL, NULL) == 0 && st0 == VMSNAP_VMM_DEAD)
+            pend = vm_recover_interrupted(&c, p);
         json_object_put(rec);
         if (pend && !(o && o->force)) {
-            rc = pending_error(&c, pend,
-                               ", or give --force to resume from the previous checkpoint and "
-                               "discard it",
-                               err);
+            rc = vm_pending_error(&c, pend,
+                                  ", or give --force to resume from the previous checkpoint and "
+                                  "discard it",
+                                  err);
             goto out;
         }
         if (pend) { /* --force: the RAM file is about to be replaced, the state goes with it */
             vlog(VMSNAP_LOG_WARN, "VM '%s': discarding the incomplete state in %s (--force)", name,
                  pend);
             if (!strcmp(pend, c.stage))
-                unstage(&c);
+                vm_unstage(&c);
             else
-                rm_rf(pend);
+                vm_rm_rf(pend);
             unlink(c.ram);
         }
     }
     /* A snapshot only in the stage (its suspend could store it nowhere) is the VM's latest:
      * a resume without a URL restores it (its image renamed into place as RAM), one with a URL
      * would lose it. */
-    bool from_stage = stage_unsaved(&c);
-    if (from_stage && url && stage_stored_at(&c, url)) {
+    bool from_stage = vm_stage_unsaved(&c);
+    if (from_stage && url && vm_stage_stored_at(&c, url)) {
         vlog(VMSNAP_LOG_INFO, "VM '%s': the snapshot in %s is stored at %s: resuming from there",
              name, c.stage, url);
         from_stage = false; /* the pull replaces the stage */
@@ -207,7 +207,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
                             name, c.stage, name, name);
         goto out;
     }
-    if (!created && exists(c.cfgpath) && (rc = cfg_load(c.cfgpath, &old, err)) < 0) {
+    if (!created && vm_exists(c.cfgpath) && (rc = vm_cfg_load(c.cfgpath, &old, err)) < 0) {
         /* without the record it cannot tell whether the VM's QEMU still runs */
         vmsnap_err_wrap(err, "VM '%s' has an unreadable record (restore or remove %s): ", name,
                         c.vmdir);
@@ -218,7 +218,8 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         /* 1: the record cannot describe a QEMU (nothing to ask); < 0: its QEMU runs and did
          * not answer */
         struct vmsnap_vmm *sv = NULL;
-        int vrc = vmm_from_cfg(&c, old, &sv, NULL) == 0 ? vmsnap_vmm_state(sv, &st, NULL, err) : 1;
+        int vrc =
+            vm_vmm_from_cfg(&c, old, &sv, NULL) == 0 ? vmsnap_vmm_state(sv, &st, NULL, err) : 1;
         vmsnap_vmm_free(sv);
         if (vrc < 0) {
             /* its QEMU runs but does not answer (its monitor busy with another client, or the
@@ -250,14 +251,14 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         }
         /* No local checkpoint but a known store URL (suspended, or resumed from a store): the
          * last checkpoint is there. */
-        if (!url && !from_stage && !exists(c.ckpt) && cfg_str(old, "url")) {
-            url_copy = strdup(cfg_str(old, "url"));
+        if (!url && !from_stage && !vm_exists(c.ckpt) && vm_cfg_str(old, "url")) {
+            url_copy = strdup(vm_cfg_str(old, "url"));
             url = url_copy;
         }
     }
     if (from_stage) {
         snprintf(src, sizeof(src), "%s", c.stage);
-        const char *missing = snapshot_missing(c.stage);
+        const char *missing = vm_snapshot_missing(c.stage);
         if (missing) {
             rc = vmsnap_err_set(err, EIO,
                                 "VM '%s': the snapshot kept in %s is incomplete (no %s): it "
@@ -267,7 +268,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         }
     } else if (!url) {
         snprintf(src, sizeof(src), "%s", c.ckpt);
-        if (!exists(c.ckpt)) {
+        if (!vm_exists(c.ckpt)) {
             rc = vmsnap_err_set(err, ENOENT,
                                 "VM '%s' has no local checkpoint in %s: resume it from a store "
                                 "('vmsnap vm resume %s URL') or remove it ('vmsnap vm stop "
@@ -282,7 +283,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         /* An old on-demand image there belongs to a dead process: replacing it is safe. The
          * directory is made here, 0700: the stage's name in a world-writable RAM directory is
          * predictable, and a directory someone else made in its place is refused. */
-        rm_rf(src);
+        vm_rm_rf(src);
         if (mkdir(src, 0700) < 0) {
             rc = err_sys(err, "mkdir %s", src);
             goto out;
@@ -293,35 +294,35 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         xo.set_only = true; /* a VM is a set (a single object pulled here failed at a rename) */
         rc = vmsnap_xfer_pull(url, src, &xo, NULL, err);
         if (rc < 0) {
-            rm_rf(src);
+            vm_rm_rf(src);
             vmsnap_err_wrap(err, "pull %s (the snapshot there is untouched): ", url);
             goto out;
         }
-        step(t, "download", &t0);
+        vm_step(t, "download", &t0);
     }
-    rc = pjoin(p, src, "config.json", err);
+    rc = vm_pjoin(p, src, "config.json", err);
     if (rc == 0)
-        rc = cfg_load(p, &cfg, err);
+        rc = vm_cfg_load(p, &cfg, err);
     if (rc == 0 && url) {
         char shown[PATH_LEN];
         snprintf(shown, sizeof(shown), "%s/config.json", url);
-        rc = check_set_cfg(p, shown, cfg, err);
+        rc = vm_check_set_cfg(p, shown, cfg, err);
     }
     if (rc < 0)
         goto out_src;
-    if (cfg_int(cfg, "memory") <= 0 || !cfg_str(cfg, "kernel")) {
+    if (vm_cfg_int(cfg, "memory") <= 0 || !vm_cfg_str(cfg, "kernel")) {
         rc = vmsnap_err_set(err, EINVAL, "%s: no memory size or kernel", p);
         goto out_src;
     }
     if (url && (rc = trust_assets(&c, cfg, old, err)) < 0)
         goto out_src;
-    if (url && exists(c.ckpt) && !(o && o->force)) {
+    if (url && vm_exists(c.ckpt) && !(o && o->force)) {
         /* the local checkpoint is superseded (removed) by this resume: not if it is newer */
         json_object *lc = NULL;
         char lp[PATH_LEN];
-        if (pjoin(lp, c.ckpt, "config.json", NULL) == 0 && cfg_load(lp, &lc, NULL) == 0) {
-            const char *lb = cfg_str(lc, "base_id"), *sb = cfg_str(cfg, "base_id");
-            int64_t lg = cfg_int(lc, "generation"), sg = cfg_int(cfg, "generation");
+        if (vm_pjoin(lp, c.ckpt, "config.json", NULL) == 0 && vm_cfg_load(lp, &lc, NULL) == 0) {
+            const char *lb = vm_cfg_str(lc, "base_id"), *sb = vm_cfg_str(cfg, "base_id");
+            int64_t lg = vm_cfg_int(lc, "generation"), sg = vm_cfg_int(cfg, "generation");
             if (lb && sb && !strcmp(lb, sb) && lg > sg)
                 rc = vmsnap_err_set(err, EEXIST,
                                     "the local checkpoint %s is newer than the snapshot at %s "
@@ -343,9 +344,9 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     if (url && old && !(o && o->force)) {
         /* the node's record of this VM names a later checkpoint of the same lineage (it was
          * suspended or paused after the snapshot at `url` was taken): resuming would go back */
-        const char *rb = cfg_str(old, "base_id"), *sb = cfg_str(cfg, "base_id");
-        int64_t rg = cfg_int(old, "generation"), sg = cfg_int(cfg, "generation");
-        const char *ru = cfg_str(old, "url");
+        const char *rb = vm_cfg_str(old, "base_id"), *sb = vm_cfg_str(cfg, "base_id");
+        int64_t rg = vm_cfg_int(old, "generation"), sg = vm_cfg_int(cfg, "generation");
+        const char *ru = vm_cfg_str(old, "url");
         if (rb && sb && !strcmp(rb, sb) && rg > sg) {
             rc = vmsnap_err_set(err, EEXIST,
                                 "VM '%s' has a later checkpoint (generation %lld%s%s) than the "
@@ -357,7 +358,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
             goto out_src;
         }
     }
-    const char *sacc = cfg_str(cfg, "accel");
+    const char *sacc = vm_cfg_str(cfg, "accel");
     if (sacc && strcmp(sacc, "kvm") && strcmp(sacc, "tcg")) {
         rc = vmsnap_err_set(err, EINVAL, "%s: accelerator '%s' is neither kvm nor tcg", p, sacc);
         goto out_src;
@@ -367,30 +368,31 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
          * leave a RAM file of any size on the tmpfs for the VM's life */
         char mr[PATH_LEN];
         struct stat ms;
-        rc = pjoin(mr, src, "memory-ranges", err);
+        rc = vm_pjoin(mr, src, "memory-ranges", err);
         if (rc == 0 && stat(mr, &ms) < 0)
             rc = err_sys(err, "%s", mr);
-        if (rc == 0 && (uint64_t)ms.st_size != (uint64_t)cfg_int(cfg, "memory"))
+        if (rc == 0 && (uint64_t)ms.st_size != (uint64_t)vm_cfg_int(cfg, "memory"))
             rc = vmsnap_err_set(err, EINVAL,
                                 "%s: the memory image holds %llu bytes, the VM's memory is %llu: "
                                 "refusing it",
                                 mr, (unsigned long long)ms.st_size,
-                                (unsigned long long)cfg_int(cfg, "memory"));
+                                (unsigned long long)vm_cfg_int(cfg, "memory"));
         if (rc < 0)
             goto out_src;
     }
 
     /* Stage: clone the disk out, place the RAM, rewrite the node-local paths. A live disk
      * already there (a stopped VM's) is set aside and put back if this resume fails. */
-    rc = pcat(disk_prev, c.disk, ".prev") < 0 ? vmsnap_err_set(err, ENAMETOOLONG, "path too long")
-                                              : pjoin(p, src, DISK_CKPT, err);
+    rc = vm_pcat(disk_prev, c.disk, ".prev") < 0
+             ? vmsnap_err_set(err, ENAMETOOLONG, "path too long")
+             : vm_pjoin(p, src, DISK_CKPT, err);
     if (rc < 0)
         goto out_src;
-    if (exists(disk_prev) && rename(disk_prev, c.disk) < 0) { /* left by a crashed resume */
+    if (vm_exists(disk_prev) && rename(disk_prev, c.disk) < 0) { /* left by a crashed resume */
         rc = err_sys(err, "rename %s to %s", disk_prev, c.disk);
         goto out_src;
     }
-    if (exists(c.disk)) {
+    if (vm_exists(c.disk)) {
         if (rename(c.disk, disk_prev) < 0) {
             rc = err_sys(err, "rename %s to %s", c.disk, disk_prev);
             goto out_src;
@@ -398,11 +400,11 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         had_prev = true;
     }
     disk_made = true;
-    rc = sparse_copy(p, c.disk, err);
+    rc = vm_sparse_copy(p, c.disk, err);
     if (rc < 0)
         goto out_src;
     char ram[PATH_LEN], img[PATH_LEN];
-    rc = pjoin(img, src, "memory-ranges", err);
+    rc = vm_pjoin(img, src, "memory-ranges", err);
     if (rc < 0)
         goto out_src;
     unlink(c.ram);
@@ -410,13 +412,13 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         snprintf(ram, sizeof(ram), "%s", img);
     } else {
         snprintf(ram, sizeof(ram), "%s", c.ram);
-        if (from_stage && same_fs(img, c.ram_dir)) {
+        if (from_stage && vm_same_fs(img, c.ram_dir)) {
             /* a second name: the stage stays whole (its only copy) until the VM runs */
             if (link(img, c.ram) < 0) {
                 rc = err_sys(err, "link %s to %s", img, c.ram);
                 goto out_src;
             }
-        } else if (url && same_fs(img, c.ram_dir)) {
+        } else if (url && vm_same_fs(img, c.ram_dir)) {
             if (rename(img, c.ram) < 0) {
                 rc = err_sys(err, "rename %s to %s", img, c.ram);
                 goto out_src;
@@ -424,9 +426,9 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
         } else {
             /* room first: a copy that fills the RAM directory fails half way with ENOSPC
              * instead of saying what the guest needs there */
-            rc = ram_room(&c, cfg_int(cfg, "memory"), err);
+            rc = vm_ram_room(&c, vm_cfg_int(cfg, "memory"), err);
             if (rc == 0)
-                rc = image_copy(&c, img, c.ram, err);
+                rc = vm_image_copy(&c, img, c.ram, err);
             if (rc < 0)
                 goto out_src;
         }
@@ -436,17 +438,17 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     if (rc < 0)
         goto out_src;
     json_object_object_add(cfg, "ram_shared", json_object_new_boolean(!on_demand));
-    cfg_set_str(cfg, "name", name);
-    if (!cfg_str(cfg, "accel") || (o && o->accel)) {
+    vm_cfg_set_str(cfg, "name", name);
+    if (!vm_cfg_str(cfg, "accel") || (o && o->accel)) {
         const char *accel;
         rc = vmsnap_vmm_pick_accel(o ? o->accel : NULL, &accel, err);
         if (rc < 0)
             goto out_src;
-        cfg_set_str(cfg, "accel", accel);
+        vm_cfg_set_str(cfg, "accel", accel);
     }
-    if (!on_demand && (rc = ram_room(&c, cfg_int(cfg, "memory"), err)) < 0)
+    if (!on_demand && (rc = vm_ram_room(&c, vm_cfg_int(cfg, "memory"), err)) < 0)
         goto out_src;
-    step(t, "stage", &t0);
+    vm_step(t, "stage", &t0);
 
     /* The record before QEMU starts: for a VM the node did not know, a resume killed from here
      * on leaves a VM that 'vm ls' shows and 'vm stop' can stop (the record goes if the resume
@@ -454,9 +456,9 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
      * RAM file: a resume killed after the restore left the old eager record, and the documented
      * 'vm pause' of that frozen VM looked for a RAM file that was not there), and the old record
      * comes back if the resume fails. The URL says where the VM is, should this be killed. */
-    cfg_set_str(cfg, "status", "restoring");
-    cfg_set_str(cfg, "url", url ? url : (old ? cfg_str(old, "url") : NULL));
-    if ((rc = cfg_save(c.cfgpath, cfg, err)) < 0)
+    vm_cfg_set_str(cfg, "status", "restoring");
+    vm_cfg_set_str(cfg, "url", url ? url : (old ? vm_cfg_str(old, "url") : NULL));
+    if ((rc = vm_cfg_save(c.cfgpath, cfg, err)) < 0)
         goto out_src;
     if (created || !old)
         provisional = true;
@@ -466,14 +468,14 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     if ((rc = cancel_check(err)) < 0)
         goto out_src;
     sys_failpoint("resume-before-restore");
-    rc = vmm_from_cfg(&c, cfg, &v, err);
+    rc = vm_vmm_from_cfg(&c, cfg, &v, err);
     if (rc == 0)
         rc = vmsnap_vmm_restore(v, src, err);
     if (rc < 0)
         goto out_src;
     restored = true;
     sys_failpoint("resume-restored");
-    step(t, "restore", &t0);
+    vm_step(t, "restore", &t0);
 
     /* Release the restore files: pulled ones are truncated (the privately mapped image of an
      * on-demand VM excepted), the local checkpoint is only evicted (it stays the latest). */
@@ -485,27 +487,27 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
                 vlog(VMSNAP_LOG_WARN, "release %s: %s", src, e2.msg);
         }
         if (!on_demand)
-            rm_rf(src);
+            vm_rm_rf(src);
     } else if (!from_stage && !(o && o->no_evict)) { /* the stage is tmpfs: nothing to evict */
         struct vmsnap_err e2;
         if (vmsnap_pcache_evict(c.ckpt, NULL, NULL, &e2) < 0)
             vlog(VMSNAP_LOG_WARN, "evict %s: %s", c.ckpt, e2.msg);
     }
     if (!on_demand || !url)
-        rm_rf(c.ondemand);
-    step(t, "evict", &t0);
+        vm_rm_rf(c.ondemand);
+    vm_step(t, "evict", &t0);
 
     /* The guest is about to run on the stage's image: from here the stage is no snapshot. */
-    if (from_stage && pcat(mark, c.stage, "/" UNSAVED_MARK) == 0)
+    if (from_stage && vm_pcat(mark, c.stage, "/" UNSAVED_MARK) == 0)
         unlink(mark);
     /* The record describes the QEMU that now holds the VM (RAM file, on-demand or not): it is
      * saved before the guest runs, so a resume killed from here on leaves a record that a later
      * pause can trust (an old record of an eager VM would make it look for a RAM file an
      * on-demand one does not have, after QEMU was stopped). */
     json_object_object_del(cfg, "ram_in_state");
-    cfg_set_str(cfg, "status", "running");
-    cfg_set_str(cfg, "url", url ? url : (old ? cfg_str(old, "url") : NULL));
-    if ((rc = cfg_save(c.cfgpath, cfg, err)) < 0)
+    vm_cfg_set_str(cfg, "status", "running");
+    vm_cfg_set_str(cfg, "url", url ? url : (old ? vm_cfg_str(old, "url") : NULL));
+    if ((rc = vm_cfg_save(c.cfgpath, cfg, err)) < 0)
         goto out_src;
     rc = vmsnap_vmm_resume(v, err);
     if (rc < 0 && from_stage) {
@@ -521,7 +523,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
             rc = 0;
         } else if (src2 < 0 || st != VMSNAP_VMM_PAUSED) {
             mark[0] = '\0';
-            stage_consumed(&c);
+            vm_stage_consumed(&c);
             vmsnap_err_wrap(err,
                             "the guest may have run on the snapshot in %s, which is no longer "
                             "one (kept for inspection): ",
@@ -536,13 +538,13 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
      * and a suspend pushed). Before 'cont' they must stay: a resume killed there leaves a
      * frozen QEMU and the stage, still the snapshot, that 'vm stop' must keep. */
     if (from_stage)
-        stage_consumed(&c);
-    step(t, "resume", &t0);
+        vm_stage_consumed(&c);
+    vm_step(t, "resume", &t0);
     sys_failpoint("resume-running"); /* the guest runs; nothing cleaned up yet */
     if (url)
-        rm_rf(c.ckpt); /* superseded by the store's snapshot, now that the VM runs from it */
+        vm_rm_rf(c.ckpt); /* superseded by the store's snapshot, now that the VM runs from it */
     if (from_stage)
-        rm_rf(c.stage); /* its image is the RAM file now; the VM runs */
+        vm_rm_rf(c.stage); /* its image is the RAM file now; the VM runs */
     if (had_prev)
         unlink(disk_prev);
     goto out;
@@ -550,8 +552,8 @@ out_src:
     if (restored && v)
         vmsnap_vmm_stop(v, NULL);
     if (mark[0])
-        mark_unsaved(&c, NULL); /* the guest did not run: the stage is the snapshot again */
-    if (ram_made)               /* from the stage, a second name of its image, which stays there */
+        vm_mark_unsaved(&c, NULL); /* the guest did not run: the stage is the snapshot again */
+    if (ram_made) /* from the stage, a second name of its image, which stays there */
         unlink(c.ram);
     if (disk_made) { /* the live disk that was there before, if any, comes back */
         unlink(c.disk);
@@ -559,14 +561,14 @@ out_src:
             vlog(VMSNAP_LOG_WARN, "put back %s as %s: %s", disk_prev, c.disk, strerror(errno));
     }
     if (url)
-        rm_rf(src);
+        vm_rm_rf(src);
     if (provisional && !created)
         unlink(c.cfgpath);
-    if (replaced_record && cfg_save(c.cfgpath, old, NULL) < 0)
+    if (replaced_record && vm_cfg_save(c.cfgpath, old, NULL) < 0)
         vlog(VMSNAP_LOG_WARN, "VM '%s': could not put its record %s back", name, c.cfgpath);
 out:
     if (rc < 0 && created)
-        rm_rf(c.vmdir);
+        vm_rm_rf(c.vmdir);
     if (rc < 0)
         vmsnap_err_wrap(err, "vm resume %s: ", name);
     if (t)
@@ -575,6 +577,6 @@ out:
     vmsnap_vmm_free(v);
     json_object_put(cfg);
     json_object_put(old);
-    ctx_fini(&c);
+    vm_ctx_fini(&c);
     return rc;
 }

@@ -22,7 +22,7 @@ int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
     json_object *cfg = NULL;
     struct vmsnap_vmm *v = NULL;
     bool created = false;
-    int rc = ctx_init(&c, o, name, err);
+    int rc = vm_ctx_init(&c, o, name, err);
     if (rc < 0)
         return rc;
     if (!a || !a->kernel) {
@@ -38,13 +38,13 @@ int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
     const char *accel;
     rc = vmsnap_vmm_pick_accel(o ? o->accel : NULL, &accel, err);
     if (rc == 0)
-        rc = check_ram_dir(&c, err);
+        rc = vm_check_ram_dir(&c, err);
     if (rc < 0)
         goto out;
     char vms[PATH_LEN];
-    if (pcat(vms, c.state, "/vms") < 0)
+    if (vm_pcat(vms, c.state, "/vms") < 0)
         return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c.state);
-    rc = mkdir_p(vms, err);
+    rc = vm_mkdir_p(vms, err);
     if (rc < 0)
         goto out;
     if (mkdir(c.vmdir, 0700) < 0) {
@@ -54,7 +54,7 @@ int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
         goto out;
     }
     created = true;
-    rc = ctx_lock(&c, err);
+    rc = vm_ctx_lock(&c, err);
     if (rc < 0)
         goto out;
     uint8_t id[16];
@@ -70,32 +70,32 @@ int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
     rc = vmsnap_disk_create(c.disk, &dco, err);
     if (rc < 0)
         goto out;
-    step(t, "disk", &t0);
+    vm_step(t, "disk", &t0);
 
     uint64_t mem = a->mem ? a->mem : (512ull << 20);
     cfg = json_object_new_object();
-    cfg_set_str(cfg, "name", name);
-    cfg_set_str(cfg, "driver", "qemu");
-    cfg_set_str(cfg, "kernel", a->kernel);
+    vm_cfg_set_str(cfg, "name", name);
+    vm_cfg_set_str(cfg, "driver", "qemu");
+    vm_cfg_set_str(cfg, "kernel", a->kernel);
     if (a->initrd)
-        cfg_set_str(cfg, "initrd", a->initrd);
+        vm_cfg_set_str(cfg, "initrd", a->initrd);
     if (a->append)
-        cfg_set_str(cfg, "cmdline", a->append);
+        vm_cfg_set_str(cfg, "cmdline", a->append);
     json_object_object_add(cfg, "memory", json_object_new_int64((int64_t)mem));
     json_object_object_add(cfg, "cpus", json_object_new_int64(a->cpus ? a->cpus : 1));
-    cfg_set_str(cfg, "accel", accel);
-    cfg_set_str(cfg, "base_id", base_id);
+    vm_cfg_set_str(cfg, "accel", accel);
+    vm_cfg_set_str(cfg, "base_id", base_id);
     json_object *disks = json_object_new_array(), *d0 = json_object_new_object();
-    cfg_set_str(d0, "cid", CID);
-    cfg_set_str(d0, "path", c.disk);
+    vm_cfg_set_str(d0, "cid", CID);
+    vm_cfg_set_str(d0, "path", c.disk);
     json_object_array_add(disks, d0);
     json_object_object_add(cfg, "disks", disks);
-    cfg_set_str(cfg, "ram_path", c.ram);
+    vm_cfg_set_str(cfg, "ram_path", c.ram);
     json_object_object_add(cfg, "ram_shared", json_object_new_boolean(1));
-    cfg_set_str(cfg, "run_dir", c.vmdir);
+    vm_cfg_set_str(cfg, "run_dir", c.vmdir);
 
     unlink(c.ram);
-    if ((rc = ram_room(&c, (int64_t)mem, err)) < 0)
+    if ((rc = vm_ram_room(&c, (int64_t)mem, err)) < 0)
         goto out;
     int fd = open(c.ram, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0 || ftruncate(fd, (off_t)mem) < 0) {
@@ -107,23 +107,23 @@ int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
     close(fd);
     /* the record before QEMU starts: a run killed meanwhile (it is not cancellable) leaves a
      * VM that ls shows and stop --rm removes, not an orphan QEMU no command knows */
-    cfg_set_str(cfg, "status", "starting");
-    rc = cfg_save(c.cfgpath, cfg, err);
+    vm_cfg_set_str(cfg, "status", "starting");
+    rc = vm_cfg_save(c.cfgpath, cfg, err);
     if (rc == 0)
-        rc = vmm_from_cfg(&c, cfg, &v, err);
+        rc = vm_vmm_from_cfg(&c, cfg, &v, err);
     if (rc == 0)
         rc = vmsnap_vmm_boot(v, err);
     if (rc < 0)
         goto out;
-    step(t, "boot", &t0);
-    cfg_set_str(cfg, "status", "running");
-    rc = cfg_save(c.cfgpath, cfg, err);
+    vm_step(t, "boot", &t0);
+    vm_cfg_set_str(cfg, "status", "running");
+    rc = vm_cfg_save(c.cfgpath, cfg, err);
     if (rc < 0)
         vmsnap_vmm_stop(v, NULL);
 out:
     if (rc < 0 && created) {
         unlink(c.ram);
-        rm_rf(c.vmdir);
+        vm_rm_rf(c.vmdir);
     }
     if (rc < 0)
         vmsnap_err_wrap(err, "vm run %s: ", name);
@@ -131,6 +131,6 @@ out:
         t->total = mono_now() - tstart;
     vmsnap_vmm_free(v);
     json_object_put(cfg);
-    ctx_fini(&c);
+    vm_ctx_fini(&c);
     return rc;
 }

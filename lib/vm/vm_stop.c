@@ -15,32 +15,32 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
     struct vmctx c;
     json_object *cfg = NULL;
     struct vmsnap_vmm *v = NULL;
-    int rc = ctx_init(&c, o, name, err);
+    int rc = vm_ctx_init(&c, o, name, err);
     if (rc == 0)
-        rc = load_vm(&c, &cfg, err);
+        rc = vm_load(&c, &cfg, err);
     struct stat rs, cs;
-    if (rc == 0 && remove && cfg_bool(cfg, "ram_shared") && cfg_str(cfg, "ram_path") &&
-        lstat(cfg_str(cfg, "ram_path"), &rs) == 0 &&
+    if (rc == 0 && remove && vm_cfg_bool(cfg, "ram_shared") && vm_cfg_str(cfg, "ram_path") &&
+        lstat(vm_cfg_str(cfg, "ram_path"), &rs) == 0 &&
         !(stat(c.ram, &cs) == 0 && cs.st_dev == rs.st_dev && cs.st_ino == rs.st_ino))
         /* --rm would drop the record that says where the RAM file is, and leave the file
          * (tmpfs: memory) for good; a VM without one (paused, suspended) has nothing there */
         rc = vmsnap_err_set(err, EINVAL,
                             "VM '%s' keeps its RAM in %s, not %s: give the --ram-dir "
                             "(VMSNAP_RAM_DIR) it was started with, so that --rm removes it",
-                            name, cfg_str(cfg, "ram_path"), c.ram);
+                            name, vm_cfg_str(cfg, "ram_path"), c.ram);
     if (rc == 0)
-        rc = vmm_from_cfg(&c, cfg, &v, err);
+        rc = vm_vmm_from_cfg(&c, cfg, &v, err);
     if (rc == 0)
         rc = vmsnap_vmm_stop(v, err);
     char pend[PATH_LEN];
     bool pending = false;
     if (rc == 0 && !remove) /* before the RAM file goes: it may be the newest state */
-        pending = recover_interrupted(&c, pend) != NULL;
+        pending = vm_recover_interrupted(&c, pend) != NULL;
     if (rc == 0) {
         /* the RAM file is always the one this VM's name gives (c.ram): a record naming
          * another path is not followed (an on-demand VM maps its image from its directory) */
-        const char *rec = cfg_str(cfg, "ram_path");
-        if (cfg_bool(cfg, "ram_shared") && rec && !same_path(rec, c.ram))
+        const char *rec = vm_cfg_str(cfg, "ram_path");
+        if (vm_cfg_bool(cfg, "ram_shared") && rec && !vm_same_path(rec, c.ram))
             vlog(VMSNAP_LOG_WARN,
                  "VM '%s': its record names %s as its RAM; not removed (give the --ram-dir it "
                  "was started with)",
@@ -53,19 +53,19 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
                  name, pend, c.ram, c.rerr.code ? c.rerr.msg : "see above", name);
         } else {
             unlink(c.ram);
-            if (remove || !stage_unsaved(&c))
-                unstage(&c);
+            if (remove || !vm_stage_unsaved(&c))
+                vm_unstage(&c);
             else
                 vlog(VMSNAP_LOG_WARN, "VM '%s': keeping %s, the only copy of its last snapshot",
                      name, c.stage);
         }
-        const char *s = cfg_str(cfg, "status");
-        if (status_live(s)) {
-            cfg_set_str(cfg, "status", "stopped");
-            rc = cfg_save(c.cfgpath, cfg, err);
+        const char *s = vm_cfg_str(cfg, "status");
+        if (vm_status_live(s)) {
+            vm_cfg_set_str(cfg, "status", "stopped");
+            rc = vm_cfg_save(c.cfgpath, cfg, err);
         }
         if (remove) {
-            int r = rm_rf(c.vmdir);
+            int r = vm_rm_rf(c.vmdir);
             rc = r < 0 ? err_code(err, -r, "remove %s", c.vmdir) : 0;
         }
     }
@@ -73,6 +73,6 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
         vmsnap_err_wrap(err, "vm stop %s: ", name);
     vmsnap_vmm_free(v);
     json_object_put(cfg);
-    ctx_fini(&c);
+    vm_ctx_fini(&c);
     return rc;
 }

@@ -26,9 +26,9 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
     if (rc < 0)
         return rc;
     if (st == VMSNAP_VMM_DEAD) {
-        const char *was = cfg_str(cfg, "status") ? cfg_str(cfg, "status") : "?";
-        bool ran = status_live(was);
-        if (exists(c->ckpt) || stage_unsaved(c))
+        const char *was = vm_cfg_str(cfg, "status") ? vm_cfg_str(cfg, "status") : "?";
+        bool ran = vm_status_live(was);
+        if (vm_exists(c->ckpt) || vm_stage_unsaved(c))
             return vmsnap_err_set(err, ESRCH,
                                   "VM '%s' has no running QEMU (%s): 'vmsnap vm resume %s' goes "
                                   "back to its last checkpoint",
@@ -46,26 +46,26 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
         return vmsnap_err_set(err, EINVAL, "VM '%s' is %s, not running", c->name,
                               vmsnap_vmm_state_name(st));
     /* checked while the VM still runs: the checkpoint takes the RAM from c->ram */
-    const char *rec = cfg_str(cfg, "ram_path");
-    if (cfg_bool(cfg, "ram_shared") && rec && !same_path(rec, c->ram))
+    const char *rec = vm_cfg_str(cfg, "ram_path");
+    if (vm_cfg_bool(cfg, "ram_shared") && rec && !vm_same_path(rec, c->ram))
         return vmsnap_err_set(err, EINVAL,
                               "VM '%s' keeps its RAM in %s, not %s: give the --ram-dir "
                               "(VMSNAP_RAM_DIR) it was started with",
                               c->name, rec, c->ram);
-    rm_rf(sdir);
+    vm_rm_rf(sdir);
     if (mkdir(sdir, 0700) < 0)
         return err_sys(err, "mkdir %s", sdir);
     rc = vmsnap_vmm_pause(v, err);
     if (rc < 0)
         goto fail;
-    step(t, "pause", t0);
+    vm_step(t, "pause", t0);
     rc = vmsnap_vmm_snapshot(v, sdir, err);
     if (rc < 0)
         goto fail;
-    step(t, "snapshot", t0);
+    vm_step(t, "snapshot", t0);
     /* every checkpoint of a VM's lineage (base_id) gets the next generation: a resume can tell
      * a stale snapshot from a newer local checkpoint */
-    int64_t gen = cfg_int(cfg, "generation");
+    int64_t gen = vm_cfg_int(cfg, "generation");
     json_object_object_add(cfg, "generation",
                            json_object_new_int64(gen > 0 && gen < GEN_MAX ? gen + 1
                                                  : gen > 0                ? GEN_MAX
@@ -73,15 +73,15 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
     /* From the stop on, `sdir` (the device state) and the RAM file and live disk are the VM's
      * newest state, until the checkpoint is complete: the config and a mark saying so go in
      * first, so a process killed meanwhile leaves what finish_taken() completes. */
-    if ((rc = write_taking(cfg, sdir, err)) < 0)
+    if ((rc = vm_write_taking(cfg, sdir, err)) < 0)
         goto fail;
     rc = vmsnap_vmm_stop(v, err);
     if (rc < 0)
         goto fail;
-    step(t, "teardown", t0);
+    vm_step(t, "teardown", t0);
     return 0;
 fail:
-    rm_rf(sdir);
+    vm_rm_rf(sdir);
     if (st == VMSNAP_VMM_RUNNING) {
         struct vmsnap_err e2;
         if (vmsnap_vmm_resume(v, &e2) < 0)
@@ -96,52 +96,52 @@ static int finish_local(struct vmctx *c, json_object *cfg, const char *sdir, boo
                         struct vmsnap_vm_timing *t, double *t0, struct vmsnap_err *err)
 {
     char newdir[PATH_LEN], p[PATH_LEN];
-    if (pcat(newdir, c->ckpt, ".new") < 0)
+    if (vm_pcat(newdir, c->ckpt, ".new") < 0)
         return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c->ckpt);
     bool in_place = !strcmp(sdir, newdir);
     int rc = 0;
     if (!in_place) {
-        rm_rf(newdir);
+        vm_rm_rf(newdir);
         if (mkdir(newdir, 0700) < 0)
             return err_sys(err, "mkdir %s", newdir);
-        rc = copy_small(sdir, newdir, "state", err);
+        rc = vm_copy_small(sdir, newdir, "state", err);
         if (rc == 0)
-            rc = pjoin(p, sdir, "memory-ranges", err);
+            rc = vm_pjoin(p, sdir, "memory-ranges", err);
         char dst[PATH_LEN];
         if (rc == 0)
-            rc = pjoin(dst, newdir, "memory-ranges", err);
+            rc = vm_pjoin(dst, newdir, "memory-ranges", err);
         if (rc == 0)
-            rc = image_copy(c, p, dst, err);
+            rc = vm_image_copy(c, p, dst, err);
     } else {
         bool ram_in_state = false;
-        rc = pjoin(p, newdir, "memory-ranges", err);
+        rc = vm_pjoin(p, newdir, "memory-ranges", err);
         if (rc == 0)
-            rc = ckpt_ram(c, cfg, p, &ram_in_state, err);
+            rc = vm_ckpt_ram(c, cfg, p, &ram_in_state, err);
         json_object_object_add(cfg, "ram_in_state", json_object_new_boolean(ram_in_state));
     }
     if (rc == 0) {
-        json_object *ck = ckpt_config(cfg);
-        rc = ck ? ckpt_meta(c, ck, newdir, true, err) : vmsnap_err_set(err, ENOMEM, "oom");
+        json_object *ck = vm_ckpt_config(cfg);
+        rc = ck ? vm_ckpt_meta(c, ck, newdir, true, err) : vmsnap_err_set(err, ENOMEM, "oom");
         json_object_put(ck);
     }
     if (rc == 0)
         sys_failpoint("checkpoint-before-swap");
     if (rc == 0)
-        rc = swap_checkpoint(c, newdir, err);
+        rc = vm_swap_checkpoint(c, newdir, err);
     if (rc < 0) {
         /* In place, checkpoint.new holds the state the pause took (the device state, maybe the
          * RAM): with the RAM file and the live disk, the VM's newest state. It stays for
-         * recover_interrupted() to complete; from a stage, the stage still has it all. */
+         * vm_recover_interrupted() to complete; from a stage, the stage still has it all. */
         if (!in_place)
-            rm_rf(newdir);
+            vm_rm_rf(newdir);
         return rc;
     }
     /* The live disk lives on as the checkpoint's hard link; resume clones it out again. */
     unlink(c->disk);
-    if (cfg_bool(cfg, "ram_shared"))
+    if (vm_cfg_bool(cfg, "ram_shared"))
         unlink(c->ram);
-    rm_rf(c->ondemand);
-    step(t, "checkpoint", t0);
+    vm_rm_rf(c->ondemand);
+    vm_step(t, "checkpoint", t0);
     if (evict) {
         /* The checkpoint was just written: start its writeback and drop what is clean, so it
          * does not stay charged to this cgroup next to the next guest's RAM. */
@@ -150,7 +150,7 @@ static int finish_local(struct vmctx *c, json_object *cfg, const char *sdir, boo
         struct vmsnap_err e2;
         if (vmsnap_pcache_evict(c->ckpt, &eo, &rep, &e2) < 0)
             vlog(VMSNAP_LOG_WARN, "evict %s: %s", c->ckpt, e2.msg);
-        step(t, "evict", t0);
+        vm_step(t, "evict", t0);
     }
     return 0;
 }
@@ -158,9 +158,9 @@ static int finish_local(struct vmctx *c, json_object *cfg, const char *sdir, boo
 /* The record of a VM whose local checkpoint was just swapped in (its generation is cfg's). */
 static int record_paused(struct vmctx *c, json_object *cfg, struct vmsnap_err *err)
 {
-    cfg_set_str(cfg, "status", "paused");
+    vm_cfg_set_str(cfg, "status", "paused");
     json_object_object_del(cfg, "ram_in_state");
-    int rc = cfg_save(c->cfgpath, cfg, err);
+    int rc = vm_cfg_save(c->cfgpath, cfg, err);
     if (rc < 0)
         vmsnap_err_wrap(
             err, "the checkpoint %s is complete, but the VM's record is not updated: ", c->ckpt);
@@ -174,13 +174,13 @@ int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name, struct vms
     struct vmctx c;
     json_object *cfg = NULL;
     struct vmsnap_vmm *v = NULL;
-    int rc = ctx_init(&c, o, name, err);
+    int rc = vm_ctx_init(&c, o, name, err);
     if (rc == 0)
-        rc = load_vm(&c, &cfg, err);
+        rc = vm_load(&c, &cfg, err);
     if (rc == 0)
-        rc = vmm_from_cfg(&c, cfg, &v, err);
+        rc = vm_vmm_from_cfg(&c, cfg, &v, err);
     char newdir[PATH_LEN];
-    if (pcat(newdir, c.ckpt, ".new") < 0)
+    if (vm_pcat(newdir, c.ckpt, ".new") < 0)
         newdir[0] = 0;
     if (rc == 0)
         rc = take_state(&c, cfg, v, newdir, t, &t0, err);
@@ -199,15 +199,15 @@ int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name, struct vms
     /* A stage next to a live QEMU is the snapshot that QEMU was restored from (a resume from it
      * killed before or after the guest ran; its image may be the RAM file's inode, which it
      * would keep on the tmpfs): this checkpoint supersedes it. */
-    if (rc == 0 && stage_ok(&c))
-        unstage(&c);
+    if (rc == 0 && vm_stage_ok(&c))
+        vm_unstage(&c);
     if (rc < 0)
         vmsnap_err_wrap(err, "vm pause %s: ", name);
     if (t)
         t->total = mono_now() - tstart;
     vmsnap_vmm_free(v);
     json_object_put(cfg);
-    ctx_fini(&c);
+    vm_ctx_fini(&c);
     return rc;
 }
 
@@ -224,7 +224,7 @@ static struct vmsnap_xfer_opts suspend_xfer_opts(const struct vmsnap_vm_opts *o,
     static const struct vmsnap_xfer_opts zero;
     struct vmsnap_xfer_opts x = o && o->xfer ? *o->xfer : zero;
     if (x.frame_size == 0) {
-        int64_t mem = cfg_int(cfg, "memory");
+        int64_t mem = vm_cfg_int(cfg, "memory");
         uint64_t fs = 8ull << 20;
         while (fs < (64ull << 20) && mem > 0 && fs * 64 < (uint64_t)mem)
             fs <<= 1;
@@ -255,7 +255,7 @@ static struct vmsnap_xfer_opts suspend_push_opts(const struct vmsnap_vm_opts *o,
                                                  const char *url)
 {
     struct vmsnap_xfer_opts x = suspend_xfer_opts(o, cfg);
-    const char *prev = cfg_str(cfg, "url");
+    const char *prev = vm_cfg_str(cfg, "url");
     if (!x.base && !(o && o->no_base) && prev && same_bucket(prev, url))
         x.base = prev;
     x.base_implicit = true;
@@ -268,17 +268,17 @@ static struct vmsnap_xfer_opts suspend_push_opts(const struct vmsnap_vm_opts *o,
  * incomplete, it is only left in place. Either way the error says where it is. */
 static void keep_stage(struct vmctx *c, json_object *cfg, const char *why, struct vmsnap_err *err)
 {
-    const char *missing = snapshot_missing(c->stage);
+    const char *missing = vm_snapshot_missing(c->stage);
     bool complete = !missing;
     struct vmsnap_err me = {0};
-    bool marked = complete && (stage_unsaved(c) || mark_unsaved(c, &me) == 0);
+    bool marked = complete && (vm_stage_unsaved(c) || vm_mark_unsaved(c, &me) == 0);
     if (!complete) { /* not a snapshot: nothing may take it for one */
         char p[PATH_LEN];
-        if (pcat(p, c->stage, "/" UNSAVED_MARK) == 0)
+        if (vm_pcat(p, c->stage, "/" UNSAVED_MARK) == 0)
             unlink(p);
     }
-    cfg_set_str(cfg, "status", "stopped");
-    cfg_save(c->cfgpath, cfg, NULL);
+    vm_cfg_set_str(cfg, "status", "stopped");
+    vm_cfg_save(c->cfgpath, cfg, NULL);
     if (marked)
         vmsnap_err_wrap(err,
                         "the local checkpoint failed too (%s); the snapshot is left in %s (run "
@@ -316,7 +316,7 @@ static int dest_outside_vms(const struct vmctx *c, const char *url, struct vmsna
     int rc = sys_lexical_path(strncmp(url, "file://", 7) ? url : url + 7, text, sizeof(text));
     if (rc == 0)
         rc = sys_canon_path(text, canon);
-    if (rc == 0 && (rc = pjoin(vms, c->state, "vms", err)) == 0)
+    if (rc == 0 && (rc = vm_pjoin(vms, c->state, "vms", err)) == 0)
         rc = sys_canon_path(vms, cvms);
     if (rc == 0)
         rc = sys_canon_path(c->vmdir, cvm);
@@ -347,9 +347,9 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
     struct vmctx c;
     json_object *cfg = NULL;
     struct vmsnap_vmm *v = NULL;
-    int rc = ctx_init(&c, o, name, err);
+    int rc = vm_ctx_init(&c, o, name, err);
     if (rc == 0)
-        rc = load_vm(&c, &cfg, err);
+        rc = vm_load(&c, &cfg, err);
     if (rc == 0) {
         /* a URL the store refuses (a typo, a local path under a file or in a directory this
          * process cannot write) fails here, before the VM stops for nothing */
@@ -359,9 +359,9 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
     if (rc == 0)
         rc = dest_outside_vms(&c, url, err);
     if (rc == 0)
-        rc = check_ram_dir(&c, err);
+        rc = vm_check_ram_dir(&c, err);
     if (rc == 0)
-        rc = vmm_from_cfg(&c, cfg, &v, err);
+        rc = vm_vmm_from_cfg(&c, cfg, &v, err);
     if (rc == 0) {
         /* A stopped VM with a local checkpoint (paused, or a suspend whose upload failed), or
          * with a snapshot only in its staging directory (a suspend that could store it
@@ -369,24 +369,24 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
         enum vmsnap_vmm_state st;
         rc = vmsnap_vmm_state(v, &st, NULL, err);
         char pend[PATH_LEN];
-        if (rc == 0 && st == VMSNAP_VMM_DEAD && recover_interrupted(&c, pend)) {
-            rc = pending_error(&c, pend, "", err);
+        if (rc == 0 && st == VMSNAP_VMM_DEAD && vm_recover_interrupted(&c, pend)) {
+            rc = vm_pending_error(&c, pend, "", err);
             goto out;
         }
-        const bool unsaved = rc == 0 && st == VMSNAP_VMM_DEAD && stage_unsaved(&c);
-        const char *missing = unsaved ? snapshot_missing(c.stage) : NULL;
+        const bool unsaved = rc == 0 && st == VMSNAP_VMM_DEAD && vm_stage_unsaved(&c);
+        const char *missing = unsaved ? vm_snapshot_missing(c.stage) : NULL;
         if (missing) {
             rc = vmsnap_err_set(err, EIO,
                                 "the snapshot kept in %s is incomplete (no %s): not pushing it",
                                 c.stage, missing);
             goto out;
         }
-        if (rc == 0 && st == VMSNAP_VMM_DEAD && (unsaved || exists(c.ckpt))) {
+        if (rc == 0 && st == VMSNAP_VMM_DEAD && (unsaved || vm_exists(c.ckpt))) {
             struct vmsnap_xfer_stats xs = {0};
             struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
             const char *from = unsaved ? c.stage : c.ckpt;
-            const char *was = cfg_str(cfg, "status");
-            if (status_live(was)) {
+            const char *was = vm_cfg_str(cfg, "status");
+            if (vm_status_live(was)) {
                 /* QEMU died under a running guest (it crashed, or was killed): what the guest
                  * did since the snapshot pushed here is gone; say so rather than succeed
                  * quietly */
@@ -401,7 +401,7 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
                      name, unsaved ? "snapshot" : "checkpoint", from, when);
             }
             rc = vmsnap_xfer_push(from, url, &xo, &xs, err);
-            step(t, "upload", &t0);
+            vm_step(t, "upload", &t0);
             if (t) {
                 t->object_bytes = xs.object_bytes;
                 t->copied_bytes = xs.copied_bytes;
@@ -413,25 +413,25 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
             }
             /* the record first: a suspend killed during the teardown leaves a record naming the
              * snapshot just stored, not the previous one */
-            cfg_set_str(cfg, "status", "suspended");
-            cfg_set_str(cfg, "url", url);
-            rc = cfg_save(c.cfgpath, cfg, err);
+            vm_cfg_set_str(cfg, "status", "suspended");
+            vm_cfg_set_str(cfg, "url", url);
+            rc = vm_cfg_save(c.cfgpath, cfg, err);
             if (rc < 0)
                 goto out;
             unlink(c.disk);
             unlink(c.ram); /* a dead QEMU's guest RAM (tmpfs: memory): not a state to keep */
-            const char *rp = cfg_str(cfg, "ram_path");
+            const char *rp = vm_cfg_str(cfg, "ram_path");
             struct stat rs;
             if (rp && strcmp(rp, c.ram) && lstat(rp, &rs) == 0) /* not followed: see vm stop */
                 vlog(VMSNAP_LOG_WARN,
                      "VM '%s': its dead QEMU's RAM file %s stays (it ran with another "
                      "--ram-dir): 'vmsnap vm stop %s --ram-dir DIR' with that directory removes it",
                      name, rp, name);
-            rm_rf(c.ckpt);
-            rm_rf(c.ondemand);
+            vm_rm_rf(c.ckpt);
+            vm_rm_rf(c.ondemand);
             if (unsaved)
-                unstage(&c);
-            step(t, "teardown-local", &t0);
+                vm_unstage(&c);
+            vm_step(t, "teardown-local", &t0);
             goto out;
         }
     }
@@ -443,20 +443,20 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
     sys_failpoint("suspend-taken");
     char p[PATH_LEN];
     bool ram_in_state = false;
-    rc = pjoin(p, c.stage, "memory-ranges", err);
+    rc = vm_pjoin(p, c.stage, "memory-ranges", err);
     if (rc == 0)
-        rc = ckpt_ram(&c, cfg, p, &ram_in_state, err);
+        rc = vm_ckpt_ram(&c, cfg, p, &ram_in_state, err);
     json_object_object_add(cfg, "ram_in_state", json_object_new_boolean(ram_in_state));
     if (rc == 0) {
-        json_object *ck = ckpt_config(cfg);
-        rc = ck ? ckpt_meta(&c, ck, c.stage, false, err) : vmsnap_err_set(err, ENOMEM, "oom");
+        json_object *ck = vm_ckpt_config(cfg);
+        rc = ck ? vm_ckpt_meta(&c, ck, c.stage, false, err) : vmsnap_err_set(err, ENOMEM, "oom");
         json_object_put(ck);
     }
     if (rc < 0) {
         /* Nothing was uploaded; keep what exists as a local checkpoint if the RAM made it, and
          * if even that fails, the stage holds the only copy of the VM's memory: keep it. */
         struct vmsnap_err e2;
-        if (exists(p)) {
+        if (vm_exists(p)) {
             if (finish_local(&c, cfg, c.stage, false, NULL, &t0, &e2) == 0) {
                 record_paused(&c, cfg, NULL);
                 vmsnap_err_wrap(err, "the VM is stopped with a local checkpoint in %s: ", c.ckpt);
@@ -466,9 +466,9 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
             goto out;
         }
         /* the RAM is still the RAM file (or in the device state): the stage's device state is
-         * half of the VM's newest state, completed by the next resume (recover_interrupted) */
-        cfg_set_str(cfg, "status", "stopped");
-        cfg_save(c.cfgpath, cfg, NULL);
+         * half of the VM's newest state, completed by the next resume (vm_recover_interrupted) */
+        vm_cfg_set_str(cfg, "status", "stopped");
+        vm_cfg_save(c.cfgpath, cfg, NULL);
         vmsnap_err_wrap(err,
                         "the VM is stopped; the state it took is kept in %s and becomes its "
                         "checkpoint at the next 'vmsnap vm resume %s' once this is fixed: ",
@@ -478,7 +478,7 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
     /* From here until the store has it, the stage is the VM's only copy: marked, so that a
      * suspend killed during the upload leaves a snapshot the next command finds (a resume
      * restores it, a suspend pushes it, a stop keeps it) instead of an older checkpoint. */
-    if ((rc = mark_unsaved(&c, err)) < 0) {
+    if ((rc = vm_mark_unsaved(&c, err)) < 0) {
         struct vmsnap_err e2;
         if (finish_local(&c, cfg, c.stage, false, NULL, &t0, &e2) == 0) {
             record_paused(&c, cfg, NULL);
@@ -489,11 +489,11 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
         goto out;
     }
     sys_failpoint("suspend-staged");
-    step(t, "stage", &t0);
+    vm_step(t, "stage", &t0);
     struct vmsnap_xfer_stats xs = {0};
     struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
     rc = vmsnap_xfer_push(c.stage, url, &xo, &xs, err);
-    step(t, "upload", &t0);
+    vm_step(t, "upload", &t0);
     if (t) {
         t->object_bytes = xs.object_bytes;
         t->copied_bytes = xs.copied_bytes;
@@ -517,15 +517,15 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
     }
     /* The manifest is written: only now remove the VM's local state, the record first (a
      * suspend killed during the teardown leaves a record naming the snapshot just stored). */
-    cfg_set_str(cfg, "status", "suspended");
-    cfg_set_str(cfg, "url", url);
+    vm_cfg_set_str(cfg, "status", "suspended");
+    vm_cfg_set_str(cfg, "url", url);
     json_object_object_del(cfg, "ram_in_state");
-    rc = cfg_save(c.cfgpath, cfg, err);
+    rc = vm_cfg_save(c.cfgpath, cfg, err);
     if (rc < 0) {
         /* the stage stays marked (resume NAME restores it, the newest state the record does not
          * know) and says where its set is stored (resume NAME URL may go there) */
-        if (pcat(p, c.stage, "/" STORED_MARK) == 0)
-            write_small(p, url, NULL);
+        if (vm_pcat(p, c.stage, "/" STORED_MARK) == 0)
+            vm_write_small(p, url, NULL);
         vmsnap_err_wrap(err,
                         "the snapshot is stored at %s, but the VM's record could not be "
                         "updated (its stage %s is kept: 'vmsnap vm resume %s' restores it, as "
@@ -533,15 +533,15 @@ int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const ch
                         url, c.stage, name, name, url);
         goto out;
     }
-    if (pcat(p, c.stage, "/" UNSAVED_MARK) == 0)
+    if (vm_pcat(p, c.stage, "/" UNSAVED_MARK) == 0)
         unlink(p);
     unlink(c.disk);
     unlink(c.ram);
-    rm_rf(c.ckpt);
-    rm_rf(c.ondemand);
-    step(t, "teardown-local", &t0);
+    vm_rm_rf(c.ckpt);
+    vm_rm_rf(c.ondemand);
+    vm_step(t, "teardown-local", &t0);
 out_stage:
-    unstage(&c);
+    vm_unstage(&c);
 out:
     if (rc < 0)
         vmsnap_err_wrap(err, "vm suspend %s: ", name);
@@ -549,6 +549,6 @@ out:
         t->total = mono_now() - tstart;
     vmsnap_vmm_free(v);
     json_object_put(cfg);
-    ctx_fini(&c);
+    vm_ctx_fini(&c);
     return rc;
 }
