@@ -26,7 +26,10 @@
 #ifndef VMSNAP_VM_INT_H
 #define VMSNAP_VM_INT_H
 
-#include "vmm/vmm_int.h"
+#include "vmsnap/vm.h"
+#include "vmsnap/vmm.h"
+
+#include <json-c/json.h>
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -90,6 +93,10 @@ const char *vm_cfg_str(json_object *o, const char *key);
 int64_t vm_cfg_int(json_object *o, const char *key);
 bool vm_cfg_bool(json_object *o, const char *key);
 void vm_cfg_set_str(json_object *o, const char *key, const char *val);
+/* Rewrite the node-local paths in a VM config object (kernel and initrd are kept) to the values
+ * given (NULL: leave the key). Unknown keys and values are kept. */
+int vm_config_rewrite(json_object *cfg, const char *disk_path, const char *ram_path,
+                      const char *run_dir, struct vmsnap_err *err);
 bool vm_status_live(const char *s);
 bool vm_same_path(const char *a, const char *b);
 int vm_vmm_from_cfg(struct vmctx *c, json_object *cfg, struct vmsnap_vmm **out,

@@ -234,7 +234,7 @@ int vm_state(struct vmctx *c, json_object *cfg, double wait, enum vmsnap_vmm_sta
     struct vmsnap_vmm *v = NULL;
     int rc = vm_vmm_from_cfg(c, cfg, &v, err);
     if (rc == 0) {
-        v->qmp_wait = wait;
+        vmsnap_vmm_set_reply_wait(v, wait);
         rc = vmsnap_vmm_state(v, st, pid, err);
     }
     vmsnap_vmm_free(v);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Private declarations of the vmm module: the driver table, the QMP reply parser and the
- * lifecycle's config helpers (exposed for the unit test). */
+/* Private declarations of the vmm module: the driver table, the handle, and the QMP helpers
+ * (exposed for the unit test and the fuzzer). */
 #ifndef VMSNAP_VMM_INT_H
 #define VMSNAP_VMM_INT_H
 
@@ -51,10 +51,5 @@ int qemu_opt_escape(const char *s, char *out, size_t len);
 
 /* Whether /proc/cpuinfo text `cpuinfo` has a vmx or svm flag. */
 bool vmm_cpuinfo_has_virt(const char *cpuinfo);
-
-/* Rewrite the node-local paths in a VM config object (kernel and initrd are kept) to the values
- * given (NULL: leave the key). Unknown keys and values are kept. */
-int vm_config_rewrite(json_object *cfg, const char *disk_path, const char *ram_path,
-                      const char *run_dir, struct vmsnap_err *err);
 
 #endif

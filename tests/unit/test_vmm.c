@@ -6,6 +6,7 @@
  * themselves are covered by the vm_* integration tests with a real guest. */
 #include "sys/sys.h"
 #include "t.h"
+#include "vm/vm_int.h"
 #include "vmm/vmm_int.h"
 
 #include <errno.h>
