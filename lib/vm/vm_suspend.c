@@ -340,215 +340,277 @@ static int dest_outside_vms(const struct vmctx *c, const char *url, struct vmsna
     return 0;
 }
 
-int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const char *url,
-                      struct vmsnap_vm_timing *t, struct vmsnap_err *err)
-{
-    double t0 = mono_now(), tstart = t0;
+/*
+ * vm suspend is a sequence of phases over one struct suspend (suspend_phases below): open (the
+ * destination checked before the VM stops), push a stopped VM's snapshot as it is, else take
+ * the running VM's state into the stage, then upload it. Once the VM is stopped, a failure
+ * falls back to the local checkpoint in one place (fall_back_local), and once the store has
+ * the snapshot the VM's local state goes in one place (teardown_local).
+ */
+
+/* What a suspend pushes. */
+enum suspend_from {
+    PUSH_CHECKPOINT, /* a stopped VM's local checkpoint (paused, or a suspend whose upload failed)
+                      */
+    PUSH_UNSAVED,    /* a stopped VM's snapshot only in the stage (a suspend that stored nowhere) */
+    PUSH_TAKEN,      /* the state this suspend took from the running VM, in the stage */
+};
+
+struct suspend {
     struct vmctx c;
-    json_object *cfg = NULL;
-    struct vmsnap_vmm *v = NULL;
-    int rc = vm_ctx_init(&c, o, name, err);
+    const struct vmsnap_vm_opts *o;
+    const char *name, *url;
+    struct vmsnap_vm_timing *t;
+    double t0;
+    json_object *cfg; /* the VM's record (with the taken checkpoint's generation) */
+    struct vmsnap_vmm *v;
+    enum suspend_from from;
+};
+
+/* Open: the VM locked and its record read; a URL the store refuses (a typo, a local path under
+ * a file or in a directory this process cannot write) fails here, before the VM stops for
+ * nothing, as does one inside what vmsnap manages or a RAM directory that is not tmpfs. */
+static int suspend_open(struct suspend *s, struct vmsnap_err *err)
+{
+    struct vmctx *c = &s->c;
+    int rc = vm_ctx_init(c, s->o, s->name, err);
     if (rc == 0)
-        rc = vm_load(&c, &cfg, err);
+        rc = vm_load(c, &s->cfg, err);
     if (rc == 0) {
-        /* a URL the store refuses (a typo, a local path under a file or in a directory this
-         * process cannot write) fails here, before the VM stops for nothing */
-        struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
-        rc = vmsnap_xfer_check_dest(url, true, &xo, err);
+        struct vmsnap_xfer_opts xo = suspend_push_opts(s->o, s->cfg, s->url);
+        rc = vmsnap_xfer_check_dest(s->url, true, &xo, err);
     }
     if (rc == 0)
-        rc = dest_outside_vms(&c, url, err);
+        rc = dest_outside_vms(c, s->url, err);
     if (rc == 0)
-        rc = vm_check_ram_dir(&c, err);
+        rc = vm_check_ram_dir(c, err);
     if (rc == 0)
-        rc = vm_vmm_from_cfg(&c, cfg, &v, err);
-    if (rc == 0) {
-        /* A stopped VM with a local checkpoint (paused, or a suspend whose upload failed), or
-         * with a snapshot only in its staging directory (a suspend that could store it
-         * nowhere): push that as it is. */
-        enum vmsnap_vmm_state st;
-        rc = vmsnap_vmm_state(v, &st, NULL, err);
-        char pend[PATH_LEN];
-        if (rc == 0 && st == VMSNAP_VMM_DEAD && vm_recover_interrupted(&c, pend)) {
-            rc = vm_pending_error(&c, pend, "", err);
-            goto out;
-        }
-        const bool unsaved = rc == 0 && st == VMSNAP_VMM_DEAD && vm_stage_unsaved(&c);
-        const char *missing = unsaved ? vm_snapshot_missing(c.stage) : NULL;
-        if (missing) {
-            rc = vmsnap_err_set(err, EIO,
-                                "the snapshot kept in %s is incomplete (no %s): not pushing it",
-                                c.stage, missing);
-            goto out;
-        }
-        if (rc == 0 && st == VMSNAP_VMM_DEAD && (unsaved || vm_exists(c.ckpt))) {
-            struct vmsnap_xfer_stats xs = {0};
-            struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
-            const char *from = unsaved ? c.stage : c.ckpt;
-            const char *was = vm_cfg_str(cfg, "status");
-            if (vm_status_live(was)) {
-                /* QEMU died under a running guest (it crashed, or was killed): what the guest
-                 * did since the snapshot pushed here is gone; say so rather than succeed
-                 * quietly */
-                struct stat cs;
-                char when[64] = "?";
-                if (stat(from, &cs) == 0)
-                    strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S %Z",
-                             localtime(&cs.st_mtim.tv_sec));
-                vlog(VMSNAP_LOG_WARN,
-                     "VM '%s' is dead (its QEMU exited while the guest ran): suspending its "
-                     "last %s, %s, of %s; what the guest did after it is lost",
-                     name, unsaved ? "snapshot" : "checkpoint", from, when);
-            }
-            rc = vmsnap_xfer_push(from, url, &xo, &xs, err);
-            vm_step(t, "upload", &t0);
-            if (t) {
-                t->object_bytes = xs.object_bytes;
-                t->copied_bytes = xs.copied_bytes;
-            }
-            if (rc < 0) {
-                vmsnap_err_wrap(err, "upload failed; the %s %s is kept: ",
-                                unsaved ? "snapshot in" : "local checkpoint", from);
-                goto out;
-            }
-            /* the record first: a suspend killed during the teardown leaves a record naming the
-             * snapshot just stored, not the previous one */
-            vm_cfg_set_str(cfg, "status", "suspended");
-            vm_cfg_set_str(cfg, "url", url);
-            rc = vm_cfg_save(c.cfgpath, cfg, err);
-            if (rc < 0)
-                goto out;
-            unlink(c.disk);
-            unlink(c.ram); /* a dead QEMU's guest RAM (tmpfs: memory): not a state to keep */
-            const char *rp = vm_cfg_str(cfg, "ram_path");
-            struct stat rs;
-            if (rp && strcmp(rp, c.ram) && lstat(rp, &rs) == 0) /* not followed: see vm stop */
-                vlog(VMSNAP_LOG_WARN,
-                     "VM '%s': its dead QEMU's RAM file %s stays (it ran with another "
-                     "--ram-dir): 'vmsnap vm stop %s --ram-dir DIR' with that directory removes it",
-                     name, rp, name);
-            vm_rm_rf(c.ckpt);
-            vm_rm_rf(c.ondemand);
-            if (unsaved)
-                vm_unstage(&c);
-            vm_step(t, "teardown-local", &t0);
-            goto out;
-        }
+        rc = vm_vmm_from_cfg(c, s->cfg, &s->v, err);
+    return rc;
+}
+
+/* Push `dir` to the URL, its upload timed and its byte counts in the timing. */
+static int suspend_push(struct suspend *s, const char *dir, struct vmsnap_err *err)
+{
+    struct vmsnap_xfer_stats xs = {0};
+    struct vmsnap_xfer_opts xo = suspend_push_opts(s->o, s->cfg, s->url);
+    int rc = vmsnap_xfer_push(dir, s->url, &xo, &xs, err);
+    vm_step(s->t, "upload", &s->t0);
+    if (s->t) {
+        s->t->object_bytes = xs.object_bytes;
+        s->t->copied_bytes = xs.copied_bytes;
     }
-    /* Stage on the RAM tmpfs: the RAM file is renamed in (no copy) and packed from there. */
-    if (rc == 0)
-        rc = take_state(&c, cfg, v, c.stage, t, &t0, err);
+    return rc;
+}
+
+/* The record first, before the VM's local state goes: a suspend killed during the teardown
+ * leaves a record naming the snapshot just stored, not the previous one. */
+static int record_suspended(struct suspend *s, struct vmsnap_err *err)
+{
+    vm_cfg_set_str(s->cfg, "status", "suspended");
+    vm_cfg_set_str(s->cfg, "url", s->url);
+    return vm_cfg_save(s->c.cfgpath, s->cfg, err);
+}
+
+/* The store has the snapshot and the record says so: the VM's local state goes, the stage's
+ * unsaved mark first (the stage is no longer the only copy), then the disk, the RAM file, the
+ * checkpoint, an on-demand image, and the stage when it was what was pushed. */
+static void teardown_local(struct suspend *s)
+{
+    struct vmctx *c = &s->c;
+    char p[PATH_LEN];
+    if (s->from != PUSH_CHECKPOINT && vm_pcat(p, c->stage, "/" UNSAVED_MARK) == 0)
+        unlink(p);
+    unlink(c->disk);
+    unlink(c->ram); /* a dead QEMU's guest RAM (tmpfs: memory): not a state to keep */
+    const char *rp = vm_cfg_str(s->cfg, "ram_path");
+    struct stat rs;
+    if (s->from != PUSH_TAKEN && rp && strcmp(rp, c->ram) &&
+        lstat(rp, &rs) == 0) /* not followed: see vm stop */
+        vlog(VMSNAP_LOG_WARN,
+             "VM '%s': its dead QEMU's RAM file %s stays (it ran with another "
+             "--ram-dir): 'vmsnap vm stop %s --ram-dir DIR' with that directory removes it",
+             s->name, rp, s->name);
+    vm_rm_rf(c->ckpt);
+    vm_rm_rf(c->ondemand);
+    if (s->from != PUSH_CHECKPOINT)
+        vm_unstage(c);
+    vm_step(s->t, "teardown-local", &s->t0);
+}
+
+/* A stopped VM with a local checkpoint (paused, or a suspend whose upload failed), or with a
+ * snapshot only in its staging directory (a suspend that could store it nowhere): push that as
+ * it is (1: done). 0: the VM runs, its state is to be taken. */
+static int suspend_stopped(struct suspend *s, struct vmsnap_err *err)
+{
+    struct vmctx *c = &s->c;
+    enum vmsnap_vmm_state st;
+    char pend[PATH_LEN];
+    int rc = vmsnap_vmm_state(s->v, &st, NULL, err);
+    if (rc < 0 || st != VMSNAP_VMM_DEAD)
+        return rc;
+    if (vm_recover_interrupted(c, pend))
+        return vm_pending_error(c, pend, "", err);
+    const bool unsaved = vm_stage_unsaved(c);
+    const char *missing = unsaved ? vm_snapshot_missing(c->stage) : NULL;
+    if (missing)
+        return vmsnap_err_set(err, EIO,
+                              "the snapshot kept in %s is incomplete (no %s): not pushing it",
+                              c->stage, missing);
+    if (!unsaved && !vm_exists(c->ckpt))
+        return 0; /* (take_state says why there is nothing to suspend) */
+    s->from = unsaved ? PUSH_UNSAVED : PUSH_CHECKPOINT;
+    const char *from = unsaved ? c->stage : c->ckpt;
+    if (vm_status_live(vm_cfg_str(s->cfg, "status"))) {
+        /* QEMU died under a running guest (it crashed, or was killed): what the guest did
+         * since the snapshot pushed here is gone; say so rather than succeed quietly */
+        struct stat cs;
+        char when[64] = "?";
+        if (stat(from, &cs) == 0)
+            strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S %Z", localtime(&cs.st_mtim.tv_sec));
+        vlog(VMSNAP_LOG_WARN,
+             "VM '%s' is dead (its QEMU exited while the guest ran): suspending its "
+             "last %s, %s, of %s; what the guest did after it is lost",
+             s->name, unsaved ? "snapshot" : "checkpoint", from, when);
+    }
+    rc = suspend_push(s, from, err);
+    if (rc < 0) {
+        vmsnap_err_wrap(err, "upload failed; the %s %s is kept: ",
+                        unsaved ? "snapshot in" : "local checkpoint", from);
+        return rc;
+    }
+    if ((rc = record_suspended(s, err)) < 0)
+        return rc;
+    teardown_local(s);
+    return 1;
+}
+
+/* The fall-back to the local checkpoint, once the VM is stopped: the stage could not be made a
+ * snapshot to push, or its push failed (`upload_failed`). The stage becomes the local
+ * checkpoint and goes; if even that fails it stays (keep_stage), the only copy of the VM. The
+ * caller's error says which. */
+static void fall_back_local(struct suspend *s, bool upload_failed, struct vmsnap_err *err)
+{
+    struct vmctx *c = &s->c;
+    struct vmsnap_err e2;
+    bool evict = upload_failed && !(s->o && s->o->no_evict);
+    if (finish_local(c, s->cfg, c->stage, evict, upload_failed ? s->t : NULL, &s->t0, &e2) < 0) {
+        if (upload_failed)
+            vmsnap_err_wrap(err, "upload failed: ");
+        keep_stage(c, s->cfg, e2.msg, err);
+        return;
+    }
+    record_paused(c, s->cfg, NULL);
+    if (upload_failed)
+        vmsnap_err_wrap(err,
+                        "upload failed; the VM is stopped and its checkpoint kept locally in "
+                        "%s (run 'vmsnap vm suspend %s URL' again, or 'vmsnap vm resume "
+                        "%s'): ",
+                        c->ckpt, s->name, s->name);
+    else
+        vmsnap_err_wrap(err, "the VM is stopped with a local checkpoint in %s: ", c->ckpt);
+    vm_unstage(c);
+}
+
+/* Take the state: the running VM stopped with its device state in the stage, on the RAM tmpfs
+ * (the RAM file is renamed in, no copy, and packed from there), made a whole snapshot and
+ * marked unsaved. */
+static int suspend_take(struct suspend *s, struct vmsnap_err *err)
+{
+    struct vmctx *c = &s->c;
+    s->from = PUSH_TAKEN;
+    int rc = take_state(c, s->cfg, s->v, c->stage, s->t, &s->t0, err);
     if (rc < 0)
-        goto out;
+        return rc;
     sys_failpoint("suspend-taken");
     char p[PATH_LEN];
     bool ram_in_state = false;
-    rc = vm_pjoin(p, c.stage, "memory-ranges", err);
+    rc = vm_pjoin(p, c->stage, "memory-ranges", err);
     if (rc == 0)
-        rc = vm_ckpt_ram(&c, cfg, p, &ram_in_state, err);
-    json_object_object_add(cfg, "ram_in_state", json_object_new_boolean(ram_in_state));
+        rc = vm_ckpt_ram(c, s->cfg, p, &ram_in_state, err);
+    json_object_object_add(s->cfg, "ram_in_state", json_object_new_boolean(ram_in_state));
     if (rc == 0) {
-        json_object *ck = vm_ckpt_config(cfg);
-        rc = ck ? vm_ckpt_meta(&c, ck, c.stage, false, err) : vmsnap_err_set(err, ENOMEM, "oom");
+        json_object *ck = vm_ckpt_config(s->cfg);
+        rc = ck ? vm_ckpt_meta(c, ck, c->stage, false, err) : vmsnap_err_set(err, ENOMEM, "oom");
         json_object_put(ck);
     }
     if (rc < 0) {
         /* Nothing was uploaded; keep what exists as a local checkpoint if the RAM made it, and
          * if even that fails, the stage holds the only copy of the VM's memory: keep it. */
-        struct vmsnap_err e2;
         if (vm_exists(p)) {
-            if (finish_local(&c, cfg, c.stage, false, NULL, &t0, &e2) == 0) {
-                record_paused(&c, cfg, NULL);
-                vmsnap_err_wrap(err, "the VM is stopped with a local checkpoint in %s: ", c.ckpt);
-                goto out_stage;
-            }
-            keep_stage(&c, cfg, e2.msg, err);
-            goto out;
+            fall_back_local(s, false, err);
+            return rc;
         }
         /* the RAM is still the RAM file (or in the device state): the stage's device state is
          * half of the VM's newest state, completed by the next resume (vm_recover_interrupted) */
-        vm_cfg_set_str(cfg, "status", "stopped");
-        vm_cfg_save(c.cfgpath, cfg, NULL);
+        vm_cfg_set_str(s->cfg, "status", "stopped");
+        vm_cfg_save(c->cfgpath, s->cfg, NULL);
         vmsnap_err_wrap(err,
                         "the VM is stopped; the state it took is kept in %s and becomes its "
                         "checkpoint at the next 'vmsnap vm resume %s' once this is fixed: ",
-                        c.stage, name);
-        goto out;
+                        c->stage, s->name);
+        return rc;
     }
     /* From here until the store has it, the stage is the VM's only copy: marked, so that a
      * suspend killed during the upload leaves a snapshot the next command finds (a resume
      * restores it, a suspend pushes it, a stop keeps it) instead of an older checkpoint. */
-    if ((rc = vm_mark_unsaved(&c, err)) < 0) {
-        struct vmsnap_err e2;
-        if (finish_local(&c, cfg, c.stage, false, NULL, &t0, &e2) == 0) {
-            record_paused(&c, cfg, NULL);
-            vmsnap_err_wrap(err, "the VM is stopped with a local checkpoint in %s: ", c.ckpt);
-            goto out_stage;
-        }
-        keep_stage(&c, cfg, e2.msg, err);
-        goto out;
+    if ((rc = vm_mark_unsaved(c, err)) < 0) {
+        fall_back_local(s, false, err);
+        return rc;
     }
     sys_failpoint("suspend-staged");
-    vm_step(t, "stage", &t0);
-    struct vmsnap_xfer_stats xs = {0};
-    struct vmsnap_xfer_opts xo = suspend_push_opts(o, cfg, url);
-    rc = vmsnap_xfer_push(c.stage, url, &xo, &xs, err);
-    vm_step(t, "upload", &t0);
-    if (t) {
-        t->object_bytes = xs.object_bytes;
-        t->copied_bytes = xs.copied_bytes;
-    }
+    vm_step(s->t, "stage", &s->t0);
+    return 0;
+}
+
+/* Upload the stage; the manifest written, the record says so and the VM's local state goes. */
+static int suspend_upload(struct suspend *s, struct vmsnap_err *err)
+{
+    struct vmctx *c = &s->c;
+    int rc = suspend_push(s, c->stage, err);
     if (rc < 0) {
-        struct vmsnap_err e2;
-        int lrc = finish_local(&c, cfg, c.stage, !(o && o->no_evict), t, &t0, &e2);
-        if (lrc == 0) {
-            record_paused(&c, cfg, NULL);
-            vmsnap_err_wrap(err,
-                            "upload failed; the VM is stopped and its checkpoint kept locally in "
-                            "%s (run 'vmsnap vm suspend %s URL' again, or 'vmsnap vm resume "
-                            "%s'): ",
-                            c.ckpt, name, name);
-        } else {
-            vmsnap_err_wrap(err, "upload failed: ");
-            keep_stage(&c, cfg, e2.msg, err);
-            goto out;
-        }
-        goto out_stage;
+        fall_back_local(s, true, err);
+        return rc;
     }
-    /* The manifest is written: only now remove the VM's local state, the record first (a
-     * suspend killed during the teardown leaves a record naming the snapshot just stored). */
-    vm_cfg_set_str(cfg, "status", "suspended");
-    vm_cfg_set_str(cfg, "url", url);
-    json_object_object_del(cfg, "ram_in_state");
-    rc = vm_cfg_save(c.cfgpath, cfg, err);
-    if (rc < 0) {
+    json_object_object_del(s->cfg, "ram_in_state");
+    if ((rc = record_suspended(s, err)) < 0) {
         /* the stage stays marked (resume NAME restores it, the newest state the record does not
          * know) and says where its set is stored (resume NAME URL may go there) */
-        if (vm_pcat(p, c.stage, "/" STORED_MARK) == 0)
-            vm_write_small(p, url, NULL);
+        char p[PATH_LEN];
+        if (vm_pcat(p, c->stage, "/" STORED_MARK) == 0)
+            vm_write_small(p, s->url, NULL);
         vmsnap_err_wrap(err,
                         "the snapshot is stored at %s, but the VM's record could not be "
                         "updated (its stage %s is kept: 'vmsnap vm resume %s' restores it, as "
                         "does 'vmsnap vm resume %s %s'): ",
-                        url, c.stage, name, name, url);
-        goto out;
+                        s->url, c->stage, s->name, s->name, s->url);
+        return rc;
     }
-    if (vm_pcat(p, c.stage, "/" UNSAVED_MARK) == 0)
-        unlink(p);
-    unlink(c.disk);
-    unlink(c.ram);
-    vm_rm_rf(c.ckpt);
-    vm_rm_rf(c.ondemand);
-    vm_step(t, "teardown-local", &t0);
-out_stage:
-    vm_unstage(&c);
-out:
+    teardown_local(s);
+    return 0;
+}
+
+static int (*const suspend_phases[])(struct suspend *, struct vmsnap_err *) = {
+    suspend_open,
+    suspend_stopped,
+    suspend_take,
+    suspend_upload,
+};
+
+int vmsnap_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const char *url,
+                      struct vmsnap_vm_timing *t, struct vmsnap_err *err)
+{
+    struct suspend s = {.o = o, .name = name, .url = url, .t = t, .t0 = mono_now()};
+    const double tstart = s.t0;
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < sizeof(suspend_phases) / sizeof(suspend_phases[0]); i++)
+        rc = suspend_phases[i](&s, err);
     if (rc < 0)
         vmsnap_err_wrap(err, "vm suspend %s: ", name);
     if (t)
         t->total = mono_now() - tstart;
-    vmsnap_vmm_free(v);
-    json_object_put(cfg);
-    vm_ctx_fini(&c);
-    return rc;
+    vmsnap_vmm_free(s.v);
+    json_object_put(s.cfg);
+    vm_ctx_fini(&s.c);
+    return rc < 0 ? rc : 0;
 }
