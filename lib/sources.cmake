@@ -38,7 +38,8 @@ set(VMSNAP_DISK_SOURCES
 
 set(VMSNAP_VMM_SOURCES
     lib/vmm/vmm.c
-    lib/vmm/vmm_qemu.c)
+    lib/vmm/vmm_qemu.c
+    lib/vmm/vmm_qmp.c)
 
 set(VMSNAP_XFER_SOURCES
     lib/xfer/manifest.c
