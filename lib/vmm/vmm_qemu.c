@@ -257,51 +257,96 @@ static int cloexec_from_3(void)
     return 0;
 }
 
-static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err)
-{
-    pid_t old = read_pid(v);
-    if (pid_is_ours(v, old))
-        return vmsnap_err_set(err, EBUSY, "VM in %s already has a QEMU process (pid %d)",
-                              v->run_dir, (int)old);
+/* A start of QEMU: its command line and environment, built before fork (no allocation in the
+ * child). */
+struct spawn {
     char *argv[ARGV_MAX];
+    char *pool;  /* the strings of argv */
+    char **envp; /* the caller's environment that QEMU gets (env_for_qemu) */
+};
+
+static void spawn_free(struct spawn *sp)
+{
+    free(sp->pool);
+    free(sp->envp);
+}
+
+static int spawn_prepare(struct vmsnap_vmm *v, bool incoming, struct spawn *sp,
+                         struct vmsnap_err *err)
+{
     size_t pool_len = 64 << 10;
-    char *pool = malloc(pool_len);
-    if (!pool)
+    sp->pool = malloc(pool_len);
+    if (!sp->pool)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
-    int rc = build_argv(v, incoming, argv, pool, pool_len, err);
-    if (rc < 0) {
-        free(pool);
+    int rc = build_argv(v, incoming, sp->argv, sp->pool, pool_len, err);
+    if (rc < 0)
         return rc;
-    }
     /* its environment, built before fork (no allocation in the child) */
     size_t nenv = 0;
     for (char **e = environ; *e; e++)
         nenv++;
-    char **envp = calloc(nenv + 1, sizeof(*envp));
-    if (!envp) {
-        free(pool);
+    sp->envp = calloc(nenv + 1, sizeof(*sp->envp));
+    if (!sp->envp)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
-    }
     nenv = 0;
     for (char **e = environ; *e; e++)
         if (env_for_qemu(*e))
-            envp[nenv++] = *e;
+            sp->envp[nenv++] = *e;
+    return 0;
+}
+
+/* The intermediate child of the double fork: its own session and default signals, it forks
+ * QEMU, sends its pid over `wfd` and exits; QEMU execs, or sends its exec errno. */
+static __attribute__((noreturn)) void spawn_child(const struct spawn *sp, int logfd, int wfd)
+{
+    /* QEMU gets the default signal mask and actions (the caller's may block SIGTERM, as
+     * the CLI does to handle it on a thread: QEMU would not stop on it). A signal sent to
+     * the caller's process group before setsid() is pending here: discarded (ignored, then
+     * default), or it would kill this child and the start would fail for no reason. */
+    sigset_t none;
+    sigemptyset(&none);
+    if (setsid() < 0)
+        _exit(127);
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+        signal(sigs[i], SIG_IGN);
+        signal(sigs[i], SIG_DFL);
+    }
+    if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
+        _exit(127);
+    pid_t q = fork();
+    if (q != 0) {
+        int qp = (int)q;
+        _exit(q < 0 || write(wfd, &qp, sizeof(qp)) != (ssize_t)sizeof(qp) ? 127 : 0);
+    }
+    /* not close-on-exec: with the caller's stdin closed this is descriptor 0 itself (those
+     * above 2 are made close-on-exec below) */
+    int nul = open("/dev/null", O_RDWR);
+    if (nul < 0 || dup2(nul, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0 ||
+        cloexec_from_3() < 0)
+        _exit(127);
+    execvpe(sp->argv[0], sp->argv, sp->envp);
+    int e = errno;
+    if (write(wfd, &e, sizeof(e)) < 0)
+        _exit(127);
+    _exit(127);
+}
+
+/* Start QEMU in the background (its stale pid file and sockets removed, stderr appended to
+ * qemu.log); *qpid gets its pid. Fails when the fork or the exec does. */
+static int spawn_qemu(struct vmsnap_vmm *v, const struct spawn *sp, int *qpid,
+                      struct vmsnap_err *err)
+{
     unlink(v->pidfile);
     unlink(v->qmp_sock);
     unlink(v->con_sock);
-    int logfd = open(v->qemu_log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    if (logfd < 0) {
-        rc = err_sys(err, "open %s", v->qemu_log);
-        free(pool);
-        free(envp);
-        return rc;
-    }
+    int rc, logfd = open(v->qemu_log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (logfd < 0)
+        return err_sys(err, "open %s", v->qemu_log);
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) < 0) {
         rc = err_sys(err, "pipe");
         close(logfd);
-        free(pool);
-        free(envp);
         return rc;
     }
     /* Double fork: the intermediate child exits at once, so QEMU is reparented and nobody
@@ -312,82 +357,45 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
         close(pfd[0]);
         close(pfd[1]);
         close(logfd);
-        free(pool);
-        free(envp);
         return rc;
     }
-    if (mid == 0) {
-        /* QEMU gets the default signal mask and actions (the caller's may block SIGTERM, as
-         * the CLI does to handle it on a thread: QEMU would not stop on it). A signal sent to
-         * the caller's process group before setsid() is pending here: discarded (ignored, then
-         * default), or it would kill this child and the start would fail for no reason. */
-        sigset_t none;
-        sigemptyset(&none);
-        if (setsid() < 0)
-            _exit(127);
-        static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
-        for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
-            signal(sigs[i], SIG_IGN);
-            signal(sigs[i], SIG_DFL);
-        }
-        if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
-            _exit(127);
-        pid_t q = fork();
-        if (q != 0) {
-            int qp = (int)q;
-            _exit(q < 0 || write(pfd[1], &qp, sizeof(qp)) != (ssize_t)sizeof(qp) ? 127 : 0);
-        }
-        /* not close-on-exec: with the caller's stdin closed this is descriptor 0 itself (those
-         * above 2 are made close-on-exec below) */
-        int nul = open("/dev/null", O_RDWR);
-        if (nul < 0 || dup2(nul, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0 ||
-            cloexec_from_3() < 0)
-            _exit(127);
-        execvpe(argv[0], argv, envp);
-        int e = errno;
-        if (write(pfd[1], &e, sizeof(e)) < 0)
-            _exit(127);
-        _exit(127);
-    }
+    if (mid == 0)
+        spawn_child(sp, logfd, pfd[1]);
     close(pfd[1]);
     close(logfd);
     int st;
     while (waitpid(mid, &st, 0) < 0 && errno == EINTR)
         ;
     /* First the QEMU pid from the intermediate child, then an exec errno or end of file. */
-    int qpid = 0, e = 0;
+    int e = 0;
     ssize_t r;
-    while ((r = read(pfd[0], &qpid, sizeof(qpid))) < 0 && errno == EINTR)
+    while ((r = read(pfd[0], qpid, sizeof(*qpid))) < 0 && errno == EINTR)
         ;
-    if (r != (ssize_t)sizeof(qpid)) {
+    if (r != (ssize_t)sizeof(*qpid)) {
         close(pfd[0]);
-        free(pool);
-        free(envp);
-        return vmsnap_err_set(err, ECHILD, "start %s: fork failed", argv[0]);
+        return vmsnap_err_set(err, ECHILD, "start %s: fork failed", sp->argv[0]);
     }
     while ((r = read(pfd[0], &e, sizeof(e))) < 0 && errno == EINTR)
         ;
     close(pfd[0]);
-    if (r == (ssize_t)sizeof(e)) {
-        rc = err_code(err, e, "exec %s", argv[0]);
-        free(pool);
-        free(envp);
-        return rc;
-    }
-    free(pool);
-    free(envp);
-    /* Wait for the QMP socket; QEMU exiting first means a bad command line or asset. */
+    if (r == (ssize_t)sizeof(e))
+        return err_code(err, e, "exec %s", sp->argv[0]);
+    return 0;
+}
+
+/* Wait for the QMP socket; QEMU exiting first means a bad command line or asset. */
+static int wait_qmp(struct vmsnap_vmm *v, pid_t qpid, struct vmsnap_err *err)
+{
     double deadline = mono_now() + 30.0;
     struct qmp q;
     for (;;) {
         struct vmsnap_err e2;
-        rc = qmp_open(v, &q, 0.1, &e2);
-        if (rc == 0) {
+        if (qmp_open(v, &q, 0.1, &e2) == 0) {
             qmp_close(&q);
-            break;
+            return 0;
         }
-        if (!proc_alive((pid_t)qpid) || mono_now() > deadline) {
-            bool timeout = proc_alive((pid_t)qpid);
+        if (!proc_alive(qpid) || mono_now() > deadline) {
+            bool timeout = proc_alive(qpid);
             if (timeout)
                 qemu_stop(v, NULL);
             char tail[400];
@@ -407,6 +415,26 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
         }
         sys_sleep_ms(20);
     }
+}
+
+/* Boot in phases: refuse a second QEMU, build its command line and environment, spawn it, wait
+ * until its QMP socket answers. */
+static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err)
+{
+    pid_t old = read_pid(v);
+    if (pid_is_ours(v, old))
+        return vmsnap_err_set(err, EBUSY, "VM in %s already has a QEMU process (pid %d)",
+                              v->run_dir, (int)old);
+    struct spawn sp = {.pool = NULL};
+    int qpid = 0;
+    int rc = spawn_prepare(v, incoming, &sp, err);
+    if (rc == 0)
+        rc = spawn_qemu(v, &sp, &qpid, err);
+    spawn_free(&sp);
+    if (rc == 0)
+        rc = wait_qmp(v, (pid_t)qpid, err);
+    if (rc < 0)
+        return rc;
     vlog(VMSNAP_LOG_DEBUG, "QEMU started for %s (pid %d, accel %s)", v->run_dir, (int)read_pid(v),
          v->accel);
     return 0;
