@@ -65,14 +65,9 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
     while ((de = readdir(d))) {
         if (!vm_valid_name(de->d_name))
             continue;
-        if (n == cap) {
-            cap = cap ? cap * 2 : 16;
-            char **nn = realloc(names, cap * sizeof(*names));
-            if (!nn) {
-                rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-                break;
-            }
-            names = nn;
+        if (grow_array(&names, &cap, n + 1, sizeof(*names), 16) < 0) {
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+            break;
         }
         if (!(names[n] = strdup(de->d_name))) {
             rc = vmsnap_err_set(err, ENOMEM, "out of memory");
