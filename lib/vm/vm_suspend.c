@@ -350,9 +350,8 @@ static int dest_outside_vms(const struct vmctx *c, const char *url, struct vmsna
 
 /* What a suspend pushes. */
 enum suspend_from {
-    PUSH_CHECKPOINT, /* a stopped VM's local checkpoint (paused, or a suspend whose upload failed)
-                      */
-    PUSH_UNSAVED,    /* a stopped VM's snapshot only in the stage (a suspend that stored nowhere) */
+    PUSH_CHECKPOINT, /* a stopped VM's local checkpoint (paused, or its upload failed) */
+    PUSH_UNSAVED,    /* a stopped VM's snapshot only in the stage (stored nowhere) */
     PUSH_TAKEN,      /* the state this suspend took from the running VM, in the stage */
 };
 
@@ -423,10 +422,10 @@ static void teardown_local(struct suspend *s)
         unlink(p);
     unlink(c->disk);
     unlink(c->ram); /* a dead QEMU's guest RAM (tmpfs: memory): not a state to keep */
+    /* a dead QEMU's RAM file elsewhere is not followed (see vm stop) */
     const char *rp = vm_cfg_str(s->cfg, "ram_path");
     struct stat rs;
-    if (s->from != PUSH_TAKEN && rp && strcmp(rp, c->ram) &&
-        lstat(rp, &rs) == 0) /* not followed: see vm stop */
+    if (s->from != PUSH_TAKEN && rp && strcmp(rp, c->ram) && lstat(rp, &rs) == 0)
         vlog(VMSNAP_LOG_WARN,
              "VM '%s': its dead QEMU's RAM file %s stays (it ran with another "
              "--ram-dir): 'vmsnap vm stop %s --ram-dir DIR' with that directory removes it",
