@@ -1,14 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Unit test of the vmm module's pure helpers: QMP reply classification, status mapping, QEMU
  * option escaping, the accelerator's cpuinfo check, config path rewriting (unknown keys and
- * numbers survive), and handle validation. The QEMU paths themselves are covered by the vm_*
- * integration tests with a real guest. */
+ * numbers survive), handle validation, and a state probe that does not ask the VMM. The QEMU paths
+ * themselves are covered by the vm_* integration tests with a real guest. */
 #include "t.h"
 #include "vm/vm_int.h"
 #include "vmm/vmm_int.h"
 
 #include <errno.h>
+#include <signal.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static void test_qmp_parse(void)
 {
@@ -125,6 +130,54 @@ static void test_new(void)
     vmsnap_vmm_free(NULL);
 }
 
+/* vmsnap_vmm_set_reply_wait(< 0): the state of a live VMM comes from its pid alone (vm ls of a
+ * VM another command holds), the VMM is not asked; by default it is. A shell whose command line
+ * names the handle's QMP socket as QEMU's does stands in for QEMU (nothing listens there). */
+static void test_reply_wait(void)
+{
+    char dir[600], opt[700], pidfile[700];
+    snprintf(dir, sizeof(dir), "%s/rw", t_tmpdir());
+    REQUIRE(mkdir(dir, 0700) == 0);
+    struct vmsnap_err e = {0};
+    struct vmsnap_vmm *v = NULL;
+    struct vmsnap_vmm_config c = {.kernel = "/k",
+                                  .mem = 256ull << 20,
+                                  .cpus = 1,
+                                  .ram_path = "/dev/shm/r",
+                                  .accel = "tcg",
+                                  .run_dir = dir};
+    REQUIRE(vmsnap_vmm_new(NULL, &c, &v, &e) == 0);
+    snprintf(opt, sizeof(opt), "unix:%s/qmp.sock,server=on,wait=off", dir);
+    pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        setpgid(0, 0); /* its sleep goes with it */
+        execlp("sh", "sh", "-c", "sleep 30; :", "sh", opt, (char *)NULL);
+        _exit(127);
+    }
+    setpgid(child, child); /* (either side may get there first) */
+    snprintf(pidfile, sizeof(pidfile), "%s/pid", dir);
+    FILE *f = fopen(pidfile, "w");
+    REQUIRE(f && fprintf(f, "%d\n", (int)child) > 0 && fclose(f) == 0);
+    enum vmsnap_vmm_state st = VMSNAP_VMM_DEAD;
+    pid_t pid = 0;
+    int rc = -1;
+    for (int i = 0; i < 100 && (rc != 0 || st != VMSNAP_VMM_OTHER); i++) { /* until it runs sh */
+        usleep(20 * 1000);
+        vmsnap_vmm_set_reply_wait(v, -1);
+        rc = vmsnap_vmm_state(v, &st, &pid, &e);
+    }
+    CHECKF(rc == 0 && st == VMSNAP_VMM_OTHER && pid == child, "rc %d, state %s, pid %d", rc,
+           vmsnap_vmm_state_name(st), (int)pid);
+    vmsnap_vmm_set_reply_wait(v, 0); /* asked: nothing answers on its socket */
+    rc = vmsnap_vmm_state(v, &st, &pid, &e);
+    CHECKF(rc < 0 && strstr(e.msg, "qmp.sock"), "rc %d: %s", rc, e.msg);
+    kill(-child, SIGKILL);
+    waitpid(child, NULL, 0);
+    CHECK(vmsnap_vmm_state(v, &st, &pid, &e) == 0 && st == VMSNAP_VMM_DEAD && pid == 0);
+    vmsnap_vmm_free(v);
+}
+
 int main(void)
 {
     test_qmp_parse();
@@ -133,5 +186,6 @@ int main(void)
     test_cpuinfo();
     test_rewrite();
     test_new();
+    test_reply_wait();
     return t_done();
 }
