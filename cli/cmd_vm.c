@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* vmsnap vm run|pause|suspend|resume|ls|stop|console: micro-VM lifecycle (include/vmsnap/vmm.h). */
 #include "cli.h"
-#include "vmsnap/vmm.h"
+#include "vmsnap/vm.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -48,7 +48,8 @@ set(VMSNAP_DISK_SOURCES
 
 set(VMSNAP_VMM_SOURCES
     lib/vmm/vmm.c
-    lib/vmm/vmm_qemu.c)
+    lib/vmm/vmm_qemu.c
+    lib/vmm/vmm_qmp.c)
 
 set(VMSNAP_XFER_SOURCES
     lib/xfer/manifest.c
@@ -56,7 +57,16 @@ set(VMSNAP_XFER_SOURCES
     lib/xfer/xfer_pool.c)
 
 set(VMSNAP_VM_SOURCES
-    lib/vm/vm.c)
+    lib/vm/vm_checkpoint.c
+    lib/vm/vm_console.c
+    lib/vm/vm_ctx.c
+    lib/vm/vm_ls.c
+    lib/vm/vm_record.c
+    lib/vm/vm_recover.c
+    lib/vm/vm_resume.c
+    lib/vm/vm_run.c
+    lib/vm/vm_stop.c
+    lib/vm/vm_suspend.c)
 
 set(VMSNAP_LIB_SOURCES "")
 foreach(mod UTIL SYS IMAGE STORE PCACHE DISK VMM XFER VM)

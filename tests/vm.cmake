@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-# VM tests (lib/vmm*.c, lib/vm.c, cli/cmd_vm.c): a unit test of the QMP/config helpers, and real
+# VM tests (lib/vmm/, lib/vm/, cli/cmd_vm.c): a unit test of the QMP/config helpers, and real
 # QEMU + the real counter guest (guest/build.sh; TCG here). vm_golden boots the guest once per
 # ctest run and pauses it to a golden checkpoint in the build directory; the other cases resume
 # copies of it. All hold the "vm" lock: one guest at a time, memory capped by VM_MEM (256M).

@@ -204,3 +204,8 @@ int vmsnap_vmm_state(struct vmsnap_vmm *v, enum vmsnap_vmm_state *st, pid_t *pid
 {
     return v->drv->state(v, st, pid, err);
 }
+
+void vmsnap_vmm_set_reply_wait(struct vmsnap_vmm *v, double seconds)
+{
+    v->qmp_wait = seconds;
+}

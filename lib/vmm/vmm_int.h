@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Private declarations of the vmm module: the driver table, the QMP reply parser and the
- * lifecycle's config helpers (exposed for the unit test). */
+/* Private declarations of the vmm module: the driver table, the handle, and the QMP helpers
+ * (exposed for the unit test and the fuzzer). */
 #ifndef VMSNAP_VMM_INT_H
 #define VMSNAP_VMM_INT_H
 
@@ -37,6 +37,29 @@ struct vmsnap_vmm {
 
 extern const struct vmm_driver vmm_qemu_driver;
 
+/* ---- vmm_qmp.c: the QMP client ---- */
+
+struct qmp {
+    int fd;
+    size_t len;
+    char *buf;  /* QMP_LINE_MAX + 1 */
+    char *line; /* the last line read */
+    const char *sock;
+    double timeout; /* seconds a reply may take (qmp_open: the VMM's qmp_wait, or qmp_timeout()) */
+};
+
+/* Connect to the VMM's QMP socket (retrying for `timeout` seconds while it is not there yet),
+ * read the greeting and negotiate capabilities. Close with qmp_close(). */
+int qmp_open(struct vmsnap_vmm *v, struct qmp *q, double timeout, struct vmsnap_err *err);
+void qmp_close(struct qmp *q);
+/* Run one command; `ret` (may be NULL) gets a new reference to its return value. */
+int qmp_exec(struct qmp *q, const char *cmd, json_object *args, json_object **ret,
+             struct vmsnap_err *err);
+int qmp_exec_fd(struct qmp *q, const char *cmd, json_object *args, int pass_fd, json_object **ret,
+                struct vmsnap_err *err);
+int qmp_once(struct vmsnap_vmm *v, const char *cmd, json_object *args, json_object **ret,
+             struct vmsnap_err *err);
+
 /* Classify one QMP message (one JSON object). Returns 1 for {"return": ...} (*ret gets a new
  * reference to the value when ret is not NULL), 0 for an event or the greeting (ignored), or
  * -EIO/-EPROTO for {"error": ...} / anything malformed, with `err` holding the error's class
@@ -51,10 +74,5 @@ int qemu_opt_escape(const char *s, char *out, size_t len);
 
 /* Whether /proc/cpuinfo text `cpuinfo` has a vmx or svm flag. */
 bool vmm_cpuinfo_has_virt(const char *cpuinfo);
-
-/* Rewrite the node-local paths in a VM config object (kernel and initrd are kept) to the values
- * given (NULL: leave the key). Unknown keys and values are kept. */
-int vm_config_rewrite(json_object *cfg, const char *disk_path, const char *ram_path,
-                      const char *run_dir, struct vmsnap_err *err);
 
 #endif

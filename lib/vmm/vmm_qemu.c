@@ -5,7 +5,7 @@
  * messages of a failed start). Guest RAM is a memory-backend-file on the microvm machine; the
  * serial console is a unix socket chardev that also appends to console.log.
  *
- * Control is QMP over run_dir/qmp.sock, one short connection per operation (greeting,
+ * Control is QMP over run_dir/qmp.sock (vmm_qmp.c), one short connection per operation (greeting,
  * qmp_capabilities, commands, replies one JSON object per line; events are skipped). Snapshot
  * and restore are migrations with the x-ignore-shared capability to and from the state file,
  * whose descriptor vmsnap opens and passes over QMP (getfd, URI fd:), so a share=on RAM file is
@@ -23,30 +23,15 @@
 #include <limits.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-#define QMP_LINE_MAX (1u << 20)
-#define QMP_TIMEOUT 60.0
-
-/* How long a QMP reply may take: 60 s, or VMSNAP_QMP_TIMEOUT seconds (1..3600; docs/vm.md). */
-static double qmp_timeout(void)
-{
-    const char *e = getenv("VMSNAP_QMP_TIMEOUT");
-    char *end = NULL;
-    long s = e ? strtol(e, &end, 10) : 0;
-    return e && *e && end && !*end && s >= 1 && s <= 3600 ? (double)s : QMP_TIMEOUT;
-}
 
 int qemu_opt_escape(const char *s, char *out, size_t len)
 {
@@ -62,277 +47,6 @@ int qemu_opt_escape(const char *s, char *out, size_t len)
         return -ENAMETOOLONG;
     out[o] = 0;
     return 0;
-}
-
-enum vmsnap_vmm_state qmp_status_state(const char *status)
-{
-    if (!strcmp(status, "running"))
-        return VMSNAP_VMM_RUNNING;
-    if (!strcmp(status, "paused") || !strcmp(status, "postmigrate") ||
-        !strcmp(status, "finish-migrate") || !strcmp(status, "prelaunch") ||
-        !strcmp(status, "save-vm") || !strcmp(status, "suspended"))
-        return VMSNAP_VMM_PAUSED;
-    if (!strcmp(status, "inmigrate") || !strcmp(status, "restore-vm"))
-        return VMSNAP_VMM_INCOMING;
-    if (!strcmp(status, "io-error")) /* werror=enospc (the default) stops the VM */
-        return VMSNAP_VMM_IO_ERROR;
-    return VMSNAP_VMM_OTHER;
-}
-
-int qmp_parse_reply(const char *line, const char *what, json_object **ret, struct vmsnap_err *err)
-{
-    if (ret)
-        *ret = NULL;
-    json_tokener *tok = json_tokener_new_ex(32);
-    if (!tok)
-        return vmsnap_err_set(err, ENOMEM, "out of memory");
-    json_object *o = json_tokener_parse_ex(tok, line, (int)strlen(line));
-    enum json_tokener_error jerr = json_tokener_get_error(tok);
-    json_tokener_free(tok);
-    if (!o || jerr != json_tokener_success || !json_object_is_type(o, json_type_object)) {
-        json_object_put(o);
-        return vmsnap_err_set(err, EPROTO, "QMP %s: malformed reply '%.80s'", what, line);
-    }
-    json_object *v;
-    int rc = 0;
-    if (json_object_object_get_ex(o, "return", &v)) {
-        if (ret)
-            *ret = json_object_get(v);
-        rc = 1;
-    } else if (json_object_object_get_ex(o, "error", &v)) {
-        json_object *cls = NULL, *desc = NULL;
-        json_object_object_get_ex(v, "class", &cls);
-        json_object_object_get_ex(v, "desc", &desc);
-        rc = vmsnap_err_set(err, EIO, "QMP %s: %s: %s", what,
-                            cls ? json_object_get_string(cls) : "error",
-                            desc ? json_object_get_string(desc) : "(no description)");
-    } else if (json_object_object_get_ex(o, "event", &v) ||
-               json_object_object_get_ex(o, "QMP", &v)) {
-        rc = 0;
-    } else {
-        rc = vmsnap_err_set(err, EPROTO, "QMP %s: unexpected message '%.80s'", what, line);
-    }
-    json_object_put(o);
-    return rc;
-}
-
-/* ---- QMP connection ---- */
-
-struct qmp {
-    int fd;
-    size_t len;
-    char *buf;  /* QMP_LINE_MAX + 1 */
-    char *line; /* the last line read */
-    const char *sock;
-    double timeout; /* seconds a reply may take (qmp_open: the VMM's qmp_wait, or qmp_timeout()) */
-};
-
-static void qmp_close(struct qmp *q)
-{
-    if (q->fd >= 0)
-        close(q->fd);
-    free(q->buf);
-    free(q->line);
-    q->fd = -1;
-    q->buf = NULL;
-    q->line = NULL;
-}
-
-/* Read one line (without CRLF) into *line (pointing into q->buf, valid until the next read). */
-static int qmp_readline(struct qmp *q, double deadline, char **line, struct vmsnap_err *err)
-{
-    for (;;) {
-        char *nl = memchr(q->buf, '\n', q->len);
-        if (nl) {
-            size_t n = (size_t)(nl - q->buf);
-            free(q->line);
-            char *out = q->line = malloc(n + 1);
-            if (!out)
-                return vmsnap_err_set(err, ENOMEM, "out of memory");
-            memcpy(out, q->buf, n);
-            out[n] = 0;
-            if (n && out[n - 1] == '\r')
-                out[n - 1] = 0;
-            memmove(q->buf, nl + 1, q->len - n - 1);
-            q->len -= n + 1;
-            *line = out;
-            return 0;
-        }
-        if (q->len >= QMP_LINE_MAX)
-            return vmsnap_err_set(err, EPROTO, "QMP %s: message longer than %u bytes", q->sock,
-                                  QMP_LINE_MAX);
-        double left = deadline - mono_now();
-        if (left <= 0)
-            return vmsnap_err_set(err, ETIMEDOUT, "QMP %s: no reply in %.0f s", q->sock,
-                                  q->timeout);
-        struct pollfd p = {q->fd, POLLIN, 0};
-        int r = poll(&p, 1, (int)(left * 1000) + 1);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return err_sys(err, "QMP %s: poll", q->sock);
-        if (r == 0)
-            continue;
-        ssize_t got = read(q->fd, q->buf + q->len, QMP_LINE_MAX - q->len);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got < 0)
-            return err_sys(err, "QMP %s: read", q->sock);
-        if (got == 0)
-            return vmsnap_err_set(err, ECONNRESET, "QMP %s: connection closed by QEMU", q->sock);
-        q->len += (size_t)got;
-    }
-}
-
-/* Send one command; `pass_fd` >= 0 travels with its first bytes (SCM_RIGHTS), as getfd wants. */
-static int qmp_exec_fd(struct qmp *q, const char *cmd, json_object *args, int pass_fd,
-                       json_object **ret, struct vmsnap_err *err)
-{
-    json_object *req = json_object_new_object();
-    if (!req)
-        return vmsnap_err_set(err, ENOMEM, "out of memory");
-    json_object_object_add(req, "execute", json_object_new_string(cmd));
-    if (args)
-        json_object_object_add(req, "arguments", json_object_get(args));
-    const char *js = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
-    size_t n = strlen(js) + 1;
-    char *s = malloc(n);
-    if (!s) {
-        json_object_put(req);
-        return vmsnap_err_set(err, ENOMEM, "out of memory");
-    }
-    memcpy(s, js, n - 1);
-    s[n - 1] = '\n';
-    json_object_put(req);
-    int rc = 0;
-    for (size_t off = 0; off < n;) {
-        ssize_t w;
-        if (off == 0 && pass_fd >= 0) {
-            union {
-                char buf[CMSG_SPACE(sizeof(int))];
-                struct cmsghdr align;
-            } u;
-            memset(&u, 0, sizeof(u));
-            struct iovec iov = {s, n};
-            struct msghdr mh = {.msg_iov = &iov,
-                                .msg_iovlen = 1,
-                                .msg_control = u.buf,
-                                .msg_controllen = sizeof(u.buf)};
-            struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-            cm->cmsg_level = SOL_SOCKET;
-            cm->cmsg_type = SCM_RIGHTS;
-            cm->cmsg_len = CMSG_LEN(sizeof(int));
-            memcpy(CMSG_DATA(cm), &pass_fd, sizeof(int));
-            w = sendmsg(q->fd, &mh, MSG_NOSIGNAL);
-        } else {
-            w = send(q->fd, s + off, n - off, MSG_NOSIGNAL);
-        }
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0) {
-            rc = err_sys(err, "QMP %s: send %s", q->sock, cmd);
-            break;
-        }
-        off += (size_t)w;
-    }
-    free(s);
-    if (rc < 0)
-        return rc;
-    double deadline = mono_now() + q->timeout;
-    for (;;) {
-        char *line;
-        rc = qmp_readline(q, deadline, &line, err);
-        if (rc < 0)
-            return rc;
-        rc = qmp_parse_reply(line, cmd, ret, err);
-        if (rc != 0)
-            return rc < 0 ? rc : 0;
-    }
-}
-
-static int qmp_exec(struct qmp *q, const char *cmd, json_object *args, json_object **ret,
-                    struct vmsnap_err *err)
-{
-    return qmp_exec_fd(q, cmd, args, -1, ret, err);
-}
-
-static int qmp_open(struct vmsnap_vmm *v, struct qmp *q, double timeout, struct vmsnap_err *err)
-{
-    q->fd = -1;
-    q->len = 0;
-    q->line = NULL;
-    q->sock = v->qmp_sock;
-    q->timeout = qmp_timeout();
-    if (v->qmp_wait > 0 && v->qmp_wait < q->timeout)
-        q->timeout = v->qmp_wait;
-    q->buf = malloc(QMP_LINE_MAX + 1);
-    if (!q->buf)
-        return vmsnap_err_set(err, ENOMEM, "out of memory");
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    memcpy(sa.sun_path, v->qmp_sock, strlen(v->qmp_sock) + 1);
-    /* Non-blocking connect: QEMU accepts one QMP client at a time and leaves the others in the
-     * listen backlog; with the backlog full (a hung QEMU, or clients queued behind another) a
-     * blocking connect waited forever. EAGAIN is retried for as long as a reply may take. */
-    const double t0 = mono_now(), deadline = t0 + timeout, busy_deadline = t0 + q->timeout;
-    int rc;
-    for (;;) {
-        q->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (q->fd < 0) {
-            rc = err_sys(err, "socket");
-            goto fail;
-        }
-        if (connect(q->fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
-            int fl = fcntl(q->fd, F_GETFL);
-            if (fl < 0 || fcntl(q->fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
-                rc = err_sys(err, "QMP %s: fcntl", v->qmp_sock);
-                goto fail;
-            }
-            break;
-        }
-        int e = errno;
-        close(q->fd);
-        q->fd = -1;
-        if (e == EAGAIN && mono_now() >= busy_deadline) {
-            rc = vmsnap_err_set(err, ETIMEDOUT,
-                                "QMP %s: QEMU accepted no connection in %.0f s (hung, or busy "
-                                "with other clients)",
-                                v->qmp_sock, q->timeout);
-            goto fail;
-        }
-        if (e != EAGAIN && (mono_now() >= deadline || (e != ENOENT && e != ECONNREFUSED))) {
-            rc = err_code(err, e, "QMP connect %s", v->qmp_sock);
-            goto fail;
-        }
-        sys_sleep_ms(20);
-    }
-    char *line;
-    rc = qmp_readline(q, mono_now() + q->timeout, &line, err); /* greeting */
-    if (rc < 0)
-        goto fail;
-    if (!strstr(line, "\"QMP\"")) {
-        rc = vmsnap_err_set(err, EPROTO, "QMP %s: unexpected greeting '%.80s'", v->qmp_sock, line);
-        goto fail;
-    }
-    rc = qmp_exec(q, "qmp_capabilities", NULL, NULL, err);
-    if (rc < 0)
-        goto fail;
-    return 0;
-fail:
-    qmp_close(q);
-    return rc;
-}
-
-/* One command on a fresh connection. */
-static int qmp_once(struct vmsnap_vmm *v, const char *cmd, json_object *args, json_object **ret,
-                    struct vmsnap_err *err)
-{
-    struct qmp q;
-    int rc = qmp_open(v, &q, 2.0, err);
-    if (rc < 0)
-        return rc;
-    rc = qmp_exec(&q, cmd, args, ret, err);
-    qmp_close(&q);
-    return rc;
 }
 
 /* ---- process ---- */
@@ -543,51 +257,96 @@ static int cloexec_from_3(void)
     return 0;
 }
 
-static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err)
-{
-    pid_t old = read_pid(v);
-    if (pid_is_ours(v, old))
-        return vmsnap_err_set(err, EBUSY, "VM in %s already has a QEMU process (pid %d)",
-                              v->run_dir, (int)old);
+/* A start of QEMU: its command line and environment, built before fork (no allocation in the
+ * child). */
+struct spawn {
     char *argv[ARGV_MAX];
+    char *pool;  /* the strings of argv */
+    char **envp; /* the caller's environment that QEMU gets (env_for_qemu) */
+};
+
+static void spawn_free(struct spawn *sp)
+{
+    free(sp->pool);
+    free(sp->envp);
+}
+
+static int spawn_prepare(struct vmsnap_vmm *v, bool incoming, struct spawn *sp,
+                         struct vmsnap_err *err)
+{
     size_t pool_len = 64 << 10;
-    char *pool = malloc(pool_len);
-    if (!pool)
+    sp->pool = malloc(pool_len);
+    if (!sp->pool)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
-    int rc = build_argv(v, incoming, argv, pool, pool_len, err);
-    if (rc < 0) {
-        free(pool);
+    int rc = build_argv(v, incoming, sp->argv, sp->pool, pool_len, err);
+    if (rc < 0)
         return rc;
-    }
     /* its environment, built before fork (no allocation in the child) */
     size_t nenv = 0;
     for (char **e = environ; *e; e++)
         nenv++;
-    char **envp = calloc(nenv + 1, sizeof(*envp));
-    if (!envp) {
-        free(pool);
+    sp->envp = calloc(nenv + 1, sizeof(*sp->envp));
+    if (!sp->envp)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
-    }
     nenv = 0;
     for (char **e = environ; *e; e++)
         if (env_for_qemu(*e))
-            envp[nenv++] = *e;
+            sp->envp[nenv++] = *e;
+    return 0;
+}
+
+/* The intermediate child of the double fork: its own session and default signals, it forks
+ * QEMU, sends its pid over `wfd` and exits; QEMU execs, or sends its exec errno. */
+static __attribute__((noreturn)) void spawn_child(const struct spawn *sp, int logfd, int wfd)
+{
+    /* QEMU gets the default signal mask and actions (the caller's may block SIGTERM, as
+     * the CLI does to handle it on a thread: QEMU would not stop on it). A signal sent to
+     * the caller's process group before setsid() is pending here: discarded (ignored, then
+     * default), or it would kill this child and the start would fail for no reason. */
+    sigset_t none;
+    sigemptyset(&none);
+    if (setsid() < 0)
+        _exit(127);
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+        signal(sigs[i], SIG_IGN);
+        signal(sigs[i], SIG_DFL);
+    }
+    if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
+        _exit(127);
+    pid_t q = fork();
+    if (q != 0) {
+        int qp = (int)q;
+        _exit(q < 0 || write(wfd, &qp, sizeof(qp)) != (ssize_t)sizeof(qp) ? 127 : 0);
+    }
+    /* not close-on-exec: with the caller's stdin closed this is descriptor 0 itself (those
+     * above 2 are made close-on-exec below) */
+    int nul = open("/dev/null", O_RDWR);
+    if (nul < 0 || dup2(nul, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0 ||
+        cloexec_from_3() < 0)
+        _exit(127);
+    execvpe(sp->argv[0], sp->argv, sp->envp);
+    int e = errno;
+    if (write(wfd, &e, sizeof(e)) < 0)
+        _exit(127);
+    _exit(127);
+}
+
+/* Start QEMU in the background (its stale pid file and sockets removed, stderr appended to
+ * qemu.log); *qpid gets its pid. Fails when the fork or the exec does. */
+static int spawn_qemu(struct vmsnap_vmm *v, const struct spawn *sp, int *qpid,
+                      struct vmsnap_err *err)
+{
     unlink(v->pidfile);
     unlink(v->qmp_sock);
     unlink(v->con_sock);
-    int logfd = open(v->qemu_log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    if (logfd < 0) {
-        rc = err_sys(err, "open %s", v->qemu_log);
-        free(pool);
-        free(envp);
-        return rc;
-    }
+    int rc, logfd = open(v->qemu_log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (logfd < 0)
+        return err_sys(err, "open %s", v->qemu_log);
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) < 0) {
         rc = err_sys(err, "pipe");
         close(logfd);
-        free(pool);
-        free(envp);
         return rc;
     }
     /* Double fork: the intermediate child exits at once, so QEMU is reparented and nobody
@@ -598,82 +357,45 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
         close(pfd[0]);
         close(pfd[1]);
         close(logfd);
-        free(pool);
-        free(envp);
         return rc;
     }
-    if (mid == 0) {
-        /* QEMU gets the default signal mask and actions (the caller's may block SIGTERM, as
-         * the CLI does to handle it on a thread: QEMU would not stop on it). A signal sent to
-         * the caller's process group before setsid() is pending here: discarded (ignored, then
-         * default), or it would kill this child and the start would fail for no reason. */
-        sigset_t none;
-        sigemptyset(&none);
-        if (setsid() < 0)
-            _exit(127);
-        static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
-        for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
-            signal(sigs[i], SIG_IGN);
-            signal(sigs[i], SIG_DFL);
-        }
-        if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
-            _exit(127);
-        pid_t q = fork();
-        if (q != 0) {
-            int qp = (int)q;
-            _exit(q < 0 || write(pfd[1], &qp, sizeof(qp)) != (ssize_t)sizeof(qp) ? 127 : 0);
-        }
-        /* not close-on-exec: with the caller's stdin closed this is descriptor 0 itself (those
-         * above 2 are made close-on-exec below) */
-        int nul = open("/dev/null", O_RDWR);
-        if (nul < 0 || dup2(nul, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0 ||
-            cloexec_from_3() < 0)
-            _exit(127);
-        execvpe(argv[0], argv, envp);
-        int e = errno;
-        if (write(pfd[1], &e, sizeof(e)) < 0)
-            _exit(127);
-        _exit(127);
-    }
+    if (mid == 0)
+        spawn_child(sp, logfd, pfd[1]);
     close(pfd[1]);
     close(logfd);
     int st;
     while (waitpid(mid, &st, 0) < 0 && errno == EINTR)
         ;
     /* First the QEMU pid from the intermediate child, then an exec errno or end of file. */
-    int qpid = 0, e = 0;
+    int e = 0;
     ssize_t r;
-    while ((r = read(pfd[0], &qpid, sizeof(qpid))) < 0 && errno == EINTR)
+    while ((r = read(pfd[0], qpid, sizeof(*qpid))) < 0 && errno == EINTR)
         ;
-    if (r != (ssize_t)sizeof(qpid)) {
+    if (r != (ssize_t)sizeof(*qpid)) {
         close(pfd[0]);
-        free(pool);
-        free(envp);
-        return vmsnap_err_set(err, ECHILD, "start %s: fork failed", argv[0]);
+        return vmsnap_err_set(err, ECHILD, "start %s: fork failed", sp->argv[0]);
     }
     while ((r = read(pfd[0], &e, sizeof(e))) < 0 && errno == EINTR)
         ;
     close(pfd[0]);
-    if (r == (ssize_t)sizeof(e)) {
-        rc = err_code(err, e, "exec %s", argv[0]);
-        free(pool);
-        free(envp);
-        return rc;
-    }
-    free(pool);
-    free(envp);
-    /* Wait for the QMP socket; QEMU exiting first means a bad command line or asset. */
+    if (r == (ssize_t)sizeof(e))
+        return err_code(err, e, "exec %s", sp->argv[0]);
+    return 0;
+}
+
+/* Wait for the QMP socket; QEMU exiting first means a bad command line or asset. */
+static int wait_qmp(struct vmsnap_vmm *v, pid_t qpid, struct vmsnap_err *err)
+{
     double deadline = mono_now() + 30.0;
     struct qmp q;
     for (;;) {
         struct vmsnap_err e2;
-        rc = qmp_open(v, &q, 0.1, &e2);
-        if (rc == 0) {
+        if (qmp_open(v, &q, 0.1, &e2) == 0) {
             qmp_close(&q);
-            break;
+            return 0;
         }
-        if (!proc_alive((pid_t)qpid) || mono_now() > deadline) {
-            bool timeout = proc_alive((pid_t)qpid);
+        if (!proc_alive(qpid) || mono_now() > deadline) {
+            bool timeout = proc_alive(qpid);
             if (timeout)
                 qemu_stop(v, NULL);
             char tail[400];
@@ -693,6 +415,26 @@ static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err
         }
         sys_sleep_ms(20);
     }
+}
+
+/* Boot in phases: refuse a second QEMU, build its command line and environment, spawn it, wait
+ * until its QMP socket answers. */
+static int qemu_boot(struct vmsnap_vmm *v, bool incoming, struct vmsnap_err *err)
+{
+    pid_t old = read_pid(v);
+    if (pid_is_ours(v, old))
+        return vmsnap_err_set(err, EBUSY, "VM in %s already has a QEMU process (pid %d)",
+                              v->run_dir, (int)old);
+    struct spawn sp = {.pool = NULL};
+    int qpid = 0;
+    int rc = spawn_prepare(v, incoming, &sp, err);
+    if (rc == 0)
+        rc = spawn_qemu(v, &sp, &qpid, err);
+    spawn_free(&sp);
+    if (rc == 0)
+        rc = wait_qmp(v, (pid_t)qpid, err);
+    if (rc < 0)
+        return rc;
     vlog(VMSNAP_LOG_DEBUG, "QEMU started for %s (pid %d, accel %s)", v->run_dir, (int)read_pid(v),
          v->accel);
     return 0;

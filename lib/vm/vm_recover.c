@@ -1,0 +1,211 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Crash recovery: what a pause or suspend killed or failed after QEMU stopped left, completed
+ * (a taken state made a checkpoint, a torn swap finished or undone), or refused with the reason. */
+#include "vm_int.h"
+
+#include "sys/sys.h"
+#include "util/util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/*
+ * A pause or suspend killed between stopping QEMU and completing its checkpoint in `dir`
+ * (checkpoint.new, or the stage): the device state and config are there (TAKING_MARK, this
+ * boot), the RAM is still the VM's RAM file (or already renamed into `dir`), the disk is the live
+ * disk. Redo the rest (RAM into the directory, disk, base-id, COMPLETE_MARK), so the directory is
+ * the snapshot it was meant to be. The caller holds the lock and found no QEMU.
+ */
+static void finish_taken(struct vmctx *c, const char *dir, bool link_disk)
+{
+    char p[PATH_LEN];
+    if (!vm_exists(dir) || !vm_mark_this_boot(dir, TAKING_MARK) ||
+        vm_mark_this_boot(dir, COMPLETE_MARK))
+        return;
+    json_object *ck = NULL;
+    struct vmsnap_err e = {0};
+    if (vm_pjoin(p, dir, "config.json", NULL) < 0 || vm_cfg_load(p, &ck, NULL) < 0 ||
+        vm_pjoin(p, dir, "state", NULL) < 0 || !vm_exists(p)) {
+        json_object_put(ck);
+        return;
+    }
+    int rc = vm_pjoin(p, dir, "memory-ranges", &e);
+    bool ris = false;
+    if (rc == 0 && (vm_cfg_bool(ck, "ram_in_state") || vm_exists(c->ram)))
+        rc = vm_ckpt_ram(c, ck, p, &ris, &e); /* again from the RAM file: a copy may be torn */
+    else if (rc == 0 && !vm_exists(p))
+        rc = vmsnap_err_set(&e, ENOENT, "neither %s nor %s exists", c->ram, p);
+    if (rc == 0 && !vm_exists(c->disk))
+        rc = vmsnap_err_set(&e, ENOENT, "%s is gone", c->disk);
+    if (rc == 0 && vm_pjoin(p, dir, DISK_CKPT, &e) == 0)
+        unlink(p);
+    if (rc == 0)
+        rc = vm_ckpt_meta(c, ck, dir, link_disk, &e);
+    if (rc == 0)
+        vlog(VMSNAP_LOG_WARN,
+             "VM '%s': completed the checkpoint in %s that an interrupted pause or suspend left "
+             "(generation %lld)",
+             c->name, dir, (long long)vm_cfg_int(ck, "generation"));
+    else {
+        vlog(VMSNAP_LOG_ERROR,
+             "VM '%s': %s holds the state of an interrupted pause or suspend that cannot be "
+             "completed: %s",
+             c->name, dir, e.msg);
+        c->rerr = e;
+    }
+    json_object_put(ck);
+}
+
+/* The record after a recovered checkpoint: its generation, the status it would have had. */
+static void record_recovered(struct vmctx *c, const char *dir, const char *status)
+{
+    char p[PATH_LEN];
+    json_object *rec = NULL, *ck = NULL;
+    if (vm_cfg_load(c->cfgpath, &rec, NULL) == 0 && vm_pjoin(p, dir, "config.json", NULL) == 0 &&
+        vm_cfg_load(p, &ck, NULL) == 0) {
+        json_object_object_add(rec, "generation",
+                               json_object_new_int64(vm_cfg_int(ck, "generation")));
+        vm_cfg_set_str(rec, "status", status);
+        vm_cfg_save(c->cfgpath, rec, NULL);
+    }
+    json_object_put(rec);
+    json_object_put(ck);
+}
+
+/* checkpoint.new (`newdir`) is a later checkpoint of the VM than its checkpoint (or it has
+ * none): same lineage, higher generation. *nc_out (if not NULL) gets its config, which the
+ * caller puts; NULL when it cannot be read. */
+static bool newer_than_ckpt(const struct vmctx *c, const char *newdir, json_object **nc_out)
+{
+    char p[PATH_LEN];
+    json_object *nc = NULL, *oc = NULL;
+    if (vm_pjoin(p, newdir, "config.json", NULL) < 0 || vm_cfg_load(p, &nc, NULL) < 0)
+        return false;
+    if (vm_exists(c->ckpt) && vm_pjoin(p, c->ckpt, "config.json", NULL) == 0)
+        vm_cfg_load(p, &oc, NULL);
+    const char *nb = vm_cfg_str(nc, "base_id"), *ob = oc ? vm_cfg_str(oc, "base_id") : NULL;
+    bool newer = !oc || (nb && ob && !strcmp(nb, ob) &&
+                         vm_cfg_int(nc, "generation") > vm_cfg_int(oc, "generation"));
+    json_object_put(oc);
+    if (nc_out)
+        *nc_out = nc;
+    else
+        json_object_put(nc);
+    return newer;
+}
+
+/* A pause killed after its checkpoint was complete and QEMU stopped, but before the swap:
+ * checkpoint.new is the VM's latest state, newer than the checkpoint. Finish the swap (the
+ * caller holds the lock and found no QEMU). Anything else there is a torn attempt: left for the
+ * next checkpoint to replace.
+ *
+ * No checkpoint but a checkpoint.old: the process, or the host, died between vm_swap_checkpoint's
+ * two renames. It renames the checkpoint away only after every file of checkpoint.new is on
+ * disk, so checkpoint.new is the VM's newest state then, even when another boot wrote it (after
+ * a host crash, the only case vm_complete_this_boot() cannot vouch for). Without a complete
+ * checkpoint.new, checkpoint.old goes back: a VM never loses its checkpoint to a torn swap. */
+static void recover_new_checkpoint(struct vmctx *c)
+{
+    char newdir[PATH_LEN], old[PATH_LEN], p[PATH_LEN];
+    if (vm_pcat(newdir, c->ckpt, ".new") < 0 || vm_pcat(old, c->ckpt, ".old") < 0)
+        return;
+    bool torn = !vm_exists(c->ckpt) && vm_exists(old);
+    if (vm_exists(newdir))
+        finish_taken(c, newdir, true);
+    bool whole = vm_exists(newdir) && (vm_complete_this_boot(newdir) ||
+                                       (torn && vm_pjoin(p, newdir, COMPLETE_MARK, NULL) == 0 &&
+                                        vm_exists(p) && !vm_snapshot_missing(newdir)));
+    json_object *nc = NULL;
+    bool newer = whole && newer_than_ckpt(c, newdir, &nc);
+    if (!whole || !nc) { /* (a config that cannot be read: not the VM's newest state either) */
+        if (torn && rename(old, c->ckpt) == 0) {
+            sys_fsync_parent(c->ckpt, NULL);
+            vlog(VMSNAP_LOG_WARN,
+                 "VM '%s': put %s back as its checkpoint (a checkpoint swap was interrupted)",
+                 c->name, old);
+        } else if (torn) {
+            vlog(VMSNAP_LOG_ERROR, "VM '%s': cannot put %s back as its checkpoint: %s", c->name,
+                 old, strerror(errno));
+        }
+        json_object_put(nc);
+        return;
+    }
+    struct vmsnap_err e = {0};
+    int src = -1;
+    if (torn) {
+        /* the swap's second rename, then the old one goes: vm_swap_checkpoint would remove
+         * checkpoint.old first, the only fallback while the rename has not happened */
+        if (rename(newdir, c->ckpt) == 0) {
+            sys_fsync_parent(c->ckpt, NULL);
+            vm_rm_rf(old);
+            src = 0;
+        } else {
+            err_sys(&e, "rename %s to %s", newdir, c->ckpt);
+        }
+    } else if (newer) {
+        src = vm_swap_checkpoint(c, newdir, &e);
+    }
+    if (src == 0) {
+        vlog(VMSNAP_LOG_WARN,
+             "VM '%s': completed a checkpoint whose pause was interrupted (generation %lld)",
+             c->name, (long long)vm_cfg_int(nc, "generation"));
+        /* as finish_local would have: the checkpoint holds the disk and the RAM now */
+        unlink(c->disk);
+        if (!vm_cfg_bool(nc, "ram_in_state"))
+            unlink(c->ram);
+        vm_rm_rf(c->ondemand);
+        record_recovered(c, c->ckpt, "paused");
+    } else if (newer || torn) {
+        vlog(VMSNAP_LOG_ERROR, "VM '%s': cannot complete the interrupted checkpoint %s: %s",
+             c->name, newdir, e.msg);
+        c->rerr = e;
+    }
+    json_object_put(nc);
+}
+
+/* The directory (checkpoint.new or the stage) holding the state a pause or suspend of this boot
+ * took whose checkpoint is not complete, or a complete checkpoint.new newer than the checkpoint
+ * and not swapped in (after vm_recover_interrupted: it could not), with the RAM file the VM's
+ * newest state. Nothing may replace that RAM file or resume an older checkpoint over it. NULL
+ * when there is none (`buf` holds the path otherwise). */
+const char *vm_taken_pending(const struct vmctx *c, char *buf)
+{
+    if (vm_pcat(buf, c->ckpt, ".new") == 0 && vm_exists(buf) &&
+        vm_mark_this_boot(buf, TAKING_MARK) &&
+        (!vm_mark_this_boot(buf, COMPLETE_MARK) || newer_than_ckpt(c, buf, NULL)))
+        return buf;
+    if (vm_stage_ok(c) && vm_mark_this_boot(c->stage, TAKING_MARK) &&
+        !vm_mark_this_boot(c->stage, COMPLETE_MARK))
+        return strcpy(buf, c->stage);
+    return NULL;
+}
+
+/* Everything a killed or failed pause or suspend may have left, completed (the caller holds the
+ * lock and found no QEMU): checkpoint.new swapped in when newer, a taken stage made a marked
+ * snapshot. Returns what could not be (vm_taken_pending, path in `pend`), or NULL. */
+const char *vm_recover_interrupted(struct vmctx *c, char *pend)
+{
+    recover_new_checkpoint(c);
+    if (vm_stage_ok(c) && !vm_stage_unsaved(c)) {
+        finish_taken(c, c->stage, false);
+        if (vm_mark_this_boot(c->stage, COMPLETE_MARK) && !vm_snapshot_missing(c->stage) &&
+            vm_mark_unsaved(c, NULL) == 0)
+            record_recovered(c, c->stage, "stopped");
+    }
+    return vm_taken_pending(c, pend);
+}
+
+/* The error for a command that would go past a vm_taken_pending() directory. */
+int vm_pending_error(const struct vmctx *c, const char *dir, const char *what,
+                     struct vmsnap_err *err)
+{
+    return vmsnap_err_set(err, EBUSY,
+                          "VM '%s': the state its last pause or suspend took is in %s, but its "
+                          "checkpoint could not be completed (%s); fix that and run 'vmsnap vm "
+                          "resume %s', which completes it first%s",
+                          c->name, dir, c->rerr.code ? c->rerr.msg : "see the log above", c->name,
+                          what);
+}

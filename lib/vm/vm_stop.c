@@ -1,0 +1,78 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* vm stop: the VM's QEMU stopped and its RAM file freed, or (--rm) its whole record removed. */
+#include "vm_int.h"
+
+#include "util/util.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove,
+                   struct vmsnap_err *err)
+{
+    struct vmctx c;
+    json_object *cfg = NULL;
+    struct vmsnap_vmm *v = NULL;
+    int rc = vm_ctx_init(&c, o, name, err);
+    if (rc == 0)
+        rc = vm_load(&c, &cfg, err);
+    struct stat rs, cs;
+    if (rc == 0 && remove && vm_cfg_bool(cfg, "ram_shared") && vm_cfg_str(cfg, "ram_path") &&
+        lstat(vm_cfg_str(cfg, "ram_path"), &rs) == 0 &&
+        !(stat(c.ram, &cs) == 0 && cs.st_dev == rs.st_dev && cs.st_ino == rs.st_ino))
+        /* --rm would drop the record that says where the RAM file is, and leave the file
+         * (tmpfs: memory) for good; a VM without one (paused, suspended) has nothing there */
+        rc = vmsnap_err_set(err, EINVAL,
+                            "VM '%s' keeps its RAM in %s, not %s: give the --ram-dir "
+                            "(VMSNAP_RAM_DIR) it was started with, so that --rm removes it",
+                            name, vm_cfg_str(cfg, "ram_path"), c.ram);
+    if (rc == 0)
+        rc = vm_vmm_from_cfg(&c, cfg, &v, err);
+    if (rc == 0)
+        rc = vmsnap_vmm_stop(v, err);
+    char pend[PATH_LEN];
+    bool pending = false;
+    if (rc == 0 && !remove) /* before the RAM file goes: it may be the newest state */
+        pending = vm_recover_interrupted(&c, pend) != NULL;
+    if (rc == 0) {
+        /* the RAM file is always the one this VM's name gives (c.ram): a record naming
+         * another path is not followed (an on-demand VM maps its image from its directory) */
+        const char *rec = vm_cfg_str(cfg, "ram_path");
+        if (vm_cfg_bool(cfg, "ram_shared") && rec && !vm_same_path(rec, c.ram))
+            vlog(VMSNAP_LOG_WARN,
+                 "VM '%s': its record names %s as its RAM; not removed (give the --ram-dir it "
+                 "was started with)",
+                 name, rec);
+        if (pending) { /* the RAM file, and the stage if that is where the state is, stay */
+            vlog(VMSNAP_LOG_WARN,
+                 "VM '%s': keeping %s and %s, the state of a pause or suspend whose checkpoint "
+                 "could not be completed (%s): 'vmsnap vm resume %s' completes it once that is "
+                 "fixed",
+                 name, pend, c.ram, c.rerr.code ? c.rerr.msg : "see above", name);
+        } else {
+            unlink(c.ram);
+            if (remove || !vm_stage_unsaved(&c))
+                vm_unstage(&c);
+            else
+                vlog(VMSNAP_LOG_WARN, "VM '%s': keeping %s, the only copy of its last snapshot",
+                     name, c.stage);
+        }
+        const char *s = vm_cfg_str(cfg, "status");
+        if (vm_status_live(s)) {
+            vm_cfg_set_str(cfg, "status", "stopped");
+            rc = vm_cfg_save(c.cfgpath, cfg, err);
+        }
+        if (remove) {
+            int r = vm_rm_rf(c.vmdir);
+            rc = r < 0 ? err_code(err, -r, "remove %s", c.vmdir) : 0;
+        }
+    }
+    if (rc < 0)
+        vmsnap_err_wrap(err, "vm stop %s: ", name);
+    vmsnap_vmm_free(v);
+    json_object_put(cfg);
+    vm_ctx_fini(&c);
+    return rc;
+}
