@@ -43,7 +43,7 @@ extern const struct vmm_driver vmm_qemu_driver;
  * and desc. `what` names the command in messages. */
 int qmp_parse_reply(const char *line, const char *what, json_object **ret, struct vmsnap_err *err);
 
-/* Map a query-status "status" string to a state. */
+/* Map a query-status "status" string (NULL: not a string) to a state. */
 enum vmsnap_vmm_state qmp_status_state(const char *status);
 
 /* Double every ',' of `s` into `out` (QEMU option values); -ENAMETOOLONG if it does not fit. */

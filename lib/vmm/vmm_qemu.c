@@ -66,6 +66,8 @@ int qemu_opt_escape(const char *s, char *out, size_t len)
 
 enum vmsnap_vmm_state qmp_status_state(const char *status)
 {
+    if (!status) /* {"status": null}: json_object_get_string gives NULL */
+        return VMSNAP_VMM_OTHER;
     if (!strcmp(status, "running"))
         return VMSNAP_VMM_RUNNING;
     if (!strcmp(status, "paused") || !strcmp(status, "postmigrate") ||
