@@ -67,7 +67,7 @@ int cmd_inspect(int argc, char **argv);
 int cmd_cache(int argc, char **argv);
 int cmd_disk(int argc, char **argv);
 
-/* Transfer verbs (cli/cmd_push.c holds their shared option parser and summary line). */
+/* Transfer verbs (cli/xfer_opts.c holds their shared option parser and summary line). */
 struct vmsnap_xfer_opts;
 struct vmsnap_xfer_stats;
 int cmd_push(int argc, char **argv);
