@@ -85,8 +85,6 @@ struct xfer_flags {
     int64_t *older_than; /* gc --older-than DURATION, in seconds */
     bool *json;          /* push, pull, ls --json */
 };
-/* Parse the transfer options; returns the index of the first operand, -1 after a usage error
- * was printed, -2 for --help. */
 /* -q / -v given after the verb (each verb's getopt passes them here); the long forms go in
  * each verb's option table. */
 void cli_common_flag(int c);
@@ -95,14 +93,30 @@ void cli_common_flag(int c);
     {                                                                                              \
         "verbose", no_argument, NULL, 'v'                                                          \
     }
-int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_opts *o,
-                    const struct xfer_flags *f);
 /* After a verb's own --help usage line: what `vmsnap help VERB` says of it. */
 void cli_verb_description(const char *name);
-/* A URL operand of a transfer verb: "-" is a usage error (printed), -1. */
-int cmd_xfer_url(const char *verb, const char *url);
-void cmd_xfer_summary(const char *verb, const struct vmsnap_xfer_stats *st, double wall);
-/* The same as one JSON object on stdout (push/pull --json). */
-void cmd_xfer_json(const char *src, const char *dst, const struct vmsnap_xfer_stats *st,
-                   double wall);
+
+/* The command line of a transfer verb. */
+struct xfer_verb {
+    const char *name;  /* "push" */
+    const char *usage; /* what --help prints before the verb's description */
+    int operands;      /* how many it takes */
+    const char *want;  /* the usage error when they are not that many: "expected PATH and URL" */
+    int url;           /* which of them is the URL ("-" is refused) */
+};
+/* Parse a transfer verb's options (into o and the verb's own flags f), --help, its operands.
+ * Returns the index of the first operand, or -1 with *rc the exit code (EXIT_OK after --help,
+ * EXIT_USAGE after a usage error it printed). */
+int cmd_xfer_args(const struct xfer_verb *v, int argc, char **argv, struct vmsnap_xfer_opts *o,
+                  const struct xfer_flags *f, int *rc);
+/* After the library call `rc`: the store's global state released, a failure printed (EXIT_FAIL),
+ * else EXIT_OK. */
+int cmd_xfer_end(const char *verb, int rc, const struct vmsnap_err *err);
+/* push and pull: `fn` from `from` to `to` with the progress line, then the summary line on
+ * stderr, or with `json` the same as one JSON object on stdout. Returns the exit code. */
+typedef int (*cmd_xfer_copy_fn)(const char *from, const char *to,
+                                const struct vmsnap_xfer_opts *opts,
+                                struct vmsnap_xfer_stats *stats, struct vmsnap_err *err);
+int cmd_xfer_copy(const char *verb, cmd_xfer_copy_fn fn, const char *from, const char *to,
+                  struct vmsnap_xfer_opts *o, bool json);
 #endif

@@ -11,37 +11,34 @@
 #include <string.h>
 #include <sys/resource.h>
 
-int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_opts *o,
-                    const struct xfer_flags *f)
+static const struct option lopts[] = {
+    {"connections", required_argument, NULL, 'j'},
+    {"part-size", required_argument, NULL, 'p'},
+    {"max-memory", required_argument, NULL, 'm'},
+    {"threads", required_argument, NULL, 't'},
+    {"frame-size", required_argument, NULL, 'f'},
+    {"level", required_argument, NULL, 'l'},
+    {"max-size", required_argument, NULL, 's'},
+    {"no-fsync", no_argument, NULL, 'n'},
+    {"endpoint", required_argument, NULL, 'e'},
+    {"region", required_argument, NULL, 'r'},
+    {"path-style", no_argument, NULL, 'P'},
+    {"retries", required_argument, NULL, 'R'},
+    {"force", no_argument, NULL, 'F'},
+    {"drop-cache", no_argument, NULL, 'D'},
+    {"json", no_argument, NULL, 'J'},
+    {"base", required_argument, NULL, 'B'},
+    {"dry-run", no_argument, NULL, 'N'},
+    {"older-than", required_argument, NULL, 'O'},
+    {"help", no_argument, NULL, 'h'},
+    CLI_COMMON_LONGOPTS,
+    {0, 0, 0, 0},
+};
+
+/* Options that mean something to some of the verbs only: refused elsewhere rather than silently
+ * ignored (pull --level 9 would look as if it did something). 0, or -1 after the usage error. */
+static int for_this_verb(const char *verb, int c)
 {
-    static const struct xfer_flags none;
-    if (!f)
-        f = &none;
-    static const struct option lopts[] = {
-        {"connections", required_argument, NULL, 'j'},
-        {"part-size", required_argument, NULL, 'p'},
-        {"max-memory", required_argument, NULL, 'm'},
-        {"threads", required_argument, NULL, 't'},
-        {"frame-size", required_argument, NULL, 'f'},
-        {"level", required_argument, NULL, 'l'},
-        {"max-size", required_argument, NULL, 's'},
-        {"no-fsync", no_argument, NULL, 'n'},
-        {"endpoint", required_argument, NULL, 'e'},
-        {"region", required_argument, NULL, 'r'},
-        {"path-style", no_argument, NULL, 'P'},
-        {"retries", required_argument, NULL, 'R'},
-        {"force", no_argument, NULL, 'F'},
-        {"drop-cache", no_argument, NULL, 'D'},
-        {"json", no_argument, NULL, 'J'},
-        {"base", required_argument, NULL, 'B'},
-        {"dry-run", no_argument, NULL, 'N'},
-        {"older-than", required_argument, NULL, 'O'},
-        {"help", no_argument, NULL, 'h'},
-        CLI_COMMON_LONGOPTS,
-        {0, 0, 0, 0},
-    };
-    /* options that mean something to some of the verbs only: refused elsewhere rather than
-     * silently ignored (pull --level 9 would look as if it did something) */
     static const struct {
         int c;
         const char *verbs, *name, *who;
@@ -54,122 +51,154 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
         {'l', " push ", "--level", "push"},
         {'n', " pull ", "--no-fsync", "pull"},
     };
-    unsigned long v;
-    int c;
-    optind = 1;
     char w[16]; /* " verb ", as only[].verbs lists them */
     snprintf(w, sizeof(w), " %s ", verb);
-    while ((c = getopt_long(argc, argv, "j:hqv", lopts, NULL)) != -1) {
-        for (size_t k = 0; k < sizeof(only) / sizeof(only[0]); k++) {
-            if (only[k].c == c && !strstr(only[k].verbs, w))
-                return cli_usage(verb, "%s is an option of %s only (%s does not use it)",
-                                 only[k].name, only[k].who, verb),
-                       -1;
-        }
-        switch (c) {
-        case 'q':
-        case 'v':
-            cli_common_flag(c);
-            break;
-        case 'j':
-            if (cli_parse_uint(optarg, 1, 256, &v) < 0)
-                return cli_usage(verb, "-j wants a connection count from 1 to 256, not '%s'",
-                                 optarg),
-                       -1;
-            o->connections = (unsigned)v;
-            break;
-        case 'p':
-        case 'm':
-        case 'f':
-        case 's': {
-            uint64_t sz;
-            if (cli_parse_size(optarg, &sz) < 0 || sz == 0)
-                return cli_usage(verb, "%s wants a size like 16M, not '%s'",
-                                 c == 'p'   ? "--part-size"
-                                 : c == 'm' ? "--max-memory"
-                                 : c == 'f' ? "--frame-size"
-                                            : "--max-size",
-                                 optarg),
-                       -1;
-            if (c == 'p')
-                o->part_size = sz;
-            else if (c == 'm')
-                o->max_memory = sz;
-            else if (c == 'f')
-                o->frame_size = sz;
-            else
-                o->max_size = sz;
-            break;
-        }
-        case 't':
-            if (cli_parse_uint(optarg, 1, 256, &v) < 0)
-                return cli_usage(verb, "--threads wants 1 to 256, not '%s'", optarg), -1;
-            o->threads = (unsigned)v;
-            break;
-        case 'l':
-            if (cli_parse_uint(optarg, 1, 22, &v) < 0)
-                return cli_usage(verb, "--level wants a zstd level from 1 to 22, not '%s'", optarg),
-                       -1;
-            o->level = (int)v;
-            break;
-        case 'R':
-            if (cli_parse_uint(optarg, 0, 100, &v) < 0)
-                return cli_usage(verb, "--retries wants 0 to 100, not '%s'", optarg), -1;
-            o->store.max_attempts = (unsigned)v + 1;
-            break;
-        case 'n':
-            o->no_fsync = true;
-            break;
-        case 'e':
-            o->store.endpoint = optarg;
-            break;
-        case 'r':
-            o->store.region = optarg;
-            break;
-        case 'P':
-            o->store.path_style = true;
-            break;
-        case 'F':
-            if (!f->force)
-                return cli_usage(verb, "--force is an option of rm only"), -1;
-            *f->force = true;
-            break;
-        case 'N':
-            if (!f->dry_run)
-                return cli_usage(verb, "--dry-run is an option of gc only"), -1;
-            *f->dry_run = true;
-            break;
-        case 'O':
-            if (!f->older_than)
-                return cli_usage(verb, "--older-than is an option of gc only"), -1;
-            if (cli_parse_duration(optarg, f->older_than) < 0)
-                return cli_usage(verb,
-                                 "--older-than wants a duration like 90s, 30m, 2h or 7d (0: "
-                                 "every upload), not '%s'",
-                                 optarg),
-                       -1;
-            break;
-        case 'B':
-            if (strcmp(verb, "push"))
-                return cli_usage(verb, "--base is an option of push only"), -1;
-            o->base = optarg;
-            break;
-        case 'J':
-            if (!f->json)
-                return cli_usage(verb, "--json is an option of push, pull and ls only"), -1;
-            *f->json = true;
-            break;
-        case 'D':
-            if (!f->drop_cache)
-                return cli_usage(verb, "--drop-cache is an option of pull only"), -1;
-            *f->drop_cache = true;
-            break;
-        case 'h':
-            return -2;
-        default:
-            return cli_usage(verb, "bad option"), -1;
-        }
+    for (size_t k = 0; k < sizeof(only) / sizeof(only[0]); k++)
+        if (only[k].c == c && !strstr(only[k].verbs, w))
+            return cli_usage(verb, "%s is an option of %s only (%s does not use it)", only[k].name,
+                             only[k].who, verb),
+                   -1;
+    return 0;
+}
+
+/* -j, --threads, --level, --retries: a count in a range. */
+static int count_opt(const char *verb, int c, struct vmsnap_xfer_opts *o)
+{
+    static const struct {
+        int c;
+        unsigned long lo, hi;
+        const char *want;
+    } counts[] = {
+        {'j', 1, 256, "-j wants a connection count from 1 to 256"},
+        {'t', 1, 256, "--threads wants 1 to 256"},
+        {'l', 1, 22, "--level wants a zstd level from 1 to 22"},
+        {'R', 0, 100, "--retries wants 0 to 100"},
+    };
+    size_t k = 0;
+    while (counts[k].c != c)
+        k++;
+    unsigned long v;
+    if (cli_parse_uint(optarg, counts[k].lo, counts[k].hi, &v) < 0)
+        return cli_usage(verb, "%s, not '%s'", counts[k].want, optarg), -1;
+    if (c == 'j')
+        o->connections = (unsigned)v;
+    else if (c == 't')
+        o->threads = (unsigned)v;
+    else if (c == 'l')
+        o->level = (int)v;
+    else
+        o->store.max_attempts = (unsigned)v + 1;
+    return 0;
+}
+
+/* --part-size, --max-memory, --frame-size, --max-size: a size above 0. */
+static int size_opt(const char *verb, int c, struct vmsnap_xfer_opts *o)
+{
+    uint64_t sz;
+    if (cli_parse_size(optarg, &sz) < 0 || sz == 0)
+        return cli_usage(verb, "%s wants a size like 16M, not '%s'",
+                         c == 'p'   ? "--part-size"
+                         : c == 'm' ? "--max-memory"
+                         : c == 'f' ? "--frame-size"
+                                    : "--max-size",
+                         optarg),
+               -1;
+    if (c == 'p')
+        o->part_size = sz;
+    else if (c == 'm')
+        o->max_memory = sz;
+    else if (c == 'f')
+        o->frame_size = sz;
+    else
+        o->max_size = sz;
+    return 0;
+}
+
+/* The options of one verb only, kept in `f` (or o->base); -1 after the usage error. */
+static int verb_flag(const char *verb, int c, struct vmsnap_xfer_opts *o,
+                     const struct xfer_flags *f)
+{
+    switch (c) {
+    case 'F':
+        if (!f->force)
+            return cli_usage(verb, "--force is an option of rm only"), -1;
+        *f->force = true;
+        return 0;
+    case 'N':
+        if (!f->dry_run)
+            return cli_usage(verb, "--dry-run is an option of gc only"), -1;
+        *f->dry_run = true;
+        return 0;
+    case 'O':
+        if (!f->older_than)
+            return cli_usage(verb, "--older-than is an option of gc only"), -1;
+        if (cli_parse_duration(optarg, f->older_than) < 0)
+            return cli_usage(verb,
+                             "--older-than wants a duration like 90s, 30m, 2h or 7d (0: "
+                             "every upload), not '%s'",
+                             optarg),
+                   -1;
+        return 0;
+    case 'B':
+        if (strcmp(verb, "push"))
+            return cli_usage(verb, "--base is an option of push only"), -1;
+        o->base = optarg;
+        return 0;
+    case 'J':
+        if (!f->json)
+            return cli_usage(verb, "--json is an option of push, pull and ls only"), -1;
+        *f->json = true;
+        return 0;
+    case 'D':
+        if (!f->drop_cache)
+            return cli_usage(verb, "--drop-cache is an option of pull only"), -1;
+        *f->drop_cache = true;
+        return 0;
+    default:
+        return cli_usage(verb, "bad option"), -1;
     }
+}
+
+/* One option: 0, -1 after a usage error, -2 for --help. */
+static int one_opt(const char *verb, int c, struct vmsnap_xfer_opts *o, const struct xfer_flags *f)
+{
+    switch (c) {
+    case 'q':
+    case 'v':
+        cli_common_flag(c);
+        return 0;
+    case 'j':
+    case 't':
+    case 'l':
+    case 'R':
+        return count_opt(verb, c, o);
+    case 'p':
+    case 'm':
+    case 'f':
+    case 's':
+        return size_opt(verb, c, o);
+    case 'n':
+        o->no_fsync = true;
+        return 0;
+    case 'e':
+        o->store.endpoint = optarg;
+        return 0;
+    case 'r':
+        o->store.region = optarg;
+        return 0;
+    case 'P':
+        o->store.path_style = true;
+        return 0;
+    case 'h':
+        return -2;
+    default:
+        return verb_flag(verb, c, o, f);
+    }
+}
+
+/* What the options say together; -1 after a usage error. */
+static int check_opts(const char *verb, const struct vmsnap_xfer_opts *o)
+{
     /* a budget under one part cannot hold the part being filled: it was accepted and not kept
      * (--max-memory 1M peaked at 120 MB) */
     if (!strcmp(verb, "push") && o->max_memory &&
@@ -181,10 +210,31 @@ int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_
     struct vmsnap_err perr = {0};
     if (vmsnap_image_check_pack_opts(&po, &perr) < 0) /* a usage error, as pack says it */
         return cli_usage(verb, "%s", perr.msg), -1;
-    return optind;
+    return 0;
 }
 
-int cmd_xfer_url(const char *verb, const char *url)
+/* Parse the transfer options; returns the index of the first operand, -1 after a usage error
+ * was printed, -2 for --help. */
+static int xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_opts *o,
+                       const struct xfer_flags *f)
+{
+    static const struct xfer_flags none;
+    if (!f)
+        f = &none;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "j:hqv", lopts, NULL)) != -1) {
+        int rc = for_this_verb(verb, c);
+        if (rc == 0)
+            rc = one_opt(verb, c, o, f);
+        if (rc < 0)
+            return rc;
+    }
+    return check_opts(verb, o) < 0 ? -1 : optind;
+}
+
+/* A URL operand: "-" is a usage error (printed), -1. */
+static int url_operand(const char *verb, const char *url)
 {
     if (strcmp(url, "-"))
         return 0;
@@ -193,7 +243,7 @@ int cmd_xfer_url(const char *verb, const char *url)
     return -1;
 }
 
-double cmd_xfer_cpu(void)
+static double cpu_seconds(void)
 {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -201,7 +251,7 @@ double cmd_xfer_cpu(void)
            (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
 }
 
-void cmd_xfer_summary(const char *verb, const struct vmsnap_xfer_stats *st, double wall)
+static void summary(const char *verb, const struct vmsnap_xfer_stats *st, double wall)
 {
     if (cli_quiet)
         return;
@@ -213,14 +263,15 @@ void cmd_xfer_summary(const char *verb, const struct vmsnap_xfer_stats *st, doub
             cli_bytes(a, sizeof(a), st->logical), cli_bytes(b, sizeof(b), st->populated),
             cli_bytes(c, sizeof(c), st->object_bytes), wall,
             cli_bytes(r, sizeof(r), wall > 0 ? (uint64_t)((double)st->object_bytes / wall) : 0),
-            cmd_xfer_cpu());
+            cpu_seconds());
     if (st->copied_bytes)
         fprintf(stderr, "%s: %s of the object bytes copied by the store from the base\n", verb,
                 cli_bytes(a, sizeof(a), st->copied_bytes));
 }
 
-void cmd_xfer_json(const char *src, const char *dst, const struct vmsnap_xfer_stats *st,
-                   double wall)
+/* The summary as one JSON object on stdout (push/pull --json). */
+static void summary_json(const char *src, const char *dst, const struct vmsnap_xfer_stats *st,
+                         double wall)
 {
     json_object *o = json_object_new_object();
     json_object_object_add(o, "source", json_object_new_string(src));
@@ -232,10 +283,63 @@ void cmd_xfer_json(const char *src, const char *dst, const struct vmsnap_xfer_st
     json_object_object_add(o, "copied_bytes", json_object_new_int64((int64_t)st->copied_bytes));
     char ws[32], cs[32];
     snprintf(ws, sizeof(ws), "%.3f", wall);
-    snprintf(cs, sizeof(cs), "%.3f", cmd_xfer_cpu());
+    snprintf(cs, sizeof(cs), "%.3f", cpu_seconds());
     json_object_object_add(o, "seconds", json_object_new_double_s(wall, ws));
     json_object_object_add(o, "cpu_seconds", json_object_new_double_s(atof(cs), cs));
     printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
                                                          JSON_C_TO_STRING_NOSLASHESCAPE));
     json_object_put(o);
+}
+
+int cmd_xfer_args(const struct xfer_verb *v, int argc, char **argv, struct vmsnap_xfer_opts *o,
+                  const struct xfer_flags *f, int *rc)
+{
+    int i = xfer_getopt(v->name, argc, argv, o, f);
+    *rc = EXIT_USAGE;
+    if (i == -2) {
+        fputs(v->usage, stdout);
+        cli_verb_description(v->name);
+        *rc = EXIT_OK;
+        return -1;
+    }
+    if (i < 0)
+        return -1;
+    if (argc - i != v->operands) {
+        cli_usage(v->name, "%s", v->want);
+        return -1;
+    }
+    if (url_operand(v->name, argv[i + v->url]) < 0)
+        return -1;
+    return i;
+}
+
+int cmd_xfer_end(const char *verb, int rc, const struct vmsnap_err *err)
+{
+    vmsnap_store_global_cleanup();
+    if (rc < 0) {
+        cli_error(verb, "%s", err->msg);
+        return EXIT_FAIL;
+    }
+    return EXIT_OK;
+}
+
+int cmd_xfer_copy(const char *verb, cmd_xfer_copy_fn fn, const char *from, const char *to,
+                  struct vmsnap_xfer_opts *o, bool json)
+{
+    struct cli_progress p;
+    cli_progress_init(&p, verb);
+    o->progress = cli_progress_cb;
+    o->progress_arg = &p;
+    struct vmsnap_xfer_stats st;
+    struct vmsnap_err err = {0};
+    double t0 = cli_now();
+    int rc = fn(from, to, o, &st, &err);
+    cli_progress_end(&p);
+    if (cmd_xfer_end(verb, rc, &err) != EXIT_OK)
+        return EXIT_FAIL;
+    if (json)
+        summary_json(from, to, &st, cli_now() - t0);
+    else
+        summary(verb, &st, cli_now() - t0);
+    return EXIT_OK;
 }
