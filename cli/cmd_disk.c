@@ -74,6 +74,34 @@ static int parse_attrs(char *rest, struct vmsnap_disk_entry *e)
     return 0;
 }
 
+/* --add SRC:DEST[:MODE[:UID:GID]] (c 'a') or --mkdir DEST[:MODE[:UID:GID]] into e (the argument
+ * is cut at its colons); 0, or the exit code of the usage error printed. */
+static int parse_entry(int c, char *arg, struct vmsnap_disk_entry *e)
+{
+    char given[4096]; /* arg is cut at its colons below; messages show it whole */
+    snprintf(given, sizeof(given), "%s", arg);
+    char *s = arg;
+    if (c == 'a') {
+        char *colon = strchr(s, ':');
+        if (!colon || colon == s || !colon[1])
+            return cli_usage("disk", "create: --add wants SRC:DEST[:MODE[:UID:GID]], got '%s'",
+                             arg);
+        *colon = '\0';
+        e->op = VMSNAP_DISK_ADD;
+        e->src = s;
+        s = colon + 1;
+    } else {
+        e->op = VMSNAP_DISK_MKDIR;
+    }
+    char *rest = strchr(s, ':');
+    if (rest)
+        *rest++ = '\0';
+    e->dest = s;
+    if (parse_attrs(rest, e) < 0)
+        return cli_usage("disk", "create: bad MODE[:UID:GID] in '%s' (octal mode, numbers)", given);
+    return 0;
+}
+
 static int disk_create(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -139,37 +167,11 @@ static int disk_create(int argc, char **argv)
             o.uuid = uuid;
             break;
         case 'a':
-        case 'm': {
-            struct vmsnap_disk_entry *e = &ents[n];
-            char given[4096]; /* optarg is cut at its colons below; messages show it whole */
-            snprintf(given, sizeof(given), "%s", optarg);
-            char *s = optarg;
-            if (c == 'a') {
-                char *colon = strchr(s, ':');
-                if (!colon || colon == s || !colon[1]) {
-                    rc = cli_usage(
-                        "disk", "create: --add wants SRC:DEST[:MODE[:UID:GID]], got '%s'", optarg);
-                    goto out;
-                }
-                *colon = '\0';
-                e->op = VMSNAP_DISK_ADD;
-                e->src = s;
-                s = colon + 1;
-            } else {
-                e->op = VMSNAP_DISK_MKDIR;
-            }
-            char *rest = strchr(s, ':');
-            if (rest)
-                *rest++ = '\0';
-            e->dest = s;
-            if (parse_attrs(rest, e) < 0) {
-                rc = cli_usage("disk", "create: bad MODE[:UID:GID] in '%s' (octal mode, numbers)",
-                               given);
+        case 'm':
+            if ((rc = parse_entry(c, optarg, &ents[n])) != 0)
                 goto out;
-            }
             n++;
             break;
-        }
         case 'd':
             o.from_dir = optarg;
             break;
