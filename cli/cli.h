@@ -24,6 +24,12 @@ struct cli_verb {
 extern bool cli_quiet;
 extern int cli_verbose;
 
+/* getopt_long (optind set to 1 before the first call) that takes -q and -v itself
+ * (cli_common_flag): the next other option, or -1. */
+struct option;
+int cli_getopt(int argc, char **argv, const char *shortopts, const struct option *lopts);
+/* CPU seconds (user and system) this process used so far. */
+double cli_cpu_seconds(void);
 /* Parse "64M", "4G", "4096", "1.5G" (powers of 1024). Returns 0 or -EINVAL. */
 int cli_parse_size(const char *s, uint64_t *out);
 /* Parse a non-negative integer within [lo, hi]. */
@@ -37,6 +43,8 @@ int cli_parse_duration(const char *s, int64_t *out);
 
 /* Print "vmsnap VERB: message" to stderr. */
 void cli_error(const char *verb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Print the library's error `err` as cli_error does; returns EXIT_FAIL. */
+int cli_fail(const char *verb, const struct vmsnap_err *err);
 /* Print a usage error (with the verb's synopsis) and return EXIT_USAGE. */
 int cli_usage(const char *verb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -92,12 +92,8 @@ static int cache_stat(int argc, char **argv)
     struct stat_out o = {.first = true};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "hqv", lopts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "hqv", lopts)) != -1) {
         switch (c) {
-        case 'q':
-        case 'v':
-            cli_common_flag(c);
-            break;
         case 'j':
             o.json = true;
             break;
@@ -213,12 +209,8 @@ static int evict_getopt(int argc, char **argv, struct evict_args *a, int *rc)
     }
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "hqv", lopts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "hqv", lopts)) != -1) {
         switch (c) {
-        case 'q':
-        case 'v':
-            cli_common_flag(c);
-            break;
         case 's':
             a->opts.staged = true;
             break;

@@ -129,12 +129,8 @@ static int disk_create(int argc, char **argv)
     size_t n = 0;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "hqv", opts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "hqv", opts)) != -1) {
         switch (c) {
-        case 'q':
-        case 'v':
-            cli_common_flag(c);
-            break;
         case 's':
             if (cli_parse_size(optarg, &o.size) < 0 || o.size < VMSNAP_DISK_MIN_SIZE ||
                 o.size > VMSNAP_DISK_MAX_SIZE + 4095) {
@@ -216,12 +212,8 @@ static int disk_clone(int argc, char **argv)
     struct vmsnap_disk_clone_opts o = {0};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "hqv", opts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "hqv", opts)) != -1) {
         switch (c) {
-        case 'q':
-        case 'v':
-            cli_common_flag(c);
-            break;
         case 'l':
             o.link = true;
             break;
@@ -268,13 +260,9 @@ static int disk_info(int argc, char **argv)
     bool json = false;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "hqv", opts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "hqv", opts)) != -1) {
         if (c == 'h')
             return disk_help();
-        if (c == 'q' || c == 'v') {
-            cli_common_flag(c);
-            continue;
-        }
         if (c != 'j')
             return cli_usage("disk", "info: unknown option");
         json = true;

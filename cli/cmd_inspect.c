@@ -23,12 +23,8 @@ int cmd_inspect(int argc, char **argv)
     unsigned long v;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "j:hqv", lopts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "j:hqv", lopts)) != -1) {
         switch (c) {
-        case 'q':
-        case 'v':
-            cli_common_flag(c);
-            break;
         case 'J':
             json = true;
             break;
@@ -57,10 +53,8 @@ int cmd_inspect(int argc, char **argv)
     const char *src = argv[optind];
     struct vmsnap_err err = {0};
     struct vmsnap_image_stats st = {0};
-    if (vmsnap_image_inspect(src, verify, threads, max_size, &st, &err) < 0) {
-        cli_error("inspect", "%s", err.msg);
-        return EXIT_FAIL;
-    }
+    if (vmsnap_image_inspect(src, verify, threads, max_size, &st, &err) < 0)
+        return cli_fail("inspect", &err);
     const char *format = st.plain_zstd       ? "plain-zstd"
                          : st.has_seek_table ? "sparse-extent-v2+seek-table"
                                              : "sparse-extent-v2";

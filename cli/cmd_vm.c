@@ -191,12 +191,6 @@ static int parse(const char *verb, int argc, char **argv, struct args *a)
     return 0;
 }
 
-static int fail(const char *verb, const struct vmsnap_err *e)
-{
-    cli_error(verb, "%s", e->msg);
-    return EXIT_FAIL;
-}
-
 static void report(const char *op, const char *name, const struct vmsnap_vm_timing *t, bool json)
 {
     if (json) {
@@ -278,12 +272,12 @@ static int console(const struct args *a, const char *name)
     struct vmsnap_err e = {0};
     if (a->send) {
         if (vmsnap_vm_console_send(&a->o, name, a->send, &e) < 0)
-            return fail("vm console", &e);
+            return cli_fail("vm console", &e);
         return EXIT_OK;
     }
     char path[4200];
     if (vmsnap_vm_console_path(&a->o, name, path, sizeof(path), &e) < 0)
-        return fail("vm console", &e);
+        return cli_fail("vm console", &e);
     FILE *f = fopen(path, "re");
     if (!f) {
         cli_error("vm console", "%s: %s", path, strerror(errno));
@@ -366,7 +360,7 @@ int cmd_vm(int argc, char **argv)
                                l.arr, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
             json_object_put(l.arr);
         }
-        return rc < 0 ? fail(verb, &e) : EXIT_OK;
+        return rc < 0 ? cli_fail(verb, &e) : EXIT_OK;
     }
     if (a.npos < 1)
         return cli_usage(verb, "missing VM name");
@@ -398,7 +392,7 @@ int cmd_vm(int argc, char **argv)
         if (a.npos != 1)
             return cli_usage(verb, "expected NAME only");
         rc = vmsnap_vm_stop(&a.o, name, a.rm, &e);
-        return rc < 0 ? fail(verb, &e) : EXIT_OK;
+        return rc < 0 ? cli_fail(verb, &e) : EXIT_OK;
     } else if (!strcmp(sub, "console")) {
         if (a.npos != 1)
             return cli_usage(verb, "expected NAME only");
@@ -407,7 +401,7 @@ int cmd_vm(int argc, char **argv)
         return cli_usage("vm", "unknown subcommand '%s'", sub);
     }
     if (rc < 0)
-        return fail(verb, &e);
+        return cli_fail(verb, &e);
     report(sub, name, &t, a.json);
     return EXIT_OK;
 }

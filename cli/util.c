@@ -5,17 +5,35 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <getopt.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 bool cli_quiet;
 int cli_verbose;
+
+int cli_getopt(int argc, char **argv, const char *shortopts, const struct option *lopts)
+{
+    int c;
+    while ((c = getopt_long(argc, argv, shortopts, lopts, NULL)) == 'q' || c == 'v')
+        cli_common_flag(c);
+    return c;
+}
+
+double cli_cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
 
 int cli_parse_size(const char *s, uint64_t *out)
 {
@@ -168,6 +186,12 @@ void cli_error(const char *verb, const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
+}
+
+int cli_fail(const char *verb, const struct vmsnap_err *err)
+{
+    cli_error(verb, "%s", err->msg);
+    return EXIT_FAIL;
 }
 
 int cli_usage(const char *verb, const char *fmt, ...)

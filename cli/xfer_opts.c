@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 static const struct option lopts[] = {
     {"connections", required_argument, NULL, 'j'},
@@ -163,10 +162,6 @@ static int verb_flag(const char *verb, int c, struct vmsnap_xfer_opts *o,
 static int one_opt(const char *verb, int c, struct vmsnap_xfer_opts *o, const struct xfer_flags *f)
 {
     switch (c) {
-    case 'q':
-    case 'v':
-        cli_common_flag(c);
-        return 0;
     case 'j':
     case 't':
     case 'l':
@@ -223,7 +218,7 @@ static int xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xf
         f = &none;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "j:hqv", lopts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "j:hqv", lopts)) != -1) {
         int rc = for_this_verb(verb, c);
         if (rc == 0)
             rc = one_opt(verb, c, o, f);
@@ -243,14 +238,6 @@ static int url_operand(const char *verb, const char *url)
     return -1;
 }
 
-static double cpu_seconds(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
-           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
-}
-
 static void summary(const char *verb, const struct vmsnap_xfer_stats *st, double wall)
 {
     if (cli_quiet)
@@ -263,7 +250,7 @@ static void summary(const char *verb, const struct vmsnap_xfer_stats *st, double
             cli_bytes(a, sizeof(a), st->logical), cli_bytes(b, sizeof(b), st->populated),
             cli_bytes(c, sizeof(c), st->object_bytes), wall,
             cli_bytes(r, sizeof(r), wall > 0 ? (uint64_t)((double)st->object_bytes / wall) : 0),
-            cpu_seconds());
+            cli_cpu_seconds());
     if (st->copied_bytes)
         fprintf(stderr, "%s: %s of the object bytes copied by the store from the base\n", verb,
                 cli_bytes(a, sizeof(a), st->copied_bytes));
@@ -283,7 +270,7 @@ static void summary_json(const char *src, const char *dst, const struct vmsnap_x
     json_object_object_add(o, "copied_bytes", json_object_new_int64((int64_t)st->copied_bytes));
     char ws[32], cs[32];
     snprintf(ws, sizeof(ws), "%.3f", wall);
-    snprintf(cs, sizeof(cs), "%.3f", cpu_seconds());
+    snprintf(cs, sizeof(cs), "%.3f", cli_cpu_seconds());
     json_object_object_add(o, "seconds", json_object_new_double_s(wall, ws));
     json_object_object_add(o, "cpu_seconds", json_object_new_double_s(atof(cs), cs));
     printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
@@ -316,11 +303,7 @@ int cmd_xfer_args(const struct xfer_verb *v, int argc, char **argv, struct vmsna
 int cmd_xfer_end(const char *verb, int rc, const struct vmsnap_err *err)
 {
     vmsnap_store_global_cleanup();
-    if (rc < 0) {
-        cli_error(verb, "%s", err->msg);
-        return EXIT_FAIL;
-    }
-    return EXIT_OK;
+    return rc < 0 ? cli_fail(verb, err) : EXIT_OK;
 }
 
 int cmd_xfer_copy(const char *verb, cmd_xfer_copy_fn fn, const char *from, const char *to,
