@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* Exit codes. */
 #define EXIT_OK 0
@@ -34,14 +35,27 @@ double cli_cpu_seconds(void);
 int cli_parse_size(const char *s, uint64_t *out);
 /* Parse a non-negative integer within [lo, hi]. */
 int cli_parse_uint(const char *s, unsigned long lo, unsigned long hi, unsigned long *out);
-/* `s` with control bytes, C1 controls and bytes that are not well-formed UTF-8 as \xHH (a name
- * from a store or an image, printed on a line of its own or put in JSON, which must be UTF-8),
- * cut to fit `cap` (at least 6). */
-void cli_printable(char *out, size_t cap, const char *s);
+/* `s` with control bytes, C1 controls and bytes that are not well-formed UTF-8 as \xHH, cut to
+ * fit `cap` (at least 6); returns `out`. How the text output shows every name from a store, a
+ * manifest, an image or the file system (anyone who can write there could otherwise forge lines
+ * of the output or send terminal escapes). */
+const char *cli_printable(char *out, size_t cap, const char *s);
+/* Room for a name of up to 4,400 bytes (a URL of a 4 KiB path) with every byte escaped. */
+#define CLI_PRINTABLE_MAX (4 * 4400 + 8)
+/* "PREFIX" then `msg` as cli_printable shows it (whole), then a newline, on stderr: every message
+ * of the library (which may hold such names) reaches the terminal through here. */
+void cli_eputs(const char *prefix, const char *msg);
+/* `o` serialised (json-c's plain form) on `f`, made valid UTF-8 without raw control bytes: a
+ * control in a string as \u00XX, a byte that is not UTF-8 as the visible \xHH (the JSON "\\xHH",
+ * as the text output shows it). Every JSON output goes through here. */
+struct json_object;
+void cli_json_write(FILE *f, struct json_object *o);
+/* The same on stdout, then a newline. */
+void cli_json_line(struct json_object *o);
 /* "90", "90s", "30m", "2h", "7d" -> seconds. */
 int cli_parse_duration(const char *s, int64_t *out);
 
-/* Print "vmsnap VERB: message" to stderr. */
+/* Print "vmsnap VERB: message" to stderr, the message as cli_eputs shows it. */
 void cli_error(const char *verb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Print the library's error `err` as cli_error does; returns EXIT_FAIL. */
 int cli_fail(const char *verb, const struct vmsnap_err *err);

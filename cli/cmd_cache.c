@@ -72,13 +72,13 @@ static int stat_cb(void *arg, const char *path, const struct vmsnap_pcache_stat 
     struct stat_out *o = arg;
     if (o->json) {
         json_object *j = stat_json(path, st);
-        printf("%s\n    %s", o->first ? "" : ",",
-               json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN |
-                                                     JSON_C_TO_STRING_NOSLASHESCAPE));
+        printf("%s\n    ", o->first ? "" : ",");
+        cli_json_write(stdout, j);
         json_object_put(j);
         o->first = false;
     } else {
-        stat_line(path, st);
+        static char p[CLI_PRINTABLE_MAX];
+        stat_line(cli_printable(p, sizeof(p), path), st);
     }
     return 0;
 }
@@ -133,9 +133,9 @@ static int cache_stat(int argc, char **argv)
     }
     if (o.json) {
         json_object *t = stat_json(NULL, &total);
-        printf("\n  ],\n  \"page_size\": %u,\n  \"total\": %s\n}\n", total.page_size,
-               json_object_to_json_string_ext(t, JSON_C_TO_STRING_PLAIN |
-                                                     JSON_C_TO_STRING_NOSLASHESCAPE));
+        printf("\n  ],\n  \"page_size\": %u,\n  \"total\": ", total.page_size);
+        cli_json_write(stdout, t);
+        printf("\n}\n");
         json_object_put(t);
     } else {
         char label[64];

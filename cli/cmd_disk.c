@@ -28,7 +28,7 @@ static int fail(const char *sub, const struct vmsnap_err *e)
 {
     /* Library messages already start with "disk <sub> <image>:". */
     if (strncmp(e->msg, "disk ", 5) == 0) {
-        fprintf(stderr, "vmsnap %s\n", e->msg);
+        cli_eputs("vmsnap ", e->msg);
     } else {
         char verb[32];
         snprintf(verb, sizeof(verb), "disk %s", sub);
@@ -243,9 +243,12 @@ static int disk_clone(int argc, char **argv)
     if (vmsnap_disk_clone(argv[optind], argv[optind + 1], &o, &how, &e) < 0)
         return fail("clone", &e);
     static const char *const names[] = {"link", "ficlone", "extents", "read-write", "direct"};
-    if (cli_verbose)
-        fprintf(stderr, "vmsnap disk clone: %s -> %s (%s)\n", argv[optind], argv[optind + 1],
-                names[how]);
+    if (cli_verbose) {
+        static char s[CLI_PRINTABLE_MAX], d[CLI_PRINTABLE_MAX];
+        fprintf(stderr, "vmsnap disk clone: %s -> %s (%s)\n",
+                cli_printable(s, sizeof(s), argv[optind]),
+                cli_printable(d, sizeof(d), argv[optind + 1]), names[how]);
+    }
     return EXIT_OK;
 }
 
@@ -288,9 +291,8 @@ static int disk_info(int argc, char **argv)
         json_object_object_add(o, "inodes_used",
                                json_object_new_int64((int64_t)(in.inodes_total - in.inodes_free)));
         json_object_object_add(o, "uuid", json_object_new_string(in.uuid_str));
-        char label[4 * sizeof(in.label) + 8]; /* bytes from the image: UTF-8 or escaped */
-        cli_printable(label, sizeof(label), in.label);
-        json_object_object_add(o, "label", json_object_new_string(label));
+        /* bytes from the image: cli_json_line escapes them as every name in JSON */
+        json_object_object_add(o, "label", json_object_new_string(in.label));
         json_object *f = json_object_new_array();
         char feats[sizeof(in.features)];
         memcpy(feats, in.features, sizeof(feats));
@@ -302,13 +304,13 @@ static int disk_info(int argc, char **argv)
         json_object_object_add(o, "mount_count", json_object_new_int64(in.mount_count));
         json_object_object_add(o, "mkfs_time", json_object_new_int64(in.mkfs_time));
         json_object_object_add(o, "write_time", json_object_new_int64(in.write_time));
-        puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
-                                                   JSON_C_TO_STRING_NOSLASHESCAPE));
+        cli_json_line(o);
         json_object_put(o);
         return EXIT_OK;
     }
     char a[32], b[32];
-    printf("image:        %s\n", argv[optind]);
+    static char path[CLI_PRINTABLE_MAX];
+    printf("image:        %s\n", cli_printable(path, sizeof(path), argv[optind]));
     printf("virtual size: %s (%" PRIu64 " bytes)\n", cli_bytes(a, sizeof(a), in.virtual_size),
            in.virtual_size);
     printf("allocated:    %s (%" PRIu64 " bytes)\n", cli_bytes(b, sizeof(b), in.allocated),

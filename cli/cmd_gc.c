@@ -30,9 +30,8 @@ static void report(void *arg, enum vmsnap_gc_kind kind, const char *key, int64_t
     char a[32];
     age_text(a, sizeof(a), age);
     const char *what = kind == VMSNAP_GC_UPLOAD ? "upload" : "push mark";
-    char k[1024];
-    cli_printable(k, sizeof(k), key);
-    key = k;
+    static char k[CLI_PRINTABLE_MAX];
+    key = cli_printable(k, sizeof(k), key);
     if (*dry)
         printf("%s\t%s\t%s\t%s\n",
                act ? (kind == VMSNAP_GC_UPLOAD ? "would abort" : "would clean") : "keep", what, a,

@@ -24,7 +24,7 @@ static int print_set(void *arg, const struct vmsnap_xfer_set *s)
     }
     /* keys are anyone's with write access to the bucket: a newline or a terminal escape in one
      * must not forge lines of this listing */
-    static char u[4 * 4400];
+    static char u[CLI_PRINTABLE_MAX];
     cli_printable(u, sizeof(u), s->url);
     char a[32], b[32];
     if (!s->valid)
@@ -56,8 +56,7 @@ int cmd_ls(int argc, char **argv)
     json_object *arr = json ? json_object_new_array() : NULL;
     rc = vmsnap_xfer_list(argv[i], &o, print_set, arr, &err);
     if (arr) { /* what could be listed, also when the listing was incomplete */
-        printf("%s\n", json_object_to_json_string_ext(arr, JSON_C_TO_STRING_PLAIN |
-                                                               JSON_C_TO_STRING_NOSLASHESCAPE));
+        cli_json_line(arr);
         json_object_put(arr);
     }
     return cmd_xfer_end("ls", rc, &err);

@@ -28,12 +28,14 @@ int cmd_rm(int argc, char **argv)
         return EXIT_FAIL;
     /* what went, so that a user sees what a --force removed */
     if (!cli_quiet) {
+        static char u[CLI_PRINTABLE_MAX], k[CLI_PRINTABLE_MAX];
+        const char *url = cli_printable(u, sizeof(u), argv[i]);
         if (r.object)
-            fprintf(stderr, "rm: removed the object %s\n", argv[i]);
+            fprintf(stderr, "rm: removed the object %s\n", url);
         else if (r.empty_dir)
-            fprintf(stderr, "rm: removed the empty directory %s", argv[i]);
+            fprintf(stderr, "rm: removed the empty directory %s", url);
         else
-            fprintf(stderr, "rm: removed %s%s: %u object%s%s", argv[i],
+            fprintf(stderr, "rm: removed %s%s: %u object%s%s", url,
                     r.set ? " (its manifest first)" : " (no manifest)", r.objects,
                     r.objects == 1 ? "" : "s", r.set ? " of the set" : "");
         if (!r.object && r.uploads)
@@ -48,7 +50,7 @@ int cmd_rm(int argc, char **argv)
             fprintf(stderr,
                     "rm: kept the *.zstd objects there that are not vmsnap images (%u, first: "
                     "%s)\n",
-                    r.kept, r.kept_key);
+                    r.kept, cli_printable(k, sizeof(k), r.kept_key));
     }
     return EXIT_OK;
 }

@@ -273,8 +273,7 @@ static void summary_json(const char *src, const char *dst, const struct vmsnap_x
     snprintf(cs, sizeof(cs), "%.3f", cli_cpu_seconds());
     json_object_object_add(o, "seconds", json_object_new_double_s(wall, ws));
     json_object_object_add(o, "cpu_seconds", json_object_new_double_s(atof(cs), cs));
-    printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
-                                                         JSON_C_TO_STRING_NOSLASHESCAPE));
+    cli_json_line(o);
     json_object_put(o);
 }
 
