@@ -4,6 +4,7 @@
 #               a generated guest-memory image, then a real guest suspended and resumed
 #   make test   install what is missing, check formatting, build and run every test twice
 #               (-Werror build, then ASan+UBSan build)
+#   make fuzz   run every fuzz target for a while (FUZZ_SECONDS) and report
 .PHONY: all deps build build-asan test test-normal test-asan format format-check demo fuzz bench clean
 
 BUILD      ?= build
@@ -57,9 +58,15 @@ demo: build
 	scripts/demo.sh $(BUILD)/vmsnap
 	guest/demo.sh $(BUILD)/vmsnap
 
+# every libFuzzer target for FUZZ_SECONDS each (default 60) on a copy of its corpus: executions,
+# new corpus entries and findings per target; fails on any finding
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	scripts/fuzz.sh $(FUZZ_SECONDS)
+
 bench: build
 	@scripts/deps.sh bench
 	bench/codec.sh $(BUILD)/vmsnap
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN)
+	rm -rf $(BUILD) $(BUILD_ASAN) build-fuzz

@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* Exit codes. */
 #define EXIT_OK 0
@@ -24,19 +25,40 @@ struct cli_verb {
 extern bool cli_quiet;
 extern int cli_verbose;
 
+/* getopt_long (optind set to 1 before the first call) that takes -q and -v itself
+ * (cli_common_flag): the next other option, or -1. */
+struct option;
+int cli_getopt(int argc, char **argv, const char *shortopts, const struct option *lopts);
+/* CPU seconds (user and system) this process used so far. */
+double cli_cpu_seconds(void);
 /* Parse "64M", "4G", "4096", "1.5G" (powers of 1024). Returns 0 or -EINVAL. */
 int cli_parse_size(const char *s, uint64_t *out);
 /* Parse a non-negative integer within [lo, hi]. */
 int cli_parse_uint(const char *s, unsigned long lo, unsigned long hi, unsigned long *out);
-/* `s` with control bytes, C1 controls and bytes that are not well-formed UTF-8 as \xHH (a name
- * from a store or an image, printed on a line of its own or put in JSON, which must be UTF-8),
- * cut to fit `cap` (at least 6). */
-void cli_printable(char *out, size_t cap, const char *s);
+/* `s` with control bytes, C1 controls and bytes that are not well-formed UTF-8 as \xHH, cut to
+ * fit `cap` (at least 6); returns `out`. How the text output shows every name from a store, a
+ * manifest, an image or the file system (anyone who can write there could otherwise forge lines
+ * of the output or send terminal escapes). */
+const char *cli_printable(char *out, size_t cap, const char *s);
+/* Room for a name of up to 4,400 bytes (a URL of a 4 KiB path) with every byte escaped. */
+#define CLI_PRINTABLE_MAX (4 * 4400 + 8)
+/* "PREFIX" then `msg` as cli_printable shows it (whole), then a newline, on stderr: every message
+ * of the library (which may hold such names) reaches the terminal through here. */
+void cli_eputs(const char *prefix, const char *msg);
+/* `o` serialised (json-c's plain form) on `f`, made valid UTF-8 without raw control bytes: a
+ * control in a string as \u00XX, a byte that is not UTF-8 as the visible \xHH (the JSON "\\xHH",
+ * as the text output shows it). Every JSON output goes through here. */
+struct json_object;
+void cli_json_write(FILE *f, struct json_object *o);
+/* The same on stdout, then a newline. */
+void cli_json_line(struct json_object *o);
 /* "90", "90s", "30m", "2h", "7d" -> seconds. */
 int cli_parse_duration(const char *s, int64_t *out);
 
-/* Print "vmsnap VERB: message" to stderr. */
+/* Print "vmsnap VERB: message" to stderr, the message as cli_eputs shows it. */
 void cli_error(const char *verb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Print the library's error `err` as cli_error does; returns EXIT_FAIL. */
+int cli_fail(const char *verb, const struct vmsnap_err *err);
 /* Print a usage error (with the verb's synopsis) and return EXIT_USAGE. */
 int cli_usage(const char *verb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -67,7 +89,7 @@ int cmd_inspect(int argc, char **argv);
 int cmd_cache(int argc, char **argv);
 int cmd_disk(int argc, char **argv);
 
-/* Transfer verbs (cli/cmd_push.c holds their shared option parser and summary line). */
+/* Transfer verbs (cli/xfer_opts.c holds their shared option parser and summary line). */
 struct vmsnap_xfer_opts;
 struct vmsnap_xfer_stats;
 int cmd_push(int argc, char **argv);
@@ -85,8 +107,6 @@ struct xfer_flags {
     int64_t *older_than; /* gc --older-than DURATION, in seconds */
     bool *json;          /* push, pull, ls --json */
 };
-/* Parse the transfer options; returns the index of the first operand, -1 after a usage error
- * was printed, -2 for --help. */
 /* -q / -v given after the verb (each verb's getopt passes them here); the long forms go in
  * each verb's option table. */
 void cli_common_flag(int c);
@@ -95,14 +115,30 @@ void cli_common_flag(int c);
     {                                                                                              \
         "verbose", no_argument, NULL, 'v'                                                          \
     }
-int cmd_xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_opts *o,
-                    const struct xfer_flags *f);
 /* After a verb's own --help usage line: what `vmsnap help VERB` says of it. */
 void cli_verb_description(const char *name);
-/* A URL operand of a transfer verb: "-" is a usage error (printed), -1. */
-int cmd_xfer_url(const char *verb, const char *url);
-void cmd_xfer_summary(const char *verb, const struct vmsnap_xfer_stats *st, double wall);
-/* The same as one JSON object on stdout (push/pull --json). */
-void cmd_xfer_json(const char *src, const char *dst, const struct vmsnap_xfer_stats *st,
-                   double wall);
+
+/* The command line of a transfer verb. */
+struct xfer_verb {
+    const char *name;  /* "push" */
+    const char *usage; /* what --help prints before the verb's description */
+    int operands;      /* how many it takes */
+    const char *want;  /* the usage error when they are not that many: "expected PATH and URL" */
+    int url;           /* which of them is the URL ("-" is refused) */
+};
+/* Parse a transfer verb's options (into o and the verb's own flags f), --help, its operands.
+ * Returns the index of the first operand, or -1 with *rc the exit code (EXIT_OK after --help,
+ * EXIT_USAGE after a usage error it printed). */
+int cmd_xfer_args(const struct xfer_verb *v, int argc, char **argv, struct vmsnap_xfer_opts *o,
+                  const struct xfer_flags *f, int *rc);
+/* After the library call `rc`: the store's global state released, a failure printed (EXIT_FAIL),
+ * else EXIT_OK. */
+int cmd_xfer_end(const char *verb, int rc, const struct vmsnap_err *err);
+/* push and pull: `fn` from `from` to `to` with the progress line, then the summary line on
+ * stderr, or with `json` the same as one JSON object on stdout. Returns the exit code. */
+typedef int (*cmd_xfer_copy_fn)(const char *from, const char *to,
+                                const struct vmsnap_xfer_opts *opts,
+                                struct vmsnap_xfer_stats *stats, struct vmsnap_err *err);
+int cmd_xfer_copy(const char *verb, cmd_xfer_copy_fn fn, const char *from, const char *to,
+                  struct vmsnap_xfer_opts *o, bool json);
 #endif

@@ -72,13 +72,13 @@ static int stat_cb(void *arg, const char *path, const struct vmsnap_pcache_stat 
     struct stat_out *o = arg;
     if (o->json) {
         json_object *j = stat_json(path, st);
-        printf("%s\n    %s", o->first ? "" : ",",
-               json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN |
-                                                     JSON_C_TO_STRING_NOSLASHESCAPE));
+        printf("%s\n    ", o->first ? "" : ",");
+        cli_json_write(stdout, j);
         json_object_put(j);
         o->first = false;
     } else {
-        stat_line(path, st);
+        static char p[CLI_PRINTABLE_MAX];
+        stat_line(cli_printable(p, sizeof(p), path), st);
     }
     return 0;
 }
@@ -92,12 +92,8 @@ static int cache_stat(int argc, char **argv)
     struct stat_out o = {.first = true};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "hqv", lopts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "hqv", lopts)) != -1) {
         switch (c) {
-        case 'q':
-        case 'v':
-            cli_common_flag(c);
-            break;
         case 'j':
             o.json = true;
             break;
@@ -137,9 +133,9 @@ static int cache_stat(int argc, char **argv)
     }
     if (o.json) {
         json_object *t = stat_json(NULL, &total);
-        printf("\n  ],\n  \"page_size\": %u,\n  \"total\": %s\n}\n", total.page_size,
-               json_object_to_json_string_ext(t, JSON_C_TO_STRING_PLAIN |
-                                                     JSON_C_TO_STRING_NOSLASHESCAPE));
+        printf("\n  ],\n  \"page_size\": %u,\n  \"total\": ", total.page_size);
+        cli_json_write(stdout, t);
+        printf("\n}\n");
         json_object_put(t);
     } else {
         char label[64];
@@ -163,7 +159,39 @@ static size_t wait_schedule(double limit, double *d, size_t cap)
     return n;
 }
 
-static int cache_evict(int argc, char **argv)
+/* --wait: digits and a point, then s, m, h or d (90, 2.5s, 10m, 1h, as gc --older-than): no
+ * sign, space, hex or exponent, which strtod alone would take. Up to an hour; -1 when it is not
+ * such a duration. */
+static double parse_wait(char *arg)
+{
+    const size_t n = strspn(arg, "0123456789.");
+    const char u = arg[n];
+    char *end = arg;
+    errno = 0;
+    double wait = -1;
+    if (n && isdigit((unsigned char)arg[0]) && (!u || (strchr("smhd", u) && !arg[n + 1]))) {
+        wait = strtod(arg, &end);
+        if (end != arg + n)
+            wait = -1;
+        wait *= u == 'm' ? 60 : u == 'h' ? 3600 : u == 'd' ? 86400 : 1;
+        end = arg + n + (u != 0);
+    }
+    if (errno || end == arg || *end || !(wait >= 0) || wait > 3600)
+        return -1;
+    return wait;
+}
+
+/* cache evict's command line. */
+struct evict_args {
+    struct vmsnap_pcache_evict_opts opts;
+    double wait; /* --wait, seconds; -1: none */
+    const char **preserve;
+    size_t npreserve;
+};
+
+/* Parse the options into a (a->preserve allocated, freed by the caller, also on failure).
+ * Returns the index of the first PATH, or -1 with *rc the exit code. */
+static int evict_getopt(int argc, char **argv, struct evict_args *a, int *rc)
 {
     static const struct option lopts[] = {{"staged", no_argument, NULL, 's'},
                                           {"wait", required_argument, NULL, 'w'},
@@ -172,142 +200,150 @@ static int cache_evict(int argc, char **argv)
                                           {"help", no_argument, NULL, 'h'},
                                           CLI_COMMON_LONGOPTS,
                                           {NULL, 0, NULL, 0}};
-    struct vmsnap_pcache_evict_opts opts = {0};
-    double wait = -1;
-    const char **preserve = calloc((size_t)argc + 1, sizeof(char *));
-    size_t npreserve = 0;
-    if (!preserve) {
+    a->wait = -1;
+    a->preserve = calloc((size_t)argc + 1, sizeof(char *));
+    if (!a->preserve) {
         cli_error("cache", "out of memory");
-        return EXIT_FAIL;
+        *rc = EXIT_FAIL;
+        return -1;
     }
-    int c, rc = EXIT_OK;
+    int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "hqv", lopts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "hqv", lopts)) != -1) {
         switch (c) {
-        case 'q':
-        case 'v':
-            cli_common_flag(c);
-            break;
         case 's':
-            opts.staged = true;
+            a->opts.staged = true;
             break;
         case 'k':
-            opts.kick_writeback = true;
+            a->opts.kick_writeback = true;
             break;
         case 'p':
-            preserve[npreserve++] = optarg;
+            a->preserve[a->npreserve++] = optarg;
             break;
-        case 'w': {
-            /* digits and a point, then s, m, h or d (90, 2.5s, 10m, 1h, as gc --older-than):
-             * no sign, space, hex or exponent, which strtod alone would take */
-            const size_t n = strspn(optarg, "0123456789.");
-            const char u = optarg[n];
-            char *end = optarg;
-            errno = 0;
-            wait = -1;
-            if (n && isdigit((unsigned char)optarg[0]) &&
-                (!u || (strchr("smhd", u) && !optarg[n + 1]))) {
-                wait = strtod(optarg, &end);
-                if (end != optarg + n)
-                    wait = -1;
-                wait *= u == 'm' ? 60 : u == 'h' ? 3600 : u == 'd' ? 86400 : 1;
-                end = optarg + n + (u != 0);
-            }
-            if (errno || end == optarg || *end || !(wait >= 0) || wait > 3600) {
-                free(preserve);
-                return cli_usage("cache",
-                                 "--wait '%s': expected a duration up to an hour (seconds, or "
-                                 "with s, m or h: 90, 2.5s, 10m, 1h)",
-                                 optarg);
+        case 'w':
+            if ((a->wait = parse_wait(optarg)) < 0) {
+                *rc = cli_usage("cache",
+                                "--wait '%s': expected a duration up to an hour (seconds, or "
+                                "with s, m or h: 90, 2.5s, 10m, 1h)",
+                                optarg);
+                return -1;
             }
             break;
-        }
         case 'h':
             printf("usage: vmsnap %s\n", EVICT_USAGE);
-            free(preserve);
-            return EXIT_OK;
+            *rc = EXIT_OK;
+            return -1;
         default:
-            free(preserve);
-            return cli_usage("cache", "usage: %s", EVICT_USAGE);
+            *rc = cli_usage("cache", "usage: %s", EVICT_USAGE);
+            return -1;
         }
     }
     if (optind >= argc) {
-        free(preserve);
-        return cli_usage("cache", "evict: no PATH given (usage: %s)", EVICT_USAGE);
+        *rc = cli_usage("cache", "evict: no PATH given (usage: %s)", EVICT_USAGE);
+        return -1;
     }
-    opts.preserve = npreserve ? preserve : NULL;
+    a->opts.preserve = a->npreserve ? a->preserve : NULL;
+    return optind;
+}
 
+/* The retrier of --wait SECONDS (> 0), on its schedule. */
+static int wait_retrier(double wait, struct vmsnap_pcache_retrier **out, struct vmsnap_err *err)
+{
+    double *delays = calloc(VMSNAP_PCACHE_RETRIER_MAX_DELAYS, sizeof(double));
+    int r = delays ? vmsnap_pcache_retrier_new(
+                         delays, wait_schedule(wait, delays, VMSNAP_PCACHE_RETRIER_MAX_DELAYS), out,
+                         err)
+                   : vmsnap_err_set(err, ENOMEM, "out of memory");
+    free(delays);
+    return r;
+}
+
+/* What an evict did, the retries of --wait included. */
+struct evict_totals {
+    uint64_t dropped_pages, dropped_files, still_dirty, changed;
+};
+
+/* Wait out the retrier (freed here) and count what it did into t; EXIT_FAIL when interrupted. */
+static int evict_wait(struct vmsnap_pcache_retrier *retrier, double wait,
+                      const struct vmsnap_pcache_report *rep, struct evict_totals *t)
+{
+    int rc = EXIT_OK;
+    if (vmsnap_pcache_retrier_wait(retrier, wait + 1.0) == -ECANCELED) {
+        cli_error("cache", "interrupted while waiting for writeback (--wait)");
+        rc = EXIT_FAIL;
+    }
+    struct vmsnap_pcache_retrier_stats rs;
+    vmsnap_pcache_retrier_get_stats(retrier, &rs);
+    vmsnap_pcache_retrier_free(retrier);
+    t->dropped_pages += rs.dropped_pages;
+    t->dropped_files += rs.dropped_files;
+    /* Scheduled files that came clean are done; replaced or written meanwhile ones were left
+     * alone (a file being written stays dirty): said on their own line. */
+    t->still_dirty = rep->dirty_files - rep->scheduled + rs.gave_up + rs.failed + rs.pending;
+    t->changed = rs.replaced;
+    return rc;
+}
+
+static void evict_report(const struct vmsnap_pcache_report *rep, const struct evict_totals *t)
+{
+    long ps = sysconf(_SC_PAGESIZE);
+    char b1[32], b2[32];
+    printf("dropped: %llu pages (%s) from %llu files\n", (unsigned long long)t->dropped_pages,
+           cli_bytes(b1, sizeof(b1), t->dropped_pages * (uint64_t)ps),
+           (unsigned long long)t->dropped_files);
+    printf("removed: %llu files (%s, %llu pages cached)\n", (unsigned long long)rep->removed_files,
+           cli_bytes(b2, sizeof(b2), rep->removed_bytes), (unsigned long long)rep->removed_pages);
+    printf("still dirty: %llu files\n", (unsigned long long)t->still_dirty);
+    if (t->changed)
+        printf("written, replaced or removed during the wait (left alone): %llu files\n",
+               (unsigned long long)t->changed);
+    if (rep->kicked)
+        printf("writeback started: %llu files\n", (unsigned long long)rep->kicked);
+    if (rep->busy_files)
+        printf("not removed (in use elsewhere): %llu files\n", (unsigned long long)rep->busy_files);
+    if (rep->readonly_files)
+        printf("not removed (not writable): %llu files\n", (unsigned long long)rep->readonly_files);
+    if (rep->unknown_files)
+        printf("skipped (cachestat unavailable): %llu files\n",
+               (unsigned long long)rep->unknown_files);
+    if (rep->skipped_mounts)
+        printf("skipped (other mounts): %llu directories\n",
+               (unsigned long long)rep->skipped_mounts);
+}
+
+static int cache_evict(int argc, char **argv)
+{
+    struct evict_args a = {0};
+    int rc = EXIT_OK;
+    int first = evict_getopt(argc, argv, &a, &rc);
     struct vmsnap_pcache_retrier *retrier = NULL;
     struct vmsnap_err err = {0};
-    if (wait > 0) {
-        double *delays = calloc(VMSNAP_PCACHE_RETRIER_MAX_DELAYS, sizeof(double));
-        int r = delays ? vmsnap_pcache_retrier_new(
-                             delays, wait_schedule(wait, delays, VMSNAP_PCACHE_RETRIER_MAX_DELAYS),
-                             &retrier, &err)
-                       : vmsnap_err_set(&err, ENOMEM, "out of memory");
-        free(delays);
-        if (r < 0) {
+    if (first >= 0 && a.wait > 0) {
+        if (wait_retrier(a.wait, &retrier, &err) < 0) {
             cli_error("cache", "%s", err.msg);
-            free(preserve);
-            return EXIT_FAIL;
+            rc = EXIT_FAIL;
+            first = -1;
         }
-        opts.retrier = retrier;
+        a.opts.retrier = retrier;
     }
-
+    if (first < 0) {
+        free(a.preserve);
+        return rc;
+    }
     struct vmsnap_pcache_report rep = {0};
-    for (int i = optind; i < argc; i++) {
+    for (int i = first; i < argc; i++) {
         vmsnap_err_clear(&err);
-        if (vmsnap_pcache_evict(argv[i], &opts, &rep, &err) < 0) {
+        if (vmsnap_pcache_evict(argv[i], &a.opts, &rep, &err) < 0) {
             cli_error("cache", "%s", err.msg);
             rc = EXIT_FAIL;
         }
     }
-    uint64_t dropped_pages = rep.dropped_pages, still_dirty = rep.dirty_files;
-    uint64_t dropped_files = rep.dropped_files, changed = 0;
-    if (retrier) {
-        if (vmsnap_pcache_retrier_wait(retrier, wait + 1.0) == -ECANCELED) {
-            cli_error("cache", "interrupted while waiting for writeback (--wait)");
-            rc = EXIT_FAIL;
-        }
-        struct vmsnap_pcache_retrier_stats rs;
-        vmsnap_pcache_retrier_get_stats(retrier, &rs);
-        vmsnap_pcache_retrier_free(retrier);
-        dropped_pages += rs.dropped_pages;
-        dropped_files += rs.dropped_files;
-        /* Scheduled files that came clean are done; replaced or written meanwhile ones were left
-         * alone (a file being written stays dirty): said on their own line. */
-        still_dirty = rep.dirty_files - rep.scheduled + rs.gave_up + rs.failed + rs.pending;
-        changed = rs.replaced;
-    }
-    free(preserve);
-    if (!cli_quiet) {
-        long ps = sysconf(_SC_PAGESIZE);
-        char b1[32], b2[32];
-        printf("dropped: %llu pages (%s) from %llu files\n", (unsigned long long)dropped_pages,
-               cli_bytes(b1, sizeof(b1), dropped_pages * (uint64_t)ps),
-               (unsigned long long)dropped_files);
-        printf("removed: %llu files (%s, %llu pages cached)\n",
-               (unsigned long long)rep.removed_files, cli_bytes(b2, sizeof(b2), rep.removed_bytes),
-               (unsigned long long)rep.removed_pages);
-        printf("still dirty: %llu files\n", (unsigned long long)still_dirty);
-        if (changed)
-            printf("written, replaced or removed during the wait (left alone): %llu files\n",
-                   (unsigned long long)changed);
-        if (rep.kicked)
-            printf("writeback started: %llu files\n", (unsigned long long)rep.kicked);
-        if (rep.busy_files)
-            printf("not removed (in use elsewhere): %llu files\n",
-                   (unsigned long long)rep.busy_files);
-        if (rep.readonly_files)
-            printf("not removed (not writable): %llu files\n",
-                   (unsigned long long)rep.readonly_files);
-        if (rep.unknown_files)
-            printf("skipped (cachestat unavailable): %llu files\n",
-                   (unsigned long long)rep.unknown_files);
-        if (rep.skipped_mounts)
-            printf("skipped (other mounts): %llu directories\n",
-                   (unsigned long long)rep.skipped_mounts);
-    }
+    struct evict_totals t = {rep.dropped_pages, rep.dropped_files, rep.dirty_files, 0};
+    if (retrier && evict_wait(retrier, a.wait, &rep, &t) != EXIT_OK)
+        rc = EXIT_FAIL;
+    free(a.preserve);
+    if (!cli_quiet)
+        evict_report(&rep, &t);
     return rc;
 }
 

@@ -28,7 +28,7 @@ static int fail(const char *sub, const struct vmsnap_err *e)
 {
     /* Library messages already start with "disk <sub> <image>:". */
     if (strncmp(e->msg, "disk ", 5) == 0) {
-        fprintf(stderr, "vmsnap %s\n", e->msg);
+        cli_eputs("vmsnap ", e->msg);
     } else {
         char verb[32];
         snprintf(verb, sizeof(verb), "disk %s", sub);
@@ -74,6 +74,34 @@ static int parse_attrs(char *rest, struct vmsnap_disk_entry *e)
     return 0;
 }
 
+/* --add SRC:DEST[:MODE[:UID:GID]] (c 'a') or --mkdir DEST[:MODE[:UID:GID]] into e (the argument
+ * is cut at its colons); 0, or the exit code of the usage error printed. */
+static int parse_entry(int c, char *arg, struct vmsnap_disk_entry *e)
+{
+    char given[4096]; /* arg is cut at its colons below; messages show it whole */
+    snprintf(given, sizeof(given), "%s", arg);
+    char *s = arg;
+    if (c == 'a') {
+        char *colon = strchr(s, ':');
+        if (!colon || colon == s || !colon[1])
+            return cli_usage("disk", "create: --add wants SRC:DEST[:MODE[:UID:GID]], got '%s'",
+                             arg);
+        *colon = '\0';
+        e->op = VMSNAP_DISK_ADD;
+        e->src = s;
+        s = colon + 1;
+    } else {
+        e->op = VMSNAP_DISK_MKDIR;
+    }
+    char *rest = strchr(s, ':');
+    if (rest)
+        *rest++ = '\0';
+    e->dest = s;
+    if (parse_attrs(rest, e) < 0)
+        return cli_usage("disk", "create: bad MODE[:UID:GID] in '%s' (octal mode, numbers)", given);
+    return 0;
+}
+
 static int disk_create(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -101,12 +129,8 @@ static int disk_create(int argc, char **argv)
     size_t n = 0;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "hqv", opts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "hqv", opts)) != -1) {
         switch (c) {
-        case 'q':
-        case 'v':
-            cli_common_flag(c);
-            break;
         case 's':
             if (cli_parse_size(optarg, &o.size) < 0 || o.size < VMSNAP_DISK_MIN_SIZE ||
                 o.size > VMSNAP_DISK_MAX_SIZE + 4095) {
@@ -139,37 +163,11 @@ static int disk_create(int argc, char **argv)
             o.uuid = uuid;
             break;
         case 'a':
-        case 'm': {
-            struct vmsnap_disk_entry *e = &ents[n];
-            char given[4096]; /* optarg is cut at its colons below; messages show it whole */
-            snprintf(given, sizeof(given), "%s", optarg);
-            char *s = optarg;
-            if (c == 'a') {
-                char *colon = strchr(s, ':');
-                if (!colon || colon == s || !colon[1]) {
-                    rc = cli_usage(
-                        "disk", "create: --add wants SRC:DEST[:MODE[:UID:GID]], got '%s'", optarg);
-                    goto out;
-                }
-                *colon = '\0';
-                e->op = VMSNAP_DISK_ADD;
-                e->src = s;
-                s = colon + 1;
-            } else {
-                e->op = VMSNAP_DISK_MKDIR;
-            }
-            char *rest = strchr(s, ':');
-            if (rest)
-                *rest++ = '\0';
-            e->dest = s;
-            if (parse_attrs(rest, e) < 0) {
-                rc = cli_usage("disk", "create: bad MODE[:UID:GID] in '%s' (octal mode, numbers)",
-                               given);
+        case 'm':
+            if ((rc = parse_entry(c, optarg, &ents[n])) != 0)
                 goto out;
-            }
             n++;
             break;
-        }
         case 'd':
             o.from_dir = optarg;
             break;
@@ -214,12 +212,8 @@ static int disk_clone(int argc, char **argv)
     struct vmsnap_disk_clone_opts o = {0};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "hqv", opts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "hqv", opts)) != -1) {
         switch (c) {
-        case 'q':
-        case 'v':
-            cli_common_flag(c);
-            break;
         case 'l':
             o.link = true;
             break;
@@ -249,9 +243,12 @@ static int disk_clone(int argc, char **argv)
     if (vmsnap_disk_clone(argv[optind], argv[optind + 1], &o, &how, &e) < 0)
         return fail("clone", &e);
     static const char *const names[] = {"link", "ficlone", "extents", "read-write", "direct"};
-    if (cli_verbose)
-        fprintf(stderr, "vmsnap disk clone: %s -> %s (%s)\n", argv[optind], argv[optind + 1],
-                names[how]);
+    if (cli_verbose) {
+        static char s[CLI_PRINTABLE_MAX], d[CLI_PRINTABLE_MAX];
+        fprintf(stderr, "vmsnap disk clone: %s -> %s (%s)\n",
+                cli_printable(s, sizeof(s), argv[optind]),
+                cli_printable(d, sizeof(d), argv[optind + 1]), names[how]);
+    }
     return EXIT_OK;
 }
 
@@ -266,13 +263,9 @@ static int disk_info(int argc, char **argv)
     bool json = false;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "hqv", opts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "hqv", opts)) != -1) {
         if (c == 'h')
             return disk_help();
-        if (c == 'q' || c == 'v') {
-            cli_common_flag(c);
-            continue;
-        }
         if (c != 'j')
             return cli_usage("disk", "info: unknown option");
         json = true;
@@ -298,9 +291,8 @@ static int disk_info(int argc, char **argv)
         json_object_object_add(o, "inodes_used",
                                json_object_new_int64((int64_t)(in.inodes_total - in.inodes_free)));
         json_object_object_add(o, "uuid", json_object_new_string(in.uuid_str));
-        char label[4 * sizeof(in.label) + 8]; /* bytes from the image: UTF-8 or escaped */
-        cli_printable(label, sizeof(label), in.label);
-        json_object_object_add(o, "label", json_object_new_string(label));
+        /* bytes from the image: cli_json_line escapes them as every name in JSON */
+        json_object_object_add(o, "label", json_object_new_string(in.label));
         json_object *f = json_object_new_array();
         char feats[sizeof(in.features)];
         memcpy(feats, in.features, sizeof(feats));
@@ -312,13 +304,13 @@ static int disk_info(int argc, char **argv)
         json_object_object_add(o, "mount_count", json_object_new_int64(in.mount_count));
         json_object_object_add(o, "mkfs_time", json_object_new_int64(in.mkfs_time));
         json_object_object_add(o, "write_time", json_object_new_int64(in.write_time));
-        puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
-                                                   JSON_C_TO_STRING_NOSLASHESCAPE));
+        cli_json_line(o);
         json_object_put(o);
         return EXIT_OK;
     }
     char a[32], b[32];
-    printf("image:        %s\n", argv[optind]);
+    static char path[CLI_PRINTABLE_MAX];
+    printf("image:        %s\n", cli_printable(path, sizeof(path), argv[optind]));
     printf("virtual size: %s (%" PRIu64 " bytes)\n", cli_bytes(a, sizeof(a), in.virtual_size),
            in.virtual_size);
     printf("allocated:    %s (%" PRIu64 " bytes)\n", cli_bytes(b, sizeof(b), in.allocated),

@@ -30,9 +30,8 @@ static void report(void *arg, enum vmsnap_gc_kind kind, const char *key, int64_t
     char a[32];
     age_text(a, sizeof(a), age);
     const char *what = kind == VMSNAP_GC_UPLOAD ? "upload" : "push mark";
-    char k[1024];
-    cli_printable(k, sizeof(k), key);
-    key = k;
+    static char k[CLI_PRINTABLE_MAX];
+    key = cli_printable(k, sizeof(k), key);
     if (*dry)
         printf("%s\t%s\t%s\t%s\n",
                act ? (kind == VMSNAP_GC_UPLOAD ? "would abort" : "would clean") : "keep", what, a,
@@ -41,40 +40,34 @@ static void report(void *arg, enum vmsnap_gc_kind kind, const char *key, int64_t
         fprintf(stderr, "gc: %s %s %s (%s)\n", act ? "cleaning" : "keeping", what, key, a);
 }
 
+static const struct xfer_verb gc = {
+    "gc",
+    "usage: vmsnap gc [--older-than DURATION] [--dry-run] [--max-size SIZE] [--endpoint URL] "
+    "[--region R] [--path-style] [--retries N] URL\n"
+    "  cleans what killed pushes left under URL, once it is at least DURATION old\n"
+    "  (default 1h; 30m, 2h, 7d; 0: all, which also fails pushes running now):\n"
+    "  unfinished multipart uploads, and the objects of set pushes that never\n"
+    "  committed their manifest; --dry-run lists them and what gc would do\n",
+    1,
+    "expected one URL",
+    0,
+};
+
 int cmd_gc(int argc, char **argv)
 {
     struct vmsnap_xfer_opts o = {0};
     bool dry = false;
     int64_t age = GC_DEFAULT_AGE;
-    int i = cmd_xfer_getopt("gc", argc, argv, &o,
-                            &(struct xfer_flags){.dry_run = &dry, .older_than = &age});
-    if (i == -2) {
-        printf("usage: vmsnap gc [--older-than DURATION] [--dry-run] [--max-size SIZE] [--endpoint "
-               "URL] "
-               "[--region R] [--path-style] [--retries N] URL\n"
-               "  cleans what killed pushes left under URL, once it is at least DURATION old\n"
-               "  (default 1h; 30m, 2h, 7d; 0: all, which also fails pushes running now):\n"
-               "  unfinished multipart uploads, and the objects of set pushes that never\n"
-               "  committed their manifest; --dry-run lists them and what gc would do\n");
-        cli_verb_description("gc");
-        return EXIT_OK;
-    }
+    int rc, i = cmd_xfer_args(&gc, argc, argv, &o,
+                              &(struct xfer_flags){.dry_run = &dry, .older_than = &age}, &rc);
     if (i < 0)
-        return EXIT_USAGE;
-    if (argc - i != 1)
-        return cli_usage("gc", "expected one URL");
-    if (cmd_xfer_url("gc", argv[i]) < 0)
-        return EXIT_USAGE;
+        return rc;
     struct vmsnap_err err = {0};
     struct vmsnap_gc_result res;
     struct vmsnap_gc_opts g = {
         .older_than = age, .dry_run = dry, .report = report, .report_arg = &dry};
-    int rc = vmsnap_xfer_gc(argv[i], &g, &o, &res, &err);
-    vmsnap_store_global_cleanup();
-    if (rc < 0) {
-        cli_error("gc", "%s", err.msg);
+    if (cmd_xfer_end("gc", vmsnap_xfer_gc(argv[i], &g, &o, &res, &err), &err) != EXIT_OK)
         return EXIT_FAIL;
-    }
     if (!cli_quiet) {
         fprintf(stderr, "gc: %s %u unfinished upload%s", dry ? "would abort" : "aborted",
                 res.aborted, res.aborted == 1 ? "" : "s");

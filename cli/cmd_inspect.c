@@ -4,6 +4,7 @@
 #include "vmsnap/image.h"
 
 #include <getopt.h>
+#include <json.h>
 #include <stdio.h>
 
 int cmd_inspect(int argc, char **argv)
@@ -23,12 +24,8 @@ int cmd_inspect(int argc, char **argv)
     unsigned long v;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "j:hqv", lopts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "j:hqv", lopts)) != -1) {
         switch (c) {
-        case 'q':
-        case 'v':
-            cli_common_flag(c);
-            break;
         case 'J':
             json = true;
             break;
@@ -57,10 +54,8 @@ int cmd_inspect(int argc, char **argv)
     const char *src = argv[optind];
     struct vmsnap_err err = {0};
     struct vmsnap_image_stats st = {0};
-    if (vmsnap_image_inspect(src, verify, threads, max_size, &st, &err) < 0) {
-        cli_error("inspect", "%s", err.msg);
-        return EXIT_FAIL;
-    }
+    if (vmsnap_image_inspect(src, verify, threads, max_size, &st, &err) < 0)
+        return cli_fail("inspect", &err);
     const char *format = st.plain_zstd       ? "plain-zstd"
                          : st.has_seek_table ? "sparse-extent-v2+seek-table"
                                              : "sparse-extent-v2";
@@ -73,37 +68,34 @@ int cmd_inspect(int argc, char **argv)
                                                      "checked where the frames carry them)")
                               : NULL;
     if (json) {
-        printf("{\"path\":\"");
-        for (const char *p = src; *p; p++) {
-            if (*p == '"' || *p == '\\')
-                printf("\\%c", *p);
-            else if ((unsigned char)*p < 0x20)
-                printf("\\u%04x", *p);
-            else
-                putchar(*p);
-        }
-        char ze[32] = "null", fs[32] = "null";
-        if (known) {
-            snprintf(ze, sizeof(ze), "%llu", (unsigned long long)st.zero_elided);
-            snprintf(fs, sizeof(fs), "%llu", (unsigned long long)st.frame_size);
-        }
-        printf("\",\"format\":\"%s\",\"logical_size\":%llu,\"populated\":%llu,"
-               "\"zero_elided\":%s,\"frames\":%llu,\"frame_size\":%s,\"object_size\":%llu,"
-               "\"ratio\":%.4f,"
-               "\"verified\":%s}\n",
-               format, (unsigned long long)st.total_size, (unsigned long long)st.populated, ze,
-               (unsigned long long)st.frames, fs, (unsigned long long)st.object_size, ratio,
-               checked ? "true" : "false");
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "path", json_object_new_string(src));
+        json_object_object_add(o, "format", json_object_new_string(format));
+        json_object_object_add(o, "logical_size", json_object_new_int64((int64_t)st.total_size));
+        json_object_object_add(o, "populated", json_object_new_int64((int64_t)st.populated));
+        json_object_object_add(o, "zero_elided",
+                               known ? json_object_new_int64((int64_t)st.zero_elided) : NULL);
+        json_object_object_add(o, "frames", json_object_new_int64((int64_t)st.frames));
+        json_object_object_add(o, "frame_size",
+                               known ? json_object_new_int64((int64_t)st.frame_size) : NULL);
+        json_object_object_add(o, "object_size", json_object_new_int64((int64_t)st.object_size));
+        char r[32];
+        snprintf(r, sizeof(r), "%.4f", ratio);
+        json_object_object_add(o, "ratio", json_object_new_double_s(ratio, r));
+        json_object_object_add(o, "verified", json_object_new_boolean(checked != NULL));
+        cli_json_line(o);
+        json_object_put(o);
         return EXIT_OK;
     }
+    static char name[CLI_PRINTABLE_MAX];
     char a[32], b[32], d[32], e[32], f[32];
     printf("%s\n  format:            %s\n  logical size:      %s (%llu bytes)\n"
            "  populated:         %s (%llu bytes)%s\n  zero pages elided: %s\n"
            "  frames:            %llu (%s source range each)\n  compressed:        %s (%llu "
            "bytes), ratio %.2fx\n",
-           src, format, cli_bytes(a, sizeof(a), st.total_size), (unsigned long long)st.total_size,
-           cli_bytes(b, sizeof(b), st.populated), (unsigned long long)st.populated,
-           st.plain_zstd ? " in 64 KiB blocks not all zero" : "",
+           cli_printable(name, sizeof(name), src), format, cli_bytes(a, sizeof(a), st.total_size),
+           (unsigned long long)st.total_size, cli_bytes(b, sizeof(b), st.populated),
+           (unsigned long long)st.populated, st.plain_zstd ? " in 64 KiB blocks not all zero" : "",
            known ? cli_bytes(d, sizeof(d), st.zero_elided) : "n/a", (unsigned long long)st.frames,
            known ? cli_bytes(f, sizeof(f), st.frame_size) : "n/a",
            cli_bytes(e, sizeof(e), st.object_size), (unsigned long long)st.object_size, ratio);

@@ -24,7 +24,7 @@ static int print_set(void *arg, const struct vmsnap_xfer_set *s)
     }
     /* keys are anyone's with write access to the bucket: a newline or a terminal escape in one
      * must not forge lines of this listing */
-    static char u[4 * 4400];
+    static char u[CLI_PRINTABLE_MAX];
     cli_printable(u, sizeof(u), s->url);
     char a[32], b[32];
     if (!s->valid)
@@ -36,35 +36,28 @@ static int print_set(void *arg, const struct vmsnap_xfer_set *s)
     return 0;
 }
 
+static const struct xfer_verb ls = {
+    "ls",
+    "usage: vmsnap ls [--json] [--max-size SIZE] [--endpoint URL] [--region R] [--path-style] "
+    "[--retries N] URL\n",
+    1,
+    "expected one URL",
+    0,
+};
+
 int cmd_ls(int argc, char **argv)
 {
     struct vmsnap_xfer_opts o = {0};
     bool json = false;
-    int i = cmd_xfer_getopt("ls", argc, argv, &o, &(struct xfer_flags){.json = &json});
-    if (i == -2) {
-        printf("usage: vmsnap ls [--json] [--max-size SIZE] [--endpoint URL] [--region R] "
-               "[--path-style] [--retries N] URL\n");
-        cli_verb_description("ls");
-        return EXIT_OK;
-    }
+    int rc, i = cmd_xfer_args(&ls, argc, argv, &o, &(struct xfer_flags){.json = &json}, &rc);
     if (i < 0)
-        return EXIT_USAGE;
-    if (argc - i != 1)
-        return cli_usage("ls", "expected one URL");
-    if (cmd_xfer_url("ls", argv[i]) < 0)
-        return EXIT_USAGE;
+        return rc;
     struct vmsnap_err err = {0};
     json_object *arr = json ? json_object_new_array() : NULL;
-    int rc = vmsnap_xfer_list(argv[i], &o, print_set, arr, &err);
-    vmsnap_store_global_cleanup();
+    rc = vmsnap_xfer_list(argv[i], &o, print_set, arr, &err);
     if (arr) { /* what could be listed, also when the listing was incomplete */
-        printf("%s\n", json_object_to_json_string_ext(arr, JSON_C_TO_STRING_PLAIN |
-                                                               JSON_C_TO_STRING_NOSLASHESCAPE));
+        cli_json_line(arr);
         json_object_put(arr);
     }
-    if (rc < 0) {
-        cli_error("ls", "%s", err.msg);
-        return EXIT_FAIL;
-    }
-    return EXIT_OK;
+    return cmd_xfer_end("ls", rc, &err);
 }

@@ -6,16 +6,7 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
-
-static double cpu_seconds(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
-           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
-}
 
 static void summary(const char *verb, const struct vmsnap_image_stats *st, double wall, double cpu)
 {
@@ -30,6 +21,40 @@ static void summary(const char *verb, const struct vmsnap_image_stats *st, doubl
             cli_bytes(c, sizeof(c), st->zero_elided), cli_bytes(d, sizeof(d), st->object_size),
             ratio, (unsigned long long)st->frames, wall,
             cli_bytes(r, sizeof(r), wall > 0 ? (uint64_t)((double)st->populated / wall) : 0), cpu);
+}
+
+/* What pack and unpack do around the library call: the progress line, the clocks, then the
+ * failure or the summary line. */
+struct run {
+    struct cli_progress p;
+    double t0, c0;
+};
+
+static void run_start(struct run *r, const char *verb)
+{
+    cli_progress_init(&r->p, verb);
+    r->t0 = cli_now();
+    r->c0 = cli_cpu_seconds();
+}
+
+static int run_end(struct run *r, const char *verb, int rc, const struct vmsnap_err *err,
+                   const struct vmsnap_image_stats *st)
+{
+    cli_progress_end(&r->p);
+    if (rc < 0)
+        return cli_fail(verb, err);
+    summary(verb, st, cli_now() - r->t0, cli_cpu_seconds() - r->c0);
+    return EXIT_OK;
+}
+
+/* -j N (optarg): -1 after the usage error. */
+static int threads_opt(const char *verb, unsigned *threads)
+{
+    unsigned long v;
+    if (cli_parse_uint(optarg, 1, 256, &v) < 0)
+        return cli_usage(verb, "-j wants a thread count from 1 to 256, not '%s'", optarg), -1;
+    *threads = (unsigned)v;
+    return 0;
 }
 
 int cmd_pack(int argc, char **argv)
@@ -49,16 +74,11 @@ int cmd_pack(int argc, char **argv)
     unsigned long v;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "j:hqv", lopts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "j:hqv", lopts)) != -1) {
         switch (c) {
-        case 'q':
-        case 'v':
-            cli_common_flag(c);
-            break;
         case 'j':
-            if (cli_parse_uint(optarg, 1, 256, &v) < 0)
-                return cli_usage("pack", "-j wants a thread count from 1 to 256, not '%s'", optarg);
-            o.threads = (unsigned)v;
+            if (threads_opt("pack", &o.threads) < 0)
+                return EXIT_USAGE;
             break;
         case 'f':
             if (cli_parse_size(optarg, &o.frame_size) < 0 || o.frame_size == 0)
@@ -99,21 +119,13 @@ int cmd_pack(int argc, char **argv)
                                  "extents: save the stream to a file, then pack it)");
     if (strcmp(dst, "-") == 0 && isatty(STDOUT_FILENO))
         return cli_usage("pack", "refusing to write an image to a terminal");
-    struct cli_progress p;
-    cli_progress_init(&p, "pack");
+    struct run r;
+    run_start(&r, "pack");
     o.progress = cli_progress_cb;
-    o.progress_arg = &p;
+    o.progress_arg = &r.p;
     struct vmsnap_err err = {0};
     struct vmsnap_image_stats st;
-    double t0 = cli_now(), c0 = cpu_seconds();
-    int rc = vmsnap_image_pack(src, dst, &o, &st, &err);
-    cli_progress_end(&p);
-    if (rc < 0) {
-        cli_error("pack", "%s", err.msg);
-        return EXIT_FAIL;
-    }
-    summary("pack", &st, cli_now() - t0, cpu_seconds() - c0);
-    return EXIT_OK;
+    return run_end(&r, "pack", vmsnap_image_pack(src, dst, &o, &st, &err), &err, &st);
 }
 
 int cmd_unpack(int argc, char **argv)
@@ -129,20 +141,13 @@ int cmd_unpack(int argc, char **argv)
     };
     struct vmsnap_unpack_opts o = {0};
     bool drop_cache = false;
-    unsigned long v;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "j:hqv", lopts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "j:hqv", lopts)) != -1) {
         switch (c) {
-        case 'q':
-        case 'v':
-            cli_common_flag(c);
-            break;
         case 'j':
-            if (cli_parse_uint(optarg, 1, 256, &v) < 0)
-                return cli_usage("unpack", "-j wants a thread count from 1 to 256, not '%s'",
-                                 optarg);
-            o.threads = (unsigned)v;
+            if (threads_opt("unpack", &o.threads) < 0)
+                return EXIT_USAGE;
             break;
         case 'm':
             if (cli_parse_size(optarg, &o.max_size) < 0 || o.max_size == 0)
@@ -168,19 +173,12 @@ int cmd_unpack(int argc, char **argv)
     const char *src = argv[optind], *dst = argv[optind + 1];
     if (strcmp(dst, "-") == 0)
         return cli_usage("unpack", "DST must be a file path (the output is a sparse file)");
-    struct cli_progress p;
-    cli_progress_init(&p, "unpack");
+    struct run r;
+    run_start(&r, "unpack");
     o.progress = cli_progress_cb;
-    o.progress_arg = &p;
+    o.progress_arg = &r.p;
     struct vmsnap_err err = {0};
     struct vmsnap_image_stats st;
-    double t0 = cli_now(), c0 = cpu_seconds();
-    int rc = vmsnap_image_unpack(src, dst, &o, &st, &err);
-    cli_progress_end(&p);
-    if (rc < 0) {
-        cli_error("unpack", "%s", err.msg);
-        return EXIT_FAIL;
-    }
-    summary("unpack", &st, cli_now() - t0, cpu_seconds() - c0);
-    return drop_cache ? cli_drop_cache("unpack", dst) : EXIT_OK;
+    int rc = run_end(&r, "unpack", vmsnap_image_unpack(src, dst, &o, &st, &err), &err, &st);
+    return rc == EXIT_OK && drop_cache ? cli_drop_cache("unpack", dst) : rc;
 }

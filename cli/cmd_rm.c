@@ -6,39 +6,36 @@
 #include <stdio.h>
 #include <string.h>
 
+static const struct xfer_verb rm = {
+    "rm",
+    "usage: vmsnap rm [--force] [--max-size SIZE] [--endpoint URL] [--region R] [--path-style] "
+    "[--retries N] URL\n",
+    1,
+    "expected one URL",
+    0,
+};
+
 int cmd_rm(int argc, char **argv)
 {
     struct vmsnap_xfer_opts o = {0};
     bool force = false;
-    int i = cmd_xfer_getopt("rm", argc, argv, &o, &(struct xfer_flags){.force = &force});
-    if (i == -2) {
-        printf("usage: vmsnap rm [--force] [--max-size SIZE] [--endpoint URL] [--region R] "
-               "[--path-style] [--retries N] URL\n");
-        cli_verb_description("rm");
-        return EXIT_OK;
-    }
+    int rc, i = cmd_xfer_args(&rm, argc, argv, &o, &(struct xfer_flags){.force = &force}, &rc);
     if (i < 0)
-        return EXIT_USAGE;
-    if (argc - i != 1)
-        return cli_usage("rm", "expected one URL");
-    if (cmd_xfer_url("rm", argv[i]) < 0)
-        return EXIT_USAGE;
+        return rc;
     struct vmsnap_err err = {0};
     struct vmsnap_rm_result r;
-    int rc = vmsnap_xfer_remove(argv[i], force, &o, &r, &err);
-    vmsnap_store_global_cleanup();
-    if (rc < 0) {
-        cli_error("rm", "%s", err.msg);
+    if (cmd_xfer_end("rm", vmsnap_xfer_remove(argv[i], force, &o, &r, &err), &err) != EXIT_OK)
         return EXIT_FAIL;
-    }
     /* what went, so that a user sees what a --force removed */
     if (!cli_quiet) {
+        static char u[CLI_PRINTABLE_MAX], k[CLI_PRINTABLE_MAX];
+        const char *url = cli_printable(u, sizeof(u), argv[i]);
         if (r.object)
-            fprintf(stderr, "rm: removed the object %s\n", argv[i]);
+            fprintf(stderr, "rm: removed the object %s\n", url);
         else if (r.empty_dir)
-            fprintf(stderr, "rm: removed the empty directory %s", argv[i]);
+            fprintf(stderr, "rm: removed the empty directory %s", url);
         else
-            fprintf(stderr, "rm: removed %s%s: %u object%s%s", argv[i],
+            fprintf(stderr, "rm: removed %s%s: %u object%s%s", url,
                     r.set ? " (its manifest first)" : " (no manifest)", r.objects,
                     r.objects == 1 ? "" : "s", r.set ? " of the set" : "");
         if (!r.object && r.uploads)
@@ -53,7 +50,7 @@ int cmd_rm(int argc, char **argv)
             fprintf(stderr,
                     "rm: kept the *.zstd objects there that are not vmsnap images (%u, first: "
                     "%s)\n",
-                    r.kept, r.kept_key);
+                    r.kept, cli_printable(k, sizeof(k), r.kept_key));
     }
     return EXIT_OK;
 }

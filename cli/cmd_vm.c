@@ -191,12 +191,6 @@ static int parse(const char *verb, int argc, char **argv, struct args *a)
     return 0;
 }
 
-static int fail(const char *verb, const struct vmsnap_err *e)
-{
-    cli_error(verb, "%s", e->msg);
-    return EXIT_FAIL;
-}
-
 static void report(const char *op, const char *name, const struct vmsnap_vm_timing *t, bool json)
 {
     if (json) {
@@ -214,8 +208,7 @@ static void report(const char *op, const char *name, const struct vmsnap_vm_timi
             json_object_object_add(o, "copied_bytes",
                                    json_object_new_int64((int64_t)t->copied_bytes));
         }
-        printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
-                                                             JSON_C_TO_STRING_NOSLASHESCAPE));
+        cli_json_line(o);
         json_object_put(o);
         return;
     }
@@ -266,10 +259,15 @@ static int ls_cb(void *arg, const struct vmsnap_vm_info *in)
         json_object_array_add(l->arr, o);
         return 0;
     }
+    /* the record is read back from a file in the state directory: no escapes from it */
+    static char name[CLI_PRINTABLE_MAX], status[CLI_PRINTABLE_MAX], accel[CLI_PRINTABLE_MAX],
+        url[CLI_PRINTABLE_MAX];
     char mem[32];
-    printf("%-20s %-12s %-7d %-4s %-10s %-10s %s\n", in->name, in->status, (int)in->pid,
-           in->accel ? in->accel : "-", cli_bytes(mem, sizeof(mem), in->mem),
-           in->checkpoint ? "checkpoint" : "-", in->url ? in->url : "-");
+    printf("%-20s %-12s %-7d %-4s %-10s %-10s %s\n", cli_printable(name, sizeof(name), in->name),
+           cli_printable(status, sizeof(status), in->status), (int)in->pid,
+           in->accel ? cli_printable(accel, sizeof(accel), in->accel) : "-",
+           cli_bytes(mem, sizeof(mem), in->mem), in->checkpoint ? "checkpoint" : "-",
+           in->url ? cli_printable(url, sizeof(url), in->url) : "-");
     return 0;
 }
 
@@ -278,12 +276,12 @@ static int console(const struct args *a, const char *name)
     struct vmsnap_err e = {0};
     if (a->send) {
         if (vmsnap_vm_console_send(&a->o, name, a->send, &e) < 0)
-            return fail("vm console", &e);
+            return cli_fail("vm console", &e);
         return EXIT_OK;
     }
     char path[4200];
     if (vmsnap_vm_console_path(&a->o, name, path, sizeof(path), &e) < 0)
-        return fail("vm console", &e);
+        return cli_fail("vm console", &e);
     FILE *f = fopen(path, "re");
     if (!f) {
         cli_error("vm console", "%s: %s", path, strerror(errno));
@@ -362,11 +360,10 @@ int cmd_vm(int argc, char **argv)
         if (rc == 0)
             ls_header(&l); /* no VMs: the header alone */
         if (a.json) {
-            printf("%s\n", json_object_to_json_string_ext(
-                               l.arr, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
+            cli_json_line(l.arr);
             json_object_put(l.arr);
         }
-        return rc < 0 ? fail(verb, &e) : EXIT_OK;
+        return rc < 0 ? cli_fail(verb, &e) : EXIT_OK;
     }
     if (a.npos < 1)
         return cli_usage(verb, "missing VM name");
@@ -398,7 +395,7 @@ int cmd_vm(int argc, char **argv)
         if (a.npos != 1)
             return cli_usage(verb, "expected NAME only");
         rc = vmsnap_vm_stop(&a.o, name, a.rm, &e);
-        return rc < 0 ? fail(verb, &e) : EXIT_OK;
+        return rc < 0 ? cli_fail(verb, &e) : EXIT_OK;
     } else if (!strcmp(sub, "console")) {
         if (a.npos != 1)
             return cli_usage(verb, "expected NAME only");
@@ -407,7 +404,7 @@ int cmd_vm(int argc, char **argv)
         return cli_usage("vm", "unknown subcommand '%s'", sub);
     }
     if (rc < 0)
-        return fail(verb, &e);
+        return cli_fail(verb, &e);
     report(sub, name, &t, a.json);
     return EXIT_OK;
 }

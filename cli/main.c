@@ -155,7 +155,9 @@ static void log_stderr(void *arg, enum vmsnap_log_level level, const char *msg)
 {
     (void)arg;
     static const char *const names[] = {"error", "warning", "info", "debug"};
-    fprintf(stderr, "vmsnap: %s: %s\n", names[level], msg);
+    char prefix[32];
+    snprintf(prefix, sizeof(prefix), "vmsnap: %s: ", names[level]);
+    cli_eputs(prefix, msg);
 }
 
 /* The verbs that stop cleanly when cancelled (pack, unpack, inspect --verify, push, pull,

@@ -5,17 +5,36 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <getopt.h>
+#include <json.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 bool cli_quiet;
 int cli_verbose;
+
+int cli_getopt(int argc, char **argv, const char *shortopts, const struct option *lopts)
+{
+    int c;
+    while ((c = getopt_long(argc, argv, shortopts, lopts, NULL)) == 'q' || c == 'v')
+        cli_common_flag(c);
+    return c;
+}
+
+double cli_cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
 
 int cli_parse_size(const char *s, uint64_t *out)
 {
@@ -81,9 +100,8 @@ int cli_parse_uint(const char *s, unsigned long lo, unsigned long hi, unsigned l
 }
 
 /* Length of the well-formed UTF-8 sequence at `p` (RFC 3629: no overlong forms, no surrogates,
- * nothing past U+10FFFF) that is not a C1 control (U+0080-U+009F: 0x9b is a terminal's CSI);
- * 0 when there is none. */
-static size_t utf8_printable_len(const unsigned char *p)
+ * nothing past U+10FFFF) of a character from U+0080 up; 0 when there is none. */
+static size_t utf8_len(const unsigned char *p)
 {
     unsigned char c = p[0];
     size_t n;
@@ -101,17 +119,30 @@ static size_t utf8_printable_len(const unsigned char *p)
     for (size_t i = 2; i < n; i++)
         if (p[i] < 0x80 || p[i] > 0xbf)
             return 0;
-    if (c == 0xc2 && p[1] <= 0x9f)
-        return 0;
     return n;
 }
 
-void cli_printable(char *out, size_t cap, const char *s)
+/* A C1 control (U+0080-U+009F: 0x9b is a terminal's CSI) as UTF-8 at `p`. */
+static bool utf8_c1(const unsigned char *p)
+{
+    return p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f;
+}
+
+/* Bytes of the character at `p` that may go to a terminal as they are (printable ASCII, a
+ * well-formed UTF-8 sequence that is not a C1 control); 0 when it is to be escaped. */
+static size_t printable_len(const unsigned char *p)
+{
+    if (*p < 0x80)
+        return *p < 0x20 || *p == 0x7f ? 0 : 1;
+    return utf8_c1(p) ? 0 : utf8_len(p);
+}
+
+const char *cli_printable(char *out, size_t cap, const char *s)
 {
     size_t o = 0;
     const unsigned char *p = (const unsigned char *)s;
     while (*p && o + 5 < cap) {
-        size_t n = *p >= 0x80 ? utf8_printable_len(p) : (*p < 0x20 || *p == 0x7f ? 0 : 1);
+        size_t n = printable_len(p);
         if (n == 0) {
             o += (size_t)snprintf(out + o, cap - o, "\\x%02x", *p++);
             continue;
@@ -123,6 +154,52 @@ void cli_printable(char *out, size_t cap, const char *s)
         p += n;
     }
     out[o] = '\0';
+    return out;
+}
+
+void cli_eputs(const char *prefix, const char *msg)
+{
+    size_t cap = 4 * strlen(msg) + 8; /* every byte as \xHH, whole */
+    char small[1024], *out = cap <= sizeof(small) ? small : malloc(cap);
+    if (!out) /* out of memory: what fits */
+        out = small, cap = sizeof(small);
+    fprintf(stderr, "%s%s\n", prefix, cli_printable(out, cap, msg));
+    if (out != small)
+        free(out);
+}
+
+/* Serialised JSON (json-c's: valid JSON, its strings as the bytes they were given) made valid
+ * UTF-8 that a terminal only shows: inside a string, which is the only place such bytes can
+ * be, a byte that is not UTF-8 becomes the visible \xHH (as text shows it: the JSON "\\xHH"), a
+ * control (DEL, C1, and C0 should json-c leave one) \u00XX. */
+static void json_put_safe(FILE *f, const char *js)
+{
+    const unsigned char *p = (const unsigned char *)js;
+    while (*p) {
+        size_t n = *p < 0x80 ? (*p < 0x20 || *p == 0x7f ? 0 : 1) : utf8_len(p);
+        if (n > 0 && !(n == 2 && utf8_c1(p))) {
+            fwrite(p, 1, n, f);
+            p += n;
+        } else if (n == 2) {
+            fprintf(f, "\\u00%02x", p[1]);
+            p += 2;
+        } else {
+            fprintf(f, *p < 0x80 ? "\\u%04x" : "\\\\x%02x", *p);
+            p++;
+        }
+    }
+}
+
+void cli_json_write(FILE *f, struct json_object *o)
+{
+    json_put_safe(f, json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
+                                                           JSON_C_TO_STRING_NOSLASHESCAPE));
+}
+
+void cli_json_line(struct json_object *o)
+{
+    cli_json_write(stdout, o);
+    putchar('\n');
 }
 
 int cli_parse_duration(const char *s, int64_t *out)
@@ -162,12 +239,22 @@ int cli_parse_duration(const char *s, int64_t *out)
 
 void cli_error(const char *verb, const char *fmt, ...)
 {
+    char prefix[64];
+    snprintf(prefix, sizeof(prefix), "vmsnap %s: ", verb);
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "vmsnap %s: ", verb);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    char *msg = NULL;
+    int n = vasprintf(&msg, fmt, ap);
     va_end(ap);
+    cli_eputs(prefix, n >= 0 ? msg : "(out of memory)");
+    if (n >= 0)
+        free(msg);
+}
+
+int cli_fail(const char *verb, const struct vmsnap_err *err)
+{
+    cli_error(verb, "%s", err->msg);
+    return EXIT_FAIL;
 }
 
 int cli_usage(const char *verb, const char *fmt, ...)

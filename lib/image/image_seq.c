@@ -298,18 +298,19 @@ static int check_table(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
 
 /* A skippable frame read whole: vmsnap's info frame, its seek table, or someone else's.
  * vmsnap's are told by their content (the info frame's "VMSNINFO" first, the table's footer
- * "VMSNSEEK" last) or by their place (an info frame's magic and size right after the header,
- * a seek-table magic in an object with an info frame): a damaged one of them is an error, as
- * the file decoder finds it; any other is skipped, as the reference reader skips every one
- * (0x184D2A5E is also zstd's seekable format's magic). */
+ * "VMSNSEEK" last) or, for the table, by its place (a seek-table magic in an object with an info
+ * frame): a damaged one of them is an error, as the file decoder finds it; any other is skipped,
+ * as the reference reader skips every one (0x184D2A5E is also zstd's seekable format's magic).
+ * An info frame's magic and size right after the header without the signature is another
+ * writer's frame (it was refused as a damaged info frame): skipped; an object of vmsnap's whose
+ * signature was damaged still has its seek table, which is then refused as without an info
+ * frame. */
 static int end_capture(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
 {
     const bool info_sig = sd->cap_len >= 8 && !memcmp(sd->cap_buf, INFO_MAGIC, 8);
     const bool seek_sig =
         sd->cap_len >= 8 && !memcmp(sd->cap_buf + sd->cap_len - 8, SEEK_FOOTER_MAGIC, 8);
-    const bool info_place = sd->frame_start == IMG_HEADER_LEN &&
-                            sd->skip_magic == INFO_SKIP_MAGIC && sd->cap_len == INFO_CONTENT_LEN;
-    if (info_sig || info_place) {
+    if (info_sig) {
         uint8_t whole[8 + INFO_CONTENT_LEN];
         put_le32(whole, sd->skip_magic);
         put_le32(whole + 4, (uint32_t)sd->cap_len);
@@ -534,8 +535,13 @@ int vmsnap_seqdec_finish(struct vmsnap_seqdec *sd, struct vmsnap_image_stats *st
     struct vmsnap_image_stats st = {0};
     switch (sd->mode) {
     case M_HEAD:
-        if (sd->head_fill == 0)
-            return img_corrupt(err, sd->name, "empty input");
+        if (sd->head_fill == 0) {
+            /* 0 bytes: the plain zstd of an empty file as older writers store it
+             * (klauspost/compress without zero frames writes no frame at all), which the
+             * reference reader, a zstd stream decoder, takes for an empty file */
+            sd->mode = M_PLAIN;
+            return vmsnap_seqdec_finish(sd, stats, err);
+        }
         if (sd->head_fill >= 4 && is_zstd_magic(sd->head)) {
             if ((rc = start_mode(sd, err)) < 0)
                 return rc;

@@ -44,7 +44,8 @@ int vmsnap_err_set(struct vmsnap_err *err, int code, const char *fmt, ...)
     return -code;
 }
 
-static int vset(struct vmsnap_err *err, int code, const char *fmt, va_list ap)
+__attribute__((format(printf, 3, 0))) static int vset(struct vmsnap_err *err, int code,
+                                                      const char *fmt, va_list ap)
 {
     if (err) {
         char all[8 * VMSNAP_ERR_MSG_MAX];

@@ -66,7 +66,7 @@ int qmp_once(struct vmsnap_vmm *v, const char *cmd, json_object *args, json_obje
  * and desc. `what` names the command in messages. */
 int qmp_parse_reply(const char *line, const char *what, json_object **ret, struct vmsnap_err *err);
 
-/* Map a query-status "status" string to a state. */
+/* Map a query-status "status" string (NULL: not a string) to a state. */
 enum vmsnap_vmm_state qmp_status_state(const char *status);
 
 /* Double every ',' of `s` into `out` (QEMU option values); -ENAMETOOLONG if it does not fit. */

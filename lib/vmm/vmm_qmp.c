@@ -31,6 +31,8 @@ static double qmp_timeout(void)
 
 enum vmsnap_vmm_state qmp_status_state(const char *status)
 {
+    if (!status) /* {"status": null}: json_object_get_string gives NULL */
+        return VMSNAP_VMM_OTHER;
     if (!strcmp(status, "running"))
         return VMSNAP_VMM_RUNNING;
     if (!strcmp(status, "paused") || !strcmp(status, "postmigrate") ||

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target: the QMP reply classifier on untrusted bytes (what a hostile or broken QEMU could
  * send on its socket). A reply is an event/greeting (0), a return (1, with a value), or an error
- * (negative, with a message that names the command); a status string maps to some state. */
+ * (negative, with a message that names the command); a status string maps to a state of a live
+ * process (running through io-error: a process that answers is not dead), one with a name of its
+ * own unless it is "other" (a state added to the enum without a name would read as "other"). */
 #include "vmm/vmm_int.h"
 
 #include <stdint.h>
@@ -30,7 +32,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (ret && json_object_is_type(ret, json_type_object) &&
         json_object_object_get_ex(ret, "status", &st)) {
         enum vmsnap_vmm_state s = qmp_status_state(json_object_get_string(st));
-        if (s > VMSNAP_VMM_OTHER)
+        if (s < VMSNAP_VMM_RUNNING || s > VMSNAP_VMM_IO_ERROR ||
+            (s != VMSNAP_VMM_OTHER) != (strcmp(vmsnap_vmm_state_name(s), "other") != 0))
             abort();
     }
     json_object_put(ret);

@@ -247,6 +247,25 @@ int main(void)
         CHECK(t_files_equal(src, out));
         CHECK(t_sh("'%s' -q unpack - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0);
         CHECK(t_files_equal(src, out));
+        /* another writer's skippable frame of an info frame's size (24 bytes) and magic
+         * (0x184D2A5D) right after the header, holding anything but "VMSNINFO": not vmsnap's
+         * info frame (which is told by that signature), skipped as every zstd reader skips it
+         * (it was refused as a damaged info frame) */
+        for (int fill = 0; fill < 2; fill++) {
+            memcpy(b, o, 12);
+            const uint8_t head[8] = {0x5d, 0x2a, 0x4d, 0x18, 24, 0, 0, 0};
+            memcpy(b + 12, head, 8);
+            memset(b + 20, fill ? 'V' : 0, 24); /* "VVVV...": close to, not, the signature */
+            memcpy(b + 44, o + 12, olen - 12);
+            write_file(obj, b, olen + 32);
+            CHECKF(unpack(obj, out, &st),
+                   "reference object with another writer's 24-byte 0x184D2A5D frame refused");
+            CHECK(t_files_equal(src, out));
+            CHECKF(!st.has_seek_table && !st.plain_zstd, "misdetected");
+            CHECKF(t_sh("'%s' -q unpack - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0,
+                   "the same through stdin refused");
+            CHECK(t_files_equal(src, out));
+        }
         free(b);
         free(o);
     }
@@ -299,6 +318,25 @@ int main(void)
             free(z);
             free(raw);
         }
+        /* a 0-byte object: the plain zstd of an empty file as older writers store it
+         * (klauspost/compress 1.15 without zero frames writes no frame at all), an empty file
+         * to the reference reader (a zstd stream decoder): an empty file here too, from a file
+         * and from stdin, over an existing destination (it was refused as "empty input") */
+        write_file(obj, "", 0);
+        write_file(out, "old", 3);
+        CHECKF(unpack(obj, out, &st), "a 0-byte object refused");
+        struct stat sb;
+        CHECKF(stat(out, &sb) == 0 && sb.st_size == 0,
+               "a 0-byte object did not give an empty file");
+        CHECK(st.plain_zstd && st.total_size == 0 && st.populated == 0 && st.object_size == 0);
+        write_file(out, "old", 3);
+        CHECKF(t_sh("'%s' -q unpack - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0,
+               "a 0-byte stdin refused");
+        CHECKF(stat(out, &sb) == 0 && sb.st_size == 0, "a 0-byte stdin did not give an empty file");
+        struct vmsnap_err ierr = {0};
+        CHECKF(vmsnap_image_inspect(obj, true, 1, 0, &st, &ierr) == 0, "inspect of 0 bytes: %s",
+               ierr.msg);
+        CHECK(st.plain_zstd && st.total_size == 0 && st.frames == 0);
         if (t_sh("command -v zstd >/dev/null") != 0)
             t_skip("zstd CLI not installed (scripts/deps.sh installs it)");
         CHECK(t_sh("zstd -q -T0 -f '%s' -o '%s'", src, obj) == 0);

@@ -1,0 +1,327 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The transfer verbs' shared parts (push, pull, ls, rm, gc): the option parser, the URL operand
+ * check, the summary line and its JSON form. */
+#include "cli.h"
+#include "vmsnap/xfer.h"
+
+#include <getopt.h>
+#include <json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct option lopts[] = {
+    {"connections", required_argument, NULL, 'j'},
+    {"part-size", required_argument, NULL, 'p'},
+    {"max-memory", required_argument, NULL, 'm'},
+    {"threads", required_argument, NULL, 't'},
+    {"frame-size", required_argument, NULL, 'f'},
+    {"level", required_argument, NULL, 'l'},
+    {"max-size", required_argument, NULL, 's'},
+    {"no-fsync", no_argument, NULL, 'n'},
+    {"endpoint", required_argument, NULL, 'e'},
+    {"region", required_argument, NULL, 'r'},
+    {"path-style", no_argument, NULL, 'P'},
+    {"retries", required_argument, NULL, 'R'},
+    {"force", no_argument, NULL, 'F'},
+    {"drop-cache", no_argument, NULL, 'D'},
+    {"json", no_argument, NULL, 'J'},
+    {"base", required_argument, NULL, 'B'},
+    {"dry-run", no_argument, NULL, 'N'},
+    {"older-than", required_argument, NULL, 'O'},
+    {"help", no_argument, NULL, 'h'},
+    CLI_COMMON_LONGOPTS,
+    {0, 0, 0, 0},
+};
+
+/* Options that mean something to some of the verbs only: refused elsewhere rather than silently
+ * ignored (pull --level 9 would look as if it did something). 0, or -1 after the usage error. */
+static int for_this_verb(const char *verb, int c)
+{
+    static const struct {
+        int c;
+        const char *verbs, *name, *who;
+    } only[] = {
+        {'j', " push pull ", "-j/--connections", "push and pull"},
+        {'p', " push ", "--part-size", "push"},
+        {'m', " push pull ", "--max-memory", "push and pull"},
+        {'t', " push pull ", "--threads", "push and pull"},
+        {'f', " push ", "--frame-size", "push"},
+        {'l', " push ", "--level", "push"},
+        {'n', " pull ", "--no-fsync", "pull"},
+    };
+    char w[16]; /* " verb ", as only[].verbs lists them */
+    snprintf(w, sizeof(w), " %s ", verb);
+    for (size_t k = 0; k < sizeof(only) / sizeof(only[0]); k++)
+        if (only[k].c == c && !strstr(only[k].verbs, w))
+            return cli_usage(verb, "%s is an option of %s only (%s does not use it)", only[k].name,
+                             only[k].who, verb),
+                   -1;
+    return 0;
+}
+
+/* -j, --threads, --level, --retries: a count in a range. */
+static int count_opt(const char *verb, int c, struct vmsnap_xfer_opts *o)
+{
+    static const struct {
+        int c;
+        unsigned long lo, hi;
+        const char *want;
+    } counts[] = {
+        {'j', 1, 256, "-j wants a connection count from 1 to 256"},
+        {'t', 1, 256, "--threads wants 1 to 256"},
+        {'l', 1, 22, "--level wants a zstd level from 1 to 22"},
+        {'R', 0, 100, "--retries wants 0 to 100"},
+    };
+    size_t k = 0;
+    while (counts[k].c != c)
+        k++;
+    unsigned long v;
+    if (cli_parse_uint(optarg, counts[k].lo, counts[k].hi, &v) < 0)
+        return cli_usage(verb, "%s, not '%s'", counts[k].want, optarg), -1;
+    if (c == 'j')
+        o->connections = (unsigned)v;
+    else if (c == 't')
+        o->threads = (unsigned)v;
+    else if (c == 'l')
+        o->level = (int)v;
+    else
+        o->store.max_attempts = (unsigned)v + 1;
+    return 0;
+}
+
+/* --part-size, --max-memory, --frame-size, --max-size: a size above 0. */
+static int size_opt(const char *verb, int c, struct vmsnap_xfer_opts *o)
+{
+    uint64_t sz;
+    if (cli_parse_size(optarg, &sz) < 0 || sz == 0)
+        return cli_usage(verb, "%s wants a size like 16M, not '%s'",
+                         c == 'p'   ? "--part-size"
+                         : c == 'm' ? "--max-memory"
+                         : c == 'f' ? "--frame-size"
+                                    : "--max-size",
+                         optarg),
+               -1;
+    if (c == 'p')
+        o->part_size = sz;
+    else if (c == 'm')
+        o->max_memory = sz;
+    else if (c == 'f')
+        o->frame_size = sz;
+    else
+        o->max_size = sz;
+    return 0;
+}
+
+/* The options of one verb only, kept in `f` (or o->base); -1 after the usage error. */
+static int verb_flag(const char *verb, int c, struct vmsnap_xfer_opts *o,
+                     const struct xfer_flags *f)
+{
+    switch (c) {
+    case 'F':
+        if (!f->force)
+            return cli_usage(verb, "--force is an option of rm only"), -1;
+        *f->force = true;
+        return 0;
+    case 'N':
+        if (!f->dry_run)
+            return cli_usage(verb, "--dry-run is an option of gc only"), -1;
+        *f->dry_run = true;
+        return 0;
+    case 'O':
+        if (!f->older_than)
+            return cli_usage(verb, "--older-than is an option of gc only"), -1;
+        if (cli_parse_duration(optarg, f->older_than) < 0)
+            return cli_usage(verb,
+                             "--older-than wants a duration like 90s, 30m, 2h or 7d (0: "
+                             "every upload), not '%s'",
+                             optarg),
+                   -1;
+        return 0;
+    case 'B':
+        if (strcmp(verb, "push"))
+            return cli_usage(verb, "--base is an option of push only"), -1;
+        o->base = optarg;
+        return 0;
+    case 'J':
+        if (!f->json)
+            return cli_usage(verb, "--json is an option of push, pull and ls only"), -1;
+        *f->json = true;
+        return 0;
+    case 'D':
+        if (!f->drop_cache)
+            return cli_usage(verb, "--drop-cache is an option of pull only"), -1;
+        *f->drop_cache = true;
+        return 0;
+    default:
+        return cli_usage(verb, "bad option"), -1;
+    }
+}
+
+/* One option: 0, -1 after a usage error, -2 for --help. */
+static int one_opt(const char *verb, int c, struct vmsnap_xfer_opts *o, const struct xfer_flags *f)
+{
+    switch (c) {
+    case 'j':
+    case 't':
+    case 'l':
+    case 'R':
+        return count_opt(verb, c, o);
+    case 'p':
+    case 'm':
+    case 'f':
+    case 's':
+        return size_opt(verb, c, o);
+    case 'n':
+        o->no_fsync = true;
+        return 0;
+    case 'e':
+        o->store.endpoint = optarg;
+        return 0;
+    case 'r':
+        o->store.region = optarg;
+        return 0;
+    case 'P':
+        o->store.path_style = true;
+        return 0;
+    case 'h':
+        return -2;
+    default:
+        return verb_flag(verb, c, o, f);
+    }
+}
+
+/* What the options say together; -1 after a usage error. */
+static int check_opts(const char *verb, const struct vmsnap_xfer_opts *o)
+{
+    /* a budget under one part cannot hold the part being filled: it was accepted and not kept
+     * (--max-memory 1M peaked at 120 MB) */
+    if (!strcmp(verb, "push") && o->max_memory &&
+        o->max_memory < (o->part_size ? o->part_size : VMSNAP_XFER_DEFAULT_PART_SIZE))
+        return cli_usage(verb, "--max-memory must be at least the part size (--part-size, %s)",
+                         o->part_size ? "as given" : "16M by default"),
+               -1;
+    struct vmsnap_pack_opts po = {.frame_size = o->frame_size, .level = o->level};
+    struct vmsnap_err perr = {0};
+    if (vmsnap_image_check_pack_opts(&po, &perr) < 0) /* a usage error, as pack says it */
+        return cli_usage(verb, "%s", perr.msg), -1;
+    return 0;
+}
+
+/* Parse the transfer options; returns the index of the first operand, -1 after a usage error
+ * was printed, -2 for --help. */
+static int xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xfer_opts *o,
+                       const struct xfer_flags *f)
+{
+    static const struct xfer_flags none;
+    if (!f)
+        f = &none;
+    int c;
+    optind = 1;
+    while ((c = cli_getopt(argc, argv, "j:hqv", lopts)) != -1) {
+        int rc = for_this_verb(verb, c);
+        if (rc == 0)
+            rc = one_opt(verb, c, o, f);
+        if (rc < 0)
+            return rc;
+    }
+    return check_opts(verb, o) < 0 ? -1 : optind;
+}
+
+/* A URL operand: "-" is a usage error (printed), -1. */
+static int url_operand(const char *verb, const char *url)
+{
+    if (strcmp(url, "-"))
+        return 0;
+    cli_usage(verb, "URL '-': name a store URL or a local path (stdin and stdout are not stores; "
+                    "./- names a path called -)");
+    return -1;
+}
+
+static void summary(const char *verb, const struct vmsnap_xfer_stats *st, double wall)
+{
+    if (cli_quiet)
+        return;
+    char a[32], b[32], c[32], r[32];
+    fprintf(stderr,
+            "%s: %llu file%s, logical %s, populated %s, object bytes %s, %.3f s (%s/s of object "
+            "bytes), %.2f CPU s\n",
+            verb, (unsigned long long)st->files, st->files == 1 ? "" : "s",
+            cli_bytes(a, sizeof(a), st->logical), cli_bytes(b, sizeof(b), st->populated),
+            cli_bytes(c, sizeof(c), st->object_bytes), wall,
+            cli_bytes(r, sizeof(r), wall > 0 ? (uint64_t)((double)st->object_bytes / wall) : 0),
+            cli_cpu_seconds());
+    if (st->copied_bytes)
+        fprintf(stderr, "%s: %s of the object bytes copied by the store from the base\n", verb,
+                cli_bytes(a, sizeof(a), st->copied_bytes));
+}
+
+/* The summary as one JSON object on stdout (push/pull --json). */
+static void summary_json(const char *src, const char *dst, const struct vmsnap_xfer_stats *st,
+                         double wall)
+{
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "source", json_object_new_string(src));
+    json_object_object_add(o, "destination", json_object_new_string(dst));
+    json_object_object_add(o, "files", json_object_new_int64((int64_t)st->files));
+    json_object_object_add(o, "logical_size", json_object_new_int64((int64_t)st->logical));
+    json_object_object_add(o, "populated", json_object_new_int64((int64_t)st->populated));
+    json_object_object_add(o, "object_size", json_object_new_int64((int64_t)st->object_bytes));
+    json_object_object_add(o, "copied_bytes", json_object_new_int64((int64_t)st->copied_bytes));
+    char ws[32], cs[32];
+    snprintf(ws, sizeof(ws), "%.3f", wall);
+    snprintf(cs, sizeof(cs), "%.3f", cli_cpu_seconds());
+    json_object_object_add(o, "seconds", json_object_new_double_s(wall, ws));
+    json_object_object_add(o, "cpu_seconds", json_object_new_double_s(atof(cs), cs));
+    cli_json_line(o);
+    json_object_put(o);
+}
+
+int cmd_xfer_args(const struct xfer_verb *v, int argc, char **argv, struct vmsnap_xfer_opts *o,
+                  const struct xfer_flags *f, int *rc)
+{
+    int i = xfer_getopt(v->name, argc, argv, o, f);
+    *rc = EXIT_USAGE;
+    if (i == -2) {
+        fputs(v->usage, stdout);
+        cli_verb_description(v->name);
+        *rc = EXIT_OK;
+        return -1;
+    }
+    if (i < 0)
+        return -1;
+    if (argc - i != v->operands) {
+        cli_usage(v->name, "%s", v->want);
+        return -1;
+    }
+    if (url_operand(v->name, argv[i + v->url]) < 0)
+        return -1;
+    return i;
+}
+
+int cmd_xfer_end(const char *verb, int rc, const struct vmsnap_err *err)
+{
+    vmsnap_store_global_cleanup();
+    return rc < 0 ? cli_fail(verb, err) : EXIT_OK;
+}
+
+int cmd_xfer_copy(const char *verb, cmd_xfer_copy_fn fn, const char *from, const char *to,
+                  struct vmsnap_xfer_opts *o, bool json)
+{
+    struct cli_progress p;
+    cli_progress_init(&p, verb);
+    o->progress = cli_progress_cb;
+    o->progress_arg = &p;
+    struct vmsnap_xfer_stats st;
+    struct vmsnap_err err = {0};
+    double t0 = cli_now();
+    int rc = fn(from, to, o, &st, &err);
+    cli_progress_end(&p);
+    if (cmd_xfer_end(verb, rc, &err) != EXIT_OK)
+        return EXIT_FAIL;
+    if (json)
+        summary_json(from, to, &st, cli_now() - t0);
+    else
+        summary(verb, &st, cli_now() - t0);
+    return EXIT_OK;
+}
