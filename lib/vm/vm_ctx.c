@@ -81,6 +81,22 @@ int vm_rm_rf(const char *path)
     return sys_rm_tree(path);
 }
 
+/* A checkpoint or on-demand directory is renamed aside before it is removed: a command killed
+ * while removing it leaves no half directory (a checkpoint without its complete mark but with its
+ * taking mark reads as an interrupted pause, which nothing but --force could then leave), only
+ * PATH.discard, which the next command on the VM removes (sweep_temps). */
+int vm_discard(const char *path)
+{
+    char aside[PATH_LEN];
+    if (vm_pcat(aside, path, DISCARD_SUFFIX) < 0)
+        return -ENAMETOOLONG;
+    vm_rm_rf(aside); /* one a killed command left */
+    if (rename(path, aside) < 0)
+        return errno == ENOENT ? 0 : -errno;
+    sys_failpoint("vm-discarding"); /* renamed aside, not yet removed */
+    return vm_rm_rf(aside);
+}
+
 bool vm_exists(const char *p)
 {
     struct stat st;
@@ -219,6 +235,11 @@ static void sweep_temps(const struct vmctx *c)
     char p[PATH_LEN];
     if (vm_pcat(p, c->ckpt, ".new") == 0)
         sweep_dir(p, NULL, true);
+    /* what a killed vm_discard() left: in the VM's own directory, the user's */
+    const char *const aside[] = {c->ckpt, c->ondemand};
+    for (size_t i = 0; i < sizeof(aside) / sizeof(aside[0]); i++)
+        if (vm_pcat(p, aside[i], DISCARD_SUFFIX) == 0 && vm_exists(p) && vm_rm_rf(p) == 0)
+            vlog(VMSNAP_LOG_INFO, "removed %s, left by a vmsnap command that was killed", p);
 }
 
 /* Lock the VM's directory against concurrent vmsnap commands on the same VM. */

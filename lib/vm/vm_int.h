@@ -45,6 +45,8 @@
  * hung QEMU held ls for the whole QMP timeout, 60 s, for each such VM) */
 #define LS_QMP_WAIT 3.0
 #define TAKING_MARK ".vmsnap-taking"
+/* A directory being removed (vm_discard): CHECKPOINT.discard, ONDEMAND.discard */
+#define DISCARD_SUFFIX ".discard"
 #define PATH_LEN 4096
 /* The staging directory holds the only copy of a snapshot: from the moment a suspend has it
  * complete until the store has it (a suspend killed meanwhile, or one that could store it
@@ -77,6 +79,7 @@ int vm_pcat(char *out, const char *a, const char *b);
 bool vm_valid_name(const char *n);
 int vm_mkdir_p(const char *path, struct vmsnap_err *err);
 int vm_rm_rf(const char *path);
+int vm_discard(const char *path);
 bool vm_exists(const char *p);
 int vm_ctx_init(struct vmctx *c, const struct vmsnap_vm_opts *o, const char *name,
                 struct vmsnap_err *err);

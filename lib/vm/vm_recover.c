@@ -156,7 +156,7 @@ static void recover_new_checkpoint(struct vmctx *c)
         unlink(c->disk);
         if (!vm_cfg_bool(nc, "ram_in_state"))
             unlink(c->ram);
-        vm_rm_rf(c->ondemand);
+        vm_discard(c->ondemand);
         record_recovered(c, c->ckpt, "paused");
     } else if (newer || torn) {
         vlog(VMSNAP_LOG_ERROR, "VM '%s': cannot complete the interrupted checkpoint %s: %s",

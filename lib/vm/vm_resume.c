@@ -278,6 +278,18 @@ static int resume_check_live(struct resume *r, struct vmsnap_err *err)
      * not answer */
     struct vmsnap_vmm *sv = NULL;
     int vrc = vm_vmm_from_cfg(c, r->old, &sv, NULL) == 0 ? vmsnap_vmm_state(sv, &st, NULL, err) : 1;
+    if (vrc == 0 && st == VMSNAP_VMM_INCOMING) {
+        /* a resume killed while its QEMU waited for the state (nothing else makes one: the
+         * lock says no resume runs now): the guest never ran there, so that QEMU goes and this
+         * resume starts from the same source again */
+        vlog(VMSNAP_LOG_WARN,
+             "VM '%s': stopping the QEMU a killed resume left waiting for its state", r->name);
+        rc = vmsnap_vmm_stop(sv, err);
+        vmsnap_vmm_free(sv);
+        if (rc < 0)
+            return vmsnap_err_wrap(err, "VM '%s': stop the QEMU a killed resume left: ", r->name);
+        return 0;
+    }
     vmsnap_vmm_free(sv);
     if (vrc < 0) {
         /* its QEMU runs but does not answer (its monitor busy with another client, or the
@@ -666,7 +678,7 @@ static int resume_run(struct resume *r, struct vmsnap_err *err)
     vm_step(r->t, "resume", &r->t0);
     sys_failpoint("resume-running"); /* the guest runs; nothing cleaned up yet */
     if (r->from == FROM_STORE)
-        vm_rm_rf(c->ckpt); /* superseded by the store's snapshot, now that the VM runs from it */
+        vm_discard(c->ckpt); /* superseded by the store's snapshot, now that the VM runs from it */
     if (r->from == FROM_STAGE)
         vm_rm_rf(c->stage); /* its image is the RAM file now; the VM runs */
     if (r->disk_prev[0])

@@ -42,6 +42,11 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
     }
     /* io-error: QEMU stopped the guest on a failed disk write (a full host filesystem); the
      * device state keeps the request, which the restored guest retries */
+    if (st == VMSNAP_VMM_INCOMING) /* a resume killed while its QEMU waited for the state */
+        return vmsnap_err_set(err, EINVAL,
+                              "VM '%s' is incoming, not running (a resume was killed while its "
+                              "QEMU waited for the state): 'vmsnap vm resume %s' starts it again",
+                              c->name, c->name);
     if (st != VMSNAP_VMM_RUNNING && st != VMSNAP_VMM_PAUSED && st != VMSNAP_VMM_IO_ERROR)
         return vmsnap_err_set(err, EINVAL, "VM '%s' is %s, not running", c->name,
                               vmsnap_vmm_state_name(st));
@@ -140,7 +145,7 @@ static int finish_local(struct vmctx *c, json_object *cfg, const char *sdir, boo
     unlink(c->disk);
     if (vm_cfg_bool(cfg, "ram_shared"))
         unlink(c->ram);
-    vm_rm_rf(c->ondemand);
+    vm_discard(c->ondemand);
     vm_step(t, "checkpoint", t0);
     if (evict) {
         /* The checkpoint was just written: start its writeback and drop what is clean, so it
@@ -430,8 +435,9 @@ static void teardown_local(struct suspend *s)
              "VM '%s': its dead QEMU's RAM file %s stays (it ran with another "
              "--ram-dir): 'vmsnap vm stop %s --ram-dir DIR' with that directory removes it",
              s->name, rp, s->name);
-    vm_rm_rf(c->ckpt);
-    vm_rm_rf(c->ondemand);
+    sys_failpoint("suspend-teardown"); /* the disk and RAM gone, the checkpoint not yet */
+    vm_discard(c->ckpt);
+    vm_discard(c->ondemand);
     if (s->from != PUSH_CHECKPOINT)
         vm_unstage(c);
     vm_step(s->t, "teardown-local", &s->t0);

@@ -525,6 +525,7 @@ static int qemu_restore(struct vmsnap_vmm *v, const char *dir, struct vmsnap_err
     /* Both sides must agree on x-ignore-shared: it is set only when the RAM stayed out of the
      * state (taken from a shared RAM file). */
     rc = set_ignore_shared(&q, !v->state_has_ram, err);
+    sys_failpoint("resume-incoming"); /* QEMU up, waiting for the state it is not yet given */
     if (rc == 0)
         rc = pass_state_fd(&q, path, false, err);
     if (rc == 0) {

@@ -258,6 +258,41 @@ else
     echo "note: chattr +i unsupported on $N: the unwritable-record case is not exercised"
 fi
 
+# a suspend killed during its final teardown (the set stored and the record saying so; the disk
+# and the RAM file gone): killed before the old checkpoint goes, and while it goes (renamed
+# aside: it went mark by mark, and a kill half way left a checkpoint that read as an interrupted
+# pause, which resume, suspend and the advice of pause all refused without --force). Each time
+# vm ls says suspended and a plain resume continues from the stored set.
+for fp in suspend-teardown vm-discarding; do
+    sleep 1
+    vmc "$N" pause golden || fail "pause before the $fp case"
+    vmc "$N" resume golden >/dev/null 2>&1 || fail "resume before the $fp case"
+    [ -d "$N/vms/golden/checkpoint" ] || fail "$fp: no local checkpoint to tear down"
+    sleep 1
+    rc=0 && VMSNAP_FAILPOINT=$fp vmc "$N" suspend golden "$STORE/t-$fp" 2>"$T/err" || rc=$?
+    [ "$rc" = 137 ] || fail "$fp failpoint: exit $rc: $(cat "$T/err")"
+    vmc "$N" ls | grep -Eq '^golden +suspended' || fail "vm ls after a suspend killed at $fp: $(vmc "$N" ls)"
+    read -r r d <<<"$(last_counter "$N" golden)"
+    resume_check "$N" golden "$r" "$d" || done_tests
+    [ -e "$N/vms/golden/checkpoint.discard" ] && fail "$fp: checkpoint.discard outlived the next command"
+done
+# a resume killed while its QEMU waits for the state: vm ls says incoming, pause and suspend say
+# what to run (they said "pause, suspend or stop it first" and refused both), and that works
+sleep 1
+vmc "$N" pause golden || fail "pause before the incoming case"
+read -r r d <<<"$(last_counter "$N" golden)"
+rc=0 && VMSNAP_FAILPOINT=resume-incoming vmc "$N" resume golden 2>"$T/err" || rc=$?
+[ "$rc" = 137 ] || fail "resume-incoming failpoint: exit $rc: $(cat "$T/err")"
+vmc "$N" ls | grep -Eq '^golden +incoming' || fail "vm ls after a resume killed while QEMU waited: $(vmc "$N" ls)"
+expect_fail "pause of an incoming VM" vmc "$N" pause golden
+grep -q "'vmsnap vm resume golden' starts it again" "$T/err" || fail "pause of an incoming VM: $(cat "$T/err")"
+expect_fail "suspend of an incoming VM" vmc "$N" suspend golden "$STORE/t-incoming"
+grep -q "'vmsnap vm resume golden' starts it again" "$T/err" || fail "suspend of an incoming VM: $(cat "$T/err")"
+resume_check "$N" golden "$r" "$d" || done_tests
+# the waiting QEMU was stopped: one QEMU runs the VM
+n=$(pgrep -fc -- "$N/vms/golden/qmp.sock" || true)
+[ "$n" = 1 ] || fail "QEMUs running the VM after the resume of an incoming one: $n"
+
 # a record naming another file as its RAM: stop does not delete that file
 mkdir -p "$S/vms/evil"
 echo precious >"$T/victim"
