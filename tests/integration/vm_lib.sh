@@ -21,17 +21,18 @@ export VMSNAP_ASSET_DIRS=${VMSNAP_ASSET_DIRS:-${VMSNAP_GUEST_DIR:-/var/cache/vms
 # QEMU and the guest run under TCG here: keep the guest small.
 VM_MEM=${VM_MEM:-256M}
 
-t_cleanup() {
+# (the first exit handler: a test's own, such as an unmount of what its VMs use, come after)
+vm_stop_all() {
     local d n
-    for d in "${VM_DIRS[@]}"; do
+    for d in ${VM_DIRS[@]+"${VM_DIRS[@]}"}; do
         [ -d "$d/vms" ] || continue
         for n in $(ls "$d/vms"); do
             "$VMSNAP" vm stop --rm --state-dir "$d" "$n" >/dev/null 2>&1 || true
         done
     done
-    [ -n "${VMSNAP_KEEP_TMP:-}" ] || rm -rf "$T"
     [ -z "$OWN_RAM_DIR" ] || rm -rf "$OWN_RAM_DIR"
 }
+at_exit vm_stop_all
 
 guest_dir() { # build (or reuse) the guest; skip when it cannot be built here
     local g

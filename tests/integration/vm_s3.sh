@@ -64,19 +64,11 @@ resume_check "$B" golden "$r" "$d" "s3://$BUCKET/vm1" || done_tests
 # interrupted (SIGINT, a Ctrl-C) during its upload: the upload is aborted, nothing is stored,
 # the checkpoint is kept locally and the VM resumes from it (the proxy delays the upload's parts
 # and copies from the 2nd on, so the signal comes mid-way)
-"${VMSNAP_FAULTPROXY:?}" "$T/fport" "$VMSNAP_RGW_PORT" "m2+:delay5000,c2+:delay5000" \
-    2>>"$T/proxy.log" &
-fpid=$!
-for _ in $(seq 100); do [ -s "$T/fport" ] && break; sleep 0.05; done
+start_proxy "m2+:delay5000,c2+:delay5000"
 sleep 1
-AWS_ENDPOINT_URL=http://127.0.0.1:$(cat "$T/fport") env --default-signal=INT "$VMSNAP" vm suspend golden \
-    "s3://$BUCKET/int" --state-dir "$B" 2>"$T/err" &
-spid=$!
-sleep 2.5
-kill -INT "$spid"
-rc=0 && wait "$spid" || rc=$?
-kill "$fpid" 2>/dev/null || true
-[ "$rc" = 1 ] || fail "interrupted suspend: exit $rc ($(cat "$T/err"))"
+AWS_ENDPOINT_URL=$PEP interrupt INT 2.5 "$VMSNAP" vm suspend golden "s3://$BUCKET/int" --state-dir "$B"
+stop_proxy
+[ "$irc" = 1 ] || fail "interrupted suspend: exit $irc ($(cat "$T/err"))"
 grep -q "kept locally.*interrupted (SIGINT)" "$T/err" || fail "interrupted suspend: $(cat "$T/err")"
 [ "$(head_code int/manifest.json)" = 404 ] || fail "the interrupted suspend stored a manifest"
 OUT=$T/int.xml s3curl GET "$BUCKET/?prefix=int/" >/dev/null

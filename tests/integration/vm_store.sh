@@ -10,7 +10,7 @@ from_golden "$A"
 VM_DIRS+=("$B")
 STORE=$T/store
 resume_check "$A" golden "$golden_ram" "$golden_data" || done_tests
-ramfile=$(sed -n 's/.*"ram_path": "\(.*\)".*/\1/p' "$A/vms/golden/vm.json")
+ramfile=$(jget "$A/vms/golden/vm.json" 'j["ram_path"]')
 
 here=$A there=$B
 i=0
@@ -59,14 +59,14 @@ for mode in eager on-demand on-demand eager; do
         [ ! -e "$there/vms/golden/ondemand" ] || fail "cycle $i: eager resume left ondemand/"
     fi
     ls "$VMSNAP_RAM_DIR" | grep -q 'golden\.stage' && fail "cycle $i: pulled staging left on tmpfs"
-    ramfile=$(sed -n 's/.*"ram_path": "\(.*\)".*/\1/p' "$there/vms/golden/vm.json")
+    ramfile=$(jget "$there/vms/golden/vm.json" 'j["ram_path"]')
     t=$here
     here=$there
     there=$t
 done
 [ "$(blob_md5 "$here" golden)" = "$boot_md5" ] || fail "RAM blob md5 changed over the cycles"
 # the base-id (lineage) survived every hop
-[ "$(sed -n 's/.*"base_id": "\(.*\)".*/\1/p' "$here/vms/golden/vm.json")" = \
-    "$(sed -n 's/.*"base_id": "\(.*\)".*/\1/p' "$GOLDEN/state/vms/golden/vm.json")" ] ||
+[ "$(jget "$here/vms/golden/vm.json" 'j["base_id"]')" = \
+    "$(jget "$GOLDEN/state/vms/golden/vm.json" 'j["base_id"]')" ] ||
     fail "base_id changed"
 done_tests
