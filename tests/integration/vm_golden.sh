@@ -51,7 +51,8 @@ boot_md5=$(tr -d '\r' <"$(con_log "$S" golden)" | sed -n 's/.*vmsnap-ready .*blo
 live_ino=$(stat -c %i "$S/vms/golden/disk-vda.ext4")
 
 vmc "$S" pause golden -v 2>"$T/pause.err" || fail "pause: $(cat "$T/pause.err")"
-grep -q 'snapshot' "$T/pause.err" || fail "pause -v shows no step timings: $(cat "$T/pause.err")"
+grep -Eq '^  snapshot +[0-9]+\.[0-9]{3} s$' "$T/pause.err" ||
+    fail "pause -v shows no step timings: $(cat "$T/pause.err")"
 read -r last_ram last_data <<<"$(last_counter "$S" golden)"
 C=$S/vms/golden/checkpoint
 for f in memory-ranges state config.json base-id rootfs-disk-vda.ext4; do

@@ -120,6 +120,35 @@ resume_check() {
     [ "$data" -gt "$data0" ] 2>/dev/null || fail "resume $n $*: file counter $data after $data0"
 }
 
+# copied_said LOG: the bytes a -v push in LOG said the store copied from its base, over its files
+copied_said() {
+    sed -n 's/.*frames reused from the base: \([0-9]*\) bytes copied by the store.*/\1/p' "$1" |
+        awk '{ s += $1 } END { print s + 0 }'
+}
+
+# suspend_same_base STATE BASE URL: pause the VM golden, push its checkpoint as the set BASE
+# (in the frames a suspend gives a guest of $VM_MEM: 1/64 of it, at least 8 MiB) and suspend it
+# to URL over that base: every frame is the base's, the store copies them, and --json's
+# copied_bytes is what each file's push said it copied. Status 1 when it could not be done.
+suspend_same_base() {
+    local s=$1 mib copied
+    case $VM_MEM in
+    *G) mib=$((${VM_MEM%G} * 1024)) ;;
+    *) mib=${VM_MEM%M} ;;
+    esac
+    mib=$((mib / 64 > 8 ? mib / 64 : 8))
+    vmc "$s" pause golden || { fail "pause before the same-frames base"; return 1; }
+    "$VMSNAP" -q push --frame-size "${mib}M" "$s/vms/golden/checkpoint" "$2" 2>/dev/null ||
+        { fail "push of the checkpoint as a base"; return 1; }
+    "$VMSNAP" -v vm suspend golden "$3" --base "$2" --json --state-dir "$s" >"$T/same.json" \
+        2>"$T/same.err" || { fail "suspend over the same frames: $(cat "$T/same.err")"; return 1; }
+    copied=$(copied_said "$T/same.err")
+    [ "$copied" -gt 0 ] ||
+        fail "a suspend over a base of the same frames copied nothing: $(cat "$T/same.err")"
+    [ "$(jget "$T/same.json" "j['copied_bytes'] == $copied <= j['object_bytes']" 2>&1)" = True ] ||
+        fail "copied_bytes is not the $copied bytes copied from the base: $(cat "$T/same.json")"
+}
+
 # from_golden STATE: a copy of the golden state directory (the VM 'golden', paused)
 from_golden() {
     [ -f "$GOLDEN/golden.env" ] || skip "no golden checkpoint (vm_golden did not run or failed)"
