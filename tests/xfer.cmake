@@ -21,3 +21,13 @@ foreach(t IN ITEMS xfer_s3 xfer_s3_faults)
   set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT
                "VMSNAP_RGW_STATE=${VMSNAP_RGW_STATE};VMSNAP_FAULTPROXY=$<TARGET_FILE:vmsnap_faultproxy>")
 endforeach()
+
+# Unit tests of the transfer's parts on their own, each one C program: the manifest and push
+# mark (parse/build round trips, hostile bytes), the local store backend through the store API,
+# and the worker pool's byte budget.
+vmsnap_c_test(xfer_manifest SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_manifest.c TIMEOUT 60
+              LABELS xfer)
+vmsnap_c_test(store_local SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_store_local.c TIMEOUT 60
+              LABELS xfer)
+vmsnap_c_test(xfer_pool SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_xfer_pool.c TIMEOUT 120
+              LABELS xfer)

@@ -14,10 +14,9 @@ losetup -f >/dev/null 2>&1 || skip "no free loop device"
 
 MNT=$T/mnt
 mkdir -p "$MNT"
-trap 'for m in "$MNT" "$T/xfs" "$T/btrfs"; do mountpoint -q "$m" && umount "$m"; done; t_cleanup' EXIT
+at_exit 'for m in "$MNT" "$T/xfs" "$T/btrfs"; do mountpoint -q "$m" && umount "$m"; done'
 
-uuid_of() { "$VMSNAP" disk info --json "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["uuid"])'; }
-alloc() { echo $(($(stat -c %b "$1") * 512)); }
+uuid_of() { "$VMSNAP" disk info --json "$1" | jget - 'j["uuid"]'; }
 
 # A seeded image with 20 MiB of data in a 1 GiB virtual size, where this filesystem (ext4 on
 # the test machine) has no reflinks.
@@ -33,7 +32,7 @@ fstype=$(stat -f -c %T "$T")
 "$VMSNAP" -v disk clone "$T/src.img" "$T/c1.img" 2>"$T/how" || fail "clone"
 cmp -s "$T/src.img" "$T/c1.img" || fail "clone bytes differ"
 [ "$(stat -c %s "$T/c1.img")" = "$(stat -c %s "$T/src.img")" ] || fail "clone size differs"
-a=$(alloc "$T/src.img") b=$(alloc "$T/c1.img")
+a=$(allocated "$T/src.img") b=$(allocated "$T/c1.img")
 if grep -q ficlone "$T/how"; then
     echo "note: $fstype supports FICLONE here"
 else
@@ -53,7 +52,7 @@ e2fsck -fn "$T/c1.img" >"$T/fsck" 2>&1 || fail "written clone: e2fsck: $(tail "$
 # bytes, holes kept, and neither the written nor the read file left in the page cache (only an
 # unaligned tail page goes through the buffered path). Cache is checked before cmp reads them.
 SHM=$(mktemp -d /dev/shm/vmsnap-dclone.XXXXXX)
-trap 'rm -rf "$SHM"; for m in "$MNT" "$T/xfs" "$T/btrfs"; do mountpoint -q "$m" && umount "$m"; done; t_cleanup' EXIT
+at_exit 'rm -rf "$SHM"'
 python3 - "$SHM/ram" <<'PYEOF'
 import os, sys
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
@@ -70,7 +69,7 @@ n=$(cached_pages "$T/d1.img")
 n=$(cached_pages "$T/d1.img")
 [ "$n" -le 2 ] || fail "--direct read left $n pages of the source cached"
 cmp -s "$SHM/ram" "$T/d1.img" && cmp -s "$SHM/ram" "$SHM/back" || fail "--direct copies differ"
-a=$(alloc "$SHM/ram") b=$(alloc "$T/d1.img") c=$(alloc "$SHM/back")
+a=$(allocated "$SHM/ram") b=$(allocated "$T/d1.img") c=$(allocated "$SHM/back")
 [ "$b" -le $((a + 65536)) ] && [ "$c" -le $((a + 65536)) ] ||
     fail "--direct copies allocate $b / $c bytes, source $a (holes not kept?)"
 

@@ -12,7 +12,7 @@ losetup -f >/dev/null 2>&1 || skip "no free loop device"
 
 MNT=$T/mnt
 mkdir -p "$MNT"
-trap 'mountpoint -q "$MNT" && umount "$MNT"; t_cleanup' EXIT
+at_exit 'mountpoint -q "$MNT" && umount "$MNT"'
 
 fsck_clean() { # IMAGE DESC
     if ! e2fsck -fn "$1" >"$T/fsck" 2>&1; then
@@ -24,7 +24,7 @@ fsck_clean() { # IMAGE DESC
 # 1. empty image: clean, inode tables are holes (4 GiB image, well under 1 MiB allocated)
 "$VMSNAP" disk create "$T/empty.img" || fail "create empty"
 fsck_clean "$T/empty.img" empty
-alloc=$(($(stat -c %b "$T/empty.img") * 512))
+alloc=$(allocated "$T/empty.img")
 [ "$alloc" -lt $((1024 * 1024)) ] || fail "empty 4 GiB image allocates $alloc bytes (want < 1 MiB)"
 [ "$(stat -c %s "$T/empty.img")" = $((4 << 30)) ] || fail "default size is not 4 GiB"
 "$VMSNAP" disk info --json "$T/empty.img" >"$T/info.json" || fail "info"

@@ -143,11 +143,7 @@ rc=0; "$VMSNAP" vm bogus 2>"$T/err" || rc=$?
 
 # --drop-cache: the restored file (on a disk filesystem, where the page cache is droppable) ends
 # with under 1% of its pages cached, for unpack and for pull from the local store
-cached_pct() { "$VMSNAP" cache stat --json "$1" | python3 -c '
-import json, sys
-d = json.load(sys.stdin)
-t = d.get("total", d)
-print(int(100 * t["cached"] / max(1, t["pages"])))'; }
+cached_pct() { "$VMSNAP" cache stat --json "$1" | jget - 'int(100 * j["total"]["cached"] / max(1, j["total"]["pages"]))'; }
 if [ "$(stat -f -c %T "$T")" = tmpfs ]; then
     skip "drop-cache checks need a disk filesystem for TMPDIR, not tmpfs"
 fi

@@ -16,7 +16,7 @@ read -r r _ <<<"$(last_counter "$S" golden)"
 [ "$r" -gt "$((golden_ram + 2))" ] || fail "the guest did not run on before the kill (ram $r)"
 pid=$(cat "$S/vms/golden/pid")
 kill -9 "$pid"
-for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+wait_for 5 not kill -0 "$pid" 2>/dev/null || true
 sleep 0.5
 vmc "$S" ls | grep -Eq '^golden +dead' || fail "vm ls after kill -9: $(vmc "$S" ls)"
 expect_fail "pause of a dead VM" vmc "$S" pause golden
@@ -91,8 +91,7 @@ vmc "$S" ls | grep -Eq '^golden +running' || fail "a refused suspend stopped the
 sleep 1
 [ "$(id -u)" = 0 ] || skip "the full-store cases mount a tmpfs: needs root"
 mkdir "$T/full" && mount -t tmpfs -o size=1m vmsnap-test-store "$T/full" || skip "cannot mount a tmpfs"
-eval "orig_$(declare -f t_cleanup)"
-t_cleanup() { umount "$T/full" 2>/dev/null || true; orig_t_cleanup; }
+at_exit 'umount "$T/full" 2>/dev/null || true'
 FULL=$T/full/set
 expect_fail "suspend to a full store" vmc "$S" suspend golden "$FULL"
 grep -q 'kept locally' "$T/err" || fail "failed suspend does not say the checkpoint is kept: $(cat "$T/err")"

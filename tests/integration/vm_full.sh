@@ -16,12 +16,8 @@
 [ -f "$GOLDEN/golden.env" ] || skip "no golden checkpoint (vm_golden did not run or failed)"
 F=$(mktemp -d "${TMPDIR:-/tmp}/vmsnap-full.XXXXXX")
 R=$(mktemp -d "${TMPDIR:-/tmp}/vmsnap-fullram.XXXXXX")
-eval "vm_lib_$(declare -f t_cleanup)"
-t_cleanup() {
-    vm_lib_t_cleanup
-    umount "$F" "$R" 2>/dev/null || true
-    rmdir "$F" "$R" 2>/dev/null || true
-}
+# (after vm_lib's handler has stopped the VMs that use them)
+at_exit 'umount "$F" "$R" 2>/dev/null || true; rmdir "$F" "$R" 2>/dev/null || true'
 kib() { du -sk "$1" | cut -f1; }
 g=$GOLDEN/state/vms/golden/checkpoint
 ram_k=$(kib "$g/memory-ranges")

@@ -11,7 +11,7 @@ VM_DIRS+=("$S")
 append="$(cat "$G/cmdline") vmsnap.dirty=16"
 vmc "$S" run golden --kernel "$G/vmlinux" --initrd "$G/initrd.cpio.gz" --mem "$VM_MEM" \
     --disk-size 256M --append "$append" || { fail "vm run"; done_tests; }
-ram=$(sed -n 's/"ram_path": "\(.*\)",*/\1/p' "$S/vms/golden/vm.json" | tr -d ' ')
+ram=$(jget "$S/vms/golden/vm.json" 'j["ram_path"]')
 [ -f "$ram" ] || fail "guest RAM file $ram missing"
 [ "$(stat -f -c %T "$(dirname "$ram")")" = tmpfs ] || fail "guest RAM $ram is not on tmpfs"
 vmc "$S" ls | grep -Eq '^golden +running' || fail "vm ls does not show golden running: $(vmc "$S" ls)"
@@ -36,12 +36,11 @@ rpid=$!
 sleep 1
 kill -TERM "$rpid"
 wait "$rpid" 2>/dev/null || true
-for _ in $(seq 100); do pgrep -f "$S/vms/killed/" >/dev/null && break; sleep 0.1; done
+wait_for 10 pgrep -f "$S/vms/killed/" >/dev/null || true
 sleep 0.5
 vmc "$S" ls | grep -q '^killed ' || fail "vm ls does not show a killed run: $(vmc "$S" ls)"
 vmc "$S" stop --rm killed 2>"$T/err" || fail "stop --rm of a killed run: $(cat "$T/err")"
-for _ in $(seq 50); do pgrep -f "$S/vms/killed/" >/dev/null || break; sleep 0.1; done
-pgrep -f "$S/vms/killed/" >/dev/null && fail "QEMU of a killed run still runs after stop --rm"
+wait_for 5 not pgrep -f "$S/vms/killed/" >/dev/null || fail "QEMU of a killed run still runs after stop --rm"
 [ ! -e "$S/vms/killed" ] || fail "stop --rm left $S/vms/killed"
 ls "$VMSNAP_RAM_DIR" | grep -q -- '-killed\.ram$' && fail "stop --rm left the killed run's RAM file"
 
@@ -52,14 +51,15 @@ boot_md5=$(tr -d '\r' <"$(con_log "$S" golden)" | sed -n 's/.*vmsnap-ready .*blo
 live_ino=$(stat -c %i "$S/vms/golden/disk-vda.ext4")
 
 vmc "$S" pause golden -v 2>"$T/pause.err" || fail "pause: $(cat "$T/pause.err")"
-grep -q 'snapshot' "$T/pause.err" || fail "pause -v shows no step timings: $(cat "$T/pause.err")"
+grep -Eq '^  snapshot +[0-9]+\.[0-9]{3} s$' "$T/pause.err" ||
+    fail "pause -v shows no step timings: $(cat "$T/pause.err")"
 read -r last_ram last_data <<<"$(last_counter "$S" golden)"
 C=$S/vms/golden/checkpoint
 for f in memory-ranges state config.json base-id rootfs-disk-vda.ext4; do
     [ -f "$C/$f" ] || fail "checkpoint lacks $f"
 done
 [ "$(stat -c %s "$C/memory-ranges")" = $((256 << 20)) ] || fail "memory-ranges is not the RAM size"
-alloc=$(($(stat -c %b "$C/memory-ranges") * 512))
+alloc=$(allocated "$C/memory-ranges")
 [ "$alloc" -lt $((256 << 20)) ] || fail "memory-ranges is not sparse ($alloc bytes allocated)"
 [ "$alloc" -gt $((16 << 20)) ] || fail "memory-ranges holds less than the 16 MiB blob ($alloc)"
 [ "$(stat -c %i "$C/rootfs-disk-vda.ext4")" = "$live_ino" ] ||

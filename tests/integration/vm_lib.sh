@@ -21,17 +21,18 @@ export VMSNAP_ASSET_DIRS=${VMSNAP_ASSET_DIRS:-${VMSNAP_GUEST_DIR:-/var/cache/vms
 # QEMU and the guest run under TCG here: keep the guest small.
 VM_MEM=${VM_MEM:-256M}
 
-t_cleanup() {
+# (the first exit handler: a test's own, such as an unmount of what its VMs use, come after)
+vm_stop_all() {
     local d n
-    for d in "${VM_DIRS[@]}"; do
+    for d in ${VM_DIRS[@]+"${VM_DIRS[@]}"}; do
         [ -d "$d/vms" ] || continue
         for n in $(ls "$d/vms"); do
             "$VMSNAP" vm stop --rm --state-dir "$d" "$n" >/dev/null 2>&1 || true
         done
     done
-    [ -n "${VMSNAP_KEEP_TMP:-}" ] || rm -rf "$T"
     [ -z "$OWN_RAM_DIR" ] || rm -rf "$OWN_RAM_DIR"
 }
+at_exit vm_stop_all
 
 guest_dir() { # build (or reuse) the guest; skip when it cannot be built here
     local g
@@ -117,6 +118,35 @@ resume_check() {
     [ "$ram" -gt "$ram0" ] && [ "$ram" -le "$((ram0 + 2))" ] ||
         fail "resume $n $*: RAM counter $ram after $ram0 (expected $((ram0 + 1)))"
     [ "$data" -gt "$data0" ] 2>/dev/null || fail "resume $n $*: file counter $data after $data0"
+}
+
+# copied_said LOG: the bytes a -v push in LOG said the store copied from its base, over its files
+copied_said() {
+    sed -n 's/.*frames reused from the base: \([0-9]*\) bytes copied by the store.*/\1/p' "$1" |
+        awk '{ s += $1 } END { print s + 0 }'
+}
+
+# suspend_same_base STATE BASE URL: pause the VM golden, push its checkpoint as the set BASE
+# (in the frames a suspend gives a guest of $VM_MEM: 1/64 of it, at least 8 MiB) and suspend it
+# to URL over that base: every frame is the base's, the store copies them, and --json's
+# copied_bytes is what each file's push said it copied. Status 1 when it could not be done.
+suspend_same_base() {
+    local s=$1 mib copied
+    case $VM_MEM in
+    *G) mib=$((${VM_MEM%G} * 1024)) ;;
+    *) mib=${VM_MEM%M} ;;
+    esac
+    mib=$((mib / 64 > 8 ? mib / 64 : 8))
+    vmc "$s" pause golden || { fail "pause before the same-frames base"; return 1; }
+    "$VMSNAP" -q push --frame-size "${mib}M" "$s/vms/golden/checkpoint" "$2" 2>/dev/null ||
+        { fail "push of the checkpoint as a base"; return 1; }
+    "$VMSNAP" -v vm suspend golden "$3" --base "$2" --json --state-dir "$s" >"$T/same.json" \
+        2>"$T/same.err" || { fail "suspend over the same frames: $(cat "$T/same.err")"; return 1; }
+    copied=$(copied_said "$T/same.err")
+    [ "$copied" -gt 0 ] ||
+        fail "a suspend over a base of the same frames copied nothing: $(cat "$T/same.err")"
+    [ "$(jget "$T/same.json" "j['copied_bytes'] == $copied <= j['object_bytes']" 2>&1)" = True ] ||
+        fail "copied_bytes is not the $copied bytes copied from the base: $(cat "$T/same.json")"
 }
 
 # from_golden STATE: a copy of the golden state directory (the VM 'golden', paused)

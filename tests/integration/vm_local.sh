@@ -17,7 +17,7 @@ C=$S/vms/golden/checkpoint
 # page-cache hygiene: the checkpoint's memory image is not left cached next to the guest
 n=$(cached_pages "$C/memory-ranges")
 [ "$n" -le 16 ] || fail "after resume $n pages of the checkpoint's memory image are cached"
-[ -e "$VMSNAP_RAM_DIR/$(basename "$(sed -n 's/.*"ram_path": "\(.*\)".*/\1/p' "$S/vms/golden/vm.json")")" ] ||
+[ -e "$VMSNAP_RAM_DIR/$(basename "$(jget "$S/vms/golden/vm.json" 'j["ram_path"]')")" ] ||
     fail "eager resume: no RAM file on the RAM directory"
 
 # second cycle, on demand: the image is mapped privately from the checkpoint
@@ -28,7 +28,7 @@ n=$(cached_pages "$C/memory-ranges")
 read -r r d <<<"$(last_counter "$S" golden)"
 cp "$C/memory-ranges" "$T/img.before" --sparse=always
 resume_check "$S" golden "$r" "$d" --on-demand || done_tests
-grep -q "\"ram_path\": \"$C/memory-ranges\"" "$S/vms/golden/vm.json" ||
+[ "$(jget "$S/vms/golden/vm.json" 'j["ram_path"]')" = "$C/memory-ranges" ] ||
     fail "on-demand resume does not map the checkpoint image"
 sleep 2
 cmp -s "$C/memory-ranges" "$T/img.before" || fail "on-demand resume modified the checkpoint image"
@@ -64,6 +64,6 @@ vmc "$S" ls | grep -Eq '^golden +running' || fail "vm ls under the other spellin
 grep -q "is running" "$T/err" || fail "second resume, relative spelling: $(cat "$T/err")"
 [ "$(pgrep -f "$S/vms/golden/" | wc -l)" = 1 ] || fail "QEMU processes of the VM: $(pgrep -af "$S/vms/golden/")"
 vmc "$S" stop golden || fail "stop under the first spelling"
-for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-kill -0 "$pid" 2>/dev/null && fail "vm stop left the QEMU started under another spelling (pid $pid)"
+wait_for 5 not kill -0 "$pid" 2>/dev/null ||
+    fail "vm stop left the QEMU started under another spelling (pid $pid)"
 done_tests

@@ -3,7 +3,8 @@
 # suspend to a real Ceph RGW (the xfer_rgw fixture) -> resume under another state directory:
 # both counters continue. S3 down during suspend (the endpoint refuses connections): the local
 # checkpoint survives, the error says so, and a later suspend to the real RGW succeeds. A suspend
-# interrupted during its upload keeps its checkpoint locally and leaves nothing in the bucket.
+# interrupted during its upload keeps its checkpoint locally and leaves nothing in the bucket. A
+# suspend over a base of the same frames: copied inside RGW, and counted.
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
 . "$VMSNAP_SRC/tests/integration/xfer_s3_lib.sh"
 A=$T/node-a
@@ -53,8 +54,14 @@ for f in /proc/"$qpid"/fd/*; do
 done
 # suspended again to the URL it came from: that set is the base of its own replacement
 sleep 1
-vmc "$A" suspend golden "s3://$BUCKET/vm1" --json >"$T/s2.json" 2>"$T/s2.err" || fail "suspend over its own base"
-grep -q '"copied_bytes":' "$T/s2.json" || fail "suspend over its own base: $(cat "$T/s2.json") $(cat "$T/s2.err")"
+"$VMSNAP" -v vm suspend golden "s3://$BUCKET/vm1" --json --state-dir "$A" >"$T/s2.json" 2>"$T/s2.err" ||
+    fail "suspend over its own base"
+grep "memory-ranges.zstd: [0-9]* of [0-9]* frames reused from the base" "$T/s2.err" >&2 ||
+    fail "suspend over its own base did not use it: $(cat "$T/s2.err")"
+# copied_bytes: the bytes copied inside RGW from the set being replaced, as each file's push said
+copied=$(copied_said "$T/s2.err")
+[ "$(jget "$T/s2.json" "j['copied_bytes'] == $copied <= j['object_bytes']" 2>&1)" = True ] ||
+    fail "suspend over its own base: copied_bytes is not the $copied bytes copied: $(cat "$T/s2.json")"
 read -r r d <<<"$(last_counter "$A" golden)"
 vmc "$B" stop --rm golden >/dev/null 2>&1 || true
 resume_check "$B" golden "$r" "$d" "s3://$BUCKET/vm1" || done_tests
@@ -64,19 +71,11 @@ resume_check "$B" golden "$r" "$d" "s3://$BUCKET/vm1" || done_tests
 # interrupted (SIGINT, a Ctrl-C) during its upload: the upload is aborted, nothing is stored,
 # the checkpoint is kept locally and the VM resumes from it (the proxy delays the upload's parts
 # and copies from the 2nd on, so the signal comes mid-way)
-"${VMSNAP_FAULTPROXY:?}" "$T/fport" "$VMSNAP_RGW_PORT" "m2+:delay5000,c2+:delay5000" \
-    2>>"$T/proxy.log" &
-fpid=$!
-for _ in $(seq 100); do [ -s "$T/fport" ] && break; sleep 0.05; done
+start_proxy "m2+:delay5000,c2+:delay5000"
 sleep 1
-AWS_ENDPOINT_URL=http://127.0.0.1:$(cat "$T/fport") env --default-signal=INT "$VMSNAP" vm suspend golden \
-    "s3://$BUCKET/int" --state-dir "$B" 2>"$T/err" &
-spid=$!
-sleep 2.5
-kill -INT "$spid"
-rc=0 && wait "$spid" || rc=$?
-kill "$fpid" 2>/dev/null || true
-[ "$rc" = 1 ] || fail "interrupted suspend: exit $rc ($(cat "$T/err"))"
+AWS_ENDPOINT_URL=$PEP interrupt INT 2.5 "$VMSNAP" vm suspend golden "s3://$BUCKET/int" --state-dir "$B"
+stop_proxy
+[ "$irc" = 1 ] || fail "interrupted suspend: exit $irc ($(cat "$T/err"))"
 grep -q "kept locally.*interrupted (SIGINT)" "$T/err" || fail "interrupted suspend: $(cat "$T/err")"
 [ "$(head_code int/manifest.json)" = 404 ] || fail "the interrupted suspend stored a manifest"
 OUT=$T/int.xml s3curl GET "$BUCKET/?prefix=int/" >/dev/null
@@ -85,4 +84,12 @@ grep -q '<Key>' "$T/int.xml" && fail "the interrupted suspend left objects: $(gr
 vmc "$B" ls | grep -Eq '^golden +paused .*checkpoint' || fail "ls after the interrupted suspend: $(vmc "$B" ls)"
 read -r r d <<<"$(last_counter "$B" golden)"
 resume_check "$B" golden "$r" "$d" || done_tests
+
+# a suspend over a base holding the same frames: RGW copies them (UploadPartCopy), and
+# copied_bytes counts them
+suspend_same_base "$B" "s3://$BUCKET/same" "s3://$BUCKET/same-2" || done_tests
+read -r r d <<<"$(last_counter "$B" golden)"
+vmc "$A" stop --rm golden >/dev/null 2>&1 || true
+resume_check "$A" golden "$r" "$d" "s3://$BUCKET/same-2" || done_tests
+[ "$(uploads_left)" = 0 ] || fail "uploads left after the suspend over the same frames"
 done_tests

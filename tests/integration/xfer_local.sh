@@ -7,20 +7,16 @@
 S=$T/store
 mkdir -p "$S"
 
-# random, incompressible data so object sizes are predictable (about the input size)
-mk() { head -c "$2" /dev/urandom >"$1"; }
-# kill_push_mid_upload SRC DEST [FILE]: push SRC to DEST in 64 KiB parts and SIGKILL it once an
-# upload of an object (not a mark's or manifest's single PUT) is under way there (and FILE
-# exists, when given)
+# uploading DIR [FILE]: an upload of an object (not a mark's or manifest's single PUT) is under
+# way in DIR (and FILE exists, when given)
+uploading() { ls -A "$1" 2>/dev/null | grep -q '\.zstd\.mpu-' && { [ -z "${2:-}" ] || [ -e "$2" ]; }; }
+# kill_push_mid_upload SRC DEST [FILE]: push SRC to DEST in 64 KiB parts and SIGKILL it once it
+# is uploading there (and FILE exists, when given)
 kill_push_mid_upload() {
     "$VMSNAP" -q push -j 1 --part-size 64K --max-memory 128K "$1" "$2" &
     local pid=$!
-    for _ in $(seq 1 200); do
-        ls -A "$2" 2>/dev/null | grep -q '\.zstd\.mpu-' && { [ -z "${3:-}" ] || [ -e "$3" ]; } && break
-        sleep 0.05
-    done
-    kill -9 $pid 2>/dev/null
-    wait $pid 2>/dev/null || true
+    wait_for 10 uploading "$2" "${3:-}" || true
+    kill_wait $pid
 }
 
 # interrupt_push_mid_upload SRC DEST: push SRC over the set at DEST in 64 KiB parts, send it
@@ -31,10 +27,7 @@ interrupt_push_mid_upload() {
     env --default-signal=INT "$VMSNAP" push -j 1 --part-size 64K --max-memory 128K "$1" "$2" \
         2>"$T/ierr" &
     local pid=$!
-    for _ in $(seq 1 200); do
-        ls -A "$2" 2>/dev/null | grep -q '\.zstd\.mpu-' && break
-        sleep 0.05
-    done
+    wait_for 10 uploading "$2" || true
     [ -e "$2/manifest.json" ] || fail "the push to $2 un-committed the set there while it uploaded"
     kill -INT $pid
     irc=0 && wait $pid || irc=$?
@@ -226,7 +219,7 @@ for f in z0 z1 sp; do
     cmp -s "$T/$f" "$T/$f.out" || fail "round trip of $f differs"
 done
 [ "$(stat -c %s "$T/sp.out")" = 1073741824 ] || fail "sparse image size"
-[ "$(($(stat -c %b "$T/sp.out") * 512))" -lt $((16 * 1024 * 1024)) ] || fail "pulled image is not sparse"
+[ "$(allocated "$T/sp.out")" -lt $((16 * 1024 * 1024)) ] || fail "pulled image is not sparse"
 
 # a snapshot set
 mkdir "$T/set"
@@ -296,7 +289,7 @@ hostile "two digests" "$(sed 's/"tableSha256":\("[0-9a-f]*"\)/"tableSha256":\1,"
 # a manifest with the whole object's sha256 (older vmsnap) is verified that way
 legacy=$(cat "$S/sets/a/manifest.json")
 for n in memory-ranges state.json config.json base-id; do
-    d=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["files"][sys.argv[2]]["tableSha256"])' "$S/sets/a/manifest.json" "$n")
+    d=$(jget "$S/sets/a/manifest.json" "j['files']['$n']['tableSha256']")
     legacy=${legacy/\"tableSha256\":\"$d\"/\"sha256\":\"$(sha256sum <"$S/sets/a/$n.zstd" | cut -c1-64)\"}
 done
 rm -rf "$S/sets/lg" "$T/lgout" && cp -r "$S/sets/a" "$S/sets/lg" && printf '%s' "$legacy" >"$S/sets/lg/manifest.json"
@@ -721,10 +714,7 @@ mkdir -p "$T/cset" && mk "$T/cset/memory-ranges" $((32 * 1024 * 1024)) &&
 VMSNAP_FAILPOINT=push-cleanup-deleted:stop env --default-signal=INT "$VMSNAP" -q push -j 1 \
     --part-size 64K --max-memory 128K "$T/cset" "$S/sets/cl" 2>"$T/cerr" &
 cpid=$!
-for _ in $(seq 1 200); do
-    ls -A "$S/sets/cl" 2>/dev/null | grep -q '\.zstd\.mpu-' && break
-    sleep 0.05
-done
+wait_for 10 uploading "$S/sets/cl" || true
 kill -INT $cpid
 wait_stopped $cpid 10 || fail "the interrupted push did not stop in its clean-up: $(cat "$T/cerr")"
 "$VMSNAP" -q push "$T/kset" "$S/sets/cl" || fail "push beside a failing push's clean-up"
@@ -825,11 +815,11 @@ mkdir -p "$T/gset" && mk "$T/gset/memory-ranges" $((1024 * 1024)) && echo s1 >"$
 mkdir -p "$T/gset2" && mk "$T/gset2/memory-ranges" $((32 * 1024 * 1024)) && echo s2 >"$T/gset2/state.json"
 "$VMSNAP" -q push -j 1 --part-size 64K --max-memory 128K "$T/gset2" "$S/sets/gc" 2>"$T/gerr" &
 gpid=$!
-for _ in $(seq 1 200); do
+both_uploading() {
     ls -A "$S/sets/gc" 2>/dev/null | grep -q '^\.state.json.zstd.mpu-' &&
-        ls -A "$S/sets/gc" | grep -q '^\.memory-ranges.zstd.mpu-' && break
-    sleep 0.05
-done
+        ls -A "$S/sets/gc" | grep -q '^\.memory-ranges.zstd.mpu-'
+}
+wait_for 10 both_uploading || true
 kill -STOP $gpid
 touch -d '2 hours ago' "$S"/sets/gc/.state.json.zstd.mpu-* "$S"/sets/gc/vmsnap-push-*.json
 "$VMSNAP" gc "$S/sets/gc" >"$T/gc.out" 2>&1 || fail "gc beside a running push: $(cat "$T/gc.out")"

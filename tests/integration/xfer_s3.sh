@@ -4,7 +4,6 @@
 # equal to the local store's, a 1 GiB sparse image, sets, wrong credentials, a killed push.
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/lib.sh"
 . "$VMSNAP_SRC/tests/integration/xfer_s3_lib.sh"
-mk() { head -c "$2" /dev/urandom >"$1"; }
 M=$((1024 * 1024))
 
 mk "$T/r" $((6 * M + 333))
@@ -108,13 +107,8 @@ mk "$T/kset/memory-ranges" $((48 * M))
 echo s >"$T/kset/state.json"
 "$VMSNAP" -v -v push -j 1 --part-size 5M --max-memory 5M "$T/kset" "s3://$BUCKET/sets/k" 2>"$T/ktrace" &
 pid=$!
-for _ in $(seq 1 200); do
-    grep -q 'partNumber=2' "$T/ktrace" && break
-    sleep 0.05
-done
-kill -9 $pid 2>/dev/null
-wait $pid 2>/dev/null || true
-grep -q 'partNumber=2' "$T/ktrace" || fail "the push was not caught mid-upload"
+wait_for 10 grep -q 'partNumber=2' "$T/ktrace" || fail "the push was not caught mid-upload"
+kill_wait $pid
 [ "$(uploads_left)" -ge 1 ] || fail "expected the killed push's upload to be pending"
 keys_under sets/k/ | grep -q '^sets/k/vmsnap-push-[0-9a-f]\{32\}\.json$' || fail "the killed push left no mark: $(keys_under sets/k/)"
 expect_fail "pull of a killed push" "$VMSNAP" pull "s3://$BUCKET/sets/k" "$T/kout"
@@ -127,12 +121,9 @@ diff -r "$T/kset" "$T/kout" >/dev/null || fail "retried push differs"
 # upload and its mark, and leaves the committed set beside it alone
 "$VMSNAP" -v -v push -j 1 --part-size 5M --max-memory 5M "$T/kset" "s3://$BUCKET/sets/k2" 2>"$T/ktrace" &
 pid=$!
-for _ in $(seq 1 200); do
-    grep -q 'partNumber=2' "$T/ktrace" && keys_under sets/k2/ | grep -q state.json.zstd && break
-    sleep 0.05
-done
-kill -9 $pid 2>/dev/null
-wait $pid 2>/dev/null || true
+caught() { grep -q 'partNumber=2' "$T/ktrace" && keys_under sets/k2/ | grep -q state.json.zstd; }
+wait_for 10 caught || true
+kill_wait $pid
 keys_under sets/k2/ | grep -q '^sets/k2/state.json.zstd$' || fail "the push was not caught after storing an object: $(keys_under sets/k2/)"
 "$VMSNAP" gc "s3://$BUCKET/sets" 2>"$T/gc.err" || fail "gc (young killed push): $(cat "$T/gc.err")"
 keys_under sets/k2/ | grep -q '^sets/k2/state.json.zstd$' || fail "gc removed a young push's object"

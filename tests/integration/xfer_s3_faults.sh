@@ -5,23 +5,7 @@
 # mid-pull gives an error after bounded retries with no object, upload or file left behind.
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/lib.sh"
 . "$VMSNAP_SRC/tests/integration/xfer_s3_lib.sh"
-FP=${VMSNAP_FAULTPROXY:?}
 M=$((1024 * 1024))
-PROXY_PID=
-start_proxy() { # RULES
-    stop_proxy
-    rm -f "$T/port"
-    "$FP" "$T/port" "$VMSNAP_RGW_PORT" "$1" 2>>"$T/proxy.log" &
-    PROXY_PID=$!
-    for _ in $(seq 1 100); do [ -s "$T/port" ] && break; sleep 0.05; done
-    [ -s "$T/port" ] || fail "fault proxy did not start"
-    PEP=http://127.0.0.1:$(cat "$T/port")
-}
-stop_proxy() {
-    if [ -n "$PROXY_PID" ]; then kill "$PROXY_PID" 2>/dev/null || fail "the fault proxy died"; wait "$PROXY_PID" 2>/dev/null || true; fi
-    PROXY_PID=
-}
-trap 'stop_proxy; t_cleanup' EXIT
 export VMSNAP_S3_STALL_SECONDS=1 # a 1.5 s stall counts as a timeout and is retried
 
 head -c $((17 * M)) /dev/urandom >"$T/r"
@@ -123,13 +107,6 @@ grep -q "gave up after 2 attempts" "$T/err" || fail "base push, server gone: not
 # interrupted (SIGINT, as a Ctrl-C; SIGTERM, as a supervisor): a push stops at its next part (those in flight aborted),
 # aborts its multipart upload and leaves no object; a pull leaves no file and no temporary; both
 # exit 1 saying so. The delays keep each mid-way when the signal comes.
-interrupt() { # SIGNAL SECONDS CMD...: run CMD, send it SIGNAL after SECONDS; its exit status in $irc
-    env --default-signal=INT "${@:3}" 2>"$T/err" &
-    local pid=$!
-    sleep "$2"
-    kill -"$1" "$pid" 2>/dev/null || true
-    irc=0 && wait "$pid" || irc=$?
-}
 start_proxy "m3+:delay5000"
 interrupt INT 1.5 "$VMSNAP" push -j 2 --part-size 5M --endpoint "$PEP" "$T/r" "s3://$BUCKET/int"
 [ "$irc" = 1 ] || fail "interrupted push: exit $irc ($(cat "$T/err"))"
@@ -189,11 +166,8 @@ raw_get og/manifest.json "$T/og.manifest"
 start_proxy "m2+:delay4000"
 VMSNAP_S3_ATTEMPTS=2 "$VMSNAP" -v push -j 2 --part-size 5M --endpoint "$PEP" "$T/cm2" "s3://$BUCKET/og" 2>"$T/err" &
 opid=$!
-for _ in $(seq 1 200); do
-    grep -q 'partNumber=2' "$T/proxy.log" && break
-    sleep 0.05
-done
-grep -q 'partNumber=2' "$T/proxy.log" || fail "the push over og did not reach its 2nd part: $(cat "$T/err")"
+wait_for 10 grep -q 'partNumber=2' "$T/proxy.log" ||
+    fail "the push over og did not reach its 2nd part: $(cat "$T/err")"
 stop_proxy
 rc=0 && wait $opid || rc=$?
 [ "$rc" = 1 ] || fail "push with the store gone mid-upload: exit $rc: $(cat "$T/err")"

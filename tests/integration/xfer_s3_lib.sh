@@ -29,4 +29,23 @@ uploads_left() { # count of unfinished multipart uploads in the bucket
     OUT=$T/uploads.xml s3curl GET "$BUCKET/?uploads=" >/dev/null
     grep -o '<UploadId>' "$T/uploads.xml" | wc -l
 }
+# start_proxy RULES: (re)start tests/faultproxy.c in front of the RGW with RULES; its address in
+# $PEP, its log appended to $T/proxy.log. stop_proxy: stop it (a failure if it died meanwhile).
+PROXY_PID=
+start_proxy() {
+    stop_proxy
+    rm -f "$T/port"
+    "${VMSNAP_FAULTPROXY:?}" "$T/port" "$VMSNAP_RGW_PORT" "$1" 2>>"$T/proxy.log" &
+    PROXY_PID=$!
+    wait_for 5 test -s "$T/port" || fail "fault proxy did not start"
+    PEP=http://127.0.0.1:$(cat "$T/port")
+}
+stop_proxy() {
+    if [ -n "$PROXY_PID" ]; then
+        kill "$PROXY_PID" 2>/dev/null || fail "the fault proxy died"
+        wait "$PROXY_PID" 2>/dev/null || true
+    fi
+    PROXY_PID=
+}
+at_exit stop_proxy
 [ "$(s3curl PUT "$BUCKET")" = 200 ] || fail "cannot create bucket $BUCKET"
