@@ -67,13 +67,14 @@ expect_fail "pull of a set with a grown object" "$VMSNAP" pull "s3://$BUCKET/set
 grep -q "state.json.zstd: $(stat -c %s "$T/st.zstd") bytes, the manifest says" "$T/err" ||
     fail "grown object: $(cat "$T/err")"
 [ -e "$T/grown" ] && fail "a refused pull left $T/grown"
-# an empty object (a suffix Range on it is unsatisfiable: HTTP 416) is refused as an image, clearly
+# an empty object (a suffix Range on it is unsatisfiable: HTTP 416) is an empty file's plain zstd
+# as older writers of the reference system store it (no frame at all): it pulls as an empty file,
+# as the reference reader reads it
 : >"$T/empty"
 [ "$(raw_put obj/empty "$T/empty")" = 200 ] ||
     fail "could not put an empty object"
-expect_fail "pull of an empty object" "$VMSNAP" pull "s3://$BUCKET/obj/empty" "$T/empty.out"
-grep -q "obj/empty" "$T/err" || fail "empty object: the error does not name it: $(cat "$T/err")"
-[ -e "$T/empty.out" ] && fail "a refused pull left $T/empty.out"
+"$VMSNAP" -q pull "s3://$BUCKET/obj/empty" "$T/empty.out" 2>"$T/err" || fail "pull of an empty object: $(cat "$T/err")"
+[ -f "$T/empty.out" ] && [ ! -s "$T/empty.out" ] || fail "pull of an empty object: not an empty file"
 "$VMSNAP" ls "s3://$BUCKET/sets" >"$T/ls" || fail "ls"
 grep -q "s3://$BUCKET/sets/one" "$T/ls" && grep -q "4 files" "$T/ls" || fail "ls: $(cat "$T/ls")"
 "$VMSNAP" rm "s3://$BUCKET/sets/one" || fail "rm"
