@@ -42,8 +42,20 @@ set(VMSNAP_VMM_SOURCES
 
 set(VMSNAP_XFER_SOURCES
     lib/xfer/manifest.c
-    lib/xfer/xfer.c
-    lib/xfer/xfer_pool.c)
+    lib/xfer/xfer_ctx.c
+    lib/xfer/xfer_download.c
+    lib/xfer/xfer_gc.c
+    lib/xfer/xfer_leftover.c
+    lib/xfer/xfer_ls.c
+    lib/xfer/xfer_marks.c
+    lib/xfer/xfer_pool.c
+    lib/xfer/xfer_pull.c
+    lib/xfer/xfer_push.c
+    lib/xfer/xfer_rm.c
+    lib/xfer/xfer_set_push.c
+    lib/xfer/xfer_set_undo.c
+    lib/xfer/xfer_upload.c
+    lib/xfer/xfer_verify.c)
 
 set(VMSNAP_VM_SOURCES
     lib/vm/vm.c)

@@ -3,7 +3,7 @@
  * manifest.json: built with json-c, parsed from untrusted bytes with every field checked (the
  * names become file names on the puller's disk, the sizes become file sizes).
  */
-#include "manifest_int.h"
+#include "xfer_int.h"
 
 #include "vmsnap/xfer.h"
 

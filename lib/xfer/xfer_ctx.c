@@ -1,0 +1,251 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The transfer context (options, store, pool, progress) and what every operation shares: keys,
+ * digests in hex, a source over an object's tail, manifest reads, key checks.
+ */
+#include "xfer_int.h"
+#include "store/store_int.h"
+
+#include "sys/sys.h"
+#include "vmsnap/xfer.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static void fill_defaults(struct vmsnap_xfer_opts *o, const struct vmsnap_xfer_opts *in)
+{
+    static const struct vmsnap_xfer_opts zero;
+    *o = in ? *in : zero;
+    if (!o->connections)
+        o->connections = VMSNAP_XFER_DEFAULT_CONNECTIONS;
+    if (!o->part_size)
+        o->part_size = VMSNAP_XFER_DEFAULT_PART_SIZE;
+    if (!o->max_memory)
+        o->max_memory = VMSNAP_XFER_DEFAULT_MAX_MEMORY;
+    if (!o->max_size)
+        o->max_size = VMSNAP_IMAGE_DEFAULT_MAX_SIZE;
+}
+
+void progress_add(struct xfer *x, uint64_t bytes, uint64_t total_add)
+{
+    if (!x->o.progress)
+        return;
+    pthread_mutex_lock(&x->mu);
+    x->done += bytes;
+    x->total += total_add;
+    x->o.progress(x->o.progress_arg, x->done, x->total > x->done ? x->total : x->done);
+    pthread_mutex_unlock(&x->mu);
+}
+
+int xfer_init(struct xfer *x, const char *url, const struct vmsnap_xfer_opts *opts, char **key,
+              struct vmsnap_err *err)
+{
+    memset(x, 0, sizeof(*x));
+    fill_defaults(&x->o, opts);
+    if (x->o.connections > 256)
+        return vmsnap_err_set(err, EINVAL, "at most 256 connections");
+    int rc = vmsnap_store_open(url, &x->o.store, &x->st, key, err);
+    if (rc < 0)
+        return rc;
+    /* Local store: the directory a URL names (a set's, or the prefix of ls and gc) is not
+     * entered through a symbolic link: one planted in a shared store pulled another tenant's
+     * set with its manifest as this one, and rm of it emptied the set it points at. The
+     * directories above it are the user's path, links included. */
+    struct stat lsb;
+    char *lp = x->st->kind == VMSNAP_STORE_LOCAL && **key ? store_local_path(x->st, *key) : NULL;
+    if (lp && lstat(lp, &lsb) == 0 && S_ISLNK(lsb.st_mode) && stat(lp, &lsb) == 0 &&
+        S_ISDIR(lsb.st_mode))
+        rc = vmsnap_err_set(err, EINVAL,
+                            "%s is a symbolic link to a directory: a set or prefix is not read or "
+                            "changed through a link (name the directory itself)",
+                            url);
+    free(lp);
+    if (rc < 0) {
+        vmsnap_store_free(x->st);
+        free(*key);
+        *key = NULL;
+        return rc;
+    }
+    if (x->st->kind == VMSNAP_STORE_S3 && x->o.part_size < VMSNAP_STORE_MIN_PART) {
+        vmsnap_store_free(x->st);
+        free(*key);
+        *key = NULL;
+        return vmsnap_err_set(err, EINVAL, "part size must be at least 5 MiB for S3");
+    }
+    pthread_mutex_init(&x->mu, NULL);
+    pthread_cond_init(&x->cv_dec, NULL);
+    x->max_decoding = x->o.threads ? x->o.threads : sys_cpus();
+    return 0;
+}
+
+int xfer_start_pool(struct xfer *x, struct vmsnap_err *err)
+{
+    return xpool_init(&x->pool, x->st, x->o.connections, x->o.max_memory, err);
+}
+
+void xfer_fini(struct xfer *x, bool pool_started)
+{
+    if (pool_started)
+        xpool_fini(&x->pool);
+    pthread_mutex_destroy(&x->mu);
+    pthread_cond_destroy(&x->cv_dec);
+    vmsnap_store_free(x->st);
+    free(x->base_key);
+}
+
+char *join_key(const char *prefix, const char *name)
+{
+    size_t n = strlen(prefix) + strlen(name) + 2;
+    char *k = malloc(n);
+    if (k)
+        snprintf(k, n, "%s%s%s", prefix, *prefix ? "/" : "", name);
+    return k;
+}
+
+void hex32(const unsigned char *md, char out[65])
+{
+    static const char d[] = "0123456789abcdef";
+    for (int i = 0; i < 32; i++) {
+        out[2 * i] = d[md[i] >> 4];
+        out[2 * i + 1] = d[md[i] & 15];
+    }
+    out[64] = '\0';
+}
+
+int tail_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err)
+{
+    struct tail_src *t = arg;
+    if (!t->buf && len > 0 && t->size > 0 && (t->size <= TAIL_READ || off + len == t->size)) {
+        size_t n = t->size < TAIL_READ ? (size_t)t->size : TAIL_READ;
+        uint8_t *b = malloc(n);
+        if (!b)
+            return vmsnap_err_set(err, ENOMEM, "out of memory");
+        int rc = vmsnap_store_get(t->c, t->key, t->size - n, n, b, err);
+        if (rc < 0) {
+            free(b);
+            return rc;
+        }
+        t->buf = b;
+        t->boff = t->size - n;
+        t->blen = n;
+    }
+    if (t->buf && off >= t->boff && len <= t->blen && off - t->boff <= t->blen - len) {
+        memcpy(buf, t->buf + (off - t->boff), len);
+        return 0;
+    }
+    if (t->pre && len <= t->plen && off <= t->plen - len) {
+        memcpy(buf, t->pre + off, len);
+        return 0;
+    }
+    return vmsnap_store_get(t->c, t->key, off, len, buf, err);
+}
+
+int read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                  uint64_t max_size, struct manifest *m, struct vmsnap_err *err)
+{
+    return read_manifest_raw(c, mkey, murl, max_size, m, NULL, NULL, err);
+}
+
+/* The last component of a key. */
+const char *key_base(const char *key)
+{
+    const char *sl = strrchr(key, '/');
+    return sl ? sl + 1 : key;
+}
+
+/* 1 when `key` exists, 0 when it does not, < 0 on an error (one GET of its last byte). */
+int key_exists(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err)
+{
+    char probe[1];
+    size_t got = 0;
+    uint64_t size = 0;
+    int rc = vmsnap_store_get_tail(c, key, sizeof(probe), probe, &got, &size, err);
+    if (rc == -ENOENT) {
+        vmsnap_err_clear(err);
+        return 0;
+    }
+    return rc < 0 ? rc : 1;
+}
+
+/* Can `key` be stored? S3 takes keys of at most 1024 bytes; the local store, names of at most
+ * NAME_MAX bytes in paths of less than PATH_MAX (less what its temporary names add). */
+int key_fits(const struct xfer *x, const char *key, struct vmsnap_err *err)
+{
+    char u[URL_BUF];
+    vmsnap_store_url(x->st, key, u, sizeof(u));
+    if (x->st->kind == VMSNAP_STORE_S3) {
+        if (strlen(key) > 1024)
+            return vmsnap_err_set(err, ENAMETOOLONG, "%s: key of %zu bytes, S3 takes at most 1024",
+                                  u, strlen(key));
+        return 0;
+    }
+    if (strlen(u) + 32 >= PATH_MAX)
+        return vmsnap_err_set(err, ENAMETOOLONG, "%s: path too long for the local store", u);
+    for (const char *p = u; *p;) {
+        size_t n = strcspn(p, "/");
+        /* the last name also gets its upload's temporary beside it, `.<name>.mpu-XXXXXX` */
+        size_t room = p[n] ? NAME_MAX : NAME_MAX - 12;
+        if (n > room)
+            return vmsnap_err_set(err, ENAMETOOLONG, "%s: a name longer than %zu bytes", u, room);
+        p += n + (p[n] == '/');
+    }
+    return 0;
+}
+
+/* ... and, when `raw` is not NULL, its bytes (the caller frees them). */
+int read_manifest_raw(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                      uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
+                      struct vmsnap_err *err)
+{
+    return read_manifest_x(c, mkey, murl, max_size, m, raw, raw_len, NULL, err);
+}
+
+/* read_manifest_raw(), and *unusable (when not NULL): the store answered with bytes that are
+ * not a manifest vmsnap can use (too large, or not one), rather than failing to answer. */
+int read_manifest_x(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                    uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
+                    bool *unusable, struct vmsnap_err *err)
+{
+    if (unusable)
+        *unusable = false;
+    /* one GET of its last TAIL_READ bytes (the whole of any usual manifest) gives its size too */
+    char *buf = malloc(TAIL_READ + 1);
+    if (!buf)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    size_t got;
+    uint64_t size;
+    int rc = vmsnap_store_get_tail(c, mkey, TAIL_READ, buf, &got, &size, err);
+    if (rc == 0 && size > VMSNAP_XFER_MANIFEST_MAX) {
+        rc = vmsnap_err_set(err, EFBIG, "%s: manifest of %llu bytes is too large", murl,
+                            (unsigned long long)size);
+        if (unusable)
+            *unusable = true;
+    }
+    const bool two_gets = rc == 0 && got < size;
+    if (two_gets) {
+        /* larger than TAIL_READ: read it whole in one more GET rather than splicing the front
+         * onto the tail, so a manifest replaced between the two requests cannot be half one
+         * version and half the other (a longer replacement arrives truncated and fails to parse) */
+        free(buf);
+        buf = malloc(size + 1);
+        if (!buf)
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        else
+            rc = vmsnap_store_get(c, mkey, 0, size, buf, err);
+    }
+    /* read in two GETs, a manifest replaced in between arrives cut (its parse fails): that is
+     * not damage to replace, but another push's set (taken for corrupt, it was un-committed) */
+    if (rc == 0 && (rc = manifest_parse(buf, size, murl, max_size, m, err)) < 0 && unusable)
+        *unusable = rc != -ENOMEM && !two_gets;
+    if (rc == 0 && raw) {
+        *raw = buf;
+        *raw_len = (size_t)size;
+        return 0;
+    }
+    free(buf);
+    return rc;
+}

@@ -1,0 +1,131 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * vmsnap_xfer_list: the sets under a prefix, and the key collector ls, gc and rm share.
+ */
+#include "xfer_int.h"
+#include "store/store_int.h"
+
+#include "sys/sys.h"
+#include "vmsnap/xfer.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+int collect(void *arg, const char *key, uint64_t size, int64_t mtime)
+{
+    (void)size;
+    (void)mtime;
+    struct keys *k = arg;
+    size_t kl = strlen(key), sl = strlen(k->suffix);
+    if (kl < sl || strcmp(key + kl - sl, k->suffix))
+        return 0;
+    if (k->whole_name && kl > sl && key[kl - sl - 1] != '/')
+        return 0; /* "xmanifest.json" is not a manifest */
+    if (k->direct && strchr(key + strlen(k->direct), '/'))
+        return 0;
+    if (k->n >= 1000000)
+        return -E2BIG;
+    if (k->n == k->cap) {
+        size_t cap = k->cap ? k->cap * 2 : 16;
+        char **nv = realloc(k->v, cap * sizeof(*nv));
+        if (!nv)
+            return -ENOMEM;
+        k->v = nv;
+        k->cap = cap;
+    }
+    k->v[k->n] = strdup(key);
+    if (!k->v[k->n])
+        return -ENOMEM;
+    k->n++;
+    return 0;
+}
+
+void keys_free(struct keys *k)
+{
+    for (size_t i = 0; i < k->n; i++)
+        free(k->v[i]);
+    free(k->v);
+}
+
+/* A local prefix (ls, gc) is a directory that exists: a mistyped path is not an empty store
+ * (S3 cannot tell: a prefix without objects is just empty). */
+int local_prefix_exists(struct xfer *x, const char *url, const char *key, struct vmsnap_err *err)
+{
+    if (x->st->kind != VMSNAP_STORE_LOCAL || !*key)
+        return 0;
+    char *dir = store_local_path(x->st, key);
+    struct stat sb;
+    int rc = 0;
+    if (!dir)
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    else if (stat(dir, &sb) < 0)
+        rc = err_sys(err, "%s", url);
+    else if (!S_ISDIR(sb.st_mode))
+        rc = vmsnap_err_set(err, ENOTDIR,
+                            "%s: not a directory of sets (an object: 'vmsnap inspect' or "
+                            "'vmsnap pull' it)",
+                            url);
+    free(dir);
+    return rc;
+}
+
+int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsnap_xfer_list_fn fn,
+                     void *arg, struct vmsnap_err *err)
+{
+    struct xfer x;
+    char *key = NULL;
+    int rc = xfer_init(&x, url, opts, &key, err);
+    if (rc < 0)
+        return rc;
+    struct vmsnap_store_conn *c = NULL;
+    struct keys k = {.suffix = VMSNAP_XFER_MANIFEST, .whole_name = true};
+    char *lp = join_key(key, "");
+    if (!lp)
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    if (rc == 0)
+        rc = local_prefix_exists(&x, url, key, err);
+    if (rc == 0)
+        rc = vmsnap_store_conn_new(x.st, &c, err);
+    if (rc == 0) {
+        rc = vmsnap_store_list(c, lp, collect, &k, err);
+        if (rc < 0 && (!err || !err->code))
+            rc = err_code(err, -rc, "list %s", url);
+    }
+    for (size_t i = 0; i < k.n && rc == 0; i++) {
+        char murl[URL_BUF], surl[URL_BUF];
+        vmsnap_store_url(x.st, k.v[i], murl, sizeof(murl));
+        snprintf(surl, sizeof(surl), "%.*s", (int)(strlen(murl) - strlen(VMSNAP_XFER_MANIFEST) - 1),
+                 murl);
+        if (x.st->kind == VMSNAP_STORE_LOCAL && !strncmp(surl, "//", 2))
+            memmove(surl, surl + 1, strlen(surl));
+        struct manifest m = {0};
+        struct vmsnap_err me = {0};
+        struct vmsnap_xfer_set set = {.url = surl};
+        if (read_manifest(c, k.v[i], murl, x.o.max_size, &m, &me) == 0) {
+            set.valid = true;
+            set.files = m.n;
+            for (size_t j = 0; j < m.n; j++) {
+                set.logical += m.files[j].size;
+                set.object_bytes += m.files[j].object_size;
+            }
+        } else {
+            vlog(VMSNAP_LOG_WARN, "%s", me.msg);
+        }
+        manifest_fini(&m);
+        rc = fn(arg, &set);
+    }
+    if (rc == 0 && c->list_skipped)
+        rc = vmsnap_err_set(err, EACCES,
+                            "%s: some directories under it could not be read (skipped: see the "
+                            "warnings above); the list is incomplete",
+                            url);
+    keys_free(&k);
+    free(lp);
+    vmsnap_store_conn_free(c);
+    xfer_fini(&x, false);
+    free(key);
+    return rc;
+}

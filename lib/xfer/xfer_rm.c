@@ -1,0 +1,281 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * vmsnap_xfer_remove: a set, its objects, uploads and push marks, or a single snapshot object.
+ */
+#include "xfer_int.h"
+#include "store/store_int.h"
+
+#include "sys/sys.h"
+#include "vmsnap/xfer.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* The first bytes of object `key` begin a snapshot image: 1 (vmsnap's or the reference's
+ * sparse-extent magic; with `zstd_too`, also a zstd or skippable frame: a plain-zstd snapshot),
+ * 0 when they do not, -errno when they cannot be read. */
+static int snapshot_magic(struct vmsnap_store_conn *c, const char *key, uint64_t size,
+                          bool zstd_too, struct vmsnap_err *err)
+{
+    uint8_t h[8];
+    size_t n = (size_t)VMSNAP_MIN(size, (uint64_t)sizeof(h));
+    if (n < 4)
+        return 0;
+    int rc = vmsnap_store_get(c, key, 0, n, h, err);
+    if (rc < 0)
+        return rc;
+    if (n == 8 && !memcmp(h, "ATESPRSE", 8))
+        return 1;
+    uint32_t m = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
+    return zstd_too && (m == 0xFD2FB528u || (m & 0xFFFFFFF0u) == 0x184D2A50u);
+}
+
+int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opts *opts,
+                       struct vmsnap_rm_result *res, struct vmsnap_err *err)
+{
+    struct vmsnap_rm_result r0 = {0};
+    if (!res)
+        res = &r0;
+    *res = r0;
+    struct xfer x;
+    char *key = NULL;
+    int rc = xfer_init(&x, url, opts, &key, err);
+    if (rc < 0)
+        return rc;
+    struct vmsnap_store_conn *c = NULL;
+    char *mkey = join_key(key, VMSNAP_XFER_MANIFEST);
+    char *lp = join_key(key, "");
+    struct manifest m = {0};
+    struct keys k = {.suffix = ".zstd"};
+    struct vmsnap_err kept_err = {0};
+    char murl[URL_BUF];
+    if (!*key) {
+        rc = vmsnap_err_set(err, EINVAL, "%s: refusing to remove a whole bucket or root", url);
+        goto out;
+    }
+    if (!mkey || !lp) {
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        goto out;
+    }
+    vmsnap_store_url(x.st, mkey, murl, sizeof(murl));
+    if ((rc = vmsnap_store_conn_new(x.st, &c, err)) < 0)
+        goto out;
+    struct vmsnap_err me = {0};
+    bool unusable = false;
+    int mrc = read_manifest_x(c, mkey, murl, x.o.max_size, &m, NULL, NULL, &unusable, &me);
+    if (mrc == -ENOENT && strstr(me.msg, "no such bucket")) { /* a HEAD's 404 cannot tell */
+        rc = mrc;
+        if (err)
+            *err = me;
+        goto out;
+    }
+    if (mrc == -ENOENT) {
+        uint64_t size;
+        rc = vmsnap_store_head(c, key, &size, err);
+        const char *slash = rc == 0 ? strrchr(key, '/') : NULL;
+        if (slash) {
+            /* an object that a committed set beside it names: removing it alone breaks that
+             * set (an object the set does not name, an older single-object snapshot, may go;
+             * a manifest that cannot be read cannot tell, so it is kept) */
+            char pm[URL_BUF], pu[URL_BUF] = "";
+            int w =
+                snprintf(pm, sizeof(pm), "%.*s/%s", (int)(slash - key), key, VMSNAP_XFER_MANIFEST);
+            struct manifest pmf = {0};
+            struct vmsnap_err pe = {0};
+            int prc = -ENAMETOOLONG;
+            if (w > 0 && (size_t)w < sizeof(pm)) {
+                vmsnap_store_url(x.st, pm, pu, sizeof(pu));
+                prc = read_manifest(c, pm, pu, x.o.max_size, &pmf, &pe);
+            }
+            const char *obj = slash + 1;
+            size_t ol = strlen(obj);
+            bool named = prc < 0 && prc != -ENOENT;
+            for (size_t i = 0; i < pmf.n && !named; i++)
+                named = ol == strlen(pmf.files[i].name) + 5 &&
+                        !strncmp(obj, pmf.files[i].name, ol - 5) && !strcmp(obj + ol - 5, ".zstd");
+            manifest_fini(&pmf);
+            if (named) {
+                rc = vmsnap_err_set(err, EBUSY,
+                                    "%s belongs to the snapshot set whose manifest is %s%s%s: "
+                                    "removing it alone would break that set; remove the set "
+                                    "(its URL) instead",
+                                    url, pu, prc < 0 ? ", which cannot be read: " : "",
+                                    prc < 0 ? pe.msg : "");
+                goto out;
+            }
+        }
+        if (rc == 0) { /* a single object: a snapshot's only (rm is not a general delete) */
+            rc = snapshot_magic(c, key, size, true, err);
+            if (rc == 0)
+                rc = vmsnap_err_set(err, EINVAL,
+                                    "%s: not a snapshot (no vmsnap, reference or zstd magic at "
+                                    "byte 0): not removed",
+                                    url);
+            else if (rc > 0 && (rc = vmsnap_store_delete(c, key, err)) == 0)
+                res->object = true;
+            goto out;
+        }
+        if (rc != -ENOENT)
+            goto out;
+        if (!force) {
+            rc = vmsnap_err_set(err, ENOENT,
+                                "%s: no snapshot set here (no %s); --force deletes the *.zstd "
+                                "objects under it",
+                                url, VMSNAP_XFER_MANIFEST);
+            goto out;
+        }
+        rc = 0;
+    } else if (mrc < 0 && !force) {
+        rc = mrc;
+        if (err)
+            *err = me;
+        /* --force is for a manifest that is not one (corrupt); a store that did not answer
+         * is not helped by it */
+        vmsnap_err_wrap(err, unusable ? "cannot read the manifest (--force deletes anyway): "
+                                      : "cannot read the manifest: ");
+        goto out;
+    } else {
+        /* the manifest first: from here on the set is no longer visible */
+        if ((rc = vmsnap_store_delete(c, mkey, err)) < 0)
+            goto out;
+        res->set = true;
+    }
+    for (size_t i = 0; i < m.n && rc == 0; i++) {
+        char obj[300];
+        snprintf(obj, sizeof(obj), "%s.zstd", m.files[i].name);
+        char *ok = join_key(key, obj);
+        uint64_t osize;
+        /* counted only when there (deleting a missing object succeeds) */
+        rc = ok ? vmsnap_store_head(c, ok, &osize, err)
+                : vmsnap_err_set(err, ENOMEM, "out of memory");
+        if (rc == -ENOENT) {
+            rc = 0;
+        } else if (rc == 0 && (rc = vmsnap_store_delete(c, ok, err)) == 0) {
+            char kurl[URL_BUF];
+            vlog(VMSNAP_LOG_INFO, "removed %s", vmsnap_store_url(x.st, ok, kurl, sizeof(kurl)));
+            res->objects++;
+        }
+        free(ok);
+    }
+    if (rc == 0 && force) {
+        /* the set's objects are vmsnap images: anything else named *.zstd here (a plain zstd
+         * backup, a file of the user's) is not the set's, and stays */
+        k.direct = lp;
+        rc = vmsnap_store_list(c, lp, collect, &k, err);
+        for (size_t i = 0; i < k.n && rc == 0; i++) {
+            uint64_t size;
+            rc = vmsnap_store_head(c, k.v[i], &size, err);
+            if (rc == -ENOENT) {
+                rc = 0; /* deleted above (a manifest's) or meanwhile */
+                continue;
+            }
+            if (rc == 0)
+                rc = snapshot_magic(c, k.v[i], size, false, err);
+            if (rc == -ENOENT) { /* gone between the HEAD and the GET */
+                rc = 0;
+                continue;
+            }
+            char kurl[URL_BUF];
+            vmsnap_store_url(x.st, k.v[i], kurl, sizeof(kurl));
+            if (rc == 0) {
+                vlog(VMSNAP_LOG_INFO, "kept %s: not a vmsnap image", kurl);
+                if (!res->kept++) { /* (a URL past the field is cut) */
+                    size_t kl = strnlen(kurl, sizeof(res->kept_key) - 1);
+                    memcpy(res->kept_key, kurl, kl);
+                    res->kept_key[kl] = 0;
+                }
+            } else if (rc > 0 && (rc = vmsnap_store_delete(c, k.v[i], err)) == 0) {
+                vlog(VMSNAP_LOG_INFO, "removed %s", kurl);
+                res->objects++;
+            }
+        }
+    }
+    if (rc == 0) {
+        /* this set's uploads only: a push to a set below it is not this set's */
+        struct leftover_ctx l = {.c = c, .in = lp};
+        rc = vmsnap_store_list_uploads(c, lp, abort_leftover, &l, err);
+        res->uploads = l.n;
+    }
+    if (rc == 0) {
+        /* the marks of pushes that did not finish here, and the objects they name (the set
+         * is gone anyway; without them nothing would ever find those objects again) */
+        struct mark_keys mk = {.k = {.suffix = "", .direct = lp}, .under = key};
+        rc = vmsnap_store_list(c, lp, collect_mark, &mk, err);
+        for (size_t i = 0; i < mk.k.n && rc == 0; i++) {
+            struct push_mark pm;
+            char kurl[URL_BUF];
+            vmsnap_store_url(x.st, mk.k.v[i], kurl, sizeof(kurl));
+            struct vmsnap_err ke = {0};
+            int krc = read_mark(c, mk.k.v[i], kurl, &pm, &ke);
+            if (krc == -ENOENT)
+                continue; /* removed meanwhile (a gc) */
+            if (krc < 0 && !force) {
+                /* it names objects that nothing else finds again: kept with them, and said */
+                if (!res->marks_kept++)
+                    kept_err = ke;
+                continue;
+            }
+            if (krc == 0) {
+                for (size_t j = 0; j < pm.n && rc == 0; j++) {
+                    char obj[300];
+                    snprintf(obj, sizeof(obj), "%s.zstd", pm.names[j]);
+                    char *ok = join_key(key, obj);
+                    rc = ok ? vmsnap_store_delete(c, ok, err)
+                            : vmsnap_err_set(err, ENOMEM, "out of memory");
+                    if (rc == -ENOENT)
+                        rc = 0;
+                    free(ok);
+                }
+                push_mark_fini(&pm);
+            }
+            if (rc == 0 && (rc = vmsnap_store_delete(c, mk.k.v[i], err)) == 0)
+                res->pushes++;
+        }
+        keys_free(&mk.k);
+    }
+    if (rc == 0 && res->marks_kept) {
+        rc = vmsnap_err_set(err, kept_err.code ? kept_err.code : EINVAL,
+                            "%s: %s%u push mark%s kept, which cannot be read (first: %s); the "
+                            "objects a mark names would be lost to gc without it: repair or "
+                            "inspect it, or 'rm --force' deletes it and every vmsnap image here",
+                            url, res->set ? "set removed, but " : "", res->marks_kept,
+                            res->marks_kept == 1 ? "" : "s", kept_err.msg);
+        goto out;
+    }
+    if (rc == 0 && !res->set && !res->objects && !res->uploads && !res->pushes && !res->kept &&
+        x.st->kind == VMSNAP_STORE_LOCAL) {
+        /* an empty directory a failed push left: removing it is what rm --force is for */
+        char *dir = store_local_path(x.st, key);
+        struct stat sb;
+        if (dir && lstat(dir, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+            vmsnap_store_tidy(c, lp);
+            res->empty_dir = lstat(dir, &sb) < 0;
+        }
+        free(dir);
+    }
+    if (rc == 0 && !res->set && !res->objects && !res->uploads && !res->pushes && !res->empty_dir)
+        rc = res->kept ? vmsnap_err_set(err, EINVAL,
+                                        "%s: nothing removed: no %s, and the *.zstd objects here "
+                                        "(%u) are not vmsnap images (first: %s)",
+                                        url, VMSNAP_XFER_MANIFEST, res->kept, res->kept_key)
+                       : vmsnap_err_set(err, ENOENT,
+                                        "%s: nothing to remove (no %s, no object, no unfinished "
+                                        "upload or push here)",
+                                        url, VMSNAP_XFER_MANIFEST);
+    if (rc == 0)
+        vmsnap_store_tidy(c, lp);
+out:
+    if (rc < 0 && err && !strstr(err->msg, url))
+        vmsnap_err_wrap(err, "rm %s: ", url);
+    keys_free(&k);
+    manifest_fini(&m);
+    free(mkey);
+    free(lp);
+    vmsnap_store_conn_free(c);
+    xfer_fini(&x, false);
+    free(key);
+    return rc;
+}
