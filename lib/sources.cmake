@@ -22,6 +22,7 @@ set(VMSNAP_STORE_SOURCES
     lib/store/store.c
     lib/store/store_local.c
     lib/store/s3/s3.c
+    lib/store/s3/s3_config.c
     lib/store/s3/s3_curl.c
     lib/store/s3/s3_list.c
     lib/store/s3/s3_request.c
