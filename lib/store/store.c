@@ -46,6 +46,15 @@ static int local_key(const char *path, char **key, struct vmsnap_err *err)
     return *key ? 0 : vmsnap_err_set(err, ENOMEM, "out of memory");
 }
 
+/* What a URL names, by its scheme: the one place store URLs are told apart. */
+enum url_kind {
+    URL_LOCAL,       /* a path, or file://... */
+    URL_S3,          /* s3://bucket/key */
+    URL_GS,          /* gs://bucket/key */
+    URL_UNSUPPORTED, /* another scheme:// */
+    URL_MISTYPED,    /* s3:/b/k, s3:b/k, file:/x: a mistyped URL, not a directory named "s3:" */
+};
+
 /* Does `s` start with a scheme a store URL could have and a colon ("s3:", "File:")? Other
  * colons are a path's (snap-2026-01-01T10:00, vm1:mem). */
 static bool scheme_like(const char *s)
@@ -55,6 +64,38 @@ static bool scheme_like(const char *s)
         if (!strncasecmp(s, schemes[i], strlen(schemes[i])))
             return true;
     return false;
+}
+
+static enum url_kind url_kind(const char *url)
+{
+    if (!strncmp(url, "s3://", 5))
+        return URL_S3;
+    if (!strncmp(url, "gs://", 5))
+        return URL_GS;
+    if (!strncmp(url, "file://", 7))
+        return URL_LOCAL;
+    if (strstr(url, "://"))
+        return URL_UNSUPPORTED;
+    return scheme_like(url) ? URL_MISTYPED : URL_LOCAL;
+}
+
+bool vmsnap_store_url_remote(const char *url)
+{
+    enum url_kind k = url_kind(url);
+    return k == URL_S3 || k == URL_GS || k == URL_UNSUPPORTED;
+}
+
+static int open_local(struct vmsnap_store *st, const char *url, char **key, struct vmsnap_err *err)
+{
+    const char *path = !strncmp(url, "file://", 7) ? url + 7 : url;
+    st->kind = VMSNAP_STORE_LOCAL;
+    st->ops = &store_local_ops;
+    st->root = strdup("/");
+    if (path != url && path[0] != '/')
+        return vmsnap_err_set(err, EINVAL, "%s: file URLs must be file:///absolute/path", url);
+    if (!st->root)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    return local_key(path, key, err);
 }
 
 int vmsnap_store_open(const char *url, const struct vmsnap_store_opts *opts,
@@ -70,32 +111,28 @@ int vmsnap_store_open(const char *url, const struct vmsnap_store_opts *opts,
     if (!st)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     int rc;
-    if (!strncmp(url, "s3://", 5) || !strncmp(url, "gs://", 5)) {
+    switch (url_kind(url)) {
+    case URL_S3:
+    case URL_GS:
         st->kind = VMSNAP_STORE_S3;
         st->ops = &store_s3_ops;
         rc = s3_config_open(st, url, url[0] == 'g', o, key, err);
-    } else if (strstr(url, "://") && strncmp(url, "file://", 7)) {
+        break;
+    case URL_UNSUPPORTED:
         rc = vmsnap_err_set(err, EINVAL,
                             "%s: unsupported URL scheme (use a path, file:///abs, s3:// or gs://)",
                             url);
-    } else if (scheme_like(url) && strncmp(url, "file://", 7)) {
-        /* s3:/b/k, s3:b/k, file:/x: a mistyped URL, not a directory named "s3:" */
+        break;
+    case URL_MISTYPED:
         rc = vmsnap_err_set(err, EINVAL,
                             "%s: a mistyped URL? (s3://bucket/key, gs://bucket/key, "
                             "file:///abs); a local path whose first component has a colon is "
                             "written ./%s",
                             url, url);
-    } else {
-        const char *path = !strncmp(url, "file://", 7) ? url + 7 : url;
-        st->kind = VMSNAP_STORE_LOCAL;
-        st->ops = &store_local_ops;
-        st->root = strdup("/");
-        if (path != url && path[0] != '/')
-            rc = vmsnap_err_set(err, EINVAL, "%s: file URLs must be file:///absolute/path", url);
-        else if (!st->root)
-            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-        else
-            rc = local_key(path, key, err);
+        break;
+    default:
+        rc = open_local(st, url, key, err);
+        break;
     }
     if (rc == 0 && !key_ok(*key))
         rc = vmsnap_err_set(err, EINVAL, "%s: bad key (empty, '.' or '..' component)", url);
@@ -132,6 +169,25 @@ const char *vmsnap_store_url(const struct vmsnap_store *st, const char *key, cha
     return buf;
 }
 
+static bool same_str(const char *a, const char *b)
+{
+    return (!a && !b) || (a && b && !strcmp(a, b));
+}
+
+bool vmsnap_store_same(const struct vmsnap_store *a, const struct vmsnap_store *b)
+{
+    const struct s3_config *x = &a->s3, *y = &b->s3;
+    return a->kind == b->kind &&
+           (a->kind == VMSNAP_STORE_LOCAL ||
+            (same_str(x->url_scheme, y->url_scheme) && same_str(x->host, y->host) &&
+             x->port == y->port && same_str(x->bucket, y->bucket)));
+}
+
+char *vmsnap_store_local_path(const struct vmsnap_store *st, const char *key)
+{
+    return st->kind == VMSNAP_STORE_LOCAL ? store_local_path(st, key) : NULL;
+}
+
 char *store_local_path(const struct vmsnap_store *st, const char *key)
 {
     size_t n = strlen(st->root) + strlen(key) + 2;
@@ -160,6 +216,26 @@ int vmsnap_store_conn_new(struct vmsnap_store *st, struct vmsnap_store_conn **ou
     }
     *out = c;
     return 0;
+}
+
+struct vmsnap_store *vmsnap_store_conn_store(const struct vmsnap_store_conn *c)
+{
+    return c->st;
+}
+
+void vmsnap_store_conn_one_attempt(struct vmsnap_store_conn *c, bool on)
+{
+    c->one_attempt = on;
+}
+
+bool vmsnap_store_conn_list_skipped(const struct vmsnap_store_conn *c)
+{
+    return c->list_skipped;
+}
+
+bool vmsnap_store_conn_no_bucket(const struct vmsnap_store_conn *c)
+{
+    return c->no_bucket;
 }
 
 void vmsnap_store_conn_free(struct vmsnap_store_conn *c)
@@ -289,6 +365,13 @@ int vmsnap_store_list(struct vmsnap_store_conn *c, const char *prefix, vmsnap_st
                       void *arg, struct vmsnap_err *err)
 {
     return c->st->ops->list(c, prefix, fn, arg, err);
+}
+
+int vmsnap_store_mpu_last_part(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
+                               int64_t *last, struct vmsnap_err *err)
+{
+    *last = -1;
+    return c->st->ops->mpu_last_part ? c->st->ops->mpu_last_part(c, key, upload_id, last, err) : 0;
 }
 
 int vmsnap_store_list_uploads(struct vmsnap_store_conn *c, const char *prefix,

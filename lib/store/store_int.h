@@ -76,6 +76,7 @@ struct vmsnap_store_conn {
                         * open the time between its check and its delete) */
     bool list_skipped; /* a listing skipped a directory it could not read (local store: a
                         * warning names it; gc and ls then report failure at the end) */
+    bool no_bucket;    /* the last request failed with S3's NoSuchBucket */
 };
 
 extern const struct store_ops store_local_ops;

@@ -4,7 +4,6 @@
  * digests in hex, a source over an object's tail, manifest reads, key checks.
  */
 #include "xfer_int.h"
-#include "store/store_int.h"
 
 #include "sys/sys.h"
 #include "vmsnap/xfer.h"
@@ -56,7 +55,7 @@ int xfer_init(struct xfer *x, const char *url, const struct vmsnap_xfer_opts *op
      * set with its manifest as this one, and rm of it emptied the set it points at. The
      * directories above it are the user's path, links included. */
     struct stat lsb;
-    char *lp = x->st->kind == VMSNAP_STORE_LOCAL && **key ? store_local_path(x->st, *key) : NULL;
+    char *lp = **key ? vmsnap_store_local_path(x->st, *key) : NULL;
     if (lp && lstat(lp, &lsb) == 0 && S_ISLNK(lsb.st_mode) && stat(lp, &lsb) == 0 &&
         S_ISDIR(lsb.st_mode))
         rc = vmsnap_err_set(err, EINVAL,
@@ -70,7 +69,7 @@ int xfer_init(struct xfer *x, const char *url, const struct vmsnap_xfer_opts *op
         *key = NULL;
         return rc;
     }
-    if (x->st->kind == VMSNAP_STORE_S3 && x->o.part_size < VMSNAP_STORE_MIN_PART) {
+    if (vmsnap_store_kind(x->st) == VMSNAP_STORE_S3 && x->o.part_size < VMSNAP_STORE_MIN_PART) {
         vmsnap_store_free(x->st);
         free(*key);
         *key = NULL;
@@ -95,6 +94,16 @@ void xfer_fini(struct xfer *x, bool pool_started)
     pthread_cond_destroy(&x->cv_dec);
     vmsnap_store_free(x->st);
     free(x->base_key);
+}
+
+/* Delete `key` in one attempt: no back-off between the caller's check (a listing) and the
+ * DELETE. */
+int delete_once(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err)
+{
+    vmsnap_store_conn_one_attempt(c, true);
+    int rc = vmsnap_store_delete(c, key, err);
+    vmsnap_store_conn_one_attempt(c, false);
+    return rc;
 }
 
 char *join_key(const char *prefix, const char *name)
@@ -177,7 +186,7 @@ int key_fits(const struct xfer *x, const char *key, struct vmsnap_err *err)
 {
     char u[URL_BUF];
     vmsnap_store_url(x->st, key, u, sizeof(u));
-    if (x->st->kind == VMSNAP_STORE_S3) {
+    if (vmsnap_store_kind(x->st) == VMSNAP_STORE_S3) {
         if (strlen(key) > 1024)
             return vmsnap_err_set(err, ENAMETOOLONG, "%s: key of %zu bytes, S3 takes at most 1024",
                                   u, strlen(key));

@@ -4,7 +4,6 @@
  * pushes, removed only from a prefix that is quiet.
  */
 #include "xfer_int.h"
-#include "store/store_int.h"
 
 #include "sys/sys.h"
 #include "vmsnap/xfer.h"
@@ -218,9 +217,7 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
         }
         if (q == nc)
             break;
-        c->one_attempt = true;
-        rc = vmsnap_store_delete(c, cands[q].key, &e);
-        c->one_attempt = false;
+        rc = delete_once(c, cands[q].key, &e);
         if (rc < 0 && rc != -ENOENT) {
             vlog(VMSNAP_LOG_WARN, "cannot delete %s: %s (the marks stay for the next run)",
                  cands[q].key, e.msg);
@@ -319,7 +316,7 @@ int vmsnap_xfer_gc(const char *url, const struct vmsnap_gc_opts *g,
                             "%u of the things killed pushes left under %s could not be removed "
                             "(%s: %s)",
                             l.failed, url, l.first_key, l.first.msg);
-    else if (rc == 0 && c->list_skipped)
+    else if (rc == 0 && vmsnap_store_conn_list_skipped(c))
         rc = vmsnap_err_set(err, EACCES,
                             "some directories under %s could not be read (skipped: see the "
                             "warnings above); what killed pushes left there stays",

@@ -344,6 +344,7 @@ int xfer_init(struct xfer *x, const char *url, const struct vmsnap_xfer_opts *op
 int xfer_start_pool(struct xfer *x, struct vmsnap_err *err);
 void xfer_fini(struct xfer *x, bool pool_started);
 char *join_key(const char *prefix, const char *name);
+int delete_once(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err);
 void hex32(const unsigned char *md, char out[65]);
 int tail_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err);
 int read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *murl,

@@ -4,7 +4,6 @@
  * whether a set push is running in a directory.
  */
 #include "xfer_int.h"
-#include "store/store_int.h"
 
 #include "sys/sys.h"
 #include "vmsnap/xfer.h"
@@ -36,7 +35,8 @@ void gc_report(const struct leftover_ctx *l, enum vmsnap_gc_kind kind, const cha
     const struct vmsnap_gc_opts *g = l->gc;
     char u[URL_BUF];
     if (g && g->report)
-        g->report(g->report_arg, kind, vmsnap_store_url(l->c->st, key, u, sizeof(u)), age, act);
+        g->report(g->report_arg, kind,
+                  vmsnap_store_url(vmsnap_store_conn_store(l->c), key, u, sizeof(u)), age, act);
 }
 
 bool old_enough(const struct vmsnap_gc_opts *g, int64_t age)
@@ -59,10 +59,10 @@ static int upload_last(struct vmsnap_store_conn *c, const char *key, const char 
                        int64_t started, int64_t *last, struct vmsnap_err *err)
 {
     *last = started;
-    if (started < 0 || !c->st->ops->mpu_last_part)
+    if (started < 0)
         return 0;
     int64_t part = -1;
-    int rc = c->st->ops->mpu_last_part(c, key, id, &part, err);
+    int rc = vmsnap_store_mpu_last_part(c, key, id, &part, err);
     if (rc == 0 && part > started)
         *last = part;
     return rc;

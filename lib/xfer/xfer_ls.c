@@ -3,7 +3,6 @@
  * vmsnap_xfer_list: the sets under a prefix, and the key collector ls, gc and rm share.
  */
 #include "xfer_int.h"
-#include "store/store_int.h"
 
 #include "sys/sys.h"
 #include "vmsnap/xfer.h"
@@ -54,9 +53,9 @@ void keys_free(struct keys *k)
  * (S3 cannot tell: a prefix without objects is just empty). */
 int local_prefix_exists(struct xfer *x, const char *url, const char *key, struct vmsnap_err *err)
 {
-    if (x->st->kind != VMSNAP_STORE_LOCAL || !*key)
+    if (vmsnap_store_kind(x->st) != VMSNAP_STORE_LOCAL || !*key)
         return 0;
-    char *dir = store_local_path(x->st, key);
+    char *dir = vmsnap_store_local_path(x->st, key);
     struct stat sb;
     int rc = 0;
     if (!dir)
@@ -99,7 +98,7 @@ int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsna
         vmsnap_store_url(x.st, k.v[i], murl, sizeof(murl));
         snprintf(surl, sizeof(surl), "%.*s", (int)(strlen(murl) - strlen(VMSNAP_XFER_MANIFEST) - 1),
                  murl);
-        if (x.st->kind == VMSNAP_STORE_LOCAL && !strncmp(surl, "//", 2))
+        if (vmsnap_store_kind(x.st) == VMSNAP_STORE_LOCAL && !strncmp(surl, "//", 2))
             memmove(surl, surl + 1, strlen(surl));
         struct manifest m = {0};
         struct vmsnap_err me = {0};
@@ -117,7 +116,7 @@ int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsna
         manifest_fini(&m);
         rc = fn(arg, &set);
     }
-    if (rc == 0 && c->list_skipped)
+    if (rc == 0 && vmsnap_store_conn_list_skipped(c))
         rc = vmsnap_err_set(err, EACCES,
                             "%s: some directories under it could not be read (skipped: see the "
                             "warnings above); the list is incomplete",

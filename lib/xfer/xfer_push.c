@@ -4,7 +4,6 @@
  * file or a set.
  */
 #include "xfer_int.h"
-#include "store/store_int.h"
 
 #include "sys/sys.h"
 #include "vmsnap/xfer.h"
@@ -19,16 +18,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static bool same_str(const char *a, const char *b)
-{
-    return (!a && !b) || (a && b && !strcmp(a, b));
-}
-
 /* Resolve the base URL to a key of the push's own store (copies work only inside one store). */
 static int base_key_in(struct xfer *x, const char *base, struct vmsnap_err *err)
 {
-    bool remote = strstr(base, "://") && strncmp(base, "file://", 7);
-    if (remote != (x->st->kind == VMSNAP_STORE_S3))
+    if (vmsnap_store_url_remote(base) != (vmsnap_store_kind(x->st) == VMSNAP_STORE_S3))
         return vmsnap_err_set(err, EINVAL,
                               "base %s is not in the store being pushed to (copies stay inside "
                               "one bucket)",
@@ -40,12 +33,7 @@ static int base_key_in(struct xfer *x, const char *base, struct vmsnap_err *err)
         vmsnap_err_wrap(err, "base: ");
         return rc;
     }
-    const struct s3_config *a = &x->st->s3, *b = &bst->s3;
-    bool same = bst->kind == x->st->kind &&
-                (bst->kind == VMSNAP_STORE_LOCAL ||
-                 (same_str(a->url_scheme, b->url_scheme) && same_str(a->host, b->host) &&
-                  a->port == b->port && same_str(a->bucket, b->bucket)));
-    if (!same)
+    if (!vmsnap_store_same(x->st, bst))
         rc = vmsnap_err_set(err, EINVAL,
                             "base %s is not in the store being pushed to (copies stay inside one "
                             "bucket)",
@@ -68,7 +56,7 @@ bool local_same(const struct xfer *x, const char *key, const char *path, bool wi
 {
     struct stat a, b;
     char p[PATH_MAX];
-    if (x->st->kind != VMSNAP_STORE_LOCAL || stat(path, &b) < 0 ||
+    if (vmsnap_store_kind(x->st) != VMSNAP_STORE_LOCAL || stat(path, &b) < 0 ||
         snprintf(p, sizeof(p), "/%s", key) >= (int)sizeof(p))
         return false;
     for (;;) {
@@ -92,7 +80,7 @@ int vmsnap_xfer_check_dest(const char *url, bool set, const struct vmsnap_xfer_o
     char p[PATH_MAX];
     if (!*key) {
         rc = vmsnap_err_set(err, EINVAL, "%s: a key (a path inside the bucket) is needed", url);
-    } else if (x.st->kind == VMSNAP_STORE_LOCAL &&
+    } else if (vmsnap_store_kind(x.st) == VMSNAP_STORE_LOCAL &&
                snprintf(p, sizeof(p), "/%s", key) < (int)sizeof(p)) {
         struct stat sb;
         char *sl;

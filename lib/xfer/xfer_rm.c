@@ -3,7 +3,6 @@
  * vmsnap_xfer_remove: a set, its objects, uploads and push marks, or a single snapshot object.
  */
 #include "xfer_int.h"
-#include "store/store_int.h"
 
 #include "sys/sys.h"
 #include "vmsnap/xfer.h"
@@ -66,7 +65,7 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
     struct vmsnap_err me = {0};
     bool unusable = false;
     int mrc = read_manifest_x(c, mkey, murl, x.o.max_size, &m, NULL, NULL, &unusable, &me);
-    if (mrc == -ENOENT && strstr(me.msg, "no such bucket")) { /* a HEAD's 404 cannot tell */
+    if (mrc == -ENOENT && vmsnap_store_conn_no_bucket(c)) { /* a HEAD's 404 cannot tell */
         rc = mrc;
         if (err)
             *err = me;
@@ -246,9 +245,9 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
         goto out;
     }
     if (rc == 0 && !res->set && !res->objects && !res->uploads && !res->pushes && !res->kept &&
-        x.st->kind == VMSNAP_STORE_LOCAL) {
+        vmsnap_store_kind(x.st) == VMSNAP_STORE_LOCAL) {
         /* an empty directory a failed push left: removing it is what rm --force is for */
-        char *dir = store_local_path(x.st, key);
+        char *dir = vmsnap_store_local_path(x.st, key);
         struct stat sb;
         if (dir && lstat(dir, &sb) == 0 && S_ISDIR(sb.st_mode)) {
             vmsnap_store_tidy(c, lp);

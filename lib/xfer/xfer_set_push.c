@@ -4,7 +4,6 @@
  * upload the files (deferred for the old set's names), un-commit, complete, commit, check.
  */
 #include "xfer_int.h"
-#include "store/store_int.h"
 
 #include "sys/sys.h"
 #include "vmsnap/xfer.h"
@@ -347,7 +346,7 @@ static void old_set_run(struct xtask *xt, struct vmsnap_store_conn *c)
                              &o->err);
     /* an object stored at the set's own key (S3; on the local store a file there is no
      * directory): pull of the URL would take the set and hide it */
-    int obj = rc == -ENOENT && o->x->st->kind == VMSNAP_STORE_S3 && *o->key
+    int obj = rc == -ENOENT && vmsnap_store_kind(o->x->st) == VMSNAP_STORE_S3 && *o->key
                   ? key_exists(c, o->key, NULL)
                   : 0;
     /* the marks there now (a killed push's): not "another push meanwhile" to a restore. Not
@@ -619,9 +618,7 @@ int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir, con
             rc = same;
         if (rc == 0) {
             /* one attempt: no back-off between the check and the DELETE */
-            ctl->one_attempt = true;
-            rc = vmsnap_store_delete(ctl, mkey, err);
-            ctl->one_attempt = false;
+            rc = delete_once(ctl, mkey, err);
         }
         if (rc < 0 && same == 1) {
             /* carried out with its answer lost? as for the early un-commit above */

@@ -4,7 +4,6 @@
  * remove the replaced set's other objects after a commit.
  */
 #include "xfer_int.h"
-#include "store/store_int.h"
 
 #include "sys/sys.h"
 #include "vmsnap/xfer.h"
@@ -23,9 +22,7 @@ static int delete_set_object(struct vmsnap_store_conn *ctl, const char *prefix, 
     snprintf(obj, sizeof(obj), "%s.zstd", name);
     char *k = join_key(prefix, obj);
     struct vmsnap_err e = {0};
-    ctl->one_attempt = true;
-    int drc = k ? vmsnap_store_delete(ctl, k, &e) : vmsnap_err_set(&e, ENOMEM, "out of memory");
-    ctl->one_attempt = false;
+    int drc = k ? delete_once(ctl, k, &e) : vmsnap_err_set(&e, ENOMEM, "out of memory");
     free(k);
     if (drc < 0 && drc != -ENOENT) {
         vlog(VMSNAP_LOG_WARN, "%s: cannot remove %s%s: %s", url, obj, what, e.msg);
@@ -52,7 +49,7 @@ void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, const char
 {
     cancel_hold();
     char url[URL_BUF];
-    vmsnap_store_url(ctl->st, prefix, url, sizeof(url));
+    vmsnap_store_url(vmsnap_store_conn_store(ctl), prefix, url, sizeof(url));
     char *lp = join_key(prefix, "");
     /* Every object of the set's names, written by this push or not: what it did not replace yet
      * belongs to the set it un-committed (dead, and left unlisted it kept a full store full and
@@ -100,7 +97,7 @@ bool restore_old(struct vmsnap_store_conn *ctl, const char *prefix, const char *
         return false;
     cancel_hold();
     char url[URL_BUF];
-    vmsnap_store_url(ctl->st, prefix, url, sizeof(url));
+    vmsnap_store_url(vmsnap_store_conn_store(ctl), prefix, url, sizeof(url));
     char *lp = join_key(prefix, "");
     bool ok = lp != NULL, back = false, left = false;
     struct vmsnap_err e = {0};
@@ -124,9 +121,9 @@ bool restore_old(struct vmsnap_store_conn *ctl, const char *prefix, const char *
         if (prefix_busy_but(ctl, lp, mkey, s->mark_key, &s->prior) != 0)
             break;
         vmsnap_err_clear(&e);
-        ctl->one_attempt = true;
+        vmsnap_store_conn_one_attempt(ctl, true);
         back = vmsnap_store_put(ctl, mkey, s->old_raw, s->old_raw_len, &e) == 0;
-        ctl->one_attempt = false;
+        vmsnap_store_conn_one_attempt(ctl, false);
         if (!back)
             vlog(VMSNAP_LOG_WARN, "%s: cannot put back the set this push was replacing: %s", url,
                  e.msg);
@@ -183,7 +180,7 @@ static void remove_new_names(struct xfer *x, struct vmsnap_store_conn *ctl, cons
 {
     cancel_hold();
     char url[URL_BUF];
-    vmsnap_store_url(ctl->st, prefix, url, sizeof(url));
+    vmsnap_store_url(vmsnap_store_conn_store(ctl), prefix, url, sizeof(url));
     char *lp = join_key(prefix, "");
     bool left = !lp;
     for (size_t i = 0; i < s->n && !left; i++) {

@@ -299,14 +299,9 @@ static int s3_del(struct vmsnap_store_conn *c, const char *key, struct vmsnap_er
 {
     struct req r = {.method = "DELETE", .key = key};
     int rc = perform(c, &r, err);
-    if (rc == -ENOENT && r.status == 404) {
-        char code[64] = "";
-        /* a missing key is fine; a missing bucket is not */
-        if (!strstr(err ? err->msg : "", "no such bucket")) {
-            vmsnap_err_clear(err);
-            rc = 0;
-        }
-        (void)code;
+    if (rc == -ENOENT && r.status == 404 && !r.no_bucket) { /* a missing bucket is an error */
+        vmsnap_err_clear(err);
+        rc = 0;
     }
     return rc;
 }

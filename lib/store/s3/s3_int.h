@@ -93,6 +93,7 @@ struct req {
     bool have_length;
     uint64_t cr_first, cr_last, cr_total; /* Content-Range: bytes FIRST-LAST/TOTAL */
     bool have_range;
+    bool no_bucket; /* answered NoSuchBucket */
 };
 
 /* Run one request with its retries (s3_request.c). */

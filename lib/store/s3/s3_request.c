@@ -305,7 +305,7 @@ static int curl_errno(CURLcode c)
 }
 
 /* Map a non-2xx answer to -errno with a message naming the bucket and key. */
-static int http_error(const struct s3_config *cfg, const struct req *r, struct vmsnap_err *err)
+static int http_error(const struct s3_config *cfg, struct req *r, struct vmsnap_err *err)
 {
     char code[128] = "", msg[256] = "";
     struct xml_span body = {r->errbody.p ? r->errbody.p : "", r->errbody.len};
@@ -320,7 +320,8 @@ static int http_error(const struct s3_config *cfg, const struct req *r, struct v
                               "credentials and the bucket's permissions",
                               r->method, where, cfg->bucket, r->status, detail);
     if (r->status == 404) {
-        if (!strcmp(code, "NoSuchBucket"))
+        r->no_bucket = !strcmp(code, "NoSuchBucket");
+        if (r->no_bucket)
             return vmsnap_err_set(err, ENOENT, "%s %s: no such bucket '%s'", r->method, where,
                                   cfg->bucket);
         if (!strcmp(code, "NoSuchUpload"))
@@ -490,6 +491,7 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
     r->etag[0] = '\0';
     r->have_length = false;
     r->have_range = false;
+    r->no_bucket = false;
     r->errbody.len = 0;
     if (r->resp)
         r->resp->len = 0;
@@ -612,6 +614,7 @@ int perform(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err *err)
     }
     free(r->errbody.p);
     r->errbody.p = NULL;
+    c->no_bucket = r->no_bucket;
     if (rc == 0)
         vmsnap_err_clear(err);
     return rc;
