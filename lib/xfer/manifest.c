@@ -253,7 +253,7 @@ char *manifest_build(const struct manifest *m)
         json_object_array_add(sf, json_object_new_string(f->name));
         json_object *d = json_object_new_object();
         char obj[300];
-        snprintf(obj, sizeof(obj), "%s.zstd", f->name);
+        snprintf(obj, sizeof(obj), "%s" OBJECT_SUFFIX, f->name);
         json_object_object_add(d, "object", json_object_new_string(obj));
         json_object_object_add(d, "size", json_object_new_int64((int64_t)f->size));
         json_object_object_add(d, "populated", json_object_new_int64((int64_t)f->populated));

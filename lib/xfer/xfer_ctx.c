@@ -96,6 +96,16 @@ void xfer_fini(struct xfer *x, bool pool_started)
     free(x->base_key);
 }
 
+/* The key of a set file's object: "<prefix>/<name>.zstd" (malloc'd; NULL when out of memory). */
+char *object_key(const char *prefix, const char *name)
+{
+    size_t n = strlen(prefix) + strlen(name) + sizeof(OBJECT_SUFFIX) + 1;
+    char *k = malloc(n);
+    if (k)
+        snprintf(k, n, "%s%s%s" OBJECT_SUFFIX, prefix, *prefix ? "/" : "", name);
+    return k;
+}
+
 /* Delete `key` in one attempt: no back-off between the caller's check (a listing) and the
  * DELETE. */
 int delete_once(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err)

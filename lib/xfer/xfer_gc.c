@@ -158,9 +158,7 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
             bool keep = false;
             for (size_t f = 0; mrc == 0 && f < m.n && !keep; f++)
                 keep = !strcmp(m.files[f].name, pm[i].names[j]);
-            char obj[300];
-            snprintf(obj, sizeof(obj), "%s.zstd", pm[i].names[j]);
-            char *k = keep ? NULL : join_key(dir, obj);
+            char *k = keep ? NULL : object_key(dir, pm[i].names[j]);
             for (size_t q = 0; k && q < nc; q++)
                 if (!strcmp(cands[q].key, k))
                     free(k), k = NULL;

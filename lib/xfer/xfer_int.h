@@ -149,6 +149,9 @@ void manifest_fini(struct manifest *m);
  * of the set the push replaces that the push does not have: once that set is un-committed they
  * are dead too, and the push removes them after its commit.
  */
+/* A set file's object is "<name>.zstd" (object_key). */
+#define OBJECT_SUFFIX ".zstd"
+
 #define PUSH_MARK_PREFIX "vmsnap-push-"
 #define PUSH_MARK_SUFFIX ".json"
 
@@ -242,8 +245,15 @@ struct prior_marks {
 
 struct set_push {
     struct xfer *x;
+    struct vmsnap_store_conn *ctl; /* the caller's connection */
     const char *dir;
     const char *prefix;
+    const char *url;   /* the destination, for messages */
+    char *mkey;        /* the set's manifest */
+    int64_t mark_time; /* when the push began (its mark's "started") */
+    bool had_old;      /* a set was there (or it could not be told) */
+    bool late;         /* the set there is un-committed only once every file is uploaded */
+    bool uncommitted;  /* the set there was un-committed */
     char push_id[33];
     char *mark_key;        /* the push mark (manifest_int.h), once it may be stored */
     struct mf_file *files; /* sorted by name (manifest order) */
@@ -344,6 +354,7 @@ int xfer_init(struct xfer *x, const char *url, const struct vmsnap_xfer_opts *op
 int xfer_start_pool(struct xfer *x, struct vmsnap_err *err);
 void xfer_fini(struct xfer *x, bool pool_started);
 char *join_key(const char *prefix, const char *name);
+char *object_key(const char *prefix, const char *name);
 int delete_once(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err);
 void hex32(const unsigned char *md, char out[65]);
 int tail_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err);
@@ -399,14 +410,12 @@ int held_intact(struct vmsnap_store_conn *ctl, const char *prefix, const struct 
                 struct vmsnap_err *err);
 
 /* xfer_set_undo.c */
-void remove_pushed(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
-                   const struct set_push *s);
-bool restore_old(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
-                 const struct set_push *s);
-bool remove_replaced(struct vmsnap_store_conn *ctl, const char *prefix, const char *mkey,
-                     const struct set_push *s, const char *url);
-void push_failed(struct xfer *x, struct vmsnap_store_conn *ctl, const char *prefix,
-                 const char *mkey, const struct set_push *s, bool uncommitted);
+/* After its commit: the replaced set's objects of names this push does not have go (each
+ * guarded). True when none is left. */
+bool remove_replaced(const struct set_push *s);
+/* After a failure: the set it replaces stays or comes back, or what it stored goes (each delete
+ * guarded); `uncommitted`: the set it replaces was un-committed. */
+void push_failed(const struct set_push *s, bool uncommitted);
 
 /* xfer_set_push.c */
 int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir, const char *prefix,

@@ -261,9 +261,7 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
             size_t i = order[started];
             struct down *d = &ds[i];
             d->mf = &m->files[i];
-            char obj[300];
-            snprintf(obj, sizeof(obj), "%s.zstd", m->files[i].name);
-            d->key = join_key(prefix, obj);
+            d->key = object_key(prefix, m->files[i].name);
             struct open_task *ot = started ? calloc(1, sizeof(*ot)) : NULL;
             if (!d->key || (started && !ot)) {
                 free(ot);

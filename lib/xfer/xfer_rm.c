@@ -143,9 +143,7 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
         res->set = true;
     }
     for (size_t i = 0; i < m.n && rc == 0; i++) {
-        char obj[300];
-        snprintf(obj, sizeof(obj), "%s.zstd", m.files[i].name);
-        char *ok = join_key(key, obj);
+        char *ok = object_key(key, m.files[i].name);
         uint64_t osize;
         /* counted only when there (deleting a missing object succeeds) */
         rc = ok ? vmsnap_store_head(c, ok, &osize, err)
@@ -219,9 +217,7 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
             }
             if (krc == 0) {
                 for (size_t j = 0; j < pm.n && rc == 0; j++) {
-                    char obj[300];
-                    snprintf(obj, sizeof(obj), "%s.zstd", pm.names[j]);
-                    char *ok = join_key(key, obj);
+                    char *ok = object_key(key, pm.names[j]);
                     rc = ok ? vmsnap_store_delete(c, ok, err)
                             : vmsnap_err_set(err, ENOMEM, "out of memory");
                     if (rc == -ENOENT)

@@ -41,11 +41,10 @@ static void *producer(void *arg)
         size_t i = s->order[s->next++];
         pthread_mutex_unlock(&s->mu);
         struct mf_file *f = &s->files[i];
-        char path[4352], obj[300];
+        char path[4352];
         snprintf(path, sizeof(path), "%s/%s", s->dir, f->name);
-        snprintf(obj, sizeof(obj), "%s.zstd", f->name);
-        char *key = join_key(s->prefix, obj);
-        char *bkey = s->x->base_key ? join_key(s->x->base_key, obj) : NULL;
+        char *key = object_key(s->prefix, f->name);
+        char *bkey = s->x->base_key ? object_key(s->x->base_key, f->name) : NULL;
         int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         if (!key || (s->x->base_key && !bkey))
             rc = vmsnap_err_set(&e, ENOMEM, "out of memory");
@@ -193,9 +192,7 @@ static void def_run(struct xtask *xt, struct vmsnap_store_conn *c)
         sys_failpoint("push-completion"); /* the first completion: a test's Ctrl-C here */
     struct deferred *d = &t->s->def[t->i];
     const struct mf_file *mine = &t->s->files[t->i], *old = &t->s->old_files[t->i];
-    char obj[300];
-    snprintf(obj, sizeof(obj), "%s.zstd", mine->name);
-    char *k = join_key(t->s->prefix, obj);
+    char *k = object_key(t->s->prefix, mine->name);
     int rc = k ? 0 : vmsnap_err_set(&t->err, ENOMEM, "out of memory");
     if (rc == 0 && !t->abort)
         rc = vmsnap_store_mpu_complete(c, k, d->upload_id, d->parts, d->nparts, &t->err);
@@ -449,9 +446,7 @@ static int set_ready(const struct xfer *x, const struct set_push *s, struct vmsn
         close(fd);
         if (rc < 0)
             break;
-        char obj[300];
-        snprintf(obj, sizeof(obj), "%s.zstd", name);
-        char *k = join_key(s->prefix, obj);
+        char *k = object_key(s->prefix, name);
         rc = k ? key_fits(x, k, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
         free(k);
     }
@@ -466,45 +461,47 @@ static int set_ready(const struct xfer *x, const struct set_push *s, struct vmsn
     return rc;
 }
 
-int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir, const char *prefix,
-             const char *url, struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
+/* The files, their upload order (largest first), the push id, and the checks that come before
+ * anything changes (set_ready). */
+static int set_begin(struct set_push *s, struct vmsnap_err *err)
 {
-    struct set_push s = {.x = x, .dir = dir, .prefix = prefix};
-    int rc = scan_set(dir, &s.files, &s.n, err);
+    int rc = scan_set(s->dir, &s->files, &s->n, err);
     if (rc < 0)
         return rc;
-    char *mkey = join_key(prefix, VMSNAP_XFER_MANIFEST);
-    s.order = calloc(s.n, sizeof(*s.order));
-    char *json = NULL;
-    if (!mkey || !s.order) {
-        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-        goto out;
-    }
-    for (size_t i = 0; i < s.n; i++)
-        s.order[i] = i;
-    qsort_r(s.order, s.n, sizeof(*s.order), cmp_size_desc, s.files);
-    if ((rc = new_push_id(s.push_id, err)) < 0 || (rc = set_ready(x, &s, err)) < 0)
-        goto out;
+    s->mkey = join_key(s->prefix, VMSNAP_XFER_MANIFEST);
+    s->order = calloc(s->n, sizeof(*s->order));
+    if (!s->mkey || !s->order)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    for (size_t i = 0; i < s->n; i++)
+        s->order[i] = i;
+    qsort_r(s->order, s->n, sizeof(*s->order), cmp_size_desc, s->files);
+    if ((rc = new_push_id(s->push_id, err)) < 0)
+        return rc;
+    return set_ready(s->x, s, err);
+}
 
-    /* the mark before anything changes: a push killed from here on leaves it for gc (not once
-     * cancelled: nothing happens then). Meanwhile the pool reads the set being replaced; when
-     * that has names this push has not, the mark is stored again naming them, before the
-     * un-commit makes them dead. */
-    struct old_set old = {.x = x, .mkey = mkey, .key = prefix, .prior = &s.prior};
+/* The mark before anything changes: a push killed from here on leaves it for gc (not once
+ * cancelled: nothing happens then). Meanwhile the pool reads the set being replaced; when that
+ * has names this push has not, the mark is stored again naming them, before the un-commit makes
+ * them dead. A failure here changed nothing: the mark goes, whether its PUT was answered, lost
+ * after it was stored, or cut short by a cancel (a DELETE runs through one). */
+static int set_mark(struct set_push *s, struct vmsnap_err *err)
+{
+    struct old_set old = {.x = s->x, .mkey = s->mkey, .key = s->prefix, .prior = &s->prior};
     old.t.run = old_set_run;
     pthread_mutex_init(&old.mu, NULL);
     pthread_cond_init(&old.cv, NULL);
-    xpool_submit(&x->pool, &old.t);
+    xpool_submit(&s->x->pool, &old.t);
     char mname[64];
-    snprintf(mname, sizeof(mname), PUSH_MARK_PREFIX "%s" PUSH_MARK_SUFFIX, s.push_id);
-    int64_t mark_time = (int64_t)time(NULL);
-    s.mark_key = join_key(prefix, mname);
-    rc = s.mark_key ? put_mark(ctl, &s, mark_time, url, err)
-                    : vmsnap_err_set(err, ENOMEM, "out of memory");
+    snprintf(mname, sizeof(mname), PUSH_MARK_PREFIX "%s" PUSH_MARK_SUFFIX, s->push_id);
+    s->mark_time = (int64_t)time(NULL);
+    s->mark_key = join_key(s->prefix, mname);
+    int rc = s->mark_key ? put_mark(s->ctl, s, s->mark_time, s->url, err)
+                         : vmsnap_err_set(err, ENOMEM, "out of memory");
     if (rc == 0)
         sys_failpoint("push-marked");
     struct vmsnap_err oe = {0};
-    int orc = find_replaced(&s, &old, &oe);
+    int orc = find_replaced(s, &old, &oe);
     manifest_fini(&old.m);
     free(old.raw);
     pthread_mutex_destroy(&old.mu);
@@ -518,205 +515,262 @@ int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir, con
         rc = vmsnap_err_set(err, EEXIST,
                             "%s holds a single object: a set pushed there would hide it (pull "
                             "takes the set); remove it first ('vmsnap rm %s') or push elsewhere",
-                            url, url);
-    bool had_old = old.rc != -ENOENT; /* a set was there (or it could not be told) */
-    if (rc == 0 && s.nr)
-        rc = put_mark(ctl, &s, mark_time, url, err);
+                            s->url, s->url);
+    s->had_old = old.rc != -ENOENT; /* a set was there (or it could not be told) */
+    if (rc == 0 && s->nr)
+        rc = put_mark(s->ctl, s, s->mark_time, s->url, err);
+    if (rc < 0 && s->mark_key && vmsnap_store_delete(s->ctl, s->mark_key, NULL) < 0)
+        vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", s->url);
+    return rc;
+}
+
+/* A DELETE of the manifest failed: it may still have been carried out (its answer lost). When
+ * the set this push replaces is gone, its objects are dead, as after a failure past the
+ * un-commit; when that cannot be told, the mark (which names them) stays for gc. `ex`: 1 the
+ * manifest is there, 0 it is gone, < 0 cannot tell. */
+static void uncommit_failed(struct set_push *s, int ex)
+{
+    if (ex < 0)
+        vlog(VMSNAP_LOG_WARN,
+             "%s: cannot tell whether the set there is still committed: "
+             "this push's mark stays for 'vmsnap gc'",
+             s->url);
+    else
+        push_failed(s, ex == 0);
+}
+
+/*
+ * Where a set push decides to un-commit (1 of 2). A set this push read stays committed while
+ * the push uploads: the objects of its names are stored as uploads held open (deferred), so
+ * nothing of that set changes until the push un-commits it, right before it completes them
+ * (uncommit_late). A push failing before then (a store gone mid-upload, a kill) leaves that set
+ * whole; the un-commit used to come first, and such a failure left the set invisible, its
+ * manifest only in the dead push's memory, and gc then deleted its objects. A set whose manifest
+ * is corrupt is un-committed here (nothing to protect); a push that found no set un-commits
+ * nothing: a manifest there now is a set another push committed meanwhile (deleted, then its
+ * objects by the clean-up).
+ */
+static int uncommit_early(struct set_push *s, struct vmsnap_err *err)
+{
+    s->late = s->in_old != NULL;
+    int rc = cancel_check(err);
+    if (rc == 0 && s->had_old && !s->late)
+        rc = vmsnap_store_delete(s->ctl, s->mkey, err);
     if (rc < 0) {
-        /* nothing changed: the mark goes, whether its PUT was answered, lost after it was
-         * stored, or cut short by a cancel (a DELETE runs through one) */
-        if (s.mark_key && vmsnap_store_delete(ctl, s.mark_key, NULL) < 0)
-            vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
-        goto out;
-    }
-    /* A set this push read stays committed while the push uploads: the objects of its names are
-     * stored as uploads held open (deferred), so nothing of that set changes until the push
-     * un-commits it, right before it completes them. A push failing before then (a store gone
-     * mid-upload, a kill) leaves that set whole; the un-commit used to come first, and such a
-     * failure left the set invisible, its manifest only in the dead push's memory, and gc then
-     * deleted its objects. A set whose manifest is corrupt is un-committed here (nothing
-     * to protect); a push that found no set un-commits nothing: a manifest there now is a set
-     * another push committed meanwhile (deleted, then its objects by the clean-up). Then the
-     * leftovers of killed pushes are cleared (not cut short). */
-    const bool late = s.in_old != NULL;
-    bool uncommitted = false;
-    if ((rc = cancel_check(err)) < 0 ||
-        (had_old && !late && (rc = vmsnap_store_delete(ctl, mkey, err)) < 0)) {
-        /* A DELETE that failed may still have been carried out (its answer lost): when the set
-         * this push replaces is gone, its objects are dead, as after a failure past the
-         * un-commit; when that cannot be told, the mark (which names them) stays for gc. */
-        int ex = rc == -ECANCELED || !had_old ? 1 : key_exists(ctl, mkey, NULL);
-        if (ex == 0 && !restore_old(ctl, prefix, mkey, &s))
-            remove_pushed(ctl, prefix, mkey, &s);
+        int ex = rc == -ECANCELED || !s->had_old ? 1 : key_exists(s->ctl, s->mkey, NULL);
+        if (ex == 0)
+            push_failed(s, true);
         else if (ex < 0)
-            vlog(VMSNAP_LOG_WARN,
-                 "%s: cannot tell whether the set there is still committed: "
-                 "this push's mark stays for 'vmsnap gc'",
-                 url);
-        else if (vmsnap_store_delete(ctl, s.mark_key, NULL) < 0)
-            vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", url);
-        goto out;
+            uncommit_failed(s, ex);
+        else if (vmsnap_store_delete(s->ctl, s->mark_key, NULL) < 0)
+            vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", s->url);
+        return rc;
     }
-    uncommitted = had_old && !late;
-    char *lp = join_key(prefix, "");
-    if (!lp) {
-        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-        goto out;
-    }
-    struct leftover_ctx l = {.c = ctl, .in = lp};
+    s->uncommitted = s->had_old && !s->late;
+    return 0;
+}
+
+/* The leftovers of killed pushes at the prefix are cleared (not cut short). */
+static int sweep_leftovers(struct set_push *s, struct vmsnap_err *err)
+{
+    char *lp = join_key(s->prefix, "");
+    if (!lp)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    struct leftover_ctx l = {.c = s->ctl, .in = lp};
     cancel_hold();
-    rc = vmsnap_store_list_uploads(ctl, lp, abort_leftover, &l, err);
+    int rc = vmsnap_store_list_uploads(s->ctl, lp, abort_leftover, &l, err);
     cancel_release();
     free(lp);
-    if (rc < 0) {
-        push_failed(x, ctl, prefix, mkey, &s, uncommitted);
-        goto out;
-    }
+    if (rc < 0)
+        push_failed(s, s->uncommitted);
+    return rc;
+}
 
-    pthread_mutex_init(&s.mu, NULL);
-    unsigned np = (unsigned)VMSNAP_MIN(s.n, (size_t)MAX_PRODUCERS);
+/* Every file, by up to MAX_PRODUCERS producers. A failure leaves no manifest: the set is
+ * incomplete; the old one stays or comes back, or what this push stored goes (best effort). */
+static int upload_files(struct set_push *s, struct vmsnap_err *err)
+{
+    pthread_mutex_init(&s->mu, NULL);
+    unsigned np = (unsigned)VMSNAP_MIN(s->n, (size_t)MAX_PRODUCERS);
     pthread_t tids[MAX_PRODUCERS];
     unsigned started = 0;
     for (; started < np; started++)
-        if (pthread_create(&tids[started], NULL, producer, &s) != 0)
+        if (pthread_create(&tids[started], NULL, producer, s) != 0)
             break;
     if (started == 0)
-        producer(&s);
+        producer(s);
     for (unsigned i = 0; i < started; i++)
         pthread_join(tids[i], NULL);
-    pthread_mutex_destroy(&s.mu);
-    if (s.rc < 0) {
-        rc = s.rc;
-        if (err)
-            *err = s.err;
-        /* no manifest: the set is incomplete; the old one stays or comes back, or remove what
-         * this push stored (best effort) */
-        finish_deferred(&s, true, NULL);
-        push_failed(x, ctl, prefix, mkey, &s, uncommitted);
-        goto out;
+    pthread_mutex_destroy(&s->mu);
+    if (s->rc == 0)
+        return 0;
+    if (err)
+        *err = s->err;
+    finish_deferred(s, true, NULL);
+    push_failed(s, s->uncommitted);
+    return s->rc;
+}
+
+/*
+ * Where a set push decides to un-commit (2 of 2): now that every object is uploaded, the set
+ * this push read is un-committed, only when it is still the one there (a manifest another push
+ * committed since is that push's set, not this one's to delete), its held uploads all still
+ * there, and not once cancelled (the set stays). A failure undoes the push here.
+ */
+static int uncommit_late(struct set_push *s, struct vmsnap_err *err)
+{
+    int same = 0, held = 1, rc;
+    sys_failpoint("push-uncommitting");
+    if ((rc = cancel_check(err)) == 0 && (held = held_intact(s->ctl, s->prefix, s, err)) <= 0) {
+        rc = held < 0 ? held : -EBUSY;
+        vmsnap_err_wrap(err, "%s: ", s->url);
+    } else if (rc == 0 && (same = manifest_same(s->x, s->ctl, s->mkey, s, err)) == 0)
+        rc = vmsnap_err_set(err, EBUSY,
+                            "%s: another push to the same place ran at the same time: the "
+                            "set there is no longer the one this push replaces; this "
+                            "snapshot is NOT stored there",
+                            s->url);
+    else if (rc == 0 && same < 0)
+        rc = same;
+    if (rc == 0) /* one attempt: no back-off between the check and the DELETE */
+        rc = delete_once(s->ctl, s->mkey, err);
+    if (rc == 0) {
+        s->uncommitted = true;
+        return 0;
     }
-    struct manifest m = {s.files, s.n, 2, ""};
-    memcpy(m.push_id, s.push_id, sizeof(m.push_id));
-    if (!(json = manifest_build(&m)))
-        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-    if (rc == 0 && late) {
-        /* the un-commit, now that every object is uploaded: only of the set this push read (a
-         * manifest another push committed since is that push's set, not this one's to delete),
-         * and not once cancelled (the set stays) */
-        int same = 0, held = 1;
-        sys_failpoint("push-uncommitting");
-        if ((rc = cancel_check(err)) == 0 && (held = held_intact(ctl, prefix, &s, err)) <= 0) {
-            rc = held < 0 ? held : -EBUSY;
-            vmsnap_err_wrap(err, "%s: ", url);
-        } else if (rc == 0 && (same = manifest_same(x, ctl, mkey, &s, err)) == 0)
-            rc = vmsnap_err_set(err, EBUSY,
-                                "%s: another push to the same place ran at the same time: the "
-                                "set there is no longer the one this push replaces; this "
-                                "snapshot is NOT stored there",
-                                url);
-        else if (rc == 0 && same < 0)
-            rc = same;
-        if (rc == 0) {
-            /* one attempt: no back-off between the check and the DELETE */
-            rc = delete_once(ctl, mkey, err);
-        }
-        if (rc < 0 && same == 1) {
-            /* carried out with its answer lost? as for the early un-commit above */
-            int ex = rc == -ECANCELED ? 1 : key_exists(ctl, mkey, NULL);
-            finish_deferred(&s, true, NULL);
-            if (ex < 0)
-                vlog(VMSNAP_LOG_WARN,
-                     "%s: cannot tell whether the set there is still committed: "
-                     "this push's mark stays for 'vmsnap gc'",
-                     url);
-            else
-                push_failed(x, ctl, prefix, mkey, &s, ex == 0);
-            goto out;
-        }
-        if (rc < 0) {
-            finish_deferred(&s, true, NULL);
-            push_failed(x, ctl, prefix, mkey, &s, false);
-            goto out;
-        }
-        uncommitted = true;
-    }
+    /* carried out with its answer lost? as for the early un-commit */
+    int ex = same != 1 ? 0 : rc == -ECANCELED ? 1 : key_exists(s->ctl, s->mkey, NULL);
+    finish_deferred(s, true, NULL);
+    if (same == 1)
+        uncommit_failed(s, ex);
+    else
+        push_failed(s, false);
+    return rc;
+}
+
+/* Complete the deferred uploads (`rc` < 0: abort them); a failure undoes the push. */
+static int complete_deferred(struct set_push *s, int rc, struct vmsnap_err *err)
+{
     if (rc < 0)
-        finish_deferred(&s, true, NULL);
-    else if ((rc = finish_deferred(&s, false, err)) < 0)
-        finish_deferred(&s, true, NULL); /* those not completed */
-    if (rc < 0) {
-        push_failed(x, ctl, prefix, mkey, &s, uncommitted);
-        goto out;
-    }
-    /* objects first (a push racing this one may have replaced some: then nothing is
-     * committed over them), then the commit, then all of it again */
-    if ((rc = check_committed(x, prefix, mkey, &m, url, false, err)) < 0)
-        goto out;
-    /* the commit: not after a cancel, unless the old set's objects are already stored over (then
-     * only the commit keeps a set there); once asked for, it runs to its answer and is checked */
-    if (s.overwrote && cancel_pending())
+        finish_deferred(s, true, NULL);
+    else if ((rc = finish_deferred(s, false, err)) < 0)
+        finish_deferred(s, true, NULL); /* those not completed */
+    if (rc < 0)
+        push_failed(s, s->uncommitted);
+    return rc;
+}
+
+/* The commit: objects checked first (a push racing this one may have replaced some: then
+ * nothing is committed over them), then the manifest, then all of it again; then the replaced
+ * set's other objects and the mark go. */
+static int commit_manifest(struct set_push *s, const struct manifest *m, const char *json,
+                           struct vmsnap_err *err)
+{
+    int rc = check_committed(s->x, s->prefix, s->mkey, m, s->url, false, err);
+    if (rc < 0)
+        return rc;
+    /* not after a cancel, unless the old set's objects are already stored over (then only the
+     * commit keeps a set there); once asked for, it runs to its answer and is checked */
+    if (s->overwrote && cancel_pending())
         vlog(VMSNAP_LOG_WARN,
              "%s: interrupted after the set there was stored over: committing this push's set "
              "(the only way to leave one there)",
-             url);
-    if (!s.overwrote && (rc = cancel_check(err)) < 0) {
-        push_failed(x, ctl, prefix, mkey, &s, uncommitted);
-        goto out;
+             s->url);
+    if (!s->overwrote && (rc = cancel_check(err)) < 0) {
+        push_failed(s, s->uncommitted);
+        return rc;
     }
     cancel_hold();
-    rc = vmsnap_store_put(ctl, mkey, json, strlen(json), err);
-    if (rc < 0 && manifest_is(x, ctl, mkey, s.push_id) == 1) {
+    rc = vmsnap_store_put(s->ctl, s->mkey, json, strlen(json), err);
+    if (rc < 0 && manifest_is(s->x, s->ctl, s->mkey, s->push_id) == 1) {
         /* the PUT was carried out and its answer lost (every retry too): committed */
         vlog(VMSNAP_LOG_WARN,
              "%s: the commit's answer was lost, but the manifest there is this "
              "push's (%s)",
-             url, err ? err->msg : "");
+             s->url, err ? err->msg : "");
         vmsnap_err_clear(err);
         rc = 0;
     }
     if (rc < 0) {
-        vmsnap_err_wrap(err, "commit %s/%s: ", url, VMSNAP_XFER_MANIFEST);
+        vmsnap_err_wrap(err, "commit %s/%s: ", s->url, VMSNAP_XFER_MANIFEST);
         /* not committed (a full store, a refused write): the objects are nobody's (or the old
          * set is back when none of its objects was stored over). When the answer was lost after
          * the manifest was stored, it exists and they stay. */
-        push_failed(x, ctl, prefix, mkey, &s, uncommitted);
+        push_failed(s, s->uncommitted);
     } else {
-        rc = check_committed(x, prefix, mkey, &m, url, true, err);
+        rc = check_committed(s->x, s->prefix, s->mkey, m, s->url, true, err);
         /* committed and checked: the replaced set's other objects go, then the mark has done
          * its work (one left behind is gc's: the manifest names its push, the mark what it
          * replaced) */
         if (rc == 0)
             sys_failpoint("push-committed");
-        if (rc == 0 && remove_replaced(ctl, prefix, mkey, &s, url) &&
-            vmsnap_store_delete(ctl, s.mark_key, NULL) < 0)
-            vlog(VMSNAP_LOG_WARN, "%s: cannot remove the push mark %s (gc will)", url, s.mark_key);
+        if (rc == 0 && remove_replaced(s) && vmsnap_store_delete(s->ctl, s->mark_key, NULL) < 0)
+            vlog(VMSNAP_LOG_WARN, "%s: cannot remove the push mark %s (gc will)", s->url,
+                 s->mark_key);
     }
     cancel_release();
-    if (rc < 0)
-        goto out;
-    if (stats) {
-        stats->files = s.n;
-        for (size_t i = 0; i < s.n; i++) {
-            stats->logical += s.files[i].size;
-            stats->populated += s.files[i].populated;
-            stats->object_bytes += s.files[i].object_size;
-            stats->copied_bytes += s.files[i].copied;
+    return rc;
+}
+
+/* Every file uploaded: the late un-commit, the completions, the commit. */
+static int commit_set(struct set_push *s, struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
+{
+    struct manifest m = {s->files, s->n, 2, ""};
+    memcpy(m.push_id, s->push_id, sizeof(m.push_id));
+    char *json = manifest_build(&m);
+    int rc = json ? 0 : vmsnap_err_set(err, ENOMEM, "out of memory");
+    if (rc == 0 && s->late && (rc = uncommit_late(s, err)) < 0) {
+        free(json);
+        return rc;
+    }
+    if ((rc = complete_deferred(s, rc, err)) == 0)
+        rc = commit_manifest(s, &m, json, err);
+    free(json);
+    if (rc == 0 && stats) {
+        stats->files = s->n;
+        for (size_t i = 0; i < s->n; i++) {
+            stats->logical += s->files[i].size;
+            stats->populated += s->files[i].populated;
+            stats->object_bytes += s->files[i].object_size;
+            stats->copied_bytes += s->files[i].copied;
         }
     }
-out:
-    free(json);
-    free(mkey);
-    free(s.mark_key);
-    free(s.order);
-    for (size_t i = 0; i < s.nr; i++)
-        free(s.replaces[i]);
-    free(s.replaces);
-    free(s.old_raw);
-    free(s.in_old);
-    free(s.old_files);
-    prior_marks_fini(&s.prior);
-    free(s.def); /* every upload in it was completed or aborted */
-    struct manifest m2 = {s.files, s.n, 0, ""};
-    manifest_fini(&m2);
+    return rc;
+}
+
+static void set_push_fini(struct set_push *s)
+{
+    free(s->mkey);
+    free(s->mark_key);
+    free(s->order);
+    for (size_t i = 0; i < s->nr; i++)
+        free(s->replaces[i]);
+    free(s->replaces);
+    free(s->old_raw);
+    free(s->in_old);
+    free(s->old_files);
+    prior_marks_fini(&s->prior);
+    free(s->def); /* every upload in it was completed or aborted */
+    struct manifest m = {s->files, s->n, 0, ""};
+    manifest_fini(&m);
+}
+
+/* The set-push transaction, phase by phase; each phase undoes what the push did when it fails. */
+int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir, const char *prefix,
+             const char *url, struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
+{
+    struct set_push s = {.x = x, .ctl = ctl, .dir = dir, .prefix = prefix, .url = url};
+    int rc = set_begin(&s, err);
+    if (rc == 0)
+        rc = set_mark(&s, err);
+    if (rc == 0)
+        rc = uncommit_early(&s, err);
+    if (rc == 0)
+        rc = sweep_leftovers(&s, err);
+    if (rc == 0)
+        rc = upload_files(&s, err);
+    if (rc == 0)
+        rc = commit_set(&s, stats, err);
+    set_push_fini(&s);
     return rc;
 }

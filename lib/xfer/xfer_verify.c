@@ -135,11 +135,8 @@ int check_committed(struct xfer *x, const char *prefix, const char *mkey, const 
     int rc = 0;
     for (size_t i = 0; i < m->n + (committed ? 1 : 0) && rc == 0; i++) {
         struct check_task *t = calloc(1, sizeof(*t));
-        char obj[300];
-        if (i < m->n)
-            snprintf(obj, sizeof(obj), "%s.zstd", m->files[i].name);
         if (t)
-            t->key = i < m->n ? join_key(prefix, obj) : strdup(mkey);
+            t->key = i < m->n ? object_key(prefix, m->files[i].name) : strdup(mkey);
         if (!t || !t->key) {
             free(t);
             rc = vmsnap_err_set(err, ENOMEM, "out of memory");
