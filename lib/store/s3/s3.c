@@ -60,7 +60,7 @@ static int s3_put(struct vmsnap_store_conn *c, const char *key, const void *buf,
                   struct vmsnap_err *err)
 {
     struct req r = {.method = "PUT", .key = key, .body = buf, .body_len = len, .has_body = true};
-    return perform(c, &r, err);
+    return s3_perform(c, &r, err);
 }
 
 static int s3_mpu_create(struct vmsnap_store_conn *c, const char *key, char **upload_id,
@@ -69,7 +69,7 @@ static int s3_mpu_create(struct vmsnap_store_conn *c, const char *key, char **up
     struct qparam q[] = {{"uploads", ""}};
     struct dbuf resp = {.max = RESP_CAP};
     struct req r = {.method = "POST", .key = key, .q = q, .nq = 1, .resp = &resp};
-    int rc = perform(c, &r, err);
+    int rc = s3_perform(c, &r, err);
     if (rc == 0) {
         char id[1024];
         struct xml_span s = {resp.p ? resp.p : "", resp.len};
@@ -98,7 +98,7 @@ static int s3_mpu_part(struct vmsnap_store_conn *c, const char *key, const char 
                     .body = buf,
                     .body_len = len,
                     .has_body = true};
-    int rc = perform(c, &r, err);
+    int rc = s3_perform(c, &r, err);
     if (rc == 0) {
         if (!r.etag[0])
             return vmsnap_err_set(err, EPROTO, "upload part %u of %s/%s: no ETag in answer", number,
@@ -141,7 +141,7 @@ static int s3_mpu_part_copy(struct vmsnap_store_conn *c, const char *key, const 
                     .resp = &resp};
     vlog(VMSNAP_LOG_DEBUG, "s3: part %u of %s/%s = copy of %s/%s %s (if-match %s)", number,
          cfg->bucket, key, cfg->bucket, src_key, range, src_etag);
-    int rc = perform(c, &r, err);
+    int rc = s3_perform(c, &r, err);
     if (rc < 0 && r.status == 412)
         rc = vmsnap_err_set(err, ESTALE, "copy %s://%s/%s into part %u of %s: the source changed",
                             cfg->url_scheme, cfg->bucket, src_key, number, key);
@@ -199,7 +199,7 @@ static int s3_mpu_complete(struct vmsnap_store_conn *c, const char *key, const c
                     .body_len = body.len,
                     .has_body = true,
                     .resp = &resp};
-    rc = perform(c, &r, err);
+    rc = s3_perform(c, &r, err);
     /* RGW answers an empty <ETag></ETag>: nothing in the answer is needed. */
     free(resp.p);
     free(body.p);
@@ -211,7 +211,7 @@ static int s3_mpu_abort(struct vmsnap_store_conn *c, const char *key, const char
 {
     struct qparam q[] = {{"uploadId", upload_id}};
     struct req r = {.method = "DELETE", .key = key, .q = q, .nq = 1};
-    int rc = perform(c, &r, err);
+    int rc = s3_perform(c, &r, err);
     if (rc == -ENOENT) { /* NoSuchUpload, or RGW's NoSuchKey: already gone */
         vmsnap_err_clear(err);
         rc = 0;
@@ -223,7 +223,7 @@ static int s3_get(struct vmsnap_store_conn *c, const char *key, uint64_t off, si
                   struct vmsnap_err *err)
 {
     struct req r = {.method = "GET", .key = key, .range_off = off, .range_len = len, .dst = buf};
-    int rc = perform(c, &r, err);
+    int rc = s3_perform(c, &r, err);
     if (rc == 0 && r.got != len)
         rc = vmsnap_err_set(err, EIO, "GET %s://%s/%s: %llu of %zu bytes at %llu (short object)",
                             c->st->s3.url_scheme, c->st->s3.bucket, key, (unsigned long long)r.got,
@@ -236,7 +236,7 @@ static int s3_get_tail(struct vmsnap_store_conn *c, const char *key, size_t len,
 {
     const struct s3_config *cfg = &c->st->s3;
     struct req r = {.method = "GET", .key = key, .range_len = len, .suffix = true, .dst = buf};
-    int rc = perform(c, &r, err);
+    int rc = s3_perform(c, &r, err);
     if (rc < 0 && r.status == 416) {
         /* a suffix range of a non-empty object is always satisfiable: this one is empty */
         vmsnap_err_clear(err);
@@ -272,7 +272,7 @@ static int s3_get_stream(struct vmsnap_store_conn *c, const char *key, vmsnap_st
                          void *arg, struct vmsnap_err *err)
 {
     struct req r = {.method = "GET", .key = key, .stream_fn = fn, .stream_arg = arg};
-    int rc = perform(c, &r, err);
+    int rc = s3_perform(c, &r, err);
     if (rc == 0 && r.have_length && r.got != r.content_length)
         rc = vmsnap_err_set(err, EIO, "GET %s/%s: %llu of %llu bytes", c->st->s3.bucket, key,
                             (unsigned long long)r.got, (unsigned long long)r.content_length);
@@ -283,7 +283,7 @@ static int s3_head(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
                    struct vmsnap_err *err)
 {
     struct req r = {.method = "HEAD", .key = key};
-    int rc = perform(c, &r, err);
+    int rc = s3_perform(c, &r, err);
     if (rc == 0) {
         if (!r.have_length)
             return vmsnap_err_set(err, EPROTO, "HEAD %s/%s: no Content-Length", c->st->s3.bucket,
@@ -298,7 +298,7 @@ static int s3_head(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
 static int s3_del(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err)
 {
     struct req r = {.method = "DELETE", .key = key};
-    int rc = perform(c, &r, err);
+    int rc = s3_perform(c, &r, err);
     if (rc == -ENOENT && r.status == 404 && !r.no_bucket) { /* a missing bucket is an error */
         vmsnap_err_clear(err);
         rc = 0;

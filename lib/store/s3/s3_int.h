@@ -97,7 +97,7 @@ struct req {
 };
 
 /* Run one request with its retries (s3_request.c). */
-int perform(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err *err);
+int s3_perform(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err *err);
 int s3_conn_new(struct vmsnap_store *st, struct vmsnap_store_conn *c, struct vmsnap_err *err);
 void s3_conn_free(struct vmsnap_store_conn *c);
 

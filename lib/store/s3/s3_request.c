@@ -573,7 +573,7 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
     return http_error(cfg, r, err);
 }
 
-int perform(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err *err)
+int s3_perform(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err *err)
 {
     struct vmsnap_err own = {0};
     if (!err) /* the retry lines still say why */
