@@ -96,6 +96,25 @@ void xfer_fini(struct xfer *x, bool pool_started)
     free(x->base_key);
 }
 
+/* The tableSha256 of an opened image with a seek table, in hex: SHA-256 of its first bytes and
+ * its seek table, the very bytes the table was parsed from (the manifest's "tableSha256"). */
+int table_sha256(const struct vmsnap_image *img, char hex[65], struct vmsnap_err *err)
+{
+    const void *pre, *tab;
+    size_t pl, tl;
+    vmsnap_image_raw(img, &pre, &pl, &tab, &tl);
+    unsigned char md[32];
+    unsigned mdl = 0;
+    EVP_MD_CTX *sha = EVP_MD_CTX_new();
+    bool ok = sha && EVP_DigestInit_ex(sha, EVP_sha256(), NULL) && EVP_DigestUpdate(sha, pre, pl) &&
+              EVP_DigestUpdate(sha, tab, tl) && EVP_DigestFinal_ex(sha, md, &mdl);
+    EVP_MD_CTX_free(sha);
+    if (!ok)
+        return vmsnap_err_set(err, ENOMEM, "sha256 context");
+    hex32(md, hex);
+    return 0;
+}
+
 /* The key of a set file's object: "<prefix>/<name>.zstd" (malloc'd; NULL when out of memory). */
 char *object_key(const char *prefix, const char *name)
 {
@@ -223,46 +242,64 @@ int read_manifest_raw(struct vmsnap_store_conn *c, const char *mkey, const char 
     return read_manifest_x(c, mkey, murl, max_size, m, raw, raw_len, NULL, err);
 }
 
+/* Read a small object whole (a manifest, a push mark: `what` in errors). One GET of its last
+ * TAIL_READ bytes (the whole of any usual one) gives its size too; one larger than that (at most
+ * VMSNAP_XFER_MANIFEST_MAX: else -EFBIG and *too_large) is read whole in one more GET rather than
+ * splicing the front onto the tail, so an object replaced between the two requests cannot be half
+ * one version and half the other (a longer replacement arrives truncated and fails to parse);
+ * *two_gets then. On success *buf (malloc'd, one byte to spare) holds its *len bytes. */
+int read_small(struct vmsnap_store_conn *c, const char *key, const char *url, const char *what,
+               char **buf, size_t *len, bool *too_large, bool *two_gets, struct vmsnap_err *err)
+{
+    *too_large = *two_gets = false;
+    char *b = malloc(TAIL_READ + 1);
+    if (!b)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    size_t got;
+    uint64_t size;
+    int rc = vmsnap_store_get_tail(c, key, TAIL_READ, b, &got, &size, err);
+    if (rc == 0 && size > VMSNAP_XFER_MANIFEST_MAX) {
+        rc = vmsnap_err_set(err, EFBIG, "%s: %s of %llu bytes is too large", url, what,
+                            (unsigned long long)size);
+        *too_large = true;
+    }
+    if (rc == 0 && got < size) {
+        *two_gets = true;
+        free(b);
+        b = malloc(size + 1);
+        if (!b)
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        else
+            rc = vmsnap_store_get(c, key, 0, size, b, err);
+    }
+    if (rc < 0) {
+        free(b);
+        return rc;
+    }
+    *buf = b;
+    *len = (size_t)size;
+    return 0;
+}
+
 /* read_manifest_raw(), and *unusable (when not NULL): the store answered with bytes that are
  * not a manifest vmsnap can use (too large, or not one), rather than failing to answer. */
 int read_manifest_x(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
                     uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
                     bool *unusable, struct vmsnap_err *err)
 {
+    char *buf = NULL;
+    size_t len = 0;
+    bool too_large, two_gets;
+    int rc = read_small(c, mkey, murl, "manifest", &buf, &len, &too_large, &two_gets, err);
     if (unusable)
-        *unusable = false;
-    /* one GET of its last TAIL_READ bytes (the whole of any usual manifest) gives its size too */
-    char *buf = malloc(TAIL_READ + 1);
-    if (!buf)
-        return vmsnap_err_set(err, ENOMEM, "out of memory");
-    size_t got;
-    uint64_t size;
-    int rc = vmsnap_store_get_tail(c, mkey, TAIL_READ, buf, &got, &size, err);
-    if (rc == 0 && size > VMSNAP_XFER_MANIFEST_MAX) {
-        rc = vmsnap_err_set(err, EFBIG, "%s: manifest of %llu bytes is too large", murl,
-                            (unsigned long long)size);
-        if (unusable)
-            *unusable = true;
-    }
-    const bool two_gets = rc == 0 && got < size;
-    if (two_gets) {
-        /* larger than TAIL_READ: read it whole in one more GET rather than splicing the front
-         * onto the tail, so a manifest replaced between the two requests cannot be half one
-         * version and half the other (a longer replacement arrives truncated and fails to parse) */
-        free(buf);
-        buf = malloc(size + 1);
-        if (!buf)
-            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-        else
-            rc = vmsnap_store_get(c, mkey, 0, size, buf, err);
-    }
+        *unusable = too_large;
     /* read in two GETs, a manifest replaced in between arrives cut (its parse fails): that is
      * not damage to replace, but another push's set (taken for corrupt, it was un-committed) */
-    if (rc == 0 && (rc = manifest_parse(buf, size, murl, max_size, m, err)) < 0 && unusable)
+    if (rc == 0 && (rc = manifest_parse(buf, len, murl, max_size, m, err)) < 0 && unusable)
         *unusable = rc != -ENOMEM && !two_gets;
     if (rc == 0 && raw) {
         *raw = buf;
-        *raw_len = (size_t)size;
+        *raw_len = len;
         return 0;
     }
     free(buf);

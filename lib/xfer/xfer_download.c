@@ -307,17 +307,10 @@ int down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst, stru
     if (d->mf && d->mf->detail && d->mf->table_digest) {
         /* tableSha256 over the very bytes the table was parsed from: every frame is then
          * checked against that table (compressed XXH64, content XXH64, zstd's checksum) */
-        const void *pre, *tab;
-        size_t pl, tl;
-        vmsnap_image_raw(d->img, &pre, &pl, &tab, &tl);
-        unsigned char md[32];
-        unsigned mdl = 0;
         char hx[65];
-        EVP_DigestUpdate(d->sha, pre, pl);
-        EVP_DigestUpdate(d->sha, tab, tl);
-        EVP_DigestFinal_ex(d->sha, md, &mdl);
-        hex32(md, hx);
-        if (!pre || strcmp(hx, d->mf->sha256))
+        if ((rc = table_sha256(d->img, hx, err)) < 0)
+            return rc;
+        if (strcmp(hx, d->mf->sha256))
             return vmsnap_err_set(err, EINVAL,
                                   "%s: tableSha256 %s does not match the manifest (%s): refusing "
                                   "it",

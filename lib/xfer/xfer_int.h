@@ -355,6 +355,7 @@ int xfer_start_pool(struct xfer *x, struct vmsnap_err *err);
 void xfer_fini(struct xfer *x, bool pool_started);
 char *join_key(const char *prefix, const char *name);
 char *object_key(const char *prefix, const char *name);
+int table_sha256(const struct vmsnap_image *img, char hex[65], struct vmsnap_err *err);
 int delete_once(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err);
 void hex32(const unsigned char *md, char out[65]);
 int tail_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err);
@@ -363,6 +364,8 @@ int read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *mur
 const char *key_base(const char *key);
 int key_exists(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err);
 int key_fits(const struct xfer *x, const char *key, struct vmsnap_err *err);
+int read_small(struct vmsnap_store_conn *c, const char *key, const char *url, const char *what,
+               char **buf, size_t *len, bool *too_large, bool *two_gets, struct vmsnap_err *err);
 int read_manifest_raw(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
                       uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
                       struct vmsnap_err *err);

@@ -134,26 +134,12 @@ int read_mark(struct vmsnap_store_conn *c, const char *key, const char *murl, st
     char id[33];
     if (!mark_name(key_base(key), id))
         return vmsnap_err_set(err, EINVAL, "%s: not a push mark name", murl);
-    char *buf = malloc(TAIL_READ);
-    if (!buf)
-        return vmsnap_err_set(err, ENOMEM, "out of memory");
-    size_t got = 0;
-    uint64_t size = 0;
-    int rc = vmsnap_store_get_tail(c, key, TAIL_READ, buf, &got, &size, err);
-    if (rc == 0 && size > VMSNAP_XFER_MANIFEST_MAX)
-        rc = vmsnap_err_set(err, EFBIG, "%s: push mark of %llu bytes is too large", murl,
-                            (unsigned long long)size);
-    if (rc == 0 && got < size) { /* whole, in one GET (as read_manifest) */
-        free(buf);
-        buf = malloc(size);
-        if (!buf)
-            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-        else
-            rc = vmsnap_store_get(c, key, 0, size, buf, err);
-        got = (size_t)size;
-    }
+    char *buf = NULL;
+    size_t len = 0;
+    bool too_large, two_gets;
+    int rc = read_small(c, key, murl, "push mark", &buf, &len, &too_large, &two_gets, err);
     if (rc == 0)
-        rc = push_mark_parse(buf, got, murl, id, pm, err);
+        rc = push_mark_parse(buf, len, murl, id, pm, err);
     free(buf);
     return rc;
 }

@@ -26,10 +26,8 @@ static int snapshot_magic(struct vmsnap_store_conn *c, const char *key, uint64_t
     int rc = vmsnap_store_get(c, key, 0, n, h, err);
     if (rc < 0)
         return rc;
-    if (n == 8 && !memcmp(h, "ATESPRSE", 8))
-        return 1;
-    uint32_t m = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
-    return zstd_too && (m == 0xFD2FB528u || (m & 0xFFFFFFF0u) == 0x184D2A50u);
+    enum vmsnap_image_magic k = vmsnap_image_sniff(h, n);
+    return k == VMSNAP_IMAGE_MAGIC_IMAGE || (zstd_too && k == VMSNAP_IMAGE_MAGIC_ZSTD);
 }
 
 int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opts *opts,

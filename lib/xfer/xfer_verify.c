@@ -68,26 +68,9 @@ int check_object(struct xfer *x, struct vmsnap_store_conn *c, const char *key,
         if (rc == 0)
             rc = vmsnap_err_set(err, ESTALE, "%s has no seek table", url);
     }
-    if (rc > 0) {
-        const void *pre, *tab;
-        size_t pl, tl;
-        vmsnap_image_raw(img, &pre, &pl, &tab, &tl);
-        unsigned char md[32];
-        unsigned mdl = 0;
-        char hx[65];
-        EVP_MD_CTX *sha = EVP_MD_CTX_new();
-        if (!sha || !EVP_DigestInit_ex(sha, EVP_sha256(), NULL) ||
-            !EVP_DigestUpdate(sha, pre, pl) || !EVP_DigestUpdate(sha, tab, tl) ||
-            !EVP_DigestFinal_ex(sha, md, &mdl))
-            rc = vmsnap_err_set(err, ENOMEM, "sha256 context");
-        else {
-            hex32(md, hx);
-            rc = strcmp(hx, f->sha256)
-                     ? vmsnap_err_set(err, ESTALE, "%s is not the object this push stored", url)
-                     : 0;
-        }
-        EVP_MD_CTX_free(sha);
-    }
+    char hx[65];
+    if (rc > 0 && (rc = table_sha256(img, hx, err)) == 0 && strcmp(hx, f->sha256))
+        rc = vmsnap_err_set(err, ESTALE, "%s is not the object this push stored", url);
     vmsnap_image_free(img);
     free(t.buf);
     return rc;
