@@ -29,7 +29,7 @@ static void fill_defaults(struct vmsnap_xfer_opts *o, const struct vmsnap_xfer_o
         o->max_size = VMSNAP_IMAGE_DEFAULT_MAX_SIZE;
 }
 
-void progress_add(struct xfer *x, uint64_t bytes, uint64_t total_add)
+void xfer_progress_add(struct xfer *x, uint64_t bytes, uint64_t total_add)
 {
     if (!x->o.progress)
         return;
@@ -98,7 +98,7 @@ void xfer_fini(struct xfer *x, bool pool_started)
 
 /* The tableSha256 of an opened image with a seek table, in hex: SHA-256 of its first bytes and
  * its seek table, the very bytes the table was parsed from (the manifest's "tableSha256"). */
-int table_sha256(const struct vmsnap_image *img, char hex[65], struct vmsnap_err *err)
+int xfer_table_sha256(const struct vmsnap_image *img, char hex[65], struct vmsnap_err *err)
 {
     const void *pre, *tab;
     size_t pl, tl;
@@ -111,12 +111,12 @@ int table_sha256(const struct vmsnap_image *img, char hex[65], struct vmsnap_err
     EVP_MD_CTX_free(sha);
     if (!ok)
         return vmsnap_err_set(err, ENOMEM, "sha256 context");
-    hex32(md, hex);
+    xfer_hex32(md, hex);
     return 0;
 }
 
 /* The key of a set file's object: "<prefix>/<name>.zstd" (malloc'd; NULL when out of memory). */
-char *object_key(const char *prefix, const char *name)
+char *xfer_object_key(const char *prefix, const char *name)
 {
     size_t n = strlen(prefix) + strlen(name) + sizeof(OBJECT_SUFFIX) + 1;
     char *k = malloc(n);
@@ -127,7 +127,7 @@ char *object_key(const char *prefix, const char *name)
 
 /* Delete `key` in one attempt: no back-off between the caller's check (a listing) and the
  * DELETE. */
-int delete_once(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err)
+int xfer_delete_once(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err)
 {
     vmsnap_store_conn_one_attempt(c, true);
     int rc = vmsnap_store_delete(c, key, err);
@@ -135,7 +135,7 @@ int delete_once(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err 
     return rc;
 }
 
-char *join_key(const char *prefix, const char *name)
+char *xfer_join_key(const char *prefix, const char *name)
 {
     size_t n = strlen(prefix) + strlen(name) + 2;
     char *k = malloc(n);
@@ -144,7 +144,7 @@ char *join_key(const char *prefix, const char *name)
     return k;
 }
 
-void hex32(const unsigned char *md, char out[65])
+void xfer_hex32(const unsigned char *md, char out[65])
 {
     static const char d[] = "0123456789abcdef";
     for (int i = 0; i < 32; i++) {
@@ -154,7 +154,7 @@ void hex32(const unsigned char *md, char out[65])
     out[64] = '\0';
 }
 
-int tail_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err)
+int xfer_tail_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err)
 {
     struct tail_src *t = arg;
     if (!t->buf && len > 0 && t->size > 0 && (t->size <= TAIL_READ || off + len == t->size)) {
@@ -182,21 +182,21 @@ int tail_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err
     return vmsnap_store_get(t->c, t->key, off, len, buf, err);
 }
 
-int read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
-                  uint64_t max_size, struct manifest *m, struct vmsnap_err *err)
+int xfer_read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                       uint64_t max_size, struct manifest *m, struct vmsnap_err *err)
 {
-    return read_manifest_raw(c, mkey, murl, max_size, m, NULL, NULL, err);
+    return xfer_read_manifest_raw(c, mkey, murl, max_size, m, NULL, NULL, err);
 }
 
 /* The last component of a key. */
-const char *key_base(const char *key)
+const char *xfer_key_base(const char *key)
 {
     const char *sl = strrchr(key, '/');
     return sl ? sl + 1 : key;
 }
 
 /* 1 when `key` exists, 0 when it does not, < 0 on an error (one GET of its last byte). */
-int key_exists(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err)
+int xfer_key_exists(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err)
 {
     char probe[1];
     size_t got = 0;
@@ -211,7 +211,7 @@ int key_exists(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *
 
 /* Can `key` be stored? S3 takes keys of at most 1024 bytes; the local store, names of at most
  * NAME_MAX bytes in paths of less than PATH_MAX (less what its temporary names add). */
-int key_fits(const struct xfer *x, const char *key, struct vmsnap_err *err)
+int xfer_key_fits(const struct xfer *x, const char *key, struct vmsnap_err *err)
 {
     char u[URL_BUF];
     vmsnap_store_url(x->st, key, u, sizeof(u));
@@ -235,11 +235,11 @@ int key_fits(const struct xfer *x, const char *key, struct vmsnap_err *err)
 }
 
 /* ... and, when `raw` is not NULL, its bytes (the caller frees them). */
-int read_manifest_raw(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
-                      uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
-                      struct vmsnap_err *err)
+int xfer_read_manifest_raw(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                           uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
+                           struct vmsnap_err *err)
 {
-    return read_manifest_x(c, mkey, murl, max_size, m, raw, raw_len, NULL, err);
+    return xfer_read_manifest_x(c, mkey, murl, max_size, m, raw, raw_len, NULL, err);
 }
 
 /* Read a small object whole (a manifest, a push mark: `what` in errors). One GET of its last
@@ -248,8 +248,9 @@ int read_manifest_raw(struct vmsnap_store_conn *c, const char *mkey, const char 
  * splicing the front onto the tail, so an object replaced between the two requests cannot be half
  * one version and half the other (a longer replacement arrives truncated and fails to parse);
  * *two_gets then. On success *buf (malloc'd, one byte to spare) holds its *len bytes. */
-int read_small(struct vmsnap_store_conn *c, const char *key, const char *url, const char *what,
-               char **buf, size_t *len, bool *too_large, bool *two_gets, struct vmsnap_err *err)
+int xfer_read_small(struct vmsnap_store_conn *c, const char *key, const char *url, const char *what,
+                    char **buf, size_t *len, bool *too_large, bool *two_gets,
+                    struct vmsnap_err *err)
 {
     *too_large = *two_gets = false;
     char *b = malloc(TAIL_READ + 1);
@@ -281,16 +282,16 @@ int read_small(struct vmsnap_store_conn *c, const char *key, const char *url, co
     return 0;
 }
 
-/* read_manifest_raw(), and *unusable (when not NULL): the store answered with bytes that are
+/* xfer_read_manifest_raw(), and *unusable (when not NULL): the store answered with bytes that are
  * not a manifest vmsnap can use (too large, or not one), rather than failing to answer. */
-int read_manifest_x(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
-                    uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
-                    bool *unusable, struct vmsnap_err *err)
+int xfer_read_manifest_x(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                         uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
+                         bool *unusable, struct vmsnap_err *err)
 {
     char *buf = NULL;
     size_t len = 0;
     bool too_large, two_gets;
-    int rc = read_small(c, mkey, murl, "manifest", &buf, &len, &too_large, &two_gets, err);
+    int rc = xfer_read_small(c, mkey, murl, "manifest", &buf, &len, &too_large, &two_gets, err);
     if (unusable)
         *unusable = too_large;
     /* read in two GETs, a manifest replaced in between arrives cut (its parse fails): that is

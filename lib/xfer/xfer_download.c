@@ -101,7 +101,7 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
         dec_leave(d->x);
     }
     if (rc == 0 && !skip)
-        progress_add(d->x, g->len, 0);
+        xfer_progress_add(d->x, g->len, 0);
     pthread_mutex_lock(&d->mu);
     if (rc < 0)
         down_fail(d, rc, &e);
@@ -133,7 +133,7 @@ static int seq_feed(void *arg, const void *buf, size_t len, struct vmsnap_err *e
     if (d->mf && d->mf->detail && !d->mf->table_digest)
         EVP_DigestUpdate(d->sha, buf, len);
     d->hashed += len;
-    progress_add(d->x, len, 0);
+    xfer_progress_add(d->x, len, 0);
     return vmsnap_seqdec_feed(d->seq, buf, len, err);
 }
 
@@ -191,7 +191,7 @@ static int make_groups(struct down *d, struct vmsnap_err *err)
     return 0;
 }
 
-void down_init(struct down *d)
+void xfer_down_init(struct down *d)
 {
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->cv, NULL);
@@ -222,9 +222,9 @@ static void pre_run(struct xtask *t, struct vmsnap_store_conn *c)
 
 /* A large object's first bytes are read right after its tail; fetched on a pool connection
  * meanwhile, they cost no round trip of their own. Submitted before any other task of the pull,
- * so a busy pool does not delay it; only for a download whose down_open runs on the calling
+ * so a busy pool does not delay it; only for a download whose xfer_down_open runs on the calling
  * thread (a pool thread waiting for another pool task could wait for ever). */
-void down_prefetch(struct down *d)
+void xfer_down_prefetch(struct down *d)
 {
     struct pre_task *pt = NULL;
     if (!d->mf || !d->mf->detail || d->mf->object_size <= TAIL_READ ||
@@ -236,7 +236,8 @@ void down_prefetch(struct down *d)
     xpool_submit(&d->x->pool, &pt->t);
 }
 
-int down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst, struct vmsnap_err *err)
+int xfer_down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst,
+                   struct vmsnap_err *err)
 {
     d->sha = EVP_MD_CTX_new();
     if (!d->sha || !EVP_DigestInit_ex(d->sha, EVP_sha256(), NULL))
@@ -276,8 +277,8 @@ int down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst, stru
     if ((rc = sys_atomic_open_tagged(&d->af, dst, 0600, "pull", err)) < 0)
         return rc;
     d->af_open = true;
-    progress_add(d->x, 0, d->osize);
-    struct vmsnap_source src = {tail_pread, &d->tail, d->osize, d->url};
+    xfer_progress_add(d->x, 0, d->osize);
+    struct vmsnap_source src = {xfer_tail_pread, &d->tail, d->osize, d->url};
     rc = vmsnap_image_open(&src, d->x->o.max_size, &d->img, err);
     d->tail.c = NULL; /* the pool's threads only read the cached bytes */
     if (rc < 0)
@@ -308,7 +309,7 @@ int down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst, stru
         /* tableSha256 over the very bytes the table was parsed from: every frame is then
          * checked against that table (compressed XXH64, content XXH64, zstd's checksum) */
         char hx[65];
-        if ((rc = table_sha256(d->img, hx, err)) < 0)
+        if ((rc = xfer_table_sha256(d->img, hx, err)) < 0)
             return rc;
         if (strcmp(hx, d->mf->sha256))
             return vmsnap_err_set(err, EINVAL,
@@ -329,7 +330,7 @@ int down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst, stru
 }
 
 /* Dispatch an opened download's tasks to the pool (blocks while the memory budget is spent). */
-int down_submit(struct down *d, struct vmsnap_err *err)
+int xfer_down_submit(struct down *d, struct vmsnap_err *err)
 {
     if (d->sequential) {
         struct grp_task *t = calloc(1, sizeof(*t));
@@ -364,12 +365,12 @@ int down_submit(struct down *d, struct vmsnap_err *err)
     return 0;
 }
 
-void open_run(struct xtask *t, struct vmsnap_store_conn *c)
+void xfer_down_open_run(struct xtask *t, struct vmsnap_store_conn *c)
 {
     struct open_task *ot = (struct open_task *)t;
     struct down *d = ot->d;
     struct vmsnap_err e = {0};
-    int rc = down_open(d, c, ot->dst, &e);
+    int rc = xfer_down_open(d, c, ot->dst, &e);
     pthread_mutex_lock(&d->mu);
     d->start_rc = rc;
     if (rc < 0)
@@ -381,7 +382,7 @@ void open_run(struct xtask *t, struct vmsnap_store_conn *c)
 }
 
 /* Wait for a download's tasks; verify size and digest. */
-int down_finish(struct down *d, int rc, struct vmsnap_err *err)
+int xfer_down_finish(struct down *d, int rc, struct vmsnap_err *err)
 {
     pthread_mutex_lock(&d->mu);
     while (d->pending || (d->pre_submitted && !d->pre_done)) /* a prefetch never waited for */
@@ -401,7 +402,7 @@ int down_finish(struct down *d, int rc, struct vmsnap_err *err)
         unsigned mdl = 0;
         char hx[65];
         EVP_DigestFinal_ex(d->sha, md, &mdl);
-        hex32(md, hx);
+        xfer_hex32(md, hx);
         if (strcmp(hx, d->mf->sha256))
             rc = vmsnap_err_set(err, EINVAL,
                                 "%s: %s %s does not match the manifest (%s): refusing it", d->url,
@@ -410,7 +411,7 @@ int down_finish(struct down *d, int rc, struct vmsnap_err *err)
     return rc;
 }
 
-void down_free(struct down *d, bool keep)
+void xfer_down_free(struct down *d, bool keep)
 {
     if (d->af_open && !keep)
         sys_atomic_abort(&d->af);

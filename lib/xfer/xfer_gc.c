@@ -15,26 +15,26 @@
 #include <time.h>
 #include <xxhash.h>
 
-size_t dir_len(const char *key)
+size_t xfer_dir_len(const char *key)
 {
     const char *sl = strrchr(key, '/');
     return sl ? (size_t)(sl - key) : 0;
 }
 
-int collect_mark(void *arg, const char *key, uint64_t size, int64_t mtime)
+int xfer_collect_mark(void *arg, const char *key, uint64_t size, int64_t mtime)
 {
     struct mark_keys *mk = arg;
     char id[33];
-    if (!mark_name(key_base(key), id) || !key_under(mk->under, key))
+    if (!xfer_mark_name(xfer_key_base(key), id) || !xfer_key_under(mk->under, key))
         return 0;
-    return collect(&mk->k, key, size, mtime);
+    return xfer_collect(&mk->k, key, size, mtime);
 }
 
 /* Directory first (so that one prefix's marks are adjacent), then name. */
 static int cmp_by_dir(const void *a, const void *b)
 {
     const char *x = *(char *const *)a, *y = *(char *const *)b;
-    size_t dx = dir_len(x), dy = dir_len(y);
+    size_t dx = xfer_dir_len(x), dy = xfer_dir_len(y);
     int c = memcmp(x, y, VMSNAP_MIN(dx, dy));
     if (c)
         return c;
@@ -91,7 +91,7 @@ static int see_key(void *arg, const char *key, uint64_t size, int64_t mtime)
 static void keep_marks(struct leftover_ctx *l, char **keys, size_t n, int64_t age)
 {
     for (size_t i = 0; i < n; i++) {
-        gc_report(l, VMSNAP_GC_PUSH, keys[i], age, false);
+        xfer_gc_report(l, VMSNAP_GC_PUSH, keys[i], age, false);
         l->kept++;
     }
 }
@@ -105,14 +105,14 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
     struct manifest m = {0};
     struct cand *cands = NULL;
     size_t nc = 0;
-    char *mkey = join_key(dir, VMSNAP_XFER_MANIFEST);
-    char *lp = join_key(dir, "");
+    char *mkey = xfer_join_key(dir, VMSNAP_XFER_MANIFEST);
+    char *lp = xfer_join_key(dir, "");
     char durl[URL_BUF];
     vmsnap_store_url(x->st, dir, durl, sizeof(durl));
     struct vmsnap_err e = {0};
     if (!pm || !mkey || !lp) {
         vmsnap_err_set(&e, ENOMEM, "out of memory");
-        gc_failed(l, keys[0], &e);
+        xfer_gc_failed(l, keys[0], &e);
         goto out;
     }
     /* every mark, whole: one that cannot be read could be a running push's */
@@ -120,14 +120,14 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
     for (size_t i = 0; i < n; i++) {
         char murl[URL_BUF];
         vmsnap_store_url(x->st, keys[i], murl, sizeof(murl));
-        int rc = read_mark(c, keys[i], murl, &pm[i], &e);
+        int rc = xfer_read_mark(c, keys[i], murl, &pm[i], &e);
         if (rc == -ENOENT) { /* gone meanwhile: a push just finished here */
             keep_marks(l, keys, n, 0);
             goto out;
         }
         if (rc < 0) {
             vlog(VMSNAP_LOG_WARN, "%s (nothing under %s removed)", e.msg, durl);
-            gc_failed(l, keys[i], &e);
+            xfer_gc_failed(l, keys[i], &e);
             keep_marks(l, keys, n, -1);
             goto out;
         }
@@ -135,11 +135,11 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
     }
     char murl[URL_BUF];
     vmsnap_store_url(x->st, mkey, murl, sizeof(murl));
-    int mrc = read_manifest(c, mkey, murl, x->o.max_size, &m, &e);
+    int mrc = xfer_read_manifest(c, mkey, murl, x->o.max_size, &m, &e);
     if (mrc < 0 && mrc != -ENOENT) {
         /* which objects are the set's is not known: leave them all */
         vlog(VMSNAP_LOG_WARN, "%s (the push marks beside it are left in place)", e.msg);
-        gc_failed(l, mkey, &e);
+        xfer_gc_failed(l, mkey, &e);
         keep_marks(l, keys, n, -1);
         goto out;
     }
@@ -147,7 +147,7 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
     cands = calloc(names ? names : 1, sizeof(*cands));
     if (!cands) {
         vmsnap_err_set(&e, ENOMEM, "out of memory");
-        gc_failed(l, keys[0], &e);
+        xfer_gc_failed(l, keys[0], &e);
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
@@ -158,7 +158,7 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
             bool keep = false;
             for (size_t f = 0; mrc == 0 && f < m.n && !keep; f++)
                 keep = !strcmp(m.files[f].name, pm[i].names[j]);
-            char *k = keep ? NULL : object_key(dir, pm[i].names[j]);
+            char *k = keep ? NULL : xfer_object_key(dir, pm[i].names[j]);
             for (size_t q = 0; k && q < nc; q++)
                 if (!strcmp(cands[q].key, k))
                     free(k), k = NULL;
@@ -170,17 +170,17 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
     struct prefix_seen seen = {.newest = -1, .cands = cands, .ncands = nc, .record = true};
     struct prefix_uploads up = {.c = c, .newest = -1};
     int rc = vmsnap_store_list(c, lp, see_key, &seen, &e);
-    if (rc == 0 && (rc = vmsnap_store_list_uploads(c, lp, see_upload, &up, &e)) < 0 && !e.code)
-        e = up.err; /* stopped by see_upload */
+    if (rc == 0 && (rc = vmsnap_store_list_uploads(c, lp, xfer_see_upload, &up, &e)) < 0 && !e.code)
+        e = up.err; /* stopped by xfer_see_upload */
     if (rc < 0) {
         vlog(VMSNAP_LOG_WARN, "cannot list %s: %s (nothing there removed)", durl, e.msg);
-        gc_failed(l, keys[0], &e);
+        xfer_gc_failed(l, keys[0], &e);
         keep_marks(l, keys, n, -1);
         goto out;
     }
     int64_t newest = VMSNAP_MAX(seen.newest, up.newest);
-    int64_t age = newest < 0 ? -1 : age_of(l, newest);
-    if (g->older_than > 0 && (seen.unknown || up.unknown || !old_enough(g, age))) {
+    int64_t age = newest < 0 ? -1 : xfer_age_of(l, newest);
+    if (g->older_than > 0 && (seen.unknown || up.unknown || !xfer_old_enough(g, age))) {
         keep_marks(l, keys, n, age);
         if (seen.unknown || up.unknown)
             l->unknown += (unsigned)n;
@@ -188,7 +188,7 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
     }
     if (g->dry_run) {
         for (size_t i = 0; i < n; i++)
-            gc_report(l, VMSNAP_GC_PUSH, keys[i], age, true);
+            xfer_gc_report(l, VMSNAP_GC_PUSH, keys[i], age, true);
         l->pushes += (unsigned)n;
         for (size_t q = 0; q < nc; q++)
             l->objects += cands[q].present;
@@ -206,7 +206,7 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
         rc = vmsnap_store_list(c, lp, see_key, &again, &e);
         if (rc < 0 || again.keys != seen.keys || again.sum != seen.sum || again.changed) {
             if (rc < 0)
-                gc_failed(l, keys[0], &e);
+                xfer_gc_failed(l, keys[0], &e);
             else
                 vlog(VMSNAP_LOG_WARN,
                      "%s changed while gc looked at it (a push?): left for the next run", durl);
@@ -215,11 +215,11 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
         }
         if (q == nc)
             break;
-        rc = delete_once(c, cands[q].key, &e);
+        rc = xfer_delete_once(c, cands[q].key, &e);
         if (rc < 0 && rc != -ENOENT) {
             vlog(VMSNAP_LOG_WARN, "cannot delete %s: %s (the marks stay for the next run)",
                  cands[q].key, e.msg);
-            gc_failed(l, cands[q].key, &e);
+            xfer_gc_failed(l, cands[q].key, &e);
             keep_marks(l, keys, n, age);
             goto counted;
         }
@@ -229,12 +229,12 @@ static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct l
     for (size_t i = 0; i < n; i++) {
         rc = vmsnap_store_delete(c, keys[i], &e);
         if (rc < 0 && rc != -ENOENT) {
-            gc_failed(l, keys[i], &e);
+            xfer_gc_failed(l, keys[i], &e);
             l->kept++;
             continue;
         }
         vlog(VMSNAP_LOG_INFO, "removed the push mark %s", keys[i]);
-        gc_report(l, VMSNAP_GC_PUSH, keys[i], age, true);
+        xfer_gc_report(l, VMSNAP_GC_PUSH, keys[i], age, true);
         l->pushes++;
     }
     if (mrc == -ENOENT)
@@ -257,16 +257,16 @@ static int clean_marks(struct xfer *x, struct vmsnap_store_conn *c, struct lefto
                        const char *prefix, struct vmsnap_err *err)
 {
     struct mark_keys mk = {.k = {.suffix = ""}, .under = prefix};
-    /* every key that starts with `prefix`, then key_under */
-    int rc = vmsnap_store_list(c, prefix, collect_mark, &mk, err);
+    /* every key that starts with `prefix`, then xfer_key_under */
+    int rc = vmsnap_store_list(c, prefix, xfer_collect_mark, &mk, err);
     if (rc < 0 && (!err || !err->code))
         rc = err_code(err, -rc, "list %s", prefix);
     if (rc == 0 && mk.k.n)
         qsort(mk.k.v, mk.k.n, sizeof(*mk.k.v), cmp_by_dir);
     for (size_t i = 0; rc == 0 && i < mk.k.n;) {
-        size_t dl = dir_len(mk.k.v[i]);
+        size_t dl = xfer_dir_len(mk.k.v[i]);
         size_t j = i + 1;
-        while (j < mk.k.n && dir_len(mk.k.v[j]) == dl && !strncmp(mk.k.v[j], mk.k.v[i], dl))
+        while (j < mk.k.n && xfer_dir_len(mk.k.v[j]) == dl && !strncmp(mk.k.v[j], mk.k.v[i], dl))
             j++;
         char *dir = strndup(mk.k.v[i], dl);
         if (!dir) {
@@ -277,7 +277,7 @@ static int clean_marks(struct xfer *x, struct vmsnap_store_conn *c, struct lefto
         free(dir);
         i = j;
     }
-    keys_free(&mk.k);
+    xfer_keys_free(&mk.k);
     return rc;
 }
 
@@ -295,12 +295,12 @@ int vmsnap_xfer_gc(const char *url, const struct vmsnap_gc_opts *g,
         return rc;
     struct vmsnap_store_conn *c = NULL;
     struct leftover_ctx l = {.under = key, .gc = g ? g : &all, .now = (int64_t)time(NULL)};
-    rc = local_prefix_exists(&x, url, key, err);
+    rc = xfer_local_prefix_exists(&x, url, key, err);
     if (rc == 0)
         rc = vmsnap_store_conn_new(x.st, &c, err);
     l.c = c;
     if (rc == 0)
-        rc = vmsnap_store_list_uploads(c, key, abort_leftover, &l, err);
+        rc = vmsnap_store_list_uploads(c, key, xfer_abort_leftover, &l, err);
     unsigned up_failed = l.failed;
     if (rc == 0)
         rc = clean_marks(&x, c, &l, key, err);

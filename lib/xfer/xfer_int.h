@@ -149,7 +149,7 @@ void manifest_fini(struct manifest *m);
  * of the set the push replaces that the push does not have: once that set is un-committed they
  * are dead too, and the push removes them after its commit.
  */
-/* A set file's object is "<name>.zstd" (object_key). */
+/* A set file's object is "<name>.zstd" (xfer_object_key). */
 #define OBJECT_SUFFIX ".zstd"
 
 #define PUSH_MARK_PREFIX "vmsnap-push-"
@@ -312,7 +312,7 @@ struct down {
     struct vmsnap_seqdec *seq;
 };
 
-/* A set's file opened on a pool thread (down_open), reported back through d->opened. */
+/* A set's file opened on a pool thread (xfer_down_open), reported back through d->opened. */
 struct open_task {
     struct xtask t;
     struct down *d;
@@ -348,101 +348,107 @@ struct prefix_uploads {
 };
 
 /* xfer_ctx.c */
-void progress_add(struct xfer *x, uint64_t bytes, uint64_t total_add);
+void xfer_progress_add(struct xfer *x, uint64_t bytes, uint64_t total_add);
 int xfer_init(struct xfer *x, const char *url, const struct vmsnap_xfer_opts *opts, char **key,
               struct vmsnap_err *err);
 int xfer_start_pool(struct xfer *x, struct vmsnap_err *err);
 void xfer_fini(struct xfer *x, bool pool_started);
-char *join_key(const char *prefix, const char *name);
-char *object_key(const char *prefix, const char *name);
-int table_sha256(const struct vmsnap_image *img, char hex[65], struct vmsnap_err *err);
-int delete_once(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err);
-void hex32(const unsigned char *md, char out[65]);
-int tail_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err);
-int read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
-                  uint64_t max_size, struct manifest *m, struct vmsnap_err *err);
-const char *key_base(const char *key);
-int key_exists(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err);
-int key_fits(const struct xfer *x, const char *key, struct vmsnap_err *err);
-int read_small(struct vmsnap_store_conn *c, const char *key, const char *url, const char *what,
-               char **buf, size_t *len, bool *too_large, bool *two_gets, struct vmsnap_err *err);
-int read_manifest_raw(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
-                      uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
-                      struct vmsnap_err *err);
-int read_manifest_x(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
-                    uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
-                    bool *unusable, struct vmsnap_err *err);
+char *xfer_join_key(const char *prefix, const char *name);
+char *xfer_object_key(const char *prefix, const char *name);
+int xfer_table_sha256(const struct vmsnap_image *img, char hex[65], struct vmsnap_err *err);
+int xfer_delete_once(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err);
+void xfer_hex32(const unsigned char *md, char out[65]);
+int xfer_tail_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err);
+int xfer_read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                       uint64_t max_size, struct manifest *m, struct vmsnap_err *err);
+const char *xfer_key_base(const char *key);
+int xfer_key_exists(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err);
+int xfer_key_fits(const struct xfer *x, const char *key, struct vmsnap_err *err);
+int xfer_read_small(struct vmsnap_store_conn *c, const char *key, const char *url, const char *what,
+                    char **buf, size_t *len, bool *too_large, bool *two_gets,
+                    struct vmsnap_err *err);
+int xfer_read_manifest_raw(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                           uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
+                           struct vmsnap_err *err);
+int xfer_read_manifest_x(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                         uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
+                         bool *unusable, struct vmsnap_err *err);
 
 /* xfer_upload.c */
-int push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const char *path,
-            const char *key, const char *base_key, struct mf_file *mf, struct deferred *def,
-            struct vmsnap_err *err);
+int xfer_push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const char *path,
+                 const char *key, const char *base_key, struct mf_file *mf, struct deferred *def,
+                 struct vmsnap_err *err);
 
 /* xfer_leftover.c */
-bool key_under(const char *under, const char *key);
-int64_t age_of(const struct leftover_ctx *l, int64_t started);
-void gc_report(const struct leftover_ctx *l, enum vmsnap_gc_kind kind, const char *key, int64_t age,
-               bool act);
-bool old_enough(const struct vmsnap_gc_opts *g, int64_t age);
-void gc_failed(struct leftover_ctx *l, const char *key, const struct vmsnap_err *e);
-int abort_leftover(void *arg, const char *key, const char *id, int64_t started);
-int see_upload(void *arg, const char *key, const char *id, int64_t started);
+bool xfer_key_under(const char *under, const char *key);
+int64_t xfer_age_of(const struct leftover_ctx *l, int64_t started);
+void xfer_gc_report(const struct leftover_ctx *l, enum vmsnap_gc_kind kind, const char *key,
+                    int64_t age, bool act);
+bool xfer_old_enough(const struct vmsnap_gc_opts *g, int64_t age);
+void xfer_gc_failed(struct leftover_ctx *l, const char *key, const struct vmsnap_err *e);
+int xfer_abort_leftover(void *arg, const char *key, const char *id, int64_t started);
+int xfer_see_upload(void *arg, const char *key, const char *id, int64_t started);
 bool push_running_at(struct leftover_ctx *l, const char *key);
 
 /* xfer_marks.c */
-void prior_marks_fini(struct prior_marks *p);
-bool mark_name(const char *base, char id[33]);
-int prefix_busy_but(struct vmsnap_store_conn *c, const char *lp, const char *mkey, const char *own,
-                    const struct prior_marks *prior);
-int prefix_busy(struct vmsnap_store_conn *c, const char *lp, const char *mkey, const char *own);
-int see_prior(void *arg, const char *key, uint64_t size, int64_t mtime);
-int put_mark(struct vmsnap_store_conn *ctl, const struct set_push *s, int64_t started,
-             const char *url, struct vmsnap_err *err);
-int read_mark(struct vmsnap_store_conn *c, const char *key, const char *murl, struct push_mark *pm,
-              struct vmsnap_err *err);
+void xfer_prior_marks_fini(struct prior_marks *p);
+bool xfer_mark_name(const char *base, char id[33]);
+int xfer_prefix_busy_but(struct vmsnap_store_conn *c, const char *lp, const char *mkey,
+                         const char *own, const struct prior_marks *prior);
+int xfer_prefix_busy(struct vmsnap_store_conn *c, const char *lp, const char *mkey,
+                     const char *own);
+int xfer_see_prior(void *arg, const char *key, uint64_t size, int64_t mtime);
+int xfer_put_mark(struct vmsnap_store_conn *ctl, const struct set_push *s, int64_t started,
+                  const char *url, struct vmsnap_err *err);
+int xfer_read_mark(struct vmsnap_store_conn *c, const char *key, const char *murl,
+                   struct push_mark *pm, struct vmsnap_err *err);
 
 /* xfer_verify.c */
-int check_object(struct xfer *x, struct vmsnap_store_conn *c, const char *key,
-                 const struct mf_file *f, struct vmsnap_err *err);
-int check_committed(struct xfer *x, const char *prefix, const char *mkey, const struct manifest *m,
-                    const char *url, bool committed, struct vmsnap_err *err);
-int manifest_is(struct xfer *x, struct vmsnap_store_conn *c, const char *mkey, const char *id);
-int manifest_same(struct xfer *x, struct vmsnap_store_conn *c, const char *mkey,
-                  const struct set_push *s, struct vmsnap_err *err);
-int held_intact(struct vmsnap_store_conn *ctl, const char *prefix, const struct set_push *s,
-                struct vmsnap_err *err);
+int xfer_check_object(struct xfer *x, struct vmsnap_store_conn *c, const char *key,
+                      const struct mf_file *f, struct vmsnap_err *err);
+int xfer_check_committed(struct xfer *x, const char *prefix, const char *mkey,
+                         const struct manifest *m, const char *url, bool committed,
+                         struct vmsnap_err *err);
+int xfer_manifest_is(struct xfer *x, struct vmsnap_store_conn *c, const char *mkey, const char *id);
+int xfer_manifest_same(struct xfer *x, struct vmsnap_store_conn *c, const char *mkey,
+                       const struct set_push *s, struct vmsnap_err *err);
+int xfer_held_intact(struct vmsnap_store_conn *ctl, const char *prefix, const struct set_push *s,
+                     struct vmsnap_err *err);
 
 /* xfer_set_undo.c */
 /* After its commit: the replaced set's objects of names this push does not have go (each
  * guarded). True when none is left. */
-bool remove_replaced(const struct set_push *s);
+bool xfer_remove_replaced(const struct set_push *s);
 /* After a failure: the set it replaces stays or comes back, or what it stored goes (each delete
  * guarded); `uncommitted`: the set it replaces was un-committed. */
-void push_failed(const struct set_push *s, bool uncommitted);
+void xfer_push_failed(const struct set_push *s, bool uncommitted);
 
 /* xfer_set_push.c */
-int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir, const char *prefix,
-             const char *url, struct vmsnap_xfer_stats *stats, struct vmsnap_err *err);
+int xfer_push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir,
+                  const char *prefix, const char *url, struct vmsnap_xfer_stats *stats,
+                  struct vmsnap_err *err);
 
 /* xfer_push.c */
-bool local_same(const struct xfer *x, const char *key, const char *path, bool within);
+bool xfer_local_same(const struct xfer *x, const char *key, const char *path, bool within);
 
 /* xfer_download.c */
-void down_init(struct down *d);
-void down_prefetch(struct down *d);
-int down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst, struct vmsnap_err *err);
-int down_submit(struct down *d, struct vmsnap_err *err);
-void open_run(struct xtask *t, struct vmsnap_store_conn *c);
-int down_finish(struct down *d, int rc, struct vmsnap_err *err);
-void down_free(struct down *d, bool keep);
+void xfer_down_init(struct down *d);
+void xfer_down_prefetch(struct down *d);
+int xfer_down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst,
+                   struct vmsnap_err *err);
+int xfer_down_submit(struct down *d, struct vmsnap_err *err);
+void xfer_down_open_run(struct xtask *t, struct vmsnap_store_conn *c);
+int xfer_down_finish(struct down *d, int rc, struct vmsnap_err *err);
+void xfer_down_free(struct down *d, bool keep);
 
 /* xfer_ls.c */
-int collect(void *arg, const char *key, uint64_t size, int64_t mtime);
-void keys_free(struct keys *k);
-int local_prefix_exists(struct xfer *x, const char *url, const char *key, struct vmsnap_err *err);
+int xfer_collect(void *arg, const char *key, uint64_t size, int64_t mtime);
+void xfer_keys_free(struct keys *k);
+int xfer_local_prefix_exists(struct xfer *x, const char *url, const char *key,
+                             struct vmsnap_err *err);
 
 /* xfer_gc.c */
-size_t dir_len(const char *key);
-int collect_mark(void *arg, const char *key, uint64_t size, int64_t mtime);
+size_t xfer_dir_len(const char *key);
+int xfer_collect_mark(void *arg, const char *key, uint64_t size, int64_t mtime);
 
 #endif

@@ -14,7 +14,7 @@
 #include <string.h>
 
 /* `key` is `under` itself or under "under/" ("K1/x" is not under "K"); under NULL or "": any. */
-bool key_under(const char *under, const char *key)
+bool xfer_key_under(const char *under, const char *key)
 {
     if (!under || !*under)
         return true;
@@ -22,15 +22,15 @@ bool key_under(const char *under, const char *key)
     return !strncmp(key, under, ul) && (!key[ul] || key[ul] == '/' || under[ul - 1] == '/');
 }
 
-int64_t age_of(const struct leftover_ctx *l, int64_t started)
+int64_t xfer_age_of(const struct leftover_ctx *l, int64_t started)
 {
     return started < 0 ? -1 : l->now >= started ? l->now - started : 0;
 }
 
 /* Tell gc's caller about an upload or mark (`key`), by its URL: a key alone named neither the
  * bucket nor, for the local store, the absolute path. */
-void gc_report(const struct leftover_ctx *l, enum vmsnap_gc_kind kind, const char *key, int64_t age,
-               bool act)
+void xfer_gc_report(const struct leftover_ctx *l, enum vmsnap_gc_kind kind, const char *key,
+                    int64_t age, bool act)
 {
     const struct vmsnap_gc_opts *g = l->gc;
     char u[URL_BUF];
@@ -39,12 +39,12 @@ void gc_report(const struct leftover_ctx *l, enum vmsnap_gc_kind kind, const cha
                   vmsnap_store_url(vmsnap_store_conn_store(l->c), key, u, sizeof(u)), age, act);
 }
 
-bool old_enough(const struct vmsnap_gc_opts *g, int64_t age)
+bool xfer_old_enough(const struct vmsnap_gc_opts *g, int64_t age)
 {
     return !g || g->older_than <= 0 || (age >= 0 && age >= g->older_than);
 }
 
-void gc_failed(struct leftover_ctx *l, const char *key, const struct vmsnap_err *e)
+void xfer_gc_failed(struct leftover_ctx *l, const char *key, const struct vmsnap_err *e)
 {
     if (!l->failed++) {
         l->first = *e;
@@ -68,18 +68,18 @@ static int upload_last(struct vmsnap_store_conn *c, const char *key, const char 
     return rc;
 }
 
-int abort_leftover(void *arg, const char *key, const char *id, int64_t started)
+int xfer_abort_leftover(void *arg, const char *key, const char *id, int64_t started)
 {
     struct leftover_ctx *l = arg;
     if (l->exact && strcmp(l->exact, key))
         return 0;
-    if (!key_under(l->under, key))
+    if (!xfer_key_under(l->under, key))
         return 0;
     if (l->in && (strncmp(key, l->in, strlen(l->in)) || strchr(key + strlen(l->in), '/')))
         return 0; /* a set below this one: its pushes' uploads are theirs */
     const struct vmsnap_gc_opts *g = l->gc;
-    int64_t age = age_of(l, started);
-    bool go = old_enough(g, age);
+    int64_t age = xfer_age_of(l, started);
+    bool go = xfer_old_enough(g, age);
     if (go && g && g->older_than > 0) { /* old by its start: and by its last part? */
         int64_t last;
         struct vmsnap_err e = {0};
@@ -89,17 +89,17 @@ int abort_leftover(void *arg, const char *key, const char *id, int64_t started)
         if (rc < 0) {
             vlog(VMSNAP_LOG_WARN, "cannot list the parts of the unfinished upload of %s: %s", key,
                  e.msg);
-            gc_failed(l, key, &e);
+            xfer_gc_failed(l, key, &e);
             return 0;
         }
-        age = age_of(l, last);
-        go = old_enough(g, age);
+        age = xfer_age_of(l, last);
+        go = xfer_old_enough(g, age);
         /* idle but a running set push's: it keeps the uploads of the names of the set it
          * replaces open until its last file is uploaded (they are completed together) */
         if (go && push_running_at(l, key))
             go = false;
     }
-    gc_report(l, VMSNAP_GC_UPLOAD, key, age, go);
+    xfer_gc_report(l, VMSNAP_GC_UPLOAD, key, age, go);
     if (!go) {
         l->kept++;
         l->unknown += age < 0;
@@ -115,12 +115,12 @@ int abort_leftover(void *arg, const char *key, const char *id, int64_t started)
         vlog(VMSNAP_LOG_INFO, "aborted unfinished upload of %s", key);
     } else {
         vlog(VMSNAP_LOG_WARN, "cannot abort unfinished upload of %s: %s", key, e.msg);
-        gc_failed(l, key, &e);
+        xfer_gc_failed(l, key, &e);
     }
     return 0;
 }
 
-int see_upload(void *arg, const char *key, const char *id, int64_t started)
+int xfer_see_upload(void *arg, const char *key, const char *id, int64_t started)
 {
     struct prefix_uploads *u = arg;
     int64_t last;
@@ -146,9 +146,9 @@ static int see_live_key(void *arg, const char *key, uint64_t size, int64_t mtime
     struct live_ctx *v = arg;
     (void)size;
     char id[33];
-    if (dir_len(key) != v->dl)
+    if (xfer_dir_len(key) != v->dl)
         return 0;
-    if (mark_name(key_base(key), id))
+    if (xfer_mark_name(xfer_key_base(key), id))
         v->mark = true;
     v->unknown |= mtime < 0;
     if (mtime > v->newest)
@@ -164,7 +164,7 @@ struct live_uploads {
 static int see_live_upload(void *arg, const char *key, const char *id, int64_t started)
 {
     struct live_uploads *u = arg;
-    return dir_len(key) == u->dl ? see_upload(&u->up, key, id, started) : 0;
+    return xfer_dir_len(key) == u->dl ? xfer_see_upload(&u->up, key, id, started) : 0;
 }
 
 /* Is a set push running at the directory of `key`? Its mark is there, and something under that
@@ -173,12 +173,12 @@ static int see_live_upload(void *arg, const char *key, const char *id, int64_t s
  * quiet. */
 bool push_running_at(struct leftover_ctx *l, const char *key)
 {
-    size_t dl = dir_len(key);
+    size_t dl = xfer_dir_len(key);
     /* uploads come listed by key: a directory's are asked about once */
     if (l->live_dir && strlen(l->live_dir) == dl && !strncmp(l->live_dir, key, dl))
         return l->live;
     char *dir = strndup(key, dl);
-    char *lp = dir ? join_key(dir, "") : NULL;
+    char *lp = dir ? xfer_join_key(dir, "") : NULL;
     if (!lp) {
         free(dir);
         return true;
@@ -190,8 +190,8 @@ bool push_running_at(struct leftover_ctx *l, const char *key)
         running = v.mark;
         if (running && vmsnap_store_list_uploads(l->c, lp, see_live_upload, &lu, NULL) == 0) {
             int64_t newest = VMSNAP_MAX(v.newest, lu.up.newest);
-            running =
-                v.unknown || lu.up.unknown || newest < 0 || !old_enough(l->gc, age_of(l, newest));
+            running = v.unknown || lu.up.unknown || newest < 0 ||
+                      !xfer_old_enough(l->gc, xfer_age_of(l, newest));
         }
     }
     free(lp);

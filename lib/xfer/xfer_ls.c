@@ -13,7 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-int collect(void *arg, const char *key, uint64_t size, int64_t mtime)
+int xfer_collect(void *arg, const char *key, uint64_t size, int64_t mtime)
 {
     (void)size;
     (void)mtime;
@@ -42,7 +42,7 @@ int collect(void *arg, const char *key, uint64_t size, int64_t mtime)
     return 0;
 }
 
-void keys_free(struct keys *k)
+void xfer_keys_free(struct keys *k)
 {
     for (size_t i = 0; i < k->n; i++)
         free(k->v[i]);
@@ -51,7 +51,8 @@ void keys_free(struct keys *k)
 
 /* A local prefix (ls, gc) is a directory that exists: a mistyped path is not an empty store
  * (S3 cannot tell: a prefix without objects is just empty). */
-int local_prefix_exists(struct xfer *x, const char *url, const char *key, struct vmsnap_err *err)
+int xfer_local_prefix_exists(struct xfer *x, const char *url, const char *key,
+                             struct vmsnap_err *err)
 {
     if (vmsnap_store_kind(x->st) != VMSNAP_STORE_LOCAL || !*key)
         return 0;
@@ -81,15 +82,15 @@ int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsna
         return rc;
     struct vmsnap_store_conn *c = NULL;
     struct keys k = {.suffix = VMSNAP_XFER_MANIFEST, .whole_name = true};
-    char *lp = join_key(key, "");
+    char *lp = xfer_join_key(key, "");
     if (!lp)
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
     if (rc == 0)
-        rc = local_prefix_exists(&x, url, key, err);
+        rc = xfer_local_prefix_exists(&x, url, key, err);
     if (rc == 0)
         rc = vmsnap_store_conn_new(x.st, &c, err);
     if (rc == 0) {
-        rc = vmsnap_store_list(c, lp, collect, &k, err);
+        rc = vmsnap_store_list(c, lp, xfer_collect, &k, err);
         if (rc < 0 && (!err || !err->code))
             rc = err_code(err, -rc, "list %s", url);
     }
@@ -103,7 +104,7 @@ int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsna
         struct manifest m = {0};
         struct vmsnap_err me = {0};
         struct vmsnap_xfer_set set = {.url = surl};
-        if (read_manifest(c, k.v[i], murl, x.o.max_size, &m, &me) == 0) {
+        if (xfer_read_manifest(c, k.v[i], murl, x.o.max_size, &m, &me) == 0) {
             set.valid = true;
             set.files = m.n;
             for (size_t j = 0; j < m.n; j++) {
@@ -121,7 +122,7 @@ int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsna
                             "%s: some directories under it could not be read (skipped: see the "
                             "warnings above); the list is incomplete",
                             url);
-    keys_free(&k);
+    xfer_keys_free(&k);
     free(lp);
     vmsnap_store_conn_free(c);
     xfer_fini(&x, false);

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <time.h>
 
-void prior_marks_fini(struct prior_marks *p)
+void xfer_prior_marks_fini(struct prior_marks *p)
 {
     for (size_t i = 0; i < p->n; i++)
         free(p->keys[i]);
@@ -37,7 +37,7 @@ static bool prior_mark(const struct prior_marks *p, const char *key, int64_t mti
     return false;
 }
 
-bool mark_name(const char *base, char id[33])
+bool xfer_mark_name(const char *base, char id[33])
 {
     size_t pl = strlen(PUSH_MARK_PREFIX);
     if (strlen(base) != pl + 32 + strlen(PUSH_MARK_SUFFIX) || strncmp(base, PUSH_MARK_PREFIX, pl) ||
@@ -71,31 +71,31 @@ static int see_busy(void *arg, const char *key, uint64_t size, int64_t mtime)
     if (strchr(key + strlen(b->lp), '/'))
         return 0; /* below the set */
     if ((b->mkey && !strcmp(key, b->mkey)) ||
-        (mark_name(key_base(key), id) && (!b->own || strcmp(key, b->own)) &&
+        (xfer_mark_name(xfer_key_base(key), id) && (!b->own || strcmp(key, b->own)) &&
          !prior_mark(b->prior, key, mtime)))
         b->busy = true;
     return b->busy ? -ECANCELED : 0;
 }
 
-int prefix_busy_but(struct vmsnap_store_conn *c, const char *lp, const char *mkey, const char *own,
-                    const struct prior_marks *prior)
+int xfer_prefix_busy_but(struct vmsnap_store_conn *c, const char *lp, const char *mkey,
+                         const char *own, const struct prior_marks *prior)
 {
     struct busy_ctx b = {lp, mkey, own, prior, false};
     int rc = vmsnap_store_list(c, lp, see_busy, &b, NULL);
     return b.busy ? 1 : rc < 0 ? rc : 0;
 }
 
-int prefix_busy(struct vmsnap_store_conn *c, const char *lp, const char *mkey, const char *own)
+int xfer_prefix_busy(struct vmsnap_store_conn *c, const char *lp, const char *mkey, const char *own)
 {
-    return prefix_busy_but(c, lp, mkey, own, NULL);
+    return xfer_prefix_busy_but(c, lp, mkey, own, NULL);
 }
 
-int see_prior(void *arg, const char *key, uint64_t size, int64_t mtime)
+int xfer_see_prior(void *arg, const char *key, uint64_t size, int64_t mtime)
 {
     (void)size;
     struct prior_marks *p = arg;
     char id[33];
-    if (strchr(key + p->lpn, '/') || !mark_name(key_base(key), id))
+    if (strchr(key + p->lpn, '/') || !xfer_mark_name(xfer_key_base(key), id))
         return 0;
     if (p->n == p->cap) {
         size_t nc = p->cap ? 2 * p->cap : 8;
@@ -116,28 +116,28 @@ int see_prior(void *arg, const char *key, uint64_t size, int64_t mtime)
 }
 
 /* Store the push mark (again, with what it replaces, once that is known). */
-int put_mark(struct vmsnap_store_conn *ctl, const struct set_push *s, int64_t started,
-             const char *url, struct vmsnap_err *err)
+int xfer_put_mark(struct vmsnap_store_conn *ctl, const struct set_push *s, int64_t started,
+                  const char *url, struct vmsnap_err *err)
 {
     char *mark = push_mark_build(s->push_id, started, s->files, s->n, s->replaces, s->nr);
     int rc = mark ? cancel_check(err) : vmsnap_err_set(err, ENOMEM, "out of memory");
     if (rc == 0 && (rc = vmsnap_store_put(ctl, s->mark_key, mark, strlen(mark), err)) < 0)
-        vmsnap_err_wrap(err, "store the push mark %s/%s: ", url, key_base(s->mark_key));
+        vmsnap_err_wrap(err, "store the push mark %s/%s: ", url, xfer_key_base(s->mark_key));
     free(mark);
     return rc;
 }
 
 /* A push mark, read whole (capped like a manifest) and parsed. */
-int read_mark(struct vmsnap_store_conn *c, const char *key, const char *murl, struct push_mark *pm,
-              struct vmsnap_err *err)
+int xfer_read_mark(struct vmsnap_store_conn *c, const char *key, const char *murl,
+                   struct push_mark *pm, struct vmsnap_err *err)
 {
     char id[33];
-    if (!mark_name(key_base(key), id))
+    if (!xfer_mark_name(xfer_key_base(key), id))
         return vmsnap_err_set(err, EINVAL, "%s: not a push mark name", murl);
     char *buf = NULL;
     size_t len = 0;
     bool too_large, two_gets;
-    int rc = read_small(c, key, murl, "push mark", &buf, &len, &too_large, &two_gets, err);
+    int rc = xfer_read_small(c, key, murl, "push mark", &buf, &len, &too_large, &two_gets, err);
     if (rc == 0)
         rc = push_mark_parse(buf, len, murl, id, pm, err);
     free(buf);

@@ -261,7 +261,7 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
             size_t i = order[started];
             struct down *d = &ds[i];
             d->mf = &m->files[i];
-            d->key = object_key(prefix, m->files[i].name);
+            d->key = xfer_object_key(prefix, m->files[i].name);
             struct open_task *ot = started ? calloc(1, sizeof(*ot)) : NULL;
             if (!d->key || (started && !ot)) {
                 free(ot);
@@ -270,15 +270,15 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
                 rc = vmsnap_err_set(err, ENOMEM, "out of memory");
                 break;
             }
-            down_init(d);
+            xfer_down_init(d);
             d->x = x; /* marks it started: finished and freed below */
             if (started++ == 0) {
                 snprintf(path0, sizeof(path0), "%s/%s", dir, m->files[i].name);
-                down_prefetch(d);
+                xfer_down_prefetch(d);
                 continue;
             }
             snprintf(ot->dst, sizeof(ot->dst), "%s/%s", dir, m->files[i].name);
-            ot->t.run = open_run;
+            ot->t.run = xfer_down_open_run;
             ot->d = d;
             xpool_submit(&x->pool, &ot->t);
         }
@@ -287,7 +287,7 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
             break;
         int r;
         if (k == 0) {
-            r = rc == 0 ? down_open(d, ctl, path0, err) : -ECANCELED;
+            r = rc == 0 ? xfer_down_open(d, ctl, path0, err) : -ECANCELED;
             d->opened = true;
         } else {
             pthread_mutex_lock(&d->mu);
@@ -299,7 +299,7 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
                 *err = d->open_err;
         }
         if (r == 0 && rc == 0)
-            r = down_submit(d, err);
+            r = xfer_down_submit(d, err);
         else if (r == 0)
             r = -ECANCELED; /* opened, but an earlier file failed: not dispatched */
         d->start_rc = r;
@@ -311,7 +311,7 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
         if (!ds[i].x)
             continue;
         struct vmsnap_err e = {0};
-        int r = down_finish(&ds[i], ds[i].start_rc, &e);
+        int r = xfer_down_finish(&ds[i], ds[i].start_rc, &e);
         if (r < 0 && rc == 0) {
             rc = r;
             if (err)
@@ -323,7 +323,7 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
         rc = publish_set(x, dir, ds, m->n, stats, err);
     for (size_t i = 0; i < m->n; i++)
         if (ds[i].x)
-            down_free(&ds[i], false);
+            xfer_down_free(&ds[i], false);
     free(ds);
     if (rc < 0 && created)
         rmdir(dir);
@@ -342,7 +342,7 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
         return rc;
     struct vmsnap_store_conn *ctl = NULL;
     bool pool = false;
-    char *mkey = join_key(key, VMSNAP_XFER_MANIFEST);
+    char *mkey = xfer_join_key(key, VMSNAP_XFER_MANIFEST);
     char murl[URL_BUF];
     struct manifest m = {0};
     if (!mkey) {
@@ -350,14 +350,14 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
         goto out;
     }
     vmsnap_store_url(x.st, mkey, murl, sizeof(murl));
-    if (local_same(&x, key, path, false)) {
+    if (xfer_local_same(&x, key, path, false)) {
         rc =
             vmsnap_err_set(err, EINVAL, "the destination %s is where the snapshot is stored", path);
         goto out;
     }
     if ((rc = vmsnap_store_conn_new(x.st, &ctl, err)) < 0)
         goto out;
-    rc = read_manifest(ctl, mkey, murl, x.o.max_size, &m, err);
+    rc = xfer_read_manifest(ctl, mkey, murl, x.o.max_size, &m, err);
     if (rc == 0) {
         if ((rc = xfer_start_pool(&x, err)) < 0)
             goto out;
@@ -381,7 +381,7 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
     rc = vmsnap_store_head(ctl, key, &size, &herr);
     if (rc == -ENOENT) {
         struct any_ctx any = {0};
-        char *lp = join_key(key, "");
+        char *lp = xfer_join_key(key, "");
         int lrc = lp ? vmsnap_store_list(ctl, lp, count_any, &any, err) : -ENOMEM;
         free(lp);
         if (lrc < 0 && lrc != -ECANCELED) {
@@ -407,7 +407,7 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
         goto out;
     }
-    down_init(&d);
+    xfer_down_init(&d);
     { /* a killed pull's temporaries beside the destination: their room back first */
         char pdir[4352];
         snprintf(pdir, sizeof(pdir), "%s", path);
@@ -416,10 +416,10 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
             sl[sl == pdir] = '\0';
         drop_stale_links(sl ? pdir : ".");
     }
-    rc = down_open(&d, ctl, path, err);
+    rc = xfer_down_open(&d, ctl, path, err);
     if (rc == 0)
-        rc = down_submit(&d, err);
-    rc = down_finish(&d, rc, err);
+        rc = xfer_down_submit(&d, err);
+    rc = xfer_down_finish(&d, rc, err);
     if (rc == 0)
         rc = sys_atomic_commit(&d.af, !x.o.no_fsync, err);
     if (rc == 0) {
@@ -432,7 +432,7 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
         }
     }
     d.af_open = d.af_open && rc < 0;
-    down_free(&d, false);
+    xfer_down_free(&d, false);
 out:
     if (rc < 0 && err && !strstr(err->msg, "incomplete snapshot") &&
         strncmp(err->msg, url, strlen(url)))

@@ -52,7 +52,7 @@ static int base_key_in(struct xfer *x, const char *base, struct vmsnap_err *err)
 /* Is `key` of a local store the file or directory at `path`, or (`within`) inside that
  * directory? (push FILE FILE replaced the file with its own object; a set pushed into itself or
  * pulled into its own directory mixed files and objects.) */
-bool local_same(const struct xfer *x, const char *key, const char *path, bool within)
+bool xfer_local_same(const struct xfer *x, const char *key, const char *path, bool within)
 {
     struct stat a, b;
     char p[PATH_MAX];
@@ -107,8 +107,8 @@ static int not_inside_set(struct vmsnap_store_conn *ctl, const char *key, const 
 {
     const char *slash = strrchr(key, '/');
     char *parent = strndup(key, slash ? (size_t)(slash - key) : 0);
-    char *pm = parent ? join_key(parent, VMSNAP_XFER_MANIFEST) : NULL;
-    int rc = pm ? key_exists(ctl, pm, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
+    char *pm = parent ? xfer_join_key(parent, VMSNAP_XFER_MANIFEST) : NULL;
+    int rc = pm ? xfer_key_exists(ctl, pm, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
     if (rc > 0) {
         const char *us = strrchr(url, '/');
         rc = vmsnap_err_set(err, EEXIST,
@@ -153,7 +153,7 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
                             (unsigned long long)x.o.part_size);
         goto out;
     }
-    if (local_same(&x, key, path, S_ISDIR(sb.st_mode))) {
+    if (xfer_local_same(&x, key, path, S_ISDIR(sb.st_mode))) {
         rc = vmsnap_err_set(err, EINVAL, "push %s to %s: the destination is the %s being pushed",
                             path, url, S_ISDIR(sb.st_mode) ? "directory (or inside it)" : "file");
         goto out;
@@ -164,7 +164,7 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
         goto out;
     pool = true;
     if (S_ISDIR(sb.st_mode)) {
-        rc = push_set(&x, ctl, path, key, url, stats, err); /* (a set below a set is fine) */
+        rc = xfer_push_set(&x, ctl, path, key, url, stats, err); /* (a set below a set is fine) */
     } else {
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) {
@@ -172,8 +172,8 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
             goto out;
         }
         /* a set under KEY/ would shadow this object: pull KEY prefers the set */
-        char *mk = join_key(key, VMSNAP_XFER_MANIFEST);
-        rc = mk ? key_exists(ctl, mk, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
+        char *mk = xfer_join_key(key, VMSNAP_XFER_MANIFEST);
+        rc = mk ? xfer_key_exists(ctl, mk, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
         free(mk);
         if (rc > 0)
             rc = vmsnap_err_set(err, EEXIST,
@@ -191,10 +191,10 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
             rc = not_inside_set(ctl, key, url, "a file", err);
         struct leftover_ctx l = {.exact = key, .c = ctl};
         if (rc == 0)
-            rc = vmsnap_store_list_uploads(ctl, key, abort_leftover, &l, err);
+            rc = vmsnap_store_list_uploads(ctl, key, xfer_abort_leftover, &l, err);
         struct mf_file mf = {0};
         if (rc == 0)
-            rc = push_fd(&x, ctl, fd, path, key, x.base_key, &mf, NULL, err);
+            rc = xfer_push_fd(&x, ctl, fd, path, key, x.base_key, &mf, NULL, err);
         close(fd);
         if (rc == 0 && stats) {
             stats->files = 1;

@@ -43,8 +43,8 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
     if (rc < 0)
         return rc;
     struct vmsnap_store_conn *c = NULL;
-    char *mkey = join_key(key, VMSNAP_XFER_MANIFEST);
-    char *lp = join_key(key, "");
+    char *mkey = xfer_join_key(key, VMSNAP_XFER_MANIFEST);
+    char *lp = xfer_join_key(key, "");
     struct manifest m = {0};
     struct keys k = {.suffix = ".zstd"};
     struct vmsnap_err kept_err = {0};
@@ -62,7 +62,7 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
         goto out;
     struct vmsnap_err me = {0};
     bool unusable = false;
-    int mrc = read_manifest_x(c, mkey, murl, x.o.max_size, &m, NULL, NULL, &unusable, &me);
+    int mrc = xfer_read_manifest_x(c, mkey, murl, x.o.max_size, &m, NULL, NULL, &unusable, &me);
     if (mrc == -ENOENT && vmsnap_store_conn_no_bucket(c)) { /* a HEAD's 404 cannot tell */
         rc = mrc;
         if (err)
@@ -85,7 +85,7 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
             int prc = -ENAMETOOLONG;
             if (w > 0 && (size_t)w < sizeof(pm)) {
                 vmsnap_store_url(x.st, pm, pu, sizeof(pu));
-                prc = read_manifest(c, pm, pu, x.o.max_size, &pmf, &pe);
+                prc = xfer_read_manifest(c, pm, pu, x.o.max_size, &pmf, &pe);
             }
             const char *obj = slash + 1;
             size_t ol = strlen(obj);
@@ -141,7 +141,7 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
         res->set = true;
     }
     for (size_t i = 0; i < m.n && rc == 0; i++) {
-        char *ok = object_key(key, m.files[i].name);
+        char *ok = xfer_object_key(key, m.files[i].name);
         uint64_t osize;
         /* counted only when there (deleting a missing object succeeds) */
         rc = ok ? vmsnap_store_head(c, ok, &osize, err)
@@ -159,7 +159,7 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
         /* the set's objects are vmsnap images: anything else named *.zstd here (a plain zstd
          * backup, a file of the user's) is not the set's, and stays */
         k.direct = lp;
-        rc = vmsnap_store_list(c, lp, collect, &k, err);
+        rc = vmsnap_store_list(c, lp, xfer_collect, &k, err);
         for (size_t i = 0; i < k.n && rc == 0; i++) {
             uint64_t size;
             rc = vmsnap_store_head(c, k.v[i], &size, err);
@@ -191,20 +191,20 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
     if (rc == 0) {
         /* this set's uploads only: a push to a set below it is not this set's */
         struct leftover_ctx l = {.c = c, .in = lp};
-        rc = vmsnap_store_list_uploads(c, lp, abort_leftover, &l, err);
+        rc = vmsnap_store_list_uploads(c, lp, xfer_abort_leftover, &l, err);
         res->uploads = l.n;
     }
     if (rc == 0) {
         /* the marks of pushes that did not finish here, and the objects they name (the set
          * is gone anyway; without them nothing would ever find those objects again) */
         struct mark_keys mk = {.k = {.suffix = "", .direct = lp}, .under = key};
-        rc = vmsnap_store_list(c, lp, collect_mark, &mk, err);
+        rc = vmsnap_store_list(c, lp, xfer_collect_mark, &mk, err);
         for (size_t i = 0; i < mk.k.n && rc == 0; i++) {
             struct push_mark pm;
             char kurl[URL_BUF];
             vmsnap_store_url(x.st, mk.k.v[i], kurl, sizeof(kurl));
             struct vmsnap_err ke = {0};
-            int krc = read_mark(c, mk.k.v[i], kurl, &pm, &ke);
+            int krc = xfer_read_mark(c, mk.k.v[i], kurl, &pm, &ke);
             if (krc == -ENOENT)
                 continue; /* removed meanwhile (a gc) */
             if (krc < 0 && !force) {
@@ -215,7 +215,7 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
             }
             if (krc == 0) {
                 for (size_t j = 0; j < pm.n && rc == 0; j++) {
-                    char *ok = object_key(key, pm.names[j]);
+                    char *ok = xfer_object_key(key, pm.names[j]);
                     rc = ok ? vmsnap_store_delete(c, ok, err)
                             : vmsnap_err_set(err, ENOMEM, "out of memory");
                     if (rc == -ENOENT)
@@ -227,7 +227,7 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
             if (rc == 0 && (rc = vmsnap_store_delete(c, mk.k.v[i], err)) == 0)
                 res->pushes++;
         }
-        keys_free(&mk.k);
+        xfer_keys_free(&mk.k);
     }
     if (rc == 0 && res->marks_kept) {
         rc = vmsnap_err_set(err, kept_err.code ? kept_err.code : EINVAL,
@@ -263,7 +263,7 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
 out:
     if (rc < 0 && err && !strstr(err->msg, url))
         vmsnap_err_wrap(err, "rm %s: ", url);
-    keys_free(&k);
+    xfer_keys_free(&k);
     manifest_fini(&m);
     free(mkey);
     free(lp);

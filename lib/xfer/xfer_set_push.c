@@ -43,16 +43,16 @@ static void *producer(void *arg)
         struct mf_file *f = &s->files[i];
         char path[4352];
         snprintf(path, sizeof(path), "%s/%s", s->dir, f->name);
-        char *key = object_key(s->prefix, f->name);
-        char *bkey = s->x->base_key ? object_key(s->x->base_key, f->name) : NULL;
+        char *key = xfer_object_key(s->prefix, f->name);
+        char *bkey = s->x->base_key ? xfer_object_key(s->x->base_key, f->name) : NULL;
         int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         if (!key || (s->x->base_key && !bkey))
             rc = vmsnap_err_set(&e, ENOMEM, "out of memory");
         else if (fd < 0)
             rc = err_sys(&e, "open %s", path);
         else
-            rc = push_fd(s->x, ctl, fd, path, key, bkey, f,
-                         s->in_old && s->in_old[i] ? &s->def[i] : NULL, &e);
+            rc = xfer_push_fd(s->x, ctl, fd, path, key, bkey, f,
+                              s->in_old && s->in_old[i] ? &s->def[i] : NULL, &e);
         if (rc < 0)
             vmsnap_err_wrap(&e, "push %s: ", f->name);
         if (fd >= 0)
@@ -192,7 +192,7 @@ static void def_run(struct xtask *xt, struct vmsnap_store_conn *c)
         sys_failpoint("push-completion"); /* the first completion: a test's Ctrl-C here */
     struct deferred *d = &t->s->def[t->i];
     const struct mf_file *mine = &t->s->files[t->i], *old = &t->s->old_files[t->i];
-    char *k = object_key(t->s->prefix, mine->name);
+    char *k = xfer_object_key(t->s->prefix, mine->name);
     int rc = k ? 0 : vmsnap_err_set(&t->err, ENOMEM, "out of memory");
     if (rc == 0 && !t->abort)
         rc = vmsnap_store_mpu_complete(c, k, d->upload_id, d->parts, d->nparts, &t->err);
@@ -217,12 +217,12 @@ static void def_run(struct xtask *xt, struct vmsnap_store_conn *c)
          * means not stored over; anything else, or an upload that may still complete, stored
          * over. */
         struct vmsnap_err ce = {0};
-        int mrc = check_object(t->s->x, c, k, mine, &ce);
+        int mrc = xfer_check_object(t->s->x, c, k, mine, &ce);
         if (mrc == 0) {
             vmsnap_err_clear(&t->err);
             rc = 0;
         } else if (dead && old->detail && old->table_digest) {
-            t->old_intact = check_object(t->s->x, c, k, old, &ce) == 0;
+            t->old_intact = xfer_check_object(t->s->x, c, k, old, &ce) == 0;
         } else if (dead) {
             t->old_intact = mrc == -ESTALE;
         }
@@ -237,7 +237,7 @@ static void def_run(struct xtask *xt, struct vmsnap_store_conn *c)
         t->old_intact = true;
     if (k) { /* a retried CreateMultipartUpload may have left another upload of this key */
         struct leftover_ctx l = {.exact = k, .c = c};
-        (void)vmsnap_store_list_uploads(c, k, abort_leftover, &l, NULL);
+        (void)vmsnap_store_list_uploads(c, k, xfer_abort_leftover, &l, NULL);
     }
     free(k);
     free(d->upload_id);
@@ -339,20 +339,20 @@ static void old_set_run(struct xtask *xt, struct vmsnap_store_conn *c)
     bool unusable = false;
     /* without --max-size: that cap is a policy for what is pulled, not damage, and a set taken
      * for unusable is un-committed before the upload, its manifest not kept */
-    int rc = read_manifest_x(c, o->mkey, murl, UINT64_MAX, &o->m, &o->raw, &o->raw_len, &unusable,
-                             &o->err);
+    int rc = xfer_read_manifest_x(c, o->mkey, murl, UINT64_MAX, &o->m, &o->raw, &o->raw_len,
+                                  &unusable, &o->err);
     /* an object stored at the set's own key (S3; on the local store a file there is no
      * directory): pull of the URL would take the set and hide it */
     int obj = rc == -ENOENT && vmsnap_store_kind(o->x->st) == VMSNAP_STORE_S3 && *o->key
-                  ? key_exists(c, o->key, NULL)
+                  ? xfer_key_exists(c, o->key, NULL)
                   : 0;
     /* the marks there now (a killed push's): not "another push meanwhile" to a restore. Not
      * listed, none are ignored. */
-    char *lp = rc == 0 ? join_key(o->key, "") : NULL;
+    char *lp = rc == 0 ? xfer_join_key(o->key, "") : NULL;
     if (lp) {
         o->prior->lpn = strlen(lp);
-        if (vmsnap_store_list(c, lp, see_prior, o->prior, NULL) < 0)
-            prior_marks_fini(o->prior);
+        if (vmsnap_store_list(c, lp, xfer_see_prior, o->prior, NULL) < 0)
+            xfer_prior_marks_fini(o->prior);
         free(lp);
     }
     pthread_mutex_lock(&o->mu);
@@ -446,16 +446,16 @@ static int set_ready(const struct xfer *x, const struct set_push *s, struct vmsn
         close(fd);
         if (rc < 0)
             break;
-        char *k = object_key(s->prefix, name);
-        rc = k ? key_fits(x, k, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
+        char *k = xfer_object_key(s->prefix, name);
+        rc = k ? xfer_key_fits(x, k, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
         free(k);
     }
     close(dfd);
     if (rc == 0) {
         char mname[64];
         snprintf(mname, sizeof(mname), PUSH_MARK_PREFIX "%s" PUSH_MARK_SUFFIX, s->push_id);
-        char *k = join_key(s->prefix, mname);
-        rc = k ? key_fits(x, k, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
+        char *k = xfer_join_key(s->prefix, mname);
+        rc = k ? xfer_key_fits(x, k, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
         free(k);
     }
     return rc;
@@ -468,7 +468,7 @@ static int set_begin(struct set_push *s, struct vmsnap_err *err)
     int rc = scan_set(s->dir, &s->files, &s->n, err);
     if (rc < 0)
         return rc;
-    s->mkey = join_key(s->prefix, VMSNAP_XFER_MANIFEST);
+    s->mkey = xfer_join_key(s->prefix, VMSNAP_XFER_MANIFEST);
     s->order = calloc(s->n, sizeof(*s->order));
     if (!s->mkey || !s->order)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
@@ -495,8 +495,8 @@ static int set_mark(struct set_push *s, struct vmsnap_err *err)
     char mname[64];
     snprintf(mname, sizeof(mname), PUSH_MARK_PREFIX "%s" PUSH_MARK_SUFFIX, s->push_id);
     s->mark_time = (int64_t)time(NULL);
-    s->mark_key = join_key(s->prefix, mname);
-    int rc = s->mark_key ? put_mark(s->ctl, s, s->mark_time, s->url, err)
+    s->mark_key = xfer_join_key(s->prefix, mname);
+    int rc = s->mark_key ? xfer_put_mark(s->ctl, s, s->mark_time, s->url, err)
                          : vmsnap_err_set(err, ENOMEM, "out of memory");
     if (rc == 0)
         sys_failpoint("push-marked");
@@ -518,7 +518,7 @@ static int set_mark(struct set_push *s, struct vmsnap_err *err)
                             s->url, s->url);
     s->had_old = old.rc != -ENOENT; /* a set was there (or it could not be told) */
     if (rc == 0 && s->nr)
-        rc = put_mark(s->ctl, s, s->mark_time, s->url, err);
+        rc = xfer_put_mark(s->ctl, s, s->mark_time, s->url, err);
     if (rc < 0 && s->mark_key && vmsnap_store_delete(s->ctl, s->mark_key, NULL) < 0)
         vlog(VMSNAP_LOG_WARN, "%s: cannot remove this push's mark (gc will)", s->url);
     return rc;
@@ -536,7 +536,7 @@ static void uncommit_failed(struct set_push *s, int ex)
              "this push's mark stays for 'vmsnap gc'",
              s->url);
     else
-        push_failed(s, ex == 0);
+        xfer_push_failed(s, ex == 0);
 }
 
 /*
@@ -557,9 +557,9 @@ static int uncommit_early(struct set_push *s, struct vmsnap_err *err)
     if (rc == 0 && s->had_old && !s->late)
         rc = vmsnap_store_delete(s->ctl, s->mkey, err);
     if (rc < 0) {
-        int ex = rc == -ECANCELED || !s->had_old ? 1 : key_exists(s->ctl, s->mkey, NULL);
+        int ex = rc == -ECANCELED || !s->had_old ? 1 : xfer_key_exists(s->ctl, s->mkey, NULL);
         if (ex == 0)
-            push_failed(s, true);
+            xfer_push_failed(s, true);
         else if (ex < 0)
             uncommit_failed(s, ex);
         else if (vmsnap_store_delete(s->ctl, s->mark_key, NULL) < 0)
@@ -573,16 +573,16 @@ static int uncommit_early(struct set_push *s, struct vmsnap_err *err)
 /* The leftovers of killed pushes at the prefix are cleared (not cut short). */
 static int sweep_leftovers(struct set_push *s, struct vmsnap_err *err)
 {
-    char *lp = join_key(s->prefix, "");
+    char *lp = xfer_join_key(s->prefix, "");
     if (!lp)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     struct leftover_ctx l = {.c = s->ctl, .in = lp};
     cancel_hold();
-    int rc = vmsnap_store_list_uploads(s->ctl, lp, abort_leftover, &l, err);
+    int rc = vmsnap_store_list_uploads(s->ctl, lp, xfer_abort_leftover, &l, err);
     cancel_release();
     free(lp);
     if (rc < 0)
-        push_failed(s, s->uncommitted);
+        xfer_push_failed(s, s->uncommitted);
     return rc;
 }
 
@@ -607,7 +607,7 @@ static int upload_files(struct set_push *s, struct vmsnap_err *err)
     if (err)
         *err = s->err;
     finish_deferred(s, true, NULL);
-    push_failed(s, s->uncommitted);
+    xfer_push_failed(s, s->uncommitted);
     return s->rc;
 }
 
@@ -621,10 +621,11 @@ static int uncommit_late(struct set_push *s, struct vmsnap_err *err)
 {
     int same = 0, held = 1, rc;
     sys_failpoint("push-uncommitting");
-    if ((rc = cancel_check(err)) == 0 && (held = held_intact(s->ctl, s->prefix, s, err)) <= 0) {
+    if ((rc = cancel_check(err)) == 0 &&
+        (held = xfer_held_intact(s->ctl, s->prefix, s, err)) <= 0) {
         rc = held < 0 ? held : -EBUSY;
         vmsnap_err_wrap(err, "%s: ", s->url);
-    } else if (rc == 0 && (same = manifest_same(s->x, s->ctl, s->mkey, s, err)) == 0)
+    } else if (rc == 0 && (same = xfer_manifest_same(s->x, s->ctl, s->mkey, s, err)) == 0)
         rc = vmsnap_err_set(err, EBUSY,
                             "%s: another push to the same place ran at the same time: the "
                             "set there is no longer the one this push replaces; this "
@@ -633,18 +634,18 @@ static int uncommit_late(struct set_push *s, struct vmsnap_err *err)
     else if (rc == 0 && same < 0)
         rc = same;
     if (rc == 0) /* one attempt: no back-off between the check and the DELETE */
-        rc = delete_once(s->ctl, s->mkey, err);
+        rc = xfer_delete_once(s->ctl, s->mkey, err);
     if (rc == 0) {
         s->uncommitted = true;
         return 0;
     }
     /* carried out with its answer lost? as for the early un-commit */
-    int ex = same != 1 ? 0 : rc == -ECANCELED ? 1 : key_exists(s->ctl, s->mkey, NULL);
+    int ex = same != 1 ? 0 : rc == -ECANCELED ? 1 : xfer_key_exists(s->ctl, s->mkey, NULL);
     finish_deferred(s, true, NULL);
     if (same == 1)
         uncommit_failed(s, ex);
     else
-        push_failed(s, false);
+        xfer_push_failed(s, false);
     return rc;
 }
 
@@ -656,7 +657,7 @@ static int complete_deferred(struct set_push *s, int rc, struct vmsnap_err *err)
     else if ((rc = finish_deferred(s, false, err)) < 0)
         finish_deferred(s, true, NULL); /* those not completed */
     if (rc < 0)
-        push_failed(s, s->uncommitted);
+        xfer_push_failed(s, s->uncommitted);
     return rc;
 }
 
@@ -666,7 +667,7 @@ static int complete_deferred(struct set_push *s, int rc, struct vmsnap_err *err)
 static int commit_manifest(struct set_push *s, const struct manifest *m, const char *json,
                            struct vmsnap_err *err)
 {
-    int rc = check_committed(s->x, s->prefix, s->mkey, m, s->url, false, err);
+    int rc = xfer_check_committed(s->x, s->prefix, s->mkey, m, s->url, false, err);
     if (rc < 0)
         return rc;
     /* not after a cancel, unless the old set's objects are already stored over (then only the
@@ -677,12 +678,12 @@ static int commit_manifest(struct set_push *s, const struct manifest *m, const c
              "(the only way to leave one there)",
              s->url);
     if (!s->overwrote && (rc = cancel_check(err)) < 0) {
-        push_failed(s, s->uncommitted);
+        xfer_push_failed(s, s->uncommitted);
         return rc;
     }
     cancel_hold();
     rc = vmsnap_store_put(s->ctl, s->mkey, json, strlen(json), err);
-    if (rc < 0 && manifest_is(s->x, s->ctl, s->mkey, s->push_id) == 1) {
+    if (rc < 0 && xfer_manifest_is(s->x, s->ctl, s->mkey, s->push_id) == 1) {
         /* the PUT was carried out and its answer lost (every retry too): committed */
         vlog(VMSNAP_LOG_WARN,
              "%s: the commit's answer was lost, but the manifest there is this "
@@ -696,15 +697,16 @@ static int commit_manifest(struct set_push *s, const struct manifest *m, const c
         /* not committed (a full store, a refused write): the objects are nobody's (or the old
          * set is back when none of its objects was stored over). When the answer was lost after
          * the manifest was stored, it exists and they stay. */
-        push_failed(s, s->uncommitted);
+        xfer_push_failed(s, s->uncommitted);
     } else {
-        rc = check_committed(s->x, s->prefix, s->mkey, m, s->url, true, err);
+        rc = xfer_check_committed(s->x, s->prefix, s->mkey, m, s->url, true, err);
         /* committed and checked: the replaced set's other objects go, then the mark has done
          * its work (one left behind is gc's: the manifest names its push, the mark what it
          * replaced) */
         if (rc == 0)
             sys_failpoint("push-committed");
-        if (rc == 0 && remove_replaced(s) && vmsnap_store_delete(s->ctl, s->mark_key, NULL) < 0)
+        if (rc == 0 && xfer_remove_replaced(s) &&
+            vmsnap_store_delete(s->ctl, s->mark_key, NULL) < 0)
             vlog(VMSNAP_LOG_WARN, "%s: cannot remove the push mark %s (gc will)", s->url,
                  s->mark_key);
     }
@@ -749,15 +751,16 @@ static void set_push_fini(struct set_push *s)
     free(s->old_raw);
     free(s->in_old);
     free(s->old_files);
-    prior_marks_fini(&s->prior);
+    xfer_prior_marks_fini(&s->prior);
     free(s->def); /* every upload in it was completed or aborted */
     struct manifest m = {s->files, s->n, 0, ""};
     manifest_fini(&m);
 }
 
 /* The set-push transaction, phase by phase; each phase undoes what the push did when it fails. */
-int push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir, const char *prefix,
-             const char *url, struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
+int xfer_push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir,
+                  const char *prefix, const char *url, struct vmsnap_xfer_stats *stats,
+                  struct vmsnap_err *err)
 {
     struct set_push s = {.x = x, .ctl = ctl, .dir = dir, .prefix = prefix, .url = url};
     int rc = set_begin(&s, err);

@@ -27,15 +27,15 @@ static int guard_fails(const struct set_push *s, const char *lp, enum guard g)
     struct vmsnap_store_conn *c = s->ctl;
     switch (g) {
     case NO_PUSH:
-        return prefix_busy(c, lp, s->mkey, s->mark_key);
+        return xfer_prefix_busy(c, lp, s->mkey, s->mark_key);
     case NO_NEW_PUSH:
-        return prefix_busy_but(c, lp, s->mkey, s->mark_key, &s->prior);
+        return xfer_prefix_busy_but(c, lp, s->mkey, s->mark_key, &s->prior);
     case OLD_SET_THERE:
-        return prefix_busy_but(c, lp, NULL, s->mark_key, &s->prior) != 0 ||
-               manifest_same(s->x, c, s->mkey, s, NULL) != 1;
+        return xfer_prefix_busy_but(c, lp, NULL, s->mark_key, &s->prior) != 0 ||
+               xfer_manifest_same(s->x, c, s->mkey, s, NULL) != 1;
     case OWN_SET_THERE:
-        return prefix_busy(c, lp, NULL, s->mark_key) != 0 ||
-               manifest_is(s->x, c, s->mkey, s->push_id) != 1;
+        return xfer_prefix_busy(c, lp, NULL, s->mark_key) != 0 ||
+               xfer_manifest_is(s->x, c, s->mkey, s->push_id) != 1;
     }
     return 1;
 }
@@ -54,9 +54,9 @@ static enum deleted guarded_delete(const struct set_push *s, const char *lp, enu
         *why = busy;
     if (busy != 0)
         return GUARDED;
-    char *k = object_key(s->prefix, name);
+    char *k = xfer_object_key(s->prefix, name);
     struct vmsnap_err e = {0};
-    int drc = k ? delete_once(s->ctl, k, &e) : vmsnap_err_set(&e, ENOMEM, "out of memory");
+    int drc = k ? xfer_delete_once(s->ctl, k, &e) : vmsnap_err_set(&e, ENOMEM, "out of memory");
     if (drc < 0 && drc != -ENOENT)
         vlog(VMSNAP_LOG_WARN, "%s: cannot remove %s.zstd%s: %s", url, name, what, e.msg);
     free(k);
@@ -80,7 +80,7 @@ static void remove_pushed(const struct set_push *s)
     cancel_hold();
     char url[URL_BUF];
     vmsnap_store_url(s->x->st, s->prefix, url, sizeof(url));
-    char *lp = join_key(s->prefix, "");
+    char *lp = xfer_join_key(s->prefix, "");
     /* Every object of the set's names, written by this push or not: what it did not replace yet
      * belongs to the set it un-committed (dead, and left unlisted it kept a full store full and
      * the next push failed the same way), or is an object the push would have replaced; and the
@@ -127,7 +127,7 @@ static bool restore_old(const struct set_push *s)
     cancel_hold();
     char url[URL_BUF];
     vmsnap_store_url(s->x->st, s->prefix, url, sizeof(url));
-    char *lp = join_key(s->prefix, "");
+    char *lp = xfer_join_key(s->prefix, "");
     bool ok = lp != NULL, back = false, left = false;
     struct vmsnap_err e = {0};
     /* a failed delete stops the deletes, not the restore: the mark names what is left, the
@@ -168,10 +168,10 @@ static bool restore_old(const struct set_push *s)
  * follows a listing that shows no other push's mark and a read of the manifest that shows this
  * push's (a push that started since, or finished whole since, owns the prefix: those names may
  * be its objects now). True when none of them is left. */
-bool remove_replaced(const struct set_push *s)
+bool xfer_remove_replaced(const struct set_push *s)
 {
     const char *url = s->url;
-    char *lp = join_key(s->prefix, "");
+    char *lp = xfer_join_key(s->prefix, "");
     size_t gone = 0, removed = 0;
     for (size_t i = 0; lp && i < s->nr; i++) {
         enum deleted d =
@@ -204,7 +204,7 @@ static void remove_new_names(const struct set_push *s)
     cancel_hold();
     char url[URL_BUF];
     vmsnap_store_url(s->x->st, s->prefix, url, sizeof(url));
-    char *lp = join_key(s->prefix, "");
+    char *lp = xfer_join_key(s->prefix, "");
     bool left = !lp;
     for (size_t i = 0; i < s->n && !left; i++)
         if (!s->in_old[i])
@@ -217,7 +217,7 @@ static void remove_new_names(const struct set_push *s)
 /* After a failure: a set this push read and has not un-committed yet stays, and what this push
  * stored under new names goes; else the set it replaces back (restore_old) or what it stored
  * goes (no set there, or one un-committed unread: a corrupt manifest). */
-void push_failed(const struct set_push *s, bool uncommitted)
+void xfer_push_failed(const struct set_push *s, bool uncommitted)
 {
     if (!uncommitted && s->in_old)
         remove_new_names(s);

@@ -122,7 +122,7 @@ static void part_run(struct xtask *t, struct vmsnap_store_conn *c)
         }
         up_fail(u, rc, &e);
     } else if (!skip) {
-        progress_add(u->x, pt->len, 0);
+        xfer_progress_add(u->x, pt->len, 0);
     }
     pthread_mutex_lock(&u->mu);
     u->inflight--;
@@ -419,7 +419,7 @@ static int open_base(struct xfer *x, struct vmsnap_store_conn *ctl, const char *
     if (rc == 0 && !etag[0])
         rc = vmsnap_err_set(&e, EPROTO, "%s: no ETag", bkey);
     struct tail_src ts = {ctl, bkey, size, NULL, 0, 0, NULL, 0};
-    struct vmsnap_source src = {tail_pread, &ts, size, bkey};
+    struct vmsnap_source src = {xfer_tail_pread, &ts, size, bkey};
     if (rc == 0)
         rc = vmsnap_image_open(&src, 0, img, &e);
     free(ts.buf);
@@ -508,7 +508,7 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
         if (!u.upload_id && !def) {
             rc = vmsnap_store_put(ctl, key, u.cur ? (const void *)u.cur : "", u.cur_len, &ferr);
             if (rc == 0)
-                progress_add(x, u.cur_len, 0);
+                xfer_progress_add(x, u.cur_len, 0);
         } else if (u.cur_len > 0) {
             rc = flush_part(&u, &ferr);
         }
@@ -559,7 +559,7 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
         struct leftover_ctx l = {.exact = key, .c = ctl};
         struct vmsnap_err le = {0};
         cancel_hold();
-        if (vmsnap_store_list_uploads(ctl, key, abort_leftover, &l, &le) < 0)
+        if (vmsnap_store_list_uploads(ctl, key, xfer_abort_leftover, &l, &le) < 0)
             vlog(VMSNAP_LOG_WARN, "cannot list unfinished uploads of %s (run 'vmsnap gc'): %s", key,
                  le.msg);
         cancel_release();
@@ -594,7 +594,7 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
         mf->object_size = u.total;
         mf->table_digest = true;
         mf->copied = u.copied;
-        hex32(md, mf->sha256);
+        xfer_hex32(md, mf->sha256);
         _Static_assert(sizeof(mf->prefix) == VMSNAP_IMAGE_PREFIX_LEN, "prefix length");
         memcpy(mf->prefix, u.prefix, sizeof(mf->prefix));
         mf->have_prefix = u.total >= VMSNAP_IMAGE_PREFIX_LEN;
@@ -617,13 +617,13 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
 
 /* Push `fd` to `key`, with the object at `base_key` (NULL: none) as its base when it can be one.
  * If the base changes or vanishes during the push, the file is pushed again without it. */
-int push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const char *path,
-            const char *key, const char *base_key, struct mf_file *mf, struct deferred *def,
-            struct vmsnap_err *err)
+int xfer_push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const char *path,
+                 const char *key, const char *base_key, struct mf_file *mf, struct deferred *def,
+                 struct vmsnap_err *err)
 {
     struct stat sb;
     if (fstat(fd, &sb) == 0)
-        progress_add(x, 0, (uint64_t)sb.st_blocks * 512 / 2);
+        xfer_progress_add(x, 0, (uint64_t)sb.st_blocks * 512 / 2);
     struct vmsnap_image *base = NULL;
     char etag[VMSNAP_STORE_ETAG_MAX] = "";
     if (base_key) {

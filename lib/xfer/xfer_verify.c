@@ -41,8 +41,8 @@ struct check_task {
     const char *push_id;
 };
 
-int check_object(struct xfer *x, struct vmsnap_store_conn *c, const char *key,
-                 const struct mf_file *f, struct vmsnap_err *err)
+int xfer_check_object(struct xfer *x, struct vmsnap_store_conn *c, const char *key,
+                      const struct mf_file *f, struct vmsnap_err *err)
 {
     char url[URL_BUF];
     vmsnap_store_url(x->st, key, url, sizeof(url));
@@ -63,13 +63,13 @@ int check_object(struct xfer *x, struct vmsnap_store_conn *c, const char *key,
             t.pre = f->prefix;
             t.plen = sizeof(f->prefix);
         }
-        struct vmsnap_source src = {tail_pread, &t, t.size, url};
+        struct vmsnap_source src = {xfer_tail_pread, &t, t.size, url};
         rc = vmsnap_image_open(&src, x->o.max_size, &img, err);
         if (rc == 0)
             rc = vmsnap_err_set(err, ESTALE, "%s has no seek table", url);
     }
     char hx[65];
-    if (rc > 0 && (rc = table_sha256(img, hx, err)) == 0 && strcmp(hx, f->sha256))
+    if (rc > 0 && (rc = xfer_table_sha256(img, hx, err)) == 0 && strcmp(hx, f->sha256))
         rc = vmsnap_err_set(err, ESTALE, "%s is not the object this push stored", url);
     vmsnap_image_free(img);
     free(t.buf);
@@ -83,12 +83,12 @@ static void check_run(struct xtask *xt, struct vmsnap_store_conn *c)
     int rc;
     cancel_hold(); /* a few small GETs; after the commit, what the push reports rests on them */
     if (t->f) {
-        rc = check_object(t->x, c, t->key, t->f, &e);
+        rc = xfer_check_object(t->x, c, t->key, t->f, &e);
     } else {
         char murl[URL_BUF];
         vmsnap_store_url(t->x->st, t->key, murl, sizeof(murl));
         struct manifest m;
-        rc = read_manifest(c, t->key, murl, t->x->o.max_size, &m, &e);
+        rc = xfer_read_manifest(c, t->key, murl, t->x->o.max_size, &m, &e);
         if (rc == 0) {
             if (strcmp(m.push_id, t->push_id))
                 rc = vmsnap_err_set(&e, ESTALE, "%s is from another push (%s)", murl,
@@ -109,8 +109,9 @@ static void check_run(struct xtask *xt, struct vmsnap_store_conn *c)
     cancel_release();
 }
 
-int check_committed(struct xfer *x, const char *prefix, const char *mkey, const struct manifest *m,
-                    const char *url, bool committed, struct vmsnap_err *err)
+int xfer_check_committed(struct xfer *x, const char *prefix, const char *mkey,
+                         const struct manifest *m, const char *url, bool committed,
+                         struct vmsnap_err *err)
 {
     struct check k = {.left = 0};
     pthread_mutex_init(&k.mu, NULL);
@@ -119,7 +120,7 @@ int check_committed(struct xfer *x, const char *prefix, const char *mkey, const 
     for (size_t i = 0; i < m->n + (committed ? 1 : 0) && rc == 0; i++) {
         struct check_task *t = calloc(1, sizeof(*t));
         if (t)
-            t->key = i < m->n ? object_key(prefix, m->files[i].name) : strdup(mkey);
+            t->key = i < m->n ? xfer_object_key(prefix, m->files[i].name) : strdup(mkey);
         if (!t || !t->key) {
             free(t);
             rc = vmsnap_err_set(err, ENOMEM, "out of memory");
@@ -158,13 +159,13 @@ int check_committed(struct xfer *x, const char *prefix, const char *mkey, const 
 
 /* 1 when the manifest at `mkey` is push `id`'s, 0 when it is not (or gone), < 0 when it cannot
  * be read. */
-int manifest_is(struct xfer *x, struct vmsnap_store_conn *c, const char *mkey, const char *id)
+int xfer_manifest_is(struct xfer *x, struct vmsnap_store_conn *c, const char *mkey, const char *id)
 {
     char murl[URL_BUF];
     vmsnap_store_url(x->st, mkey, murl, sizeof(murl));
     struct manifest m = {0};
     struct vmsnap_err e = {0};
-    int rc = read_manifest(c, mkey, murl, x->o.max_size, &m, &e);
+    int rc = xfer_read_manifest(c, mkey, murl, x->o.max_size, &m, &e);
     if (rc == 0)
         rc = !strcmp(m.push_id, id);
     manifest_fini(&m);
@@ -173,15 +174,15 @@ int manifest_is(struct xfer *x, struct vmsnap_store_conn *c, const char *mkey, c
 
 /* 1 when the manifest at `mkey` is, byte for byte, the one this push read when it started
  * (the set it replaces), 0 when it is another or gone, < 0 when it cannot be read. */
-int manifest_same(struct xfer *x, struct vmsnap_store_conn *c, const char *mkey,
-                  const struct set_push *s, struct vmsnap_err *err)
+int xfer_manifest_same(struct xfer *x, struct vmsnap_store_conn *c, const char *mkey,
+                       const struct set_push *s, struct vmsnap_err *err)
 {
     char murl[URL_BUF];
     vmsnap_store_url(x->st, mkey, murl, sizeof(murl));
     struct manifest m = {0};
     char *raw = NULL;
     size_t len = 0;
-    int rc = read_manifest_raw(c, mkey, murl, UINT64_MAX, &m, &raw, &len, err); /* as read */
+    int rc = xfer_read_manifest_raw(c, mkey, murl, UINT64_MAX, &m, &raw, &len, err); /* as read */
     manifest_fini(&m);
     if (rc == 0)
         rc = len == s->old_raw_len && !memcmp(raw, s->old_raw, len);
@@ -213,12 +214,12 @@ static int see_held(void *arg, const char *key, const char *id, int64_t started)
     return 0;
 }
 
-int held_intact(struct vmsnap_store_conn *ctl, const char *prefix, const struct set_push *s,
-                struct vmsnap_err *err)
+int xfer_held_intact(struct vmsnap_store_conn *ctl, const char *prefix, const struct set_push *s,
+                     struct vmsnap_err *err)
 {
     if (!s->def)
         return 1;
-    char *lp = join_key(prefix, "");
+    char *lp = xfer_join_key(prefix, "");
     bool *seen = calloc(s->n ? s->n : 1, sizeof(*seen));
     struct held_ctx h = {s, seen};
     int rc = lp && seen ? vmsnap_store_list_uploads(ctl, lp, see_held, &h, err)

@@ -161,7 +161,7 @@ static int s3_mpu_complete(struct vmsnap_store_conn *c, const char *key, const c
                            struct vmsnap_err *err)
 {
     struct dbuf body = {.max = (size_t)nparts * 256 + 256};
-    int rc = dbuf_add(&body, "<CompleteMultipartUpload>", 25);
+    int rc = s3_dbuf_add(&body, "<CompleteMultipartUpload>", 25);
     for (uint32_t i = 0; i < nparts && rc == 0; i++) {
         char line[256];
         /* ETags are quoted hex; escape the quotes for XML */
@@ -181,10 +181,10 @@ static int s3_mpu_complete(struct vmsnap_store_conn *c, const char *key, const c
         int n =
             snprintf(line, sizeof(line), "<Part><PartNumber>%u</PartNumber><ETag>%s</ETag></Part>",
                      parts[i].number, et);
-        rc = dbuf_add(&body, line, (size_t)n);
+        rc = s3_dbuf_add(&body, line, (size_t)n);
     }
     if (rc == 0)
-        rc = dbuf_add(&body, "</CompleteMultipartUpload>", 26);
+        rc = s3_dbuf_add(&body, "</CompleteMultipartUpload>", 26);
     if (rc < 0) {
         free(body.p);
         return vmsnap_err_set(err, ENOMEM, "out of memory");

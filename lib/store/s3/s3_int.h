@@ -54,7 +54,7 @@ struct dbuf {
     bool overflow;
 };
 
-int dbuf_add(struct dbuf *b, const void *data, size_t n);
+int s3_dbuf_add(struct dbuf *b, const void *data, size_t n);
 
 struct qparam {
     const char *name;

@@ -36,7 +36,7 @@ struct s3_conn {
     uint64_t rng;
 };
 
-int dbuf_add(struct dbuf *b, const void *data, size_t n)
+int s3_dbuf_add(struct dbuf *b, const void *data, size_t n)
 {
     if (b->len + n > b->max) {
         b->overflow = true;
@@ -111,7 +111,7 @@ static size_t write_cb(char *buf, size_t size, size_t n, void *arg)
     if (r->status == 0)
         r->status = -1; /* set by the header callback; guard against its absence */
     if (r->status < 200 || r->status >= 300) {
-        dbuf_add(&r->errbody, buf, len); /* truncated silently at the cap */
+        s3_dbuf_add(&r->errbody, buf, len); /* truncated silently at the cap */
         return len;
     }
     if (r->dst) {
@@ -121,7 +121,7 @@ static size_t write_cb(char *buf, size_t size, size_t n, void *arg)
         }
         memcpy(r->dst + r->got, buf, len);
     } else if (r->resp) {
-        if (dbuf_add(r->resp, buf, len) < 0) {
+        if (s3_dbuf_add(r->resp, buf, len) < 0) {
             r->cb_err = -EFBIG;
             return 0;
         }
@@ -553,7 +553,7 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
         /* CompleteMultipartUpload may answer 200 with an <Error> body */
         if (r->resp && r->resp->p && strstr(r->resp->p, "<Error>")) {
             r->errbody.len = 0;
-            dbuf_add(&r->errbody, r->resp->p, r->resp->len);
+            s3_dbuf_add(&r->errbody, r->resp->p, r->resp->len);
             r->status = 500;
             http_error(cfg, r, err);
             return 1;
