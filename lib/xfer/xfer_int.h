@@ -388,7 +388,6 @@ bool xfer_old_enough(const struct vmsnap_gc_opts *g, int64_t age);
 void xfer_gc_failed(struct leftover_ctx *l, const char *key, const struct vmsnap_err *e);
 int xfer_abort_leftover(void *arg, const char *key, const char *id, int64_t started);
 int xfer_see_upload(void *arg, const char *key, const char *id, int64_t started);
-bool push_running_at(struct leftover_ctx *l, const char *key);
 
 /* xfer_marks.c */
 void xfer_prior_marks_fini(struct prior_marks *p);

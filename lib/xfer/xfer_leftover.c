@@ -68,58 +68,6 @@ static int upload_last(struct vmsnap_store_conn *c, const char *key, const char 
     return rc;
 }
 
-int xfer_abort_leftover(void *arg, const char *key, const char *id, int64_t started)
-{
-    struct leftover_ctx *l = arg;
-    if (l->exact && strcmp(l->exact, key))
-        return 0;
-    if (!xfer_key_under(l->under, key))
-        return 0;
-    if (l->in && (strncmp(key, l->in, strlen(l->in)) || strchr(key + strlen(l->in), '/')))
-        return 0; /* a set below this one: its pushes' uploads are theirs */
-    const struct vmsnap_gc_opts *g = l->gc;
-    int64_t age = xfer_age_of(l, started);
-    bool go = xfer_old_enough(g, age);
-    if (go && g && g->older_than > 0) { /* old by its start: and by its last part? */
-        int64_t last;
-        struct vmsnap_err e = {0};
-        int rc = upload_last(l->c, key, id, started, &last, &e);
-        if (rc == -ENOENT)
-            return 0;
-        if (rc < 0) {
-            vlog(VMSNAP_LOG_WARN, "cannot list the parts of the unfinished upload of %s: %s", key,
-                 e.msg);
-            xfer_gc_failed(l, key, &e);
-            return 0;
-        }
-        age = xfer_age_of(l, last);
-        go = xfer_old_enough(g, age);
-        /* idle but a running set push's: it keeps the uploads of the names of the set it
-         * replaces open until its last file is uploaded (they are completed together) */
-        if (go && push_running_at(l, key))
-            go = false;
-    }
-    xfer_gc_report(l, VMSNAP_GC_UPLOAD, key, age, go);
-    if (!go) {
-        l->kept++;
-        l->unknown += age < 0;
-        return 0;
-    }
-    if (g && g->dry_run) {
-        l->n++;
-        return 0;
-    }
-    struct vmsnap_err e = {0};
-    if (vmsnap_store_mpu_abort(l->c, key, id, &e) == 0) {
-        l->n++;
-        vlog(VMSNAP_LOG_INFO, "aborted unfinished upload of %s", key);
-    } else {
-        vlog(VMSNAP_LOG_WARN, "cannot abort unfinished upload of %s: %s", key, e.msg);
-        xfer_gc_failed(l, key, &e);
-    }
-    return 0;
-}
-
 int xfer_see_upload(void *arg, const char *key, const char *id, int64_t started)
 {
     struct prefix_uploads *u = arg;
@@ -171,7 +119,7 @@ static int see_live_upload(void *arg, const char *key, const char *id, int64_t s
  * directory (a key written, an upload's part) is younger than --older-than, or its age cannot be
  * told: gc then leaves that directory's uploads as it leaves the marks of a prefix that is not
  * quiet. */
-bool push_running_at(struct leftover_ctx *l, const char *key)
+static bool push_running_at(struct leftover_ctx *l, const char *key)
 {
     size_t dl = xfer_dir_len(key);
     /* uploads come listed by key: a directory's are asked about once */
@@ -199,4 +147,56 @@ bool push_running_at(struct leftover_ctx *l, const char *key)
     l->live_dir = dir;
     l->live = running;
     return running;
+}
+
+int xfer_abort_leftover(void *arg, const char *key, const char *id, int64_t started)
+{
+    struct leftover_ctx *l = arg;
+    if (l->exact && strcmp(l->exact, key))
+        return 0;
+    if (!xfer_key_under(l->under, key))
+        return 0;
+    if (l->in && (strncmp(key, l->in, strlen(l->in)) || strchr(key + strlen(l->in), '/')))
+        return 0; /* a set below this one: its pushes' uploads are theirs */
+    const struct vmsnap_gc_opts *g = l->gc;
+    int64_t age = xfer_age_of(l, started);
+    bool go = xfer_old_enough(g, age);
+    if (go && g && g->older_than > 0) { /* old by its start: and by its last part? */
+        int64_t last;
+        struct vmsnap_err e = {0};
+        int rc = upload_last(l->c, key, id, started, &last, &e);
+        if (rc == -ENOENT)
+            return 0;
+        if (rc < 0) {
+            vlog(VMSNAP_LOG_WARN, "cannot list the parts of the unfinished upload of %s: %s", key,
+                 e.msg);
+            xfer_gc_failed(l, key, &e);
+            return 0;
+        }
+        age = xfer_age_of(l, last);
+        go = xfer_old_enough(g, age);
+        /* idle but a running set push's: it keeps the uploads of the names of the set it
+         * replaces open until its last file is uploaded (they are completed together) */
+        if (go && push_running_at(l, key))
+            go = false;
+    }
+    xfer_gc_report(l, VMSNAP_GC_UPLOAD, key, age, go);
+    if (!go) {
+        l->kept++;
+        l->unknown += age < 0;
+        return 0;
+    }
+    if (g && g->dry_run) {
+        l->n++;
+        return 0;
+    }
+    struct vmsnap_err e = {0};
+    if (vmsnap_store_mpu_abort(l->c, key, id, &e) == 0) {
+        l->n++;
+        vlog(VMSNAP_LOG_INFO, "aborted unfinished upload of %s", key);
+    } else {
+        vlog(VMSNAP_LOG_WARN, "cannot abort unfinished upload of %s: %s", key, e.msg);
+        xfer_gc_failed(l, key, &e);
+    }
+    return 0;
 }
