@@ -40,14 +40,39 @@ void xfer_progress_add(struct xfer *x, uint64_t bytes, uint64_t total_add)
     pthread_mutex_unlock(&x->mu);
 }
 
-int xfer_init(struct xfer *x, const char *url, const struct vmsnap_xfer_opts *opts, char **key,
+/* A local prefix (ls, gc) is a directory that exists: a mistyped path is not an empty store
+ * (S3 cannot tell: a prefix without objects is just empty). */
+static int local_prefix_exists(struct xfer *x, const char *url, struct vmsnap_err *err)
+{
+    if (vmsnap_store_kind(x->st) != VMSNAP_STORE_LOCAL || !*x->key)
+        return 0;
+    char *dir = vmsnap_store_local_path(x->st, x->key);
+    struct stat sb;
+    int rc = 0;
+    if (!dir)
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    else if (stat(dir, &sb) < 0)
+        rc = err_sys(err, "%s", url);
+    else if (!S_ISDIR(sb.st_mode))
+        rc = vmsnap_err_set(err, ENOTDIR,
+                            "%s: not a directory of sets (an object: 'vmsnap inspect' or "
+                            "'vmsnap pull' it)",
+                            url);
+    free(dir);
+    return rc;
+}
+
+/* The store, the options and the URL's key, and the checks every operation makes of them: the
+ * options the store takes, no local set or prefix entered through a link, with XFER_KEY a key
+ * given, with XFER_PREFIX a local prefix that is a directory. On failure nothing stays open. */
+int xfer_open(struct xfer *x, const char *url, const struct vmsnap_xfer_opts *opts, unsigned flags,
               struct vmsnap_err *err)
 {
     memset(x, 0, sizeof(*x));
     fill_defaults(&x->o, opts);
     if (x->o.connections > 256)
         return vmsnap_err_set(err, EINVAL, "at most 256 connections");
-    int rc = vmsnap_store_open(url, &x->o.store, &x->st, key, err);
+    int rc = vmsnap_store_open(url, &x->o.store, &x->st, &x->key, err);
     if (rc < 0)
         return rc;
     /* Local store: the directory a URL names (a set's, or the prefix of ls and gc) is not
@@ -55,7 +80,7 @@ int xfer_init(struct xfer *x, const char *url, const struct vmsnap_xfer_opts *op
      * set with its manifest as this one, and rm of it emptied the set it points at. The
      * directories above it are the user's path, links included. */
     struct stat lsb;
-    char *lp = **key ? vmsnap_store_local_path(x->st, *key) : NULL;
+    char *lp = *x->key ? vmsnap_store_local_path(x->st, x->key) : NULL;
     if (lp && lstat(lp, &lsb) == 0 && S_ISLNK(lsb.st_mode) && stat(lp, &lsb) == 0 &&
         S_ISDIR(lsb.st_mode))
         rc = vmsnap_err_set(err, EINVAL,
@@ -63,37 +88,48 @@ int xfer_init(struct xfer *x, const char *url, const struct vmsnap_xfer_opts *op
                             "changed through a link (name the directory itself)",
                             url);
     free(lp);
+    if (rc == 0 && vmsnap_store_kind(x->st) == VMSNAP_STORE_S3 &&
+        x->o.part_size < VMSNAP_STORE_MIN_PART)
+        rc = vmsnap_err_set(err, EINVAL, "part size must be at least 5 MiB for S3");
     if (rc < 0) {
         vmsnap_store_free(x->st);
-        free(*key);
-        *key = NULL;
+        free(x->key);
         return rc;
-    }
-    if (vmsnap_store_kind(x->st) == VMSNAP_STORE_S3 && x->o.part_size < VMSNAP_STORE_MIN_PART) {
-        vmsnap_store_free(x->st);
-        free(*key);
-        *key = NULL;
-        return vmsnap_err_set(err, EINVAL, "part size must be at least 5 MiB for S3");
     }
     pthread_mutex_init(&x->mu, NULL);
     pthread_cond_init(&x->cv_dec, NULL);
     x->max_decoding = x->o.threads ? x->o.threads : sys_cpus();
-    return 0;
+    if ((flags & XFER_KEY) && !*x->key)
+        rc = vmsnap_err_set(err, EINVAL, "%s: a key (a path inside the bucket) is needed", url);
+    else if (flags & XFER_PREFIX)
+        rc = local_prefix_exists(x, url, err);
+    if (rc < 0)
+        xfer_close(x);
+    return rc;
+}
+
+int xfer_conn(struct xfer *x, struct vmsnap_err *err)
+{
+    return vmsnap_store_conn_new(x->st, &x->ctl, err);
 }
 
 int xfer_start_pool(struct xfer *x, struct vmsnap_err *err)
 {
-    return xpool_init(&x->pool, x->st, x->o.connections, x->o.max_memory, err);
+    int rc = xpool_init(&x->pool, x->st, x->o.connections, x->o.max_memory, err);
+    x->pool_started = rc == 0;
+    return rc;
 }
 
-void xfer_fini(struct xfer *x, bool pool_started)
+void xfer_close(struct xfer *x)
 {
-    if (pool_started)
+    vmsnap_store_conn_free(x->ctl);
+    if (x->pool_started)
         xpool_fini(&x->pool);
     pthread_mutex_destroy(&x->mu);
     pthread_cond_destroy(&x->cv_dec);
     vmsnap_store_free(x->st);
     free(x->base_key);
+    free(x->key);
 }
 
 /* The tableSha256 of an opened image with a seek table, in hex: SHA-256 of its first bytes and

@@ -287,17 +287,15 @@ int vmsnap_xfer_gc(const char *url, const struct vmsnap_gc_opts *g,
 {
     static const struct vmsnap_gc_opts all;
     struct xfer x;
-    char *key = NULL;
     if (res)
         *res = (struct vmsnap_gc_result){0};
-    int rc = xfer_init(&x, url, opts, &key, err);
+    int rc = xfer_open(&x, url, opts, XFER_PREFIX, err);
     if (rc < 0)
         return rc;
-    struct vmsnap_store_conn *c = NULL;
+    const char *key = x.key;
     struct leftover_ctx l = {.under = key, .gc = g ? g : &all, .now = (int64_t)time(NULL)};
-    rc = xfer_local_prefix_exists(&x, url, key, err);
-    if (rc == 0)
-        rc = vmsnap_store_conn_new(x.st, &c, err);
+    rc = xfer_conn(&x, err);
+    struct vmsnap_store_conn *c = x.ctl;
     l.c = c;
     if (rc == 0)
         rc = vmsnap_store_list_uploads(c, key, xfer_abort_leftover, &l, err);
@@ -327,8 +325,6 @@ int vmsnap_xfer_gc(const char *url, const struct vmsnap_gc_opts *g,
                                          .unknown_age = l.unknown,
                                          .failed = l.failed};
     free(l.live_dir);
-    vmsnap_store_conn_free(c);
-    xfer_fini(&x, false);
-    free(key);
+    xfer_close(&x);
     return rc;
 }

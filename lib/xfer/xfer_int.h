@@ -176,9 +176,12 @@ void push_mark_fini(struct push_mark *pm);
 
 struct xfer {
     struct vmsnap_store *st;
-    char *base_key;           /* opts.base as a key in st (NULL: none) */
-    atomic_uint base_used;    /* files pushed with their base */
-    atomic_bool base_why_set; /* base_why holds why a file's base was not used */
+    char *key;                     /* the URL's key in st ("": none) */
+    struct vmsnap_store_conn *ctl; /* the caller's connection (xfer_conn), or NULL */
+    bool pool_started;             /* pool runs (xfer_start_pool) */
+    char *base_key;                /* opts.base as a key in st (NULL: none) */
+    atomic_uint base_used;         /* files pushed with their base */
+    atomic_bool base_why_set;      /* base_why holds why a file's base was not used */
     char base_why[320];
     struct xpool pool;
     struct vmsnap_xfer_opts o;
@@ -349,10 +352,14 @@ struct prefix_uploads {
 
 /* xfer_ctx.c */
 void xfer_progress_add(struct xfer *x, uint64_t bytes, uint64_t total_add);
-int xfer_init(struct xfer *x, const char *url, const struct vmsnap_xfer_opts *opts, char **key,
+/* The operations' entry: xfer_open (the store, options and key, checked), then as each needs it
+ * xfer_conn (x->ctl) and xfer_start_pool; xfer_close releases whatever of those is open. */
+enum { XFER_KEY = 1 /* a key is needed */, XFER_PREFIX = 2 /* a local prefix must exist */ };
+int xfer_open(struct xfer *x, const char *url, const struct vmsnap_xfer_opts *opts, unsigned flags,
               struct vmsnap_err *err);
+int xfer_conn(struct xfer *x, struct vmsnap_err *err);
 int xfer_start_pool(struct xfer *x, struct vmsnap_err *err);
-void xfer_fini(struct xfer *x, bool pool_started);
+void xfer_close(struct xfer *x);
 char *xfer_join_key(const char *prefix, const char *name);
 char *xfer_object_key(const char *prefix, const char *name);
 int xfer_table_sha256(const struct vmsnap_image *img, char hex[65], struct vmsnap_err *err);
@@ -443,8 +450,6 @@ void xfer_down_free(struct down *d, bool keep);
 /* xfer_ls.c */
 int xfer_collect(void *arg, const char *key, uint64_t size, int64_t mtime);
 void xfer_keys_free(struct keys *k);
-int xfer_local_prefix_exists(struct xfer *x, const char *url, const char *key,
-                             struct vmsnap_err *err);
 
 /* xfer_gc.c */
 size_t xfer_dir_len(const char *key);

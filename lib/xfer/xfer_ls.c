@@ -49,46 +49,20 @@ void xfer_keys_free(struct keys *k)
     free(k->v);
 }
 
-/* A local prefix (ls, gc) is a directory that exists: a mistyped path is not an empty store
- * (S3 cannot tell: a prefix without objects is just empty). */
-int xfer_local_prefix_exists(struct xfer *x, const char *url, const char *key,
-                             struct vmsnap_err *err)
-{
-    if (vmsnap_store_kind(x->st) != VMSNAP_STORE_LOCAL || !*key)
-        return 0;
-    char *dir = vmsnap_store_local_path(x->st, key);
-    struct stat sb;
-    int rc = 0;
-    if (!dir)
-        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-    else if (stat(dir, &sb) < 0)
-        rc = err_sys(err, "%s", url);
-    else if (!S_ISDIR(sb.st_mode))
-        rc = vmsnap_err_set(err, ENOTDIR,
-                            "%s: not a directory of sets (an object: 'vmsnap inspect' or "
-                            "'vmsnap pull' it)",
-                            url);
-    free(dir);
-    return rc;
-}
-
 int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsnap_xfer_list_fn fn,
                      void *arg, struct vmsnap_err *err)
 {
     struct xfer x;
-    char *key = NULL;
-    int rc = xfer_init(&x, url, opts, &key, err);
+    int rc = xfer_open(&x, url, opts, XFER_PREFIX, err);
     if (rc < 0)
         return rc;
-    struct vmsnap_store_conn *c = NULL;
     struct keys k = {.suffix = VMSNAP_XFER_MANIFEST, .whole_name = true};
-    char *lp = xfer_join_key(key, "");
+    char *lp = xfer_join_key(x.key, "");
     if (!lp)
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
     if (rc == 0)
-        rc = xfer_local_prefix_exists(&x, url, key, err);
-    if (rc == 0)
-        rc = vmsnap_store_conn_new(x.st, &c, err);
+        rc = xfer_conn(&x, err);
+    struct vmsnap_store_conn *c = x.ctl;
     if (rc == 0) {
         rc = vmsnap_store_list(c, lp, xfer_collect, &k, err);
         if (rc < 0 && (!err || !err->code))
@@ -124,8 +98,6 @@ int vmsnap_xfer_list(const char *url, const struct vmsnap_xfer_opts *opts, vmsna
                             url);
     xfer_keys_free(&k);
     free(lp);
-    vmsnap_store_conn_free(c);
-    xfer_fini(&x, false);
-    free(key);
+    xfer_close(&x);
     return rc;
 }

@@ -336,12 +336,10 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
     if (stats)
         memset(stats, 0, sizeof(*stats));
     struct xfer x;
-    char *key = NULL;
-    int rc = xfer_init(&x, url, opts, &key, err);
+    int rc = xfer_open(&x, url, opts, 0, err);
     if (rc < 0)
         return rc;
-    struct vmsnap_store_conn *ctl = NULL;
-    bool pool = false;
+    const char *key = x.key;
     char *mkey = xfer_join_key(key, VMSNAP_XFER_MANIFEST);
     char murl[URL_BUF];
     struct manifest m = {0};
@@ -355,13 +353,13 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
             vmsnap_err_set(err, EINVAL, "the destination %s is where the snapshot is stored", path);
         goto out;
     }
-    if ((rc = vmsnap_store_conn_new(x.st, &ctl, err)) < 0)
+    if ((rc = xfer_conn(&x, err)) < 0)
         goto out;
+    struct vmsnap_store_conn *ctl = x.ctl;
     rc = xfer_read_manifest(ctl, mkey, murl, x.o.max_size, &m, err);
     if (rc == 0) {
         if ((rc = xfer_start_pool(&x, err)) < 0)
             goto out;
-        pool = true;
         rc = pull_set(&x, ctl, key, &m, path, stats, err);
         goto out;
     }
@@ -401,7 +399,6 @@ int vmsnap_xfer_pull(const char *url, const char *path, const struct vmsnap_xfer
     }
     if ((rc = xfer_start_pool(&x, err)) < 0)
         goto out;
-    pool = true;
     struct down d = {.x = &x, .key = strdup(key)};
     if (!d.key) {
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
@@ -439,8 +436,6 @@ out:
         vmsnap_err_wrap(err, "pull %s: ", url);
     manifest_fini(&m);
     free(mkey);
-    vmsnap_store_conn_free(ctl);
-    xfer_fini(&x, pool);
-    free(key);
+    xfer_close(&x);
     return rc;
 }

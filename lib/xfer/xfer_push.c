@@ -73,15 +73,14 @@ int vmsnap_xfer_check_dest(const char *url, bool set, const struct vmsnap_xfer_o
                            struct vmsnap_err *err)
 {
     struct xfer x;
-    char *key = NULL;
-    int rc = xfer_init(&x, url, opts, &key, err); /* the options and URL, as a push takes them */
+    int rc =
+        xfer_open(&x, url, opts, XFER_KEY, err); /* the options and URL, as a push takes them */
     if (rc < 0)
         return rc;
+    const char *key = x.key;
     char p[PATH_MAX];
-    if (!*key) {
-        rc = vmsnap_err_set(err, EINVAL, "%s: a key (a path inside the bucket) is needed", url);
-    } else if (vmsnap_store_kind(x.st) == VMSNAP_STORE_LOCAL &&
-               snprintf(p, sizeof(p), "/%s", key) < (int)sizeof(p)) {
+    if (vmsnap_store_kind(x.st) == VMSNAP_STORE_LOCAL &&
+        snprintf(p, sizeof(p), "/%s", key) < (int)sizeof(p)) {
         struct stat sb;
         char *sl;
         while (lstat(p, &sb) < 0 && (sl = strrchr(p, '/')) && sl != p)
@@ -94,8 +93,7 @@ int vmsnap_xfer_check_dest(const char *url, bool set, const struct vmsnap_xfer_o
         else if (S_ISDIR(sb.st_mode) && access(p, W_OK | X_OK) < 0)
             rc = err_sys(err, "%s: cannot write in %s", url, p);
     }
-    free(key);
-    xfer_fini(&x, false);
+    xfer_close(&x);
     return rc;
 }
 
@@ -133,16 +131,10 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
     if (!S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode))
         return vmsnap_err_set(err, EINVAL, "%s: not a regular file or a directory", path);
     struct xfer x;
-    char *key = NULL;
-    int rc = xfer_init(&x, url, opts, &key, err);
+    int rc = xfer_open(&x, url, opts, XFER_KEY, err);
     if (rc < 0)
         return rc;
-    struct vmsnap_store_conn *ctl = NULL;
-    bool pool = false;
-    if (!*key) {
-        rc = vmsnap_err_set(err, EINVAL, "%s: a key (a path inside the bucket) is needed", url);
-        goto out;
-    }
+    const char *key = x.key;
     /* what would fail late is refused before anything changes (a push over a set un-commits it
      * first) */
     struct vmsnap_pack_opts cpo = {.frame_size = x.o.frame_size, .level = x.o.level};
@@ -160,9 +152,9 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
     }
     if (x.o.base && (rc = base_key_in(&x, x.o.base, err)) < 0)
         goto out;
-    if ((rc = vmsnap_store_conn_new(x.st, &ctl, err)) < 0 || (rc = xfer_start_pool(&x, err)) < 0)
+    if ((rc = xfer_conn(&x, err)) < 0 || (rc = xfer_start_pool(&x, err)) < 0)
         goto out;
-    pool = true;
+    struct vmsnap_store_conn *ctl = x.ctl;
     if (S_ISDIR(sb.st_mode)) {
         rc = xfer_push_set(&x, ctl, path, key, url, stats, err); /* (a set below a set is fine) */
     } else {
@@ -211,8 +203,6 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
              "base %s was not used (%s): every frame was compressed and uploaded", x.o.base,
              atomic_load(&x.base_why_set) ? x.base_why : "no file had one");
 out:
-    vmsnap_store_conn_free(ctl);
-    xfer_fini(&x, pool);
-    free(key);
+    xfer_close(&x);
     return rc;
 }

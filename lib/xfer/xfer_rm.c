@@ -38,11 +38,10 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
         res = &r0;
     *res = r0;
     struct xfer x;
-    char *key = NULL;
-    int rc = xfer_init(&x, url, opts, &key, err);
+    int rc = xfer_open(&x, url, opts, 0, err);
     if (rc < 0)
         return rc;
-    struct vmsnap_store_conn *c = NULL;
+    const char *key = x.key;
     char *mkey = xfer_join_key(key, VMSNAP_XFER_MANIFEST);
     char *lp = xfer_join_key(key, "");
     struct manifest m = {0};
@@ -58,8 +57,9 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
         goto out;
     }
     vmsnap_store_url(x.st, mkey, murl, sizeof(murl));
-    if ((rc = vmsnap_store_conn_new(x.st, &c, err)) < 0)
+    if ((rc = xfer_conn(&x, err)) < 0)
         goto out;
+    struct vmsnap_store_conn *c = x.ctl;
     struct vmsnap_err me = {0};
     bool unusable = false;
     int mrc = xfer_read_manifest_x(c, mkey, murl, x.o.max_size, &m, NULL, NULL, &unusable, &me);
@@ -267,8 +267,6 @@ out:
     manifest_fini(&m);
     free(mkey);
     free(lp);
-    vmsnap_store_conn_free(c);
-    xfer_fini(&x, false);
-    free(key);
+    xfer_close(&x);
     return rc;
 }
