@@ -96,161 +96,228 @@ static void keep_marks(struct leftover_ctx *l, char **keys, size_t n, int64_t ag
     }
 }
 
-/* The marks of one prefix `dir` (the part of their keys before the name). */
-static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct leftover_ctx *l,
-                           char **keys, size_t n, const char *dir)
-{
-    const struct vmsnap_gc_opts *g = l->gc;
-    struct push_mark *pm = calloc(n, sizeof(*pm));
-    struct manifest m = {0};
-    struct cand *cands = NULL;
-    size_t nc = 0;
-    char *mkey = xfer_join_key(dir, VMSNAP_XFER_MANIFEST);
-    char *lp = xfer_join_key(dir, "");
+/* gc at one prefix `dir` (the part of its marks' keys before the name): what it found there. */
+struct marks_at {
+    struct xfer *x;
+    struct vmsnap_store_conn *c;
+    struct leftover_ctx *l;
+    char **keys; /* the marks */
+    size_t n;
+    const char *dir;
     char durl[URL_BUF];
-    vmsnap_store_url(x->st, dir, durl, sizeof(durl));
-    struct vmsnap_err e = {0};
-    if (!pm || !mkey || !lp) {
-        vmsnap_err_set(&e, ENOMEM, "out of memory");
-        xfer_gc_failed(l, keys[0], &e);
-        goto out;
-    }
-    /* every mark, whole: one that cannot be read could be a running push's */
-    size_t names = 0;
-    for (size_t i = 0; i < n; i++) {
+    char *mkey;           /* the set's manifest there */
+    char *lp;             /* "<dir>/" */
+    struct push_mark *pm; /* per mark */
+    size_t names;         /* the names of every mark */
+    struct manifest m;    /* the set there, when mrc is 0 (-ENOENT: none) */
+    int mrc;
+    struct cand *cands; /* the objects gc would delete */
+    size_t nc;
+    struct prefix_seen seen; /* the first listing of the prefix */
+    int64_t age;             /* of the newest write or upload there (-1: unknown) */
+    struct vmsnap_err e;
+};
+
+/* Every mark, whole: one that cannot be read could be a running push's. False when gc leaves
+ * the prefix (said and counted). */
+static bool marks_read(struct marks_at *a)
+{
+    struct leftover_ctx *l = a->l;
+    for (size_t i = 0; i < a->n; i++) {
         char murl[URL_BUF];
-        vmsnap_store_url(x->st, keys[i], murl, sizeof(murl));
-        int rc = xfer_read_mark(c, keys[i], murl, &pm[i], &e);
+        vmsnap_store_url(a->x->st, a->keys[i], murl, sizeof(murl));
+        int rc = xfer_read_mark(a->c, a->keys[i], murl, &a->pm[i], &a->e);
         if (rc == -ENOENT) { /* gone meanwhile: a push just finished here */
-            keep_marks(l, keys, n, 0);
-            goto out;
+            keep_marks(l, a->keys, a->n, 0);
+            return false;
         }
         if (rc < 0) {
-            vlog(VMSNAP_LOG_WARN, "%s (nothing under %s removed)", e.msg, durl);
-            xfer_gc_failed(l, keys[i], &e);
-            keep_marks(l, keys, n, -1);
-            goto out;
+            vlog(VMSNAP_LOG_WARN, "%s (nothing under %s removed)", a->e.msg, a->durl);
+            xfer_gc_failed(l, a->keys[i], &a->e);
+            keep_marks(l, a->keys, a->n, -1);
+            return false;
         }
-        names += pm[i].n;
+        a->names += a->pm[i].n;
     }
+    return true;
+}
+
+/* The set there, if any: which objects are its own. */
+static bool marks_set(struct marks_at *a)
+{
     char murl[URL_BUF];
-    vmsnap_store_url(x->st, mkey, murl, sizeof(murl));
-    int mrc = xfer_read_manifest(c, mkey, murl, x->o.max_size, &m, &e);
-    if (mrc < 0 && mrc != -ENOENT) {
+    vmsnap_store_url(a->x->st, a->mkey, murl, sizeof(murl));
+    a->mrc = xfer_read_manifest(a->c, a->mkey, murl, a->x->o.max_size, &a->m, &a->e);
+    if (a->mrc < 0 && a->mrc != -ENOENT) {
         /* which objects are the set's is not known: leave them all */
-        vlog(VMSNAP_LOG_WARN, "%s (the push marks beside it are left in place)", e.msg);
-        xfer_gc_failed(l, mkey, &e);
-        keep_marks(l, keys, n, -1);
-        goto out;
+        vlog(VMSNAP_LOG_WARN, "%s (the push marks beside it are left in place)", a->e.msg);
+        xfer_gc_failed(a->l, a->mkey, &a->e);
+        keep_marks(a->l, a->keys, a->n, -1);
+        return false;
     }
-    /* the candidates: objects named by a mark, not by the manifest (once each) */
-    cands = calloc(names ? names : 1, sizeof(*cands));
-    if (!cands) {
-        vmsnap_err_set(&e, ENOMEM, "out of memory");
-        xfer_gc_failed(l, keys[0], &e);
-        goto out;
+    return true;
+}
+
+/* The candidates: objects named by a mark, not by the manifest (once each). */
+static bool marks_candidates(struct marks_at *a)
+{
+    a->cands = calloc(a->names ? a->names : 1, sizeof(*a->cands));
+    if (!a->cands) {
+        vmsnap_err_set(&a->e, ENOMEM, "out of memory");
+        xfer_gc_failed(a->l, a->keys[0], &a->e);
+        return false;
     }
-    for (size_t i = 0; i < n; i++) {
+    const struct manifest *m = &a->m;
+    for (size_t i = 0; i < a->n; i++) {
+        const struct push_mark *pm = &a->pm[i];
         /* a mark of the committed set's own push: its files are that set's; what it replaced
          * and did not remove yet (killed right after its commit) is not */
-        bool own = mrc == 0 && !strcmp(m.push_id, pm[i].push_id);
-        for (size_t j = own ? pm[i].nfiles : 0; j < pm[i].n; j++) {
+        bool own = a->mrc == 0 && !strcmp(m->push_id, pm->push_id);
+        for (size_t j = own ? pm->nfiles : 0; j < pm->n; j++) {
             bool keep = false;
-            for (size_t f = 0; mrc == 0 && f < m.n && !keep; f++)
-                keep = !strcmp(m.files[f].name, pm[i].names[j]);
-            char *k = keep ? NULL : xfer_object_key(dir, pm[i].names[j]);
-            for (size_t q = 0; k && q < nc; q++)
-                if (!strcmp(cands[q].key, k))
+            for (size_t f = 0; a->mrc == 0 && f < m->n && !keep; f++)
+                keep = !strcmp(m->files[f].name, pm->names[j]);
+            char *k = keep ? NULL : xfer_object_key(a->dir, pm->names[j]);
+            for (size_t q = 0; k && q < a->nc; q++)
+                if (!strcmp(a->cands[q].key, k))
                     free(k), k = NULL;
             if (k)
-                cands[nc++].key = k;
+                a->cands[a->nc++].key = k;
         }
     }
-    /* quiet: no key written and no upload active for older_than */
-    struct prefix_seen seen = {.newest = -1, .cands = cands, .ncands = nc, .record = true};
-    struct prefix_uploads up = {.c = c, .newest = -1};
-    int rc = vmsnap_store_list(c, lp, see_key, &seen, &e);
-    if (rc == 0 && (rc = vmsnap_store_list_uploads(c, lp, xfer_see_upload, &up, &e)) < 0 && !e.code)
-        e = up.err; /* stopped by xfer_see_upload */
+    return true;
+}
+
+/* Quiet: no key written and no upload active for older_than. */
+static bool marks_quiet(struct marks_at *a)
+{
+    struct leftover_ctx *l = a->l;
+    const struct vmsnap_gc_opts *g = l->gc;
+    a->seen =
+        (struct prefix_seen){.newest = -1, .cands = a->cands, .ncands = a->nc, .record = true};
+    struct prefix_uploads up = {.c = a->c, .newest = -1};
+    int rc = vmsnap_store_list(a->c, a->lp, see_key, &a->seen, &a->e);
+    if (rc == 0 && (rc = vmsnap_store_list_uploads(a->c, a->lp, xfer_see_upload, &up, &a->e)) < 0 &&
+        !a->e.code)
+        a->e = up.err; /* stopped by xfer_see_upload */
     if (rc < 0) {
-        vlog(VMSNAP_LOG_WARN, "cannot list %s: %s (nothing there removed)", durl, e.msg);
-        xfer_gc_failed(l, keys[0], &e);
-        keep_marks(l, keys, n, -1);
-        goto out;
+        vlog(VMSNAP_LOG_WARN, "cannot list %s: %s (nothing there removed)", a->durl, a->e.msg);
+        xfer_gc_failed(l, a->keys[0], &a->e);
+        keep_marks(l, a->keys, a->n, -1);
+        return false;
     }
-    int64_t newest = VMSNAP_MAX(seen.newest, up.newest);
-    int64_t age = newest < 0 ? -1 : xfer_age_of(l, newest);
-    if (g->older_than > 0 && (seen.unknown || up.unknown || !xfer_old_enough(g, age))) {
-        keep_marks(l, keys, n, age);
-        if (seen.unknown || up.unknown)
-            l->unknown += (unsigned)n;
-        goto out;
+    int64_t newest = VMSNAP_MAX(a->seen.newest, up.newest);
+    a->age = newest < 0 ? -1 : xfer_age_of(l, newest);
+    if (g->older_than > 0 && (a->seen.unknown || up.unknown || !xfer_old_enough(g, a->age))) {
+        keep_marks(l, a->keys, a->n, a->age);
+        if (a->seen.unknown || up.unknown)
+            l->unknown += (unsigned)a->n;
+        return false;
     }
-    if (g->dry_run) {
-        for (size_t i = 0; i < n; i++)
-            xfer_gc_report(l, VMSNAP_GC_PUSH, keys[i], age, true);
-        l->pushes += (unsigned)n;
-        for (size_t q = 0; q < nc; q++)
-            l->objects += cands[q].present;
-        goto out;
-    }
-    sys_failpoint("gc-before-delete");
-    /* Each delete right after a listing that shows the prefix as the first one did (a push
-     * started since wrote its mark, and whatever it stored is newer), in one attempt: no
-     * back-off between the check and the delete. Then the marks. */
-    unsigned done = 0;
-    for (size_t q = 0; q <= nc; q++) {
-        if (q < nc && !cands[q].present)
+    return true;
+}
+
+/* --dry-run: what would go. */
+static void marks_dry_run(struct marks_at *a)
+{
+    struct leftover_ctx *l = a->l;
+    for (size_t i = 0; i < a->n; i++)
+        xfer_gc_report(l, VMSNAP_GC_PUSH, a->keys[i], a->age, true);
+    l->pushes += (unsigned)a->n;
+    for (size_t q = 0; q < a->nc; q++)
+        l->objects += a->cands[q].present;
+}
+
+/* Each delete right after a listing that shows the prefix as the first one did (a push started
+ * since wrote its mark, and whatever it stored is newer), in one attempt: no back-off between
+ * the check and the delete. *done: the objects deleted. False when gc stopped (the marks stay). */
+static bool marks_delete_objects(struct marks_at *a, unsigned *done)
+{
+    struct leftover_ctx *l = a->l;
+    for (size_t q = 0; q <= a->nc; q++) {
+        if (q < a->nc && !a->cands[q].present)
             continue;
-        struct prefix_seen again = {.newest = -1, .cands = cands, .ncands = nc};
-        rc = vmsnap_store_list(c, lp, see_key, &again, &e);
-        if (rc < 0 || again.keys != seen.keys || again.sum != seen.sum || again.changed) {
+        struct prefix_seen again = {.newest = -1, .cands = a->cands, .ncands = a->nc};
+        int rc = vmsnap_store_list(a->c, a->lp, see_key, &again, &a->e);
+        if (rc < 0 || again.keys != a->seen.keys || again.sum != a->seen.sum || again.changed) {
             if (rc < 0)
-                xfer_gc_failed(l, keys[0], &e);
+                xfer_gc_failed(l, a->keys[0], &a->e);
             else
                 vlog(VMSNAP_LOG_WARN,
-                     "%s changed while gc looked at it (a push?): left for the next run", durl);
-            keep_marks(l, keys, n, age);
-            goto counted;
+                     "%s changed while gc looked at it (a push?): left for the next run", a->durl);
+            keep_marks(l, a->keys, a->n, a->age);
+            return false;
         }
-        if (q == nc)
+        if (q == a->nc)
             break;
-        rc = xfer_delete_once(c, cands[q].key, &e);
+        rc = xfer_delete_once(a->c, a->cands[q].key, &a->e);
         if (rc < 0 && rc != -ENOENT) {
             vlog(VMSNAP_LOG_WARN, "cannot delete %s: %s (the marks stay for the next run)",
-                 cands[q].key, e.msg);
-            xfer_gc_failed(l, cands[q].key, &e);
-            keep_marks(l, keys, n, age);
-            goto counted;
+                 a->cands[q].key, a->e.msg);
+            xfer_gc_failed(l, a->cands[q].key, &a->e);
+            keep_marks(l, a->keys, a->n, a->age);
+            return false;
         }
-        cands[q].present = false; /* gone now: the next listing must not show it */
-        done++;
+        a->cands[q].present = false; /* gone now: the next listing must not show it */
+        (*done)++;
     }
-    for (size_t i = 0; i < n; i++) {
-        rc = vmsnap_store_delete(c, keys[i], &e);
+    return true;
+}
+
+/* Then the marks (and the directory, when no set is there). */
+static void marks_delete(struct marks_at *a)
+{
+    struct leftover_ctx *l = a->l;
+    for (size_t i = 0; i < a->n; i++) {
+        int rc = vmsnap_store_delete(a->c, a->keys[i], &a->e);
         if (rc < 0 && rc != -ENOENT) {
-            xfer_gc_failed(l, keys[i], &e);
+            xfer_gc_failed(l, a->keys[i], &a->e);
             l->kept++;
             continue;
         }
-        vlog(VMSNAP_LOG_INFO, "removed the push mark %s", keys[i]);
-        xfer_gc_report(l, VMSNAP_GC_PUSH, keys[i], age, true);
+        vlog(VMSNAP_LOG_INFO, "removed the push mark %s", a->keys[i]);
+        xfer_gc_report(l, VMSNAP_GC_PUSH, a->keys[i], a->age, true);
         l->pushes++;
     }
-    if (mrc == -ENOENT)
-        vmsnap_store_tidy(c, lp);
-counted:
+    if (a->mrc == -ENOENT)
+        vmsnap_store_tidy(a->c, a->lp);
+}
+
+/* The marks of one prefix `dir`: read, checked quiet, then what they name and they go. */
+static void clean_marks_in(struct xfer *x, struct vmsnap_store_conn *c, struct leftover_ctx *l,
+                           char **keys, size_t n, const char *dir)
+{
+    struct marks_at a = {.x = x, .c = c, .l = l, .keys = keys, .n = n, .dir = dir};
+    a.pm = calloc(n, sizeof(*a.pm));
+    a.mkey = xfer_join_key(dir, VMSNAP_XFER_MANIFEST);
+    a.lp = xfer_join_key(dir, "");
+    vmsnap_store_url(x->st, dir, a.durl, sizeof(a.durl));
+    if (!a.pm || !a.mkey || !a.lp) {
+        vmsnap_err_set(&a.e, ENOMEM, "out of memory");
+        xfer_gc_failed(l, keys[0], &a.e);
+        goto out;
+    }
+    if (!marks_read(&a) || !marks_set(&a) || !marks_candidates(&a) || !marks_quiet(&a))
+        goto out;
+    if (l->gc->dry_run) {
+        marks_dry_run(&a);
+        goto out;
+    }
+    sys_failpoint("gc-before-delete");
+    unsigned done = 0;
+    if (marks_delete_objects(&a, &done))
+        marks_delete(&a);
     l->objects += done;
 out:
-    for (size_t i = 0; pm && i < n; i++)
-        push_mark_fini(&pm[i]);
-    for (size_t q = 0; q < nc; q++)
-        free(cands[q].key);
-    free(cands);
-    free(pm);
-    free(mkey);
-    free(lp);
-    manifest_fini(&m);
+    for (size_t i = 0; a.pm && i < n; i++)
+        push_mark_fini(&a.pm[i]);
+    for (size_t q = 0; q < a.nc; q++)
+        free(a.cands[q].key);
+    free(a.cands);
+    free(a.pm);
+    free(a.mkey);
+    free(a.lp);
+    manifest_fini(&a.m);
 }
 
 static int clean_marks(struct xfer *x, struct vmsnap_store_conn *c, struct leftover_ctx *l,
