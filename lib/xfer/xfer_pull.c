@@ -174,11 +174,21 @@ static int publish_set(struct xfer *x, const char *dir, struct down *ds, size_t 
     return rc;
 }
 
-static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *prefix,
-                    const struct manifest *m, const char *dir, struct vmsnap_xfer_stats *stats,
-                    struct vmsnap_err *err)
+/* A set's pull: its manifest, where it goes, and its files' downloads. */
+struct set_pull {
+    struct xfer *x;
+    struct vmsnap_store_conn *ctl;
+    const char *prefix;
+    const struct manifest *m;
+    const char *dir;
+    bool created;    /* dir was made by this pull (removed again when it fails) */
+    struct down *ds; /* per file (manifest order) */
+};
+
+/* The destination directory: there (a killed pull's leftovers dropped), or made. */
+static int pull_dir(struct set_pull *p, struct vmsnap_err *err)
 {
-    bool created = false;
+    const char *dir = p->dir;
     struct stat sb;
     if (stat(dir, &sb) == 0) {
         if (!S_ISDIR(sb.st_mode))
@@ -187,10 +197,18 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
     } else if (errno == ENOENT) {
         if (mkdir(dir, 0700) < 0)
             return err_sys(err, "mkdir %s", dir);
-        created = true;
+        p->created = true;
     } else {
         return err_sys(err, "%s", dir);
     }
+    return 0;
+}
+
+/* Room for the set: its bytes, an inode and an open file per file. */
+static int pull_room(struct set_pull *p, struct vmsnap_err *err)
+{
+    const struct manifest *m = p->m;
+    const char *dir = p->dir;
     /* Fail before downloading anything when the set cannot fit (the manifest gives every
      * file's populated bytes; the decoder writes those and leaves holes) */
     uint64_t need = 0;
@@ -200,68 +218,60 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
         need += m->files[i].populated + 4096;
     }
     struct statvfs vs;
-    if (known && statvfs(dir, &vs) == 0 && need > (uint64_t)vs.f_bavail * vs.f_frsize) {
-        if (created)
-            rmdir(dir);
+    if (known && statvfs(dir, &vs) == 0 && need > (uint64_t)vs.f_bavail * vs.f_frsize)
         return vmsnap_err_set(err, ENOSPC,
                               "%s: no space for the set: it needs %llu MiB, %llu MiB are free", dir,
                               (unsigned long long)(need >> 20),
                               (unsigned long long)(((uint64_t)vs.f_bavail * vs.f_frsize) >> 20));
-    }
     /* an inode per file, for its temporary (f_files 0: the filesystem has no fixed count) */
-    if (statvfs(dir, &vs) == 0 && vs.f_files > 0 && (uint64_t)vs.f_favail < (uint64_t)m->n) {
-        if (created)
-            rmdir(dir);
+    if (statvfs(dir, &vs) == 0 && vs.f_files > 0 && (uint64_t)vs.f_favail < (uint64_t)m->n)
         return vmsnap_err_set(err, ENOSPC,
                               "%s: no inodes for the set: its %zu files need %zu, %llu are free",
                               dir, m->n, m->n, (unsigned long long)vs.f_favail);
-    }
     /* every file's temporary stays open until the set is published: a set of more files than
      * the soft descriptor limit (often 1024) needs it raised, within the hard limit, for the
      * temporaries, every pool connection (a socket and curl's own descriptors: up to 4 each),
      * stdio and the libraries' own */
     struct rlimit rl;
-    const rlim_t want = (rlim_t)m->n + 4 * (rlim_t)(x->pool.n + 1) + 64;
+    const rlim_t want = (rlim_t)m->n + 4 * (rlim_t)(p->x->pool.n + 1) + 64;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && want > rl.rlim_cur) {
-        if (rl.rlim_max != RLIM_INFINITY && want > rl.rlim_max) {
-            if (created)
-                rmdir(dir);
+        if (rl.rlim_max != RLIM_INFINITY && want > rl.rlim_max)
             return vmsnap_err_set(err, EMFILE,
                                   "a set of %zu files needs %llu open files; the hard limit is "
                                   "%llu (ulimit -Hn)",
                                   m->n, (unsigned long long)want, (unsigned long long)rl.rlim_max);
-        }
         rl.rlim_cur = want;
         (void)setrlimit(RLIMIT_NOFILE, &rl);
     }
-    struct down *ds = calloc(m->n ? m->n : 1, sizeof(*ds));
-    if (!ds) {
-        if (created)
-            rmdir(dir);
-        return vmsnap_err_set(err, ENOMEM, "out of memory");
-    }
+    return 0;
+}
+
+/* Largest object first, opened here on `ctl` and dispatched at once; the others are opened in
+ * parallel on the pool's connections meanwhile (one or two GETs each) and dispatched as they
+ * come in, so a set costs about two round trips before its largest file streams, however many
+ * files it has. A file is started when its d->x is set (down_finish then owes it). */
+static int pull_dispatch(struct set_pull *p, struct vmsnap_err *err)
+{
+    struct xfer *x = p->x;
+    const struct manifest *m = p->m;
+    struct down *ds = p->ds;
     int rc = 0;
-    /* Largest object first, opened here on `ctl` and dispatched at once; the others are opened
-     * in parallel on the pool's connections meanwhile (one or two GETs each) and dispatched as
-     * they come in, so a set costs about two round trips before its largest file streams,
-     * however many files it has. */
     size_t *order = calloc(m->n ? m->n : 1, sizeof(*order));
     if (!order)
-        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-    for (size_t i = 0; order && i < m->n; i++)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    for (size_t i = 0; i < m->n; i++)
         order[i] = i;
-    if (order)
-        qsort_r(order, m->n, sizeof(*order), cmp_objsize_desc, m->files);
+    qsort_r(order, m->n, sizeof(*order), cmp_objsize_desc, m->files);
     char path0[4352] = "";
     /* at most one open per pool thread ahead of the dispatch: the bytes read when opening
      * (up to TAIL_READ per file) stay bounded for a set of many files */
     size_t ahead = x->pool.n ? x->pool.n : 1, started = 0;
-    for (size_t k = 0; k < m->n && order; k++) {
+    for (size_t k = 0; k < m->n; k++) {
         while (rc == 0 && started < m->n && started <= k + ahead) {
             size_t i = order[started];
             struct down *d = &ds[i];
             d->mf = &m->files[i];
-            d->key = xfer_object_key(prefix, m->files[i].name);
+            d->key = xfer_object_key(p->prefix, m->files[i].name);
             struct open_task *ot = started ? calloc(1, sizeof(*ot)) : NULL;
             if (!d->key || (started && !ot)) {
                 free(ot);
@@ -273,11 +283,11 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
             xfer_down_init(d);
             d->x = x; /* marks it started: finished and freed below */
             if (started++ == 0) {
-                snprintf(path0, sizeof(path0), "%s/%s", dir, m->files[i].name);
+                snprintf(path0, sizeof(path0), "%s/%s", p->dir, m->files[i].name);
                 xfer_down_prefetch(d);
                 continue;
             }
-            snprintf(ot->dst, sizeof(ot->dst), "%s/%s", dir, m->files[i].name);
+            snprintf(ot->dst, sizeof(ot->dst), "%s/%s", p->dir, m->files[i].name);
             ot->t.run = xfer_down_open_run;
             ot->d = d;
             xpool_submit(&x->pool, &ot->t);
@@ -287,7 +297,7 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
             break;
         int r;
         if (k == 0) {
-            r = rc == 0 ? xfer_down_open(d, ctl, path0, err) : -ECANCELED;
+            r = rc == 0 ? xfer_down_open(d, p->ctl, path0, err) : -ECANCELED;
             d->opened = true;
         } else {
             pthread_mutex_lock(&d->mu);
@@ -307,11 +317,30 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
             rc = r;
     }
     free(order);
+    return rc;
+}
+
+static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *prefix,
+                    const struct manifest *m, const char *dir, struct vmsnap_xfer_stats *stats,
+                    struct vmsnap_err *err)
+{
+    struct set_pull p = {.x = x, .ctl = ctl, .prefix = prefix, .m = m, .dir = dir};
+    int rc = pull_dir(&p, err);
+    if (rc < 0)
+        return rc;
+    if ((rc = pull_room(&p, err)) < 0)
+        goto undo_mkdir;
+    p.ds = calloc(m->n ? m->n : 1, sizeof(*p.ds));
+    if (!p.ds) {
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+        goto undo_mkdir;
+    }
+    rc = pull_dispatch(&p, err);
     for (size_t i = 0; i < m->n; i++) {
-        if (!ds[i].x)
+        if (!p.ds[i].x)
             continue;
         struct vmsnap_err e = {0};
-        int r = xfer_down_finish(&ds[i], ds[i].start_rc, &e);
+        int r = xfer_down_finish(&p.ds[i], p.ds[i].start_rc, &e);
         if (r < 0 && rc == 0) {
             rc = r;
             if (err)
@@ -320,12 +349,13 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
     }
     /* all verified: publish every file (all were started when rc is 0) */
     if (rc == 0)
-        rc = publish_set(x, dir, ds, m->n, stats, err);
+        rc = publish_set(x, dir, p.ds, m->n, stats, err);
     for (size_t i = 0; i < m->n; i++)
-        if (ds[i].x)
-            xfer_down_free(&ds[i], false);
-    free(ds);
-    if (rc < 0 && created)
+        if (p.ds[i].x)
+            xfer_down_free(&p.ds[i], false);
+    free(p.ds);
+undo_mkdir:
+    if (rc < 0 && p.created)
         rmdir(dir);
     return rc;
 }
