@@ -469,6 +469,118 @@ static void enc_kick(void *arg)
     xpool_kick(arg);
 }
 
+/* Encode `fd` into the upload (the parts go out on the pool) and send its last bytes: a single
+ * PUT if no part was flushed (and the caller takes no upload), else the last part. */
+static int up_pack(struct up *u, int fd, const char *path, struct vmsnap_image *base,
+                   const struct deferred *def, struct vmsnap_image_stats *stats,
+                   struct vmsnap_err *perr, struct vmsnap_err *ferr)
+{
+    struct xfer *x = u->x;
+    struct vmsnap_sink sink = {sink_write, u, base ? sink_copy : NULL};
+    const struct vmsnap_pack_mem mem = {.acquire = enc_acquire,
+                                        .try_acquire = enc_try_acquire,
+                                        .release = enc_release,
+                                        .over = enc_over,
+                                        .kick = enc_kick,
+                                        .arg = &x->pool};
+    struct vmsnap_pack_opts po = {.threads = x->o.threads,
+                                  .frame_size = x->o.frame_size,
+                                  .level = x->o.level,
+                                  .base = base,
+                                  .mem = &mem};
+    int rc = vmsnap_image_pack_fd(fd, path, &sink, &po, stats, perr);
+    if (rc == 0 && u->run_n) /* the encoder always ends with written frames; be safe */
+        rc = place_run(u, ferr);
+    if (rc == 0) {
+        /* the last bytes: a single PUT if no part was flushed, else the last part + complete */
+        if (!u->upload_id && !def) {
+            rc = vmsnap_store_put(u->ctl, u->key, u->cur ? (const void *)u->cur : "", u->cur_len,
+                                  ferr);
+            if (rc == 0)
+                xfer_progress_add(x, u->cur_len, 0);
+        } else if (u->cur_len > 0) {
+            rc = flush_part(u, ferr);
+        }
+    }
+    return rc;
+}
+
+/* The upload left for the caller to complete: its now (not aborted, not swept here). */
+static void up_hand_over(struct up *u, struct deferred *def)
+{
+    def->upload_id = u->upload_id;
+    /* the list is sized for S3's 10,000 parts (~1 MB): kept for long, only what is used */
+    struct vmsnap_store_part *pp = realloc(u->parts, (u->nparts ? u->nparts : 1) * sizeof(*pp));
+    def->parts = pp ? pp : u->parts;
+    def->nparts = u->nparts;
+    u->upload_id = NULL;
+    u->parts = NULL;
+}
+
+/* The completion is not cut short by a cancel: asked for, it runs to its answer. */
+static int up_complete(struct up *u, struct vmsnap_err *ferr)
+{
+    int rc = cancel_check(ferr);
+    if (rc < 0)
+        return rc;
+    cancel_hold();
+    rc = vmsnap_store_mpu_complete(u->ctl, u->key, u->upload_id, u->parts, u->nparts, ferr);
+    cancel_release();
+    if (rc == -ENOENT) /* NoSuchUpload, or RGW's NoSuchKey: aborted or removed meanwhile */
+        vmsnap_err_wrap(ferr, "the upload was aborted or removed while it completed (another push "
+                              "to the same place at the same time?); NOT stored there: ");
+    return rc;
+}
+
+static void abort_upload(struct vmsnap_store_conn *ctl, const char *key, const char *upload_id)
+{
+    struct vmsnap_err ae = {0};
+    if (vmsnap_store_mpu_abort(ctl, key, upload_id, &ae) < 0)
+        vlog(VMSNAP_LOG_WARN, "cannot abort the upload of %s (run 'vmsnap gc'): %s", key, ae.msg);
+}
+
+/* After the upload (`rc`: how it went): a failed one aborted, this key's leftover uploads swept,
+ * the part buffer given back. */
+static void up_settle(struct up *u, int rc)
+{
+    struct xfer *x = u->x;
+    if (rc < 0 && u->upload_id)
+        abort_upload(u->ctl, u->key, u->upload_id);
+    if (u->upload_id) {
+        /* CreateMultipartUpload is not idempotent: when an answer is lost and the request
+         * retried, the server holds an upload nobody will finish. Sweep this key's uploads (ours
+         * is complete or aborted by now, so it is not listed). */
+        struct leftover_ctx l = {.exact = u->key, .c = u->ctl};
+        struct vmsnap_err le = {0};
+        cancel_hold();
+        if (vmsnap_store_list_uploads(u->ctl, u->key, xfer_abort_leftover, &l, &le) < 0)
+            vlog(VMSNAP_LOG_WARN, "cannot list unfinished uploads of %s (run 'vmsnap gc'): %s",
+                 u->key, le.msg);
+        cancel_release();
+    }
+    if (u->cur) {
+        xpool_fill(&x->pool, -(int64_t)u->cur_cap);
+        xpool_buf_free(&x->pool, u->cur);
+        xpool_mem_release(&x->pool, u->cur_cap);
+    }
+}
+
+/* The manifest entry of the stored object: sizes, digest, its first bytes. */
+static void up_entry(const struct up *u, const struct vmsnap_image_stats *stats,
+                     const unsigned char md[32], struct mf_file *mf)
+{
+    mf->detail = true;
+    mf->size = stats->total_size;
+    mf->populated = stats->populated;
+    mf->object_size = u->total;
+    mf->table_digest = true;
+    mf->copied = u->copied;
+    xfer_hex32(md, mf->sha256);
+    _Static_assert(sizeof(mf->prefix) == VMSNAP_IMAGE_PREFIX_LEN, "prefix length");
+    memcpy(mf->prefix, u->prefix, sizeof(mf->prefix));
+    mf->have_prefix = u->total >= VMSNAP_IMAGE_PREFIX_LEN;
+}
+
 /* Push the open regular file `fd` to `key`, reusing the frames of `base` (NULL: none) that did
  * not change. Fills the manifest entry (sizes, digest). With `def`, the object is left as a
  * multipart upload for the caller to complete (one part when it is small). */
@@ -485,59 +597,17 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
         EVP_MD_CTX_free(u.sha);
         return vmsnap_err_set(err, ENOMEM, "sha256 context");
     }
-    struct vmsnap_sink sink = {sink_write, &u, base ? sink_copy : NULL};
-    const struct vmsnap_pack_mem mem = {.acquire = enc_acquire,
-                                        .try_acquire = enc_try_acquire,
-                                        .release = enc_release,
-                                        .over = enc_over,
-                                        .kick = enc_kick,
-                                        .arg = &x->pool};
-    struct vmsnap_pack_opts po = {.threads = x->o.threads,
-                                  .frame_size = x->o.frame_size,
-                                  .level = x->o.level,
-                                  .base = base,
-                                  .mem = &mem};
     struct vmsnap_image_stats stats = {0};
-    struct vmsnap_err perr = {0};
-    int rc = vmsnap_image_pack_fd(fd, path, &sink, &po, &stats, &perr);
-    struct vmsnap_err ferr = {0};
-    if (rc == 0 && u.run_n) /* the encoder always ends with written frames; be safe */
-        rc = place_run(&u, &ferr);
-    if (rc == 0) {
-        /* the last bytes: a single PUT if no part was flushed, else the last part + complete */
-        if (!u.upload_id && !def) {
-            rc = vmsnap_store_put(ctl, key, u.cur ? (const void *)u.cur : "", u.cur_len, &ferr);
-            if (rc == 0)
-                xfer_progress_add(x, u.cur_len, 0);
-        } else if (u.cur_len > 0) {
-            rc = flush_part(&u, &ferr);
-        }
-    }
+    struct vmsnap_err perr = {0}, ferr = {0};
+    int rc = up_pack(&u, fd, path, base, def, &stats, &perr, &ferr);
     up_wait(&u);
     if (rc == 0 && u.rc == 0 && def && !u.upload_id) /* the encoder always writes bytes */
         rc = vmsnap_err_set(&ferr, EIO, "%s: nothing to store", path);
-    bool handed = false;
-    if (rc == 0 && u.rc == 0 && def) {
-        /* left for the caller: the upload is its now (not aborted, not swept below) */
-        handed = true;
-        def->upload_id = u.upload_id;
-        /* the list is sized for S3's 10,000 parts (~1 MB): kept for long, only what is used */
-        struct vmsnap_store_part *pp = realloc(u.parts, (u.nparts ? u.nparts : 1) * sizeof(*pp));
-        def->parts = pp ? pp : u.parts;
-        def->nparts = u.nparts;
-        u.upload_id = NULL;
-        u.parts = NULL;
-    }
-    /* the completion is not cut short by a cancel: asked for, it runs to its answer */
-    if (rc == 0 && u.rc == 0 && u.upload_id && (rc = cancel_check(&ferr)) == 0) {
-        cancel_hold();
-        rc = vmsnap_store_mpu_complete(ctl, key, u.upload_id, u.parts, u.nparts, &ferr);
-        cancel_release();
-        if (rc == -ENOENT) /* NoSuchUpload, or RGW's NoSuchKey: aborted or removed meanwhile */
-            vmsnap_err_wrap(&ferr,
-                            "the upload was aborted or removed while it completed (another push "
-                            "to the same place at the same time?); NOT stored there: ");
-    }
+    bool handed = rc == 0 && u.rc == 0 && def;
+    if (handed)
+        up_hand_over(&u, def);
+    if (rc == 0 && u.rc == 0 && u.upload_id)
+        rc = up_complete(&u, &ferr);
     if (u.rc < 0) { /* a part failed: that is the cause, whatever the encoder said */
         rc = u.rc;
         if (err)
@@ -546,29 +616,7 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
         if (err)
             *err = ferr.code ? ferr : perr;
     }
-    if (rc < 0 && u.upload_id) {
-        struct vmsnap_err ae = {0};
-        if (vmsnap_store_mpu_abort(ctl, key, u.upload_id, &ae) < 0)
-            vlog(VMSNAP_LOG_WARN, "cannot abort the upload of %s (run 'vmsnap gc'): %s", key,
-                 ae.msg);
-    }
-    if (u.upload_id) {
-        /* CreateMultipartUpload is not idempotent: when an answer is lost and the request
-         * retried, the server holds an upload nobody will finish. Sweep this key's uploads (ours
-         * is complete or aborted by now, so it is not listed). */
-        struct leftover_ctx l = {.exact = key, .c = ctl};
-        struct vmsnap_err le = {0};
-        cancel_hold();
-        if (vmsnap_store_list_uploads(ctl, key, xfer_abort_leftover, &l, &le) < 0)
-            vlog(VMSNAP_LOG_WARN, "cannot list unfinished uploads of %s (run 'vmsnap gc'): %s", key,
-                 le.msg);
-        cancel_release();
-    }
-    if (u.cur) {
-        xpool_fill(&x->pool, -(int64_t)u.cur_cap);
-        xpool_buf_free(&x->pool, u.cur);
-        xpool_mem_release(&x->pool, u.cur_cap);
-    }
+    up_settle(&u, rc);
     unsigned char md[32];
     unsigned mdl = 0;
     EVP_DigestFinal_ex(u.sha, md, &mdl);
@@ -579,26 +627,13 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
     if (rc == 0 && !u.table_seen)
         rc = vmsnap_err_set(err, EIO, "%s: the encoder wrote no seek table", path);
     if (rc < 0 && handed) { /* not the caller's after all (it may push the file again) */
-        struct vmsnap_err ae = {0};
-        if (vmsnap_store_mpu_abort(ctl, key, def->upload_id, &ae) < 0)
-            vlog(VMSNAP_LOG_WARN, "cannot abort the upload of %s (run 'vmsnap gc'): %s", key,
-                 ae.msg);
+        abort_upload(ctl, key, def->upload_id);
         free(def->upload_id);
         free(def->parts);
         *def = (struct deferred){0};
     }
-    if (rc == 0 && mf) {
-        mf->detail = true;
-        mf->size = stats.total_size;
-        mf->populated = stats.populated;
-        mf->object_size = u.total;
-        mf->table_digest = true;
-        mf->copied = u.copied;
-        xfer_hex32(md, mf->sha256);
-        _Static_assert(sizeof(mf->prefix) == VMSNAP_IMAGE_PREFIX_LEN, "prefix length");
-        memcpy(mf->prefix, u.prefix, sizeof(mf->prefix));
-        mf->have_prefix = u.total >= VMSNAP_IMAGE_PREFIX_LEN;
-    }
+    if (rc == 0 && mf)
+        up_entry(&u, &stats, md, mf);
     if (rc == 0 && base)
         vlog(VMSNAP_LOG_INFO,
              "%s: %llu of %llu frames reused from the base: %llu bytes copied by the store, %llu "
