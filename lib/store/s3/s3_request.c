@@ -368,54 +368,61 @@ static int abort_cb(void *arg, curl_off_t dlt, curl_off_t dln, curl_off_t ult, c
     return req_abortable(arg) && cancel_pending();
 }
 
-/* One attempt. Returns 0 for a 2xx, 1 for "retry", <0 for a final error (err filled). */
-static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err *err)
-{
-    const struct s3_config *cfg = &c->st->s3;
-    struct s3_conn *sc = c->impl;
-    CURL *h = sc->h;
+/* Where a request goes: its path and query (both signed), its Host and the whole URL. */
+struct target {
     char path[4200], query[8400], host[400], url[16384];
-    int rc = build_target(cfg, r, path, sizeof(path), query, sizeof(query));
+};
+
+static int attempt_target(const struct s3_config *cfg, const struct req *r, struct target *t,
+                          struct vmsnap_err *err)
+{
+    int rc = build_target(cfg, r, t->path, sizeof(t->path), t->query, sizeof(t->query));
     if (rc < 0)
         return vmsnap_err_set(err, -rc, "%s://%s/%s: key or query too long", cfg->url_scheme,
                               cfg->bucket, r->key);
-    host_header(cfg, host, sizeof(host));
-    int un = snprintf(url, sizeof(url), "%s://%s%s%s%s", cfg->scheme, host, path,
-                      query[0] ? "?" : "", query);
-    if (un < 0 || (size_t)un >= sizeof(url))
+    host_header(cfg, t->host, sizeof(t->host));
+    int un = snprintf(t->url, sizeof(t->url), "%s://%s%s%s%s", cfg->scheme, t->host, t->path,
+                      t->query[0] ? "?" : "", t->query);
+    if (un < 0 || (size_t)un >= sizeof(t->url))
         return vmsnap_err_set(err, ENAMETOOLONG, "%s://%s/%s: URL too long", cfg->url_scheme,
                               cfg->bucket, r->key);
+    return 0;
+}
 
+/* The request's headers, signed (SigV4): *out for the caller to free. */
+static int signed_headers(const struct s3_config *cfg, const struct req *r, const struct target *t,
+                          struct curl_slist **out, struct vmsnap_err *err)
+{
     char phash[65];
     if (r->has_body && r->body_len > SIGN_BODY_MAX)
         snprintf(phash, sizeof(phash), "UNSIGNED-PAYLOAD");
     else
         sigv4_sha256_hex(r->has_body ? r->body : "", r->has_body ? r->body_len : 0, phash);
     char amzdate[20];
-    time_t t = time(NULL);
+    time_t now = time(NULL);
     struct tm tm;
-    gmtime_r(&t, &tm);
+    gmtime_r(&now, &tm);
     strftime(amzdate, sizeof(amzdate), "%Y%m%dT%H%M%SZ", &tm);
 
     struct sigv4_header sh[4 + REQ_MAX_XH] = {
-        {"host", host}, {"x-amz-content-sha256", phash}, {"x-amz-date", amzdate}};
+        {"host", t->host}, {"x-amz-content-sha256", phash}, {"x-amz-date", amzdate}};
     size_t nsh = 3;
     if (cfg->session_token)
         sh[nsh++] = (struct sigv4_header){"x-amz-security-token", cfg->session_token};
     for (size_t i = 0; i < r->nxh && i < REQ_MAX_XH; i++)
         sh[nsh++] = r->xh[i];
     char auth[1024];
-    struct sigv4_input in = {r->method,      path,    query,       sh,   nsh,
-                             phash,          amzdate, cfg->region, "s3", cfg->access_key,
-                             cfg->secret_key};
-    rc = sigv4_authorization(&in, auth, sizeof(auth));
+    struct sigv4_input in = {r->method, t->path,         t->query,       sh,
+                             nsh,       phash,           amzdate,        cfg->region,
+                             "s3",      cfg->access_key, cfg->secret_key};
+    int rc = sigv4_authorization(&in, auth, sizeof(auth));
     if (rc < 0)
         return vmsnap_err_set(err, -rc, "signing request for %s://%s/%s failed", cfg->url_scheme,
                               cfg->bucket, r->key);
 
     struct curl_slist *hl = NULL;
     char line[4096]; /* an x-amz-copy-source of a 1024-byte key encodes to ~3.1 KB */
-    snprintf(line, sizeof(line), "Host: %s", host);
+    snprintf(line, sizeof(line), "Host: %s", t->host);
     hl = curl_slist_append(hl, line);
     snprintf(line, sizeof(line), "x-amz-content-sha256: %s", phash);
     hl = curl_slist_append(hl, line);
@@ -446,7 +453,16 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
         hl = curl_slist_append(hl, "Content-Type: application/octet-stream");
     if (!hl)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
+    *out = hl;
+    return 0;
+}
 
+/* The connection's handle set up for one attempt of `r` (reset first: nothing of the request
+ * before stays), and the request's per-attempt state cleared. */
+static void setup_handle(struct s3_conn *sc, const struct s3_config *cfg, struct req *r,
+                         const char *url, struct curl_slist *hl)
+{
+    CURL *h = sc->h;
     curl_easy_reset(h);
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
@@ -498,17 +514,13 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
     curl_easy_setopt(h, CURLOPT_NOPROGRESS, req_abortable(r) ? 0L : 1L);
     curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, abort_cb);
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, r);
-    double t0 = mono_now();
-    CURLcode cc = curl_easy_perform(h);
-    curl_slist_free_all(hl);
-    long status = 0;
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
-    if (status)
-        r->status = status;
-    vlog(VMSNAP_LOG_DEBUG, "s3: %s %s/%s%s%s -> %ld%s%s (%.3f s)", r->method, cfg->bucket, r->key,
-         query[0] ? "?" : "", query, r->status, cc ? " curl: " : "",
-         cc ? curl_easy_strerror(cc) : "", mono_now() - t0);
+}
 
+/* What an attempt's answer means: 0 for a 2xx, 1 for "retry", <0 for a final error (err
+ * filled). */
+static int attempt_outcome(const struct s3_config *cfg, struct req *r, CURLcode cc,
+                           struct vmsnap_err *err)
+{
     if (cc == CURLE_ABORTED_BY_CALLBACK && cancel_check(err) < 0)
         return -ECANCELED;
     if (r->cb_err) {
@@ -571,6 +583,32 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
         return 1;
     }
     return http_error(cfg, r, err);
+}
+
+/* One attempt. Returns 0 for a 2xx, 1 for "retry", <0 for a final error (err filled). */
+static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err *err)
+{
+    const struct s3_config *cfg = &c->st->s3;
+    struct s3_conn *sc = c->impl;
+    struct target t;
+    struct curl_slist *hl = NULL;
+    int rc = attempt_target(cfg, r, &t, err);
+    if (rc == 0)
+        rc = signed_headers(cfg, r, &t, &hl, err);
+    if (rc < 0)
+        return rc;
+    setup_handle(sc, cfg, r, t.url, hl);
+    double t0 = mono_now();
+    CURLcode cc = curl_easy_perform(sc->h);
+    curl_slist_free_all(hl);
+    long status = 0;
+    curl_easy_getinfo(sc->h, CURLINFO_RESPONSE_CODE, &status);
+    if (status)
+        r->status = status;
+    vlog(VMSNAP_LOG_DEBUG, "s3: %s %s/%s%s%s -> %ld%s%s (%.3f s)", r->method, cfg->bucket, r->key,
+         t.query[0] ? "?" : "", t.query, r->status, cc ? " curl: " : "",
+         cc ? curl_easy_strerror(cc) : "", mono_now() - t0);
+    return attempt_outcome(cfg, r, cc, err);
 }
 
 int s3_perform(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err *err)
