@@ -27,14 +27,8 @@ int xfer_collect(void *arg, const char *key, uint64_t size, int64_t mtime)
         return 0;
     if (k->n >= 1000000)
         return -E2BIG;
-    if (k->n == k->cap) {
-        size_t cap = k->cap ? k->cap * 2 : 16;
-        char **nv = realloc(k->v, cap * sizeof(*nv));
-        if (!nv)
-            return -ENOMEM;
-        k->v = nv;
-        k->cap = cap;
-    }
+    if (grow_array(&k->v, &k->cap, k->n + 1, sizeof(*k->v), 16) < 0)
+        return -ENOMEM;
     k->v[k->n] = strdup(key);
     if (!k->v[k->n])
         return -ENOMEM;

@@ -97,18 +97,11 @@ int xfer_see_prior(void *arg, const char *key, uint64_t size, int64_t mtime)
     char id[33];
     if (strchr(key + p->lpn, '/') || !xfer_mark_name(xfer_key_base(key), id))
         return 0;
-    if (p->n == p->cap) {
-        size_t nc = p->cap ? 2 * p->cap : 8;
-        char **k = realloc(p->keys, nc * sizeof(*k));
-        if (k)
-            p->keys = k;
-        int64_t *m = k ? realloc(p->mtimes, nc * sizeof(*m)) : NULL;
-        if (m)
-            p->mtimes = m;
-        if (!k || !m)
-            return -ENOMEM;
-        p->cap = nc;
-    }
+    size_t kc = p->cap, mc = p->cap; /* the two arrays grow alike: p->cap once both did */
+    if (grow_array(&p->keys, &kc, p->n + 1, sizeof(*p->keys), 8) < 0 ||
+        grow_array(&p->mtimes, &mc, p->n + 1, sizeof(*p->mtimes), 8) < 0)
+        return -ENOMEM;
+    p->cap = kc;
     if (!(p->keys[p->n] = strdup(key)))
         return -ENOMEM;
     p->mtimes[p->n++] = mtime;

@@ -127,14 +127,9 @@ static int scan_set(const char *dir, struct mf_file **out, size_t *n, struct vms
             rc = vmsnap_err_set(err, EINVAL, "%s: more than %u files", dir, VMSNAP_XFER_MAX_FILES);
             break;
         }
-        if (*n == cap) {
-            cap = cap ? cap * 2 : 16;
-            struct mf_file *nv = realloc(v, cap * sizeof(*v));
-            if (!nv) {
-                rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-                break;
-            }
-            v = nv;
+        if (grow_array(&v, &cap, *n + 1, sizeof(*v), 16) < 0) {
+            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+            break;
         }
         memset(&v[*n], 0, sizeof(v[*n]));
         v[*n].name = strdup(name);

@@ -370,14 +370,8 @@ static int sink_copy(void *arg, const struct vmsnap_frame_info *f, struct vmsnap
         if (l->offset + l->csize != f->offset && (rc = place_run(u, err)) < 0)
             return rc;
     }
-    if (u->run_n == u->run_cap) {
-        size_t cap = u->run_cap ? u->run_cap * 2 : 64;
-        struct vmsnap_frame_info *r = realloc(u->run, cap * sizeof(*r));
-        if (!r)
-            return vmsnap_err_set(err, ENOMEM, "out of memory");
-        u->run = r;
-        u->run_cap = cap;
-    }
+    if (grow_array(&u->run, &u->run_cap, u->run_n + 1, sizeof(*u->run), 64) < 0)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
     u->run[u->run_n++] = *f;
     u->run_bytes += f->csize;
     u->total += f->csize;
