@@ -75,12 +75,8 @@ static void end_mark(const struct set_push *s, const char *url, bool left)
 
 /* A failed push removes what it stored, unless another push committed a set there meanwhile
  * (the objects may be that push's now). Clean-up: runs after a cancel too. */
-static void remove_pushed(const struct set_push *s)
+static void remove_pushed(const struct set_push *s, const char *lp, const char *url)
 {
-    cancel_hold();
-    char url[URL_BUF];
-    vmsnap_store_url(s->x->st, s->prefix, url, sizeof(url));
-    char *lp = xfer_join_key(s->prefix, "");
     /* Every object of the set's names, written by this push or not: what it did not replace yet
      * belongs to the set it un-committed (dead, and left unlisted it kept a full store full and
      * the next push failed the same way), or is an object the push would have replaced; and the
@@ -109,8 +105,6 @@ static void remove_pushed(const struct set_push *s)
     end_mark(s, url, left);
     if (!left && lp)
         vmsnap_store_tidy(s->ctl, lp);
-    free(lp);
-    cancel_release();
 }
 
 /* A push that fails after its un-commit, before it stored over any object of the set it
@@ -120,14 +114,10 @@ static void remove_pushed(const struct set_push *s)
  * for byte: the set is visible again, whole. Not when another push is there meanwhile (its mark,
  * or a manifest): that one owns the prefix. True when the set is back. Runs after a cancel too.
  * What remains is one request's window between the last listing and the PUT. */
-static bool restore_old(const struct set_push *s)
+static bool restore_old(const struct set_push *s, const char *lp, const char *url)
 {
     if (!s->old_raw || !s->in_old || s->overwrote)
         return false;
-    cancel_hold();
-    char url[URL_BUF];
-    vmsnap_store_url(s->x->st, s->prefix, url, sizeof(url));
-    char *lp = xfer_join_key(s->prefix, "");
     bool ok = lp != NULL, back = false, left = false;
     struct vmsnap_err e = {0};
     /* a failed delete stops the deletes, not the restore: the mark names what is left, the
@@ -158,8 +148,6 @@ static bool restore_old(const struct set_push *s)
         vlog(VMSNAP_LOG_WARN, "%s: the set this push was replacing is in place again", url);
         end_mark(s, url, left);
     }
-    free(lp);
-    cancel_release();
     return back;
 }
 
@@ -199,19 +187,13 @@ bool xfer_remove_replaced(const struct set_push *s)
  * under names that set does not have goes, each after a check that the set there is still that
  * one and no other push is there; then the mark. Otherwise both stay for gc (a mark beside a
  * committed set: gc removes only what that set does not name). Runs after a cancel too. */
-static void remove_new_names(const struct set_push *s)
+static void remove_new_names(const struct set_push *s, const char *lp, const char *url)
 {
-    cancel_hold();
-    char url[URL_BUF];
-    vmsnap_store_url(s->x->st, s->prefix, url, sizeof(url));
-    char *lp = xfer_join_key(s->prefix, "");
     bool left = !lp;
     for (size_t i = 0; i < s->n && !left; i++)
         if (!s->in_old[i])
             left = guarded_delete(s, lp, OLD_SET_THERE, s->files[i].name, url, "", NULL) >= GUARDED;
     end_mark(s, url, left);
-    free(lp);
-    cancel_release();
 }
 
 /* After a failure: a set this push read and has not un-committed yet stays, and what this push
@@ -219,8 +201,14 @@ static void remove_new_names(const struct set_push *s)
  * goes (no set there, or one un-committed unread: a corrupt manifest). */
 void xfer_push_failed(const struct set_push *s, bool uncommitted)
 {
+    cancel_hold(); /* the clean-up runs after a cancel too */
+    char url[URL_BUF];
+    vmsnap_store_url(s->x->st, s->prefix, url, sizeof(url));
+    char *lp = xfer_join_key(s->prefix, ""); /* NULL (out of memory): everything stays for gc */
     if (!uncommitted && s->in_old)
-        remove_new_names(s);
-    else if (!restore_old(s))
-        remove_pushed(s);
+        remove_new_names(s, lp, url);
+    else if (!restore_old(s, lp, url))
+        remove_pushed(s, lp, url);
+    free(lp);
+    cancel_release();
 }
