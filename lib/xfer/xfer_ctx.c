@@ -132,6 +132,19 @@ void xfer_close(struct xfer *x)
     free(x->key);
 }
 
+/* A pool task of a job (an upload's part, a download's group) about to start: it is skipped when
+ * the job failed already (*job_rc, read under `mu`) or after a cancel (queued work does not go
+ * out then: *rc and *e say so). */
+bool xfer_task_skip(pthread_mutex_t *mu, const int *job_rc, int *rc, struct vmsnap_err *e)
+{
+    pthread_mutex_lock(mu);
+    bool skip = *job_rc != 0;
+    pthread_mutex_unlock(mu);
+    if (!skip && (*rc = cancel_check(e)) < 0)
+        skip = true;
+    return skip;
+}
+
 /* The tableSha256 of an opened image with a seek table, in hex: SHA-256 of its first bytes and
  * its seek table, the very bytes the table was parsed from (the manifest's "tableSha256"). */
 int xfer_table_sha256(const struct vmsnap_image *img, char hex[65], struct vmsnap_err *err)

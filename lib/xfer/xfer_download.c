@@ -63,11 +63,7 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
     struct grp *g = &d->g[gt->gi];
     struct vmsnap_err e = {0};
     int rc = 0;
-    pthread_mutex_lock(&d->mu);
-    bool skip = d->rc != 0;
-    pthread_mutex_unlock(&d->mu);
-    if (!skip && (rc = cancel_check(&e)) < 0)
-        skip = true;
+    bool skip = xfer_task_skip(&d->mu, &d->rc, &rc, &e);
     uint8_t *buf = skip ? NULL : xpool_buf_alloc(&d->x->pool, g->len ? g->len : 1);
     if (!skip && !buf)
         rc = vmsnap_err_set(&e, ENOMEM, "out of memory (%llu-byte group)",

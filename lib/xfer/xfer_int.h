@@ -362,6 +362,7 @@ int xfer_start_pool(struct xfer *x, struct vmsnap_err *err);
 void xfer_close(struct xfer *x);
 char *xfer_join_key(const char *prefix, const char *name);
 char *xfer_object_key(const char *prefix, const char *name);
+bool xfer_task_skip(pthread_mutex_t *mu, const int *job_rc, int *rc, struct vmsnap_err *e);
 int xfer_table_sha256(const struct vmsnap_image *img, char hex[65], struct vmsnap_err *err);
 int xfer_delete_once(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err);
 void xfer_hex32(const unsigned char *md, char out[65]);

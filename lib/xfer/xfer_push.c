@@ -97,6 +97,15 @@ int vmsnap_xfer_check_dest(const char *url, bool set, const struct vmsnap_xfer_o
     return rc;
 }
 
+/* 1 when a committed set is at `dir` (its manifest is there), 0 when none is, < 0 on an error. */
+static int set_at(struct vmsnap_store_conn *ctl, const char *dir, struct vmsnap_err *err)
+{
+    char *mk = xfer_join_key(dir, VMSNAP_XFER_MANIFEST);
+    int rc = mk ? xfer_key_exists(ctl, mk, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
+    free(mk);
+    return rc;
+}
+
 /* No file is pushed inside a committed set (KEY's parent holds a manifest): it would replace
  * one of its objects or its manifest (a set was destroyed so). A set below a set is another
  * matter: its objects are in its own directory. */
@@ -105,8 +114,7 @@ static int not_inside_set(struct vmsnap_store_conn *ctl, const char *key, const 
 {
     const char *slash = strrchr(key, '/');
     char *parent = strndup(key, slash ? (size_t)(slash - key) : 0);
-    char *pm = parent ? xfer_join_key(parent, VMSNAP_XFER_MANIFEST) : NULL;
-    int rc = pm ? xfer_key_exists(ctl, pm, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
+    int rc = parent ? set_at(ctl, parent, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
     if (rc > 0) {
         const char *us = strrchr(url, '/');
         rc = vmsnap_err_set(err, EEXIST,
@@ -115,7 +123,6 @@ static int not_inside_set(struct vmsnap_store_conn *ctl, const char *key, const 
                             url, us ? (int)(us - url) : 1, us ? url : ".", VMSNAP_XFER_MANIFEST,
                             what);
     }
-    free(pm);
     free(parent);
     return rc < 0 ? rc : 0;
 }
@@ -164,9 +171,7 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
             goto out;
         }
         /* a set under KEY/ would shadow this object: pull KEY prefers the set */
-        char *mk = xfer_join_key(key, VMSNAP_XFER_MANIFEST);
-        rc = mk ? xfer_key_exists(ctl, mk, err) : vmsnap_err_set(err, ENOMEM, "out of memory");
-        free(mk);
+        rc = set_at(ctl, key, err);
         if (rc > 0)
             rc = vmsnap_err_set(err, EEXIST,
                                 "%s holds a snapshot set (%s/%s): a file pushed there would be "

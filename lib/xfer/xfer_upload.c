@@ -98,11 +98,7 @@ static void part_run(struct xtask *t, struct vmsnap_store_conn *c)
     const bool copy = pt->buf == NULL;
     struct vmsnap_err e = {0};
     int rc = 0;
-    pthread_mutex_lock(&u->mu);
-    bool skip = u->rc != 0;
-    pthread_mutex_unlock(&u->mu);
-    if (!skip && (rc = cancel_check(&e)) < 0)
-        skip = true; /* queued parts do not go out after a cancel */
+    bool skip = xfer_task_skip(&u->mu, &u->rc, &rc, &e);
     if (!skip && !copy)
         rc = vmsnap_store_mpu_part(c, u->key, u->upload_id, pt->num, pt->off, pt->buf, pt->len,
                                    &u->parts[pt->num - 1], &e);

@@ -25,16 +25,6 @@ bool store_host_is_ip(const char *host)
     return false;
 }
 
-static char *xstrndup(const char *s, size_t n)
-{
-    char *p = malloc(n + 1);
-    if (p) {
-        memcpy(p, s, n);
-        p[n] = '\0';
-    }
-    return p;
-}
-
 static int dupset(char **dst, const char *src, struct vmsnap_err *err)
 {
     *dst = src ? strdup(src) : NULL;
@@ -86,7 +76,7 @@ static int parse_endpoint(struct s3_config *c, const char *ep, struct vmsnap_err
     for (const char *q = hs; q < he; q++)
         if (!isalnum((unsigned char)*q) && !strchr(v6 ? ":." : ".-_", *q))
             return vmsnap_err_set(err, EINVAL, "endpoint '%s': bad character in the host name", ep);
-    c->host = xstrndup(hs, (size_t)(he - hs));
+    c->host = strndup(hs, (size_t)(he - hs));
     if (*p == ':') {
         char *end;
         unsigned long port = strtoul(p + 1, &end, 10);
@@ -120,7 +110,7 @@ int s3_config_open(struct vmsnap_store *st, const char *url, bool gs,
     const char *rest = url + 5;
     const char *slash = strchr(rest, '/');
     size_t blen = slash ? (size_t)(slash - rest) : strlen(rest);
-    c->bucket = xstrndup(rest, blen);
+    c->bucket = strndup(rest, blen);
     if (!c->bucket)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     if (!bucket_ok(c->bucket))
@@ -129,7 +119,7 @@ int s3_config_open(struct vmsnap_store *st, const char *url, bool gs,
     size_t klen = strlen(k);
     while (klen > 0 && k[klen - 1] == '/')
         klen--;
-    *key = xstrndup(k, klen);
+    *key = strndup(k, klen);
     if (!*key)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     c->url_scheme = gs ? "gs" : "s3";
