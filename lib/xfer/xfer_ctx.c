@@ -231,12 +231,6 @@ int xfer_tail_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsna
     return vmsnap_store_get(t->c, t->key, off, len, buf, err);
 }
 
-int xfer_read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
-                       uint64_t max_size, struct manifest *m, struct vmsnap_err *err)
-{
-    return xfer_read_manifest_raw(c, mkey, murl, max_size, m, NULL, NULL, err);
-}
-
 /* The last component of a key. */
 const char *xfer_key_base(const char *key)
 {
@@ -283,14 +277,6 @@ int xfer_key_fits(const struct xfer *x, const char *key, struct vmsnap_err *err)
     return 0;
 }
 
-/* ... and, when `raw` is not NULL, its bytes (the caller frees them). */
-int xfer_read_manifest_raw(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
-                           uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
-                           struct vmsnap_err *err)
-{
-    return xfer_read_manifest_x(c, mkey, murl, max_size, m, raw, raw_len, NULL, err);
-}
-
 /* Read a small object whole (a manifest, a push mark: `what` in errors). One GET of its last
  * TAIL_READ bytes (the whole of any usual one) gives its size too; one larger than that (at most
  * VMSNAP_XFER_MANIFEST_MAX: else -EFBIG and *too_large) is read whole in one more GET rather than
@@ -331,7 +317,8 @@ int xfer_read_small(struct vmsnap_store_conn *c, const char *key, const char *ur
     return 0;
 }
 
-/* xfer_read_manifest_raw(), and *unusable (when not NULL): the store answered with bytes that are
+/* Read and parse the manifest `mkey` (`murl` in errors); when `raw` is not NULL, its bytes too
+ * (the caller frees them); and *unusable (when not NULL): the store answered with bytes that are
  * not a manifest vmsnap can use (too large, or not one), rather than failing to answer. */
 int xfer_read_manifest_x(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
                          uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
@@ -354,4 +341,10 @@ int xfer_read_manifest_x(struct vmsnap_store_conn *c, const char *mkey, const ch
     }
     free(buf);
     return rc;
+}
+
+int xfer_read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                       uint64_t max_size, struct manifest *m, struct vmsnap_err *err)
+{
+    return xfer_read_manifest_x(c, mkey, murl, max_size, m, NULL, NULL, NULL, err);
 }

@@ -375,9 +375,6 @@ int xfer_key_fits(const struct xfer *x, const char *key, struct vmsnap_err *err)
 int xfer_read_small(struct vmsnap_store_conn *c, const char *key, const char *url, const char *what,
                     char **buf, size_t *len, bool *too_large, bool *two_gets,
                     struct vmsnap_err *err);
-int xfer_read_manifest_raw(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
-                           uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
-                           struct vmsnap_err *err);
 int xfer_read_manifest_x(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
                          uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
                          bool *unusable, struct vmsnap_err *err);

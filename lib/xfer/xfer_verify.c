@@ -182,7 +182,8 @@ int xfer_manifest_same(struct xfer *x, struct vmsnap_store_conn *c, const char *
     struct manifest m = {0};
     char *raw = NULL;
     size_t len = 0;
-    int rc = xfer_read_manifest_raw(c, mkey, murl, UINT64_MAX, &m, &raw, &len, err); /* as read */
+    int rc =
+        xfer_read_manifest_x(c, mkey, murl, UINT64_MAX, &m, &raw, &len, NULL, err); /* as read */
     manifest_fini(&m);
     if (rc == 0)
         rc = len == s->old_raw_len && !memcmp(raw, s->old_raw, len);
