@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <unistd.h>
 
 /* Keys: '/'-separated components, none empty, "." or "..". "" is the store root. */
 static bool key_ok(const char *key)

@@ -5,8 +5,6 @@
  */
 #include "xfer_int.h"
 
-#include "vmsnap/xfer.h"
-
 #include <errno.h>
 #include <json-c/json.h>
 #include <stdio.h>

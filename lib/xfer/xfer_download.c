@@ -12,16 +12,10 @@
  */
 #include "xfer_int.h"
 
-#include "sys/crypto_dl.h"
-#include "sys/sys.h"
-#include "vmsnap/xfer.h"
-
 #include <errno.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #define GROUP_TARGET (16ull << 20)
 

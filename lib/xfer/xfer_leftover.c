@@ -5,9 +5,6 @@
  */
 #include "xfer_int.h"
 
-#include "sys/sys.h"
-#include "vmsnap/xfer.h"
-
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -4,14 +4,10 @@
  */
 #include "xfer_int.h"
 
-#include "sys/sys.h"
-#include "vmsnap/xfer.h"
-
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 int xfer_collect(void *arg, const char *key, uint64_t size, int64_t mtime)
 {

@@ -5,11 +5,7 @@
  */
 #include "xfer_int.h"
 
-#include "sys/sys.h"
-#include "vmsnap/xfer.h"
-
 #include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 
 /* What must hold right before each delete of the undo paths, and before a restore's PUT. */

@@ -14,10 +14,6 @@
  */
 #include "xfer_int.h"
 
-#include "sys/crypto_dl.h"
-#include "sys/sys.h"
-#include "vmsnap/xfer.h"
-
 #include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>

@@ -5,12 +5,7 @@
  */
 #include "xfer_int.h"
 
-#include "sys/crypto_dl.h"
-#include "sys/sys.h"
-#include "vmsnap/xfer.h"
-
 #include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

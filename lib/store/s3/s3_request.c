@@ -11,17 +11,14 @@
  */
 #include "s3_curl.h"
 #include "s3_int.h"
-#include "sigv4_int.h"
 #include "store/store_int.h"
 
 #include "sys/sys.h"
 #include "util/util.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
