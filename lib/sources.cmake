@@ -28,7 +28,10 @@ set(VMSNAP_STORE_SOURCES
     lib/store/store.c
     lib/store/store_local.c
     lib/store/s3/s3.c
+    lib/store/s3/s3_config.c
     lib/store/s3/s3_curl.c
+    lib/store/s3/s3_list.c
+    lib/store/s3/s3_request.c
     lib/store/s3/s3_xml.c
     lib/store/s3/sigv4.c)
 
@@ -53,8 +56,20 @@ set(VMSNAP_VMM_SOURCES
 
 set(VMSNAP_XFER_SOURCES
     lib/xfer/manifest.c
-    lib/xfer/xfer.c
-    lib/xfer/xfer_pool.c)
+    lib/xfer/xfer_ctx.c
+    lib/xfer/xfer_download.c
+    lib/xfer/xfer_gc.c
+    lib/xfer/xfer_leftover.c
+    lib/xfer/xfer_ls.c
+    lib/xfer/xfer_marks.c
+    lib/xfer/xfer_pool.c
+    lib/xfer/xfer_pull.c
+    lib/xfer/xfer_push.c
+    lib/xfer/xfer_rm.c
+    lib/xfer/xfer_set_push.c
+    lib/xfer/xfer_set_undo.c
+    lib/xfer/xfer_upload.c
+    lib/xfer/xfer_verify.c)
 
 set(VMSNAP_VM_SOURCES
     lib/vm/vm_checkpoint.c

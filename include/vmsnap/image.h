@@ -56,6 +56,16 @@ struct vmsnap_sink {
  * the encoder hands it to a sink in its last write. */
 VMSNAP_API bool vmsnap_image_is_seek_table(const void *buf, size_t len);
 
+/* What an object's first `len` bytes say it is, by its magic: a vmsnap image (or the reference
+ * format's sparse-extent image: the same magic; needs 8 bytes), another zstd stream (a zstd or
+ * skippable frame: a plain-zstd snapshot; needs 4), or neither. */
+enum vmsnap_image_magic {
+    VMSNAP_IMAGE_MAGIC_NONE = 0,
+    VMSNAP_IMAGE_MAGIC_IMAGE = 1,
+    VMSNAP_IMAGE_MAGIC_ZSTD = 2,
+};
+VMSNAP_API enum vmsnap_image_magic vmsnap_image_sniff(const void *buf, size_t len);
+
 /* Random-access input: `size` bytes, read with `pread` (must return exactly `len` bytes or
  * -errno with `err` filled). May be called from several threads at once. */
 struct vmsnap_source {

@@ -87,6 +87,16 @@ VMSNAP_API int vmsnap_store_open(const char *url, const struct vmsnap_store_opts
 /* Free a store (NULL allowed). Every connection must be freed first. */
 VMSNAP_API void vmsnap_store_free(struct vmsnap_store *st);
 VMSNAP_API enum vmsnap_store_kind vmsnap_store_kind(const struct vmsnap_store *st);
+/* Does `url` name a remote store by its scheme (s3://, gs://, or any other scheme://, which
+ * vmsnap_store_open refuses), rather than a local path or file:// URL? Nothing is opened. */
+VMSNAP_API bool vmsnap_store_url_remote(const char *url);
+/* Do `a` and `b` address the same place, where an object of one can be copied into the other
+ * server-side: both local, or S3 with the same scheme (s3/gs), endpoint host and port, and
+ * bucket? Credentials and options are not compared. */
+VMSNAP_API bool vmsnap_store_same(const struct vmsnap_store *a, const struct vmsnap_store *b);
+/* The filesystem path of `key` in a local store (malloc'd; caller frees); NULL for another kind
+ * of store or when out of memory. */
+VMSNAP_API char *vmsnap_store_local_path(const struct vmsnap_store *st, const char *key);
 /* Format the URL of `key` in this store ("s3://bucket/key", "/abs/path") into buf. */
 VMSNAP_API const char *vmsnap_store_url(const struct vmsnap_store *st, const char *key, char *buf,
                                         size_t len);
@@ -95,6 +105,18 @@ VMSNAP_API const char *vmsnap_store_url(const struct vmsnap_store *st, const cha
 VMSNAP_API int vmsnap_store_conn_new(struct vmsnap_store *st, struct vmsnap_store_conn **out,
                                      struct vmsnap_err *err);
 VMSNAP_API void vmsnap_store_conn_free(struct vmsnap_store_conn *c);
+/* The store `c` was opened on. */
+VMSNAP_API struct vmsnap_store *vmsnap_store_conn_store(const struct vmsnap_store_conn *c);
+/* While `on`, the requests on `c` are not retried (one attempt each): for a caller that checks
+ * something and then acts on it (a listing, then a DELETE), so that no back-off between two
+ * attempts holds open the time between its check and its request. Off when opened. */
+VMSNAP_API void vmsnap_store_conn_one_attempt(struct vmsnap_store_conn *c, bool on);
+/* A listing on `c` skipped a directory it could not read (the local store: a warning names it);
+ * a caller that needs the whole list reports failure. Stays set once set. */
+VMSNAP_API bool vmsnap_store_conn_list_skipped(const struct vmsnap_store_conn *c);
+/* The last request on `c` failed because the bucket does not exist (S3's NoSuchBucket; an
+ * -ENOENT that is not about one object). Always false for the local store. */
+VMSNAP_API bool vmsnap_store_conn_no_bucket(const struct vmsnap_store_conn *c);
 
 /* Store `len` bytes as object `key` in one request (replaces an existing object atomically). */
 VMSNAP_API int vmsnap_store_put(struct vmsnap_store_conn *c, const char *key, const void *buf,
@@ -157,6 +179,12 @@ VMSNAP_API void vmsnap_store_tidy(struct vmsnap_store_conn *c, const char *prefi
 /* Every object whose key starts with `prefix`, in key order for S3 (directory order locally). */
 VMSNAP_API int vmsnap_store_list(struct vmsnap_store_conn *c, const char *prefix,
                                  vmsnap_store_list_fn fn, void *arg, struct vmsnap_err *err);
+/* When the unfinished upload `upload_id` of `key` last stored a part (Unix seconds by the store's
+ * clock): *last = -1 when it has none yet, or when the store does not tell (the local store,
+ * whose vmsnap_store_list_uploads already gives the last write). -ENOENT: the upload is gone. */
+VMSNAP_API int vmsnap_store_mpu_last_part(struct vmsnap_store_conn *c, const char *key,
+                                          const char *upload_id, int64_t *last,
+                                          struct vmsnap_err *err);
 /* Every unfinished multipart upload whose key starts with `prefix`. */
 VMSNAP_API int vmsnap_store_list_uploads(struct vmsnap_store_conn *c, const char *prefix,
                                          vmsnap_store_upload_fn fn, void *arg,

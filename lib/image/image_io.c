@@ -10,8 +10,22 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #define SEQ_CHUNK (1u << 20)
+
+enum vmsnap_image_magic vmsnap_image_sniff(const void *buf, size_t len)
+{
+    const uint8_t *h = buf;
+    if (len >= IMG_MAGIC_LEN && !memcmp(h, IMG_MAGIC, IMG_MAGIC_LEN))
+        return VMSNAP_IMAGE_MAGIC_IMAGE;
+    if (len < 4)
+        return VMSNAP_IMAGE_MAGIC_NONE;
+    uint32_t m = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
+    return m == ZSTD_MAGICNUMBER || (m & ZSTD_MAGIC_SKIPPABLE_MASK) == ZSTD_MAGIC_SKIPPABLE_START
+               ? VMSNAP_IMAGE_MAGIC_ZSTD
+               : VMSNAP_IMAGE_MAGIC_NONE;
+}
 
 static int fd_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err)
 {

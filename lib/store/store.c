@@ -10,35 +10,12 @@
 
 #include "util/util.h"
 
-#include <arpa/inet.h>
-#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <unistd.h>
-
-bool store_host_is_ip(const char *host)
-{
-    unsigned char buf[16];
-    if (!strcasecmp(host, "localhost"))
-        return true;
-    if (inet_pton(AF_INET, host, buf) == 1 || inet_pton(AF_INET6, host, buf) == 1)
-        return true;
-    return false;
-}
-
-static char *xstrndup(const char *s, size_t n)
-{
-    char *p = malloc(n + 1);
-    if (p) {
-        memcpy(p, s, n);
-        p[n] = '\0';
-    }
-    return p;
-}
 
 /* Keys: '/'-separated components, none empty, "." or "..". "" is the store root. */
 static bool key_ok(const char *key)
@@ -68,151 +45,14 @@ static int local_key(const char *path, char **key, struct vmsnap_err *err)
     return *key ? 0 : vmsnap_err_set(err, ENOMEM, "out of memory");
 }
 
-static int dupset(char **dst, const char *src, struct vmsnap_err *err)
-{
-    *dst = src ? strdup(src) : NULL;
-    if (src && !*dst)
-        return vmsnap_err_set(err, ENOMEM, "out of memory");
-    return 0;
-}
-
-static const char *env(const char *name)
-{
-    const char *v = getenv(name);
-    return v && *v ? v : NULL;
-}
-
-/* "http[s]://host[:port][/]" into the config. */
-static int parse_endpoint(struct s3_config *c, const char *ep, struct vmsnap_err *err)
-{
-    const char *p;
-    if (!strncasecmp(ep, "https://", 8)) {
-        c->scheme = strdup("https");
-        p = ep + 8;
-    } else if (!strncasecmp(ep, "http://", 7)) {
-        c->scheme = strdup("http");
-        p = ep + 7;
-    } else {
-        return vmsnap_err_set(err, EINVAL, "endpoint '%s': expected http://HOST[:PORT] or https://",
-                              ep);
-    }
-    /* user:password@ is not echoed back (it may be a secret) and not taken: credentials come
-     * from the environment, and curl would read such a host as credentials for another one */
-    if (memchr(p, '@', strcspn(p, "/")))
-        return vmsnap_err_set(err, EINVAL,
-                              "endpoint: credentials in the URL (USER[:PASSWORD]@) are not "
-                              "supported; give keys in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY");
-    const char *hs = p, *he;
-    const bool v6 = *p == '[';
-    if (v6) {
-        he = strchr(p, ']');
-        if (!he)
-            return vmsnap_err_set(err, EINVAL, "endpoint '%s': unterminated [IPv6]", ep);
-        hs = p + 1;
-        p = he + 1;
-    } else {
-        he = p + strcspn(p, ":/");
-        p = he;
-    }
-    if (he == hs)
-        return vmsnap_err_set(err, EINVAL, "endpoint '%s': no host", ep);
-    for (const char *q = hs; q < he; q++)
-        if (!isalnum((unsigned char)*q) && !strchr(v6 ? ":." : ".-_", *q))
-            return vmsnap_err_set(err, EINVAL, "endpoint '%s': bad character in the host name", ep);
-    c->host = xstrndup(hs, (size_t)(he - hs));
-    if (*p == ':') {
-        char *end;
-        unsigned long port = strtoul(p + 1, &end, 10);
-        if (end == p + 1 || port == 0 || port > 65535 || (*end && strcmp(end, "/")))
-            return vmsnap_err_set(err, EINVAL, "endpoint '%s': bad port", ep);
-        c->port = (unsigned)port;
-    } else if (*p && strcmp(p, "/")) {
-        return vmsnap_err_set(err, EINVAL, "endpoint '%s': a path is not supported", ep);
-    }
-    if (!c->scheme || !c->host)
-        return vmsnap_err_set(err, ENOMEM, "out of memory");
-    return 0;
-}
-
-static bool bucket_ok(const char *b)
-{
-    size_t n = strlen(b);
-    if (n < 3 || n > 63)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (!((b[i] >= 'a' && b[i] <= 'z') || (b[i] >= '0' && b[i] <= '9') || b[i] == '-' ||
-              b[i] == '.' || b[i] == '_'))
-            return false;
-    return true;
-}
-
-static int open_s3(struct vmsnap_store *st, const char *url, bool gs,
-                   const struct vmsnap_store_opts *o, char **key, struct vmsnap_err *err)
-{
-    struct s3_config *c = &st->s3;
-    const char *rest = url + 5;
-    const char *slash = strchr(rest, '/');
-    size_t blen = slash ? (size_t)(slash - rest) : strlen(rest);
-    c->bucket = xstrndup(rest, blen);
-    if (!c->bucket)
-        return vmsnap_err_set(err, ENOMEM, "out of memory");
-    if (!bucket_ok(c->bucket))
-        return vmsnap_err_set(err, EINVAL, "%s: bad bucket name '%s'", url, c->bucket);
-    const char *k = slash ? slash + 1 : "";
-    size_t klen = strlen(k);
-    while (klen > 0 && k[klen - 1] == '/')
-        klen--;
-    *key = xstrndup(k, klen);
-    if (!*key)
-        return vmsnap_err_set(err, ENOMEM, "out of memory");
-    c->url_scheme = gs ? "gs" : "s3";
-
-    const char *ep =
-        o->endpoint ? o->endpoint : (gs ? env("VMSNAP_GS_ENDPOINT") : env("AWS_ENDPOINT_URL"));
-    const char *region = o->region ? o->region : env("AWS_REGION");
-    if (!region)
-        region = env("AWS_DEFAULT_REGION");
-    if (!region)
-        region = gs ? "auto" : "us-east-1";
-    if (dupset(&c->region, region, err) < 0)
-        return -ENOMEM;
-    char defep[256];
-    if (!ep) {
-        if (gs)
-            snprintf(defep, sizeof(defep), "https://storage.googleapis.com");
-        else
-            snprintf(defep, sizeof(defep), "https://s3.%s.amazonaws.com", region);
-        ep = defep;
-    }
-    int rc = parse_endpoint(c, ep, err);
-    if (rc < 0)
-        return rc;
-    const char *ps = env("AWS_S3_USE_PATH_STYLE");
-    c->path_style = o->path_style || (ps && !strcasecmp(ps, "true")) || store_host_is_ip(c->host) ||
-                    strchr(c->bucket, '.') != NULL;
-    c->insecure_tls = o->insecure_tls;
-    /* an explicit --retries wins over the environment's default (it lost to it) */
-    c->max_attempts = o->max_attempts ? o->max_attempts : 6;
-    const char *att = env("VMSNAP_S3_ATTEMPTS");
-    if (!o->max_attempts && att && atoi(att) > 0)
-        c->max_attempts = (unsigned)atoi(att);
-    c->backoff_ms = o->backoff_ms ? o->backoff_ms : 200;
-
-    const char *ak = gs ? env("GS_ACCESS_KEY_ID") : NULL;
-    const char *sk = gs ? env("GS_SECRET_ACCESS_KEY") : NULL;
-    if (!ak || !sk) {
-        ak = env("AWS_ACCESS_KEY_ID");
-        sk = env("AWS_SECRET_ACCESS_KEY");
-    }
-    if (!ak || !sk)
-        return vmsnap_err_set(err, EACCES,
-                              "%s: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
-                              url);
-    if (dupset(&c->access_key, ak, err) < 0 || dupset(&c->secret_key, sk, err) < 0 ||
-        dupset(&c->session_token, gs ? NULL : env("AWS_SESSION_TOKEN"), err) < 0)
-        return -ENOMEM;
-    return s3_global_init(err);
-}
+/* What a URL names, by its scheme: the one place store URLs are told apart. */
+enum url_kind {
+    URL_LOCAL,       /* a path, or file://... */
+    URL_S3,          /* s3://bucket/key */
+    URL_GS,          /* gs://bucket/key */
+    URL_UNSUPPORTED, /* another scheme:// */
+    URL_MISTYPED,    /* s3:/b/k, s3:b/k, file:/x: a mistyped URL, not a directory named "s3:" */
+};
 
 /* Does `s` start with a scheme a store URL could have and a colon ("s3:", "File:")? Other
  * colons are a path's (snap-2026-01-01T10:00, vm1:mem). */
@@ -223,6 +63,38 @@ static bool scheme_like(const char *s)
         if (!strncasecmp(s, schemes[i], strlen(schemes[i])))
             return true;
     return false;
+}
+
+static enum url_kind url_kind(const char *url)
+{
+    if (!strncmp(url, "s3://", 5))
+        return URL_S3;
+    if (!strncmp(url, "gs://", 5))
+        return URL_GS;
+    if (!strncmp(url, "file://", 7))
+        return URL_LOCAL;
+    if (strstr(url, "://"))
+        return URL_UNSUPPORTED;
+    return scheme_like(url) ? URL_MISTYPED : URL_LOCAL;
+}
+
+bool vmsnap_store_url_remote(const char *url)
+{
+    enum url_kind k = url_kind(url);
+    return k == URL_S3 || k == URL_GS || k == URL_UNSUPPORTED;
+}
+
+static int open_local(struct vmsnap_store *st, const char *url, char **key, struct vmsnap_err *err)
+{
+    const char *path = !strncmp(url, "file://", 7) ? url + 7 : url;
+    st->kind = VMSNAP_STORE_LOCAL;
+    st->ops = &store_local_ops;
+    st->root = strdup("/");
+    if (path != url && path[0] != '/')
+        return vmsnap_err_set(err, EINVAL, "%s: file URLs must be file:///absolute/path", url);
+    if (!st->root)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    return local_key(path, key, err);
 }
 
 int vmsnap_store_open(const char *url, const struct vmsnap_store_opts *opts,
@@ -238,32 +110,28 @@ int vmsnap_store_open(const char *url, const struct vmsnap_store_opts *opts,
     if (!st)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     int rc;
-    if (!strncmp(url, "s3://", 5) || !strncmp(url, "gs://", 5)) {
+    switch (url_kind(url)) {
+    case URL_S3:
+    case URL_GS:
         st->kind = VMSNAP_STORE_S3;
         st->ops = &store_s3_ops;
-        rc = open_s3(st, url, url[0] == 'g', o, key, err);
-    } else if (strstr(url, "://") && strncmp(url, "file://", 7)) {
+        rc = s3_config_open(st, url, url[0] == 'g', o, key, err);
+        break;
+    case URL_UNSUPPORTED:
         rc = vmsnap_err_set(err, EINVAL,
                             "%s: unsupported URL scheme (use a path, file:///abs, s3:// or gs://)",
                             url);
-    } else if (scheme_like(url) && strncmp(url, "file://", 7)) {
-        /* s3:/b/k, s3:b/k, file:/x: a mistyped URL, not a directory named "s3:" */
+        break;
+    case URL_MISTYPED:
         rc = vmsnap_err_set(err, EINVAL,
                             "%s: a mistyped URL? (s3://bucket/key, gs://bucket/key, "
                             "file:///abs); a local path whose first component has a colon is "
                             "written ./%s",
                             url, url);
-    } else {
-        const char *path = !strncmp(url, "file://", 7) ? url + 7 : url;
-        st->kind = VMSNAP_STORE_LOCAL;
-        st->ops = &store_local_ops;
-        st->root = strdup("/");
-        if (path != url && path[0] != '/')
-            rc = vmsnap_err_set(err, EINVAL, "%s: file URLs must be file:///absolute/path", url);
-        else if (!st->root)
-            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-        else
-            rc = local_key(path, key, err);
+        break;
+    default:
+        rc = open_local(st, url, key, err);
+        break;
     }
     if (rc == 0 && !key_ok(*key))
         rc = vmsnap_err_set(err, EINVAL, "%s: bad key (empty, '.' or '..' component)", url);
@@ -281,17 +149,7 @@ void vmsnap_store_free(struct vmsnap_store *st)
 {
     if (!st)
         return;
-    struct s3_config *c = &st->s3;
-    free(c->scheme);
-    free(c->host);
-    free(c->bucket);
-    free(c->region);
-    free(c->access_key);
-    if (c->secret_key) {
-        explicit_bzero(c->secret_key, strlen(c->secret_key));
-        free(c->secret_key);
-    }
-    free(c->session_token);
+    s3_config_fini(&st->s3);
     free(st->root);
     free(st);
 }
@@ -308,6 +166,25 @@ const char *vmsnap_store_url(const struct vmsnap_store *st, const char *key, cha
     else
         snprintf(buf, len, "/%s", key);
     return buf;
+}
+
+static bool same_str(const char *a, const char *b)
+{
+    return (!a && !b) || (a && b && !strcmp(a, b));
+}
+
+bool vmsnap_store_same(const struct vmsnap_store *a, const struct vmsnap_store *b)
+{
+    const struct s3_config *x = &a->s3, *y = &b->s3;
+    return a->kind == b->kind &&
+           (a->kind == VMSNAP_STORE_LOCAL ||
+            (same_str(x->url_scheme, y->url_scheme) && same_str(x->host, y->host) &&
+             x->port == y->port && same_str(x->bucket, y->bucket)));
+}
+
+char *vmsnap_store_local_path(const struct vmsnap_store *st, const char *key)
+{
+    return st->kind == VMSNAP_STORE_LOCAL ? store_local_path(st, key) : NULL;
 }
 
 char *store_local_path(const struct vmsnap_store *st, const char *key)
@@ -338,6 +215,26 @@ int vmsnap_store_conn_new(struct vmsnap_store *st, struct vmsnap_store_conn **ou
     }
     *out = c;
     return 0;
+}
+
+struct vmsnap_store *vmsnap_store_conn_store(const struct vmsnap_store_conn *c)
+{
+    return c->st;
+}
+
+void vmsnap_store_conn_one_attempt(struct vmsnap_store_conn *c, bool on)
+{
+    c->one_attempt = on;
+}
+
+bool vmsnap_store_conn_list_skipped(const struct vmsnap_store_conn *c)
+{
+    return c->list_skipped;
+}
+
+bool vmsnap_store_conn_no_bucket(const struct vmsnap_store_conn *c)
+{
+    return c->no_bucket;
 }
 
 void vmsnap_store_conn_free(struct vmsnap_store_conn *c)
@@ -467,6 +364,13 @@ int vmsnap_store_list(struct vmsnap_store_conn *c, const char *prefix, vmsnap_st
                       void *arg, struct vmsnap_err *err)
 {
     return c->st->ops->list(c, prefix, fn, arg, err);
+}
+
+int vmsnap_store_mpu_last_part(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
+                               int64_t *last, struct vmsnap_err *err)
+{
+    *last = -1;
+    return c->st->ops->mpu_last_part ? c->st->ops->mpu_last_part(c, key, upload_id, last, err) : 0;
 }
 
 int vmsnap_store_list_uploads(struct vmsnap_store_conn *c, const char *prefix,

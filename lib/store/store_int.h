@@ -76,12 +76,19 @@ struct vmsnap_store_conn {
                         * open the time between its check and its delete) */
     bool list_skipped; /* a listing skipped a directory it could not read (local store: a
                         * warning names it; gc and ls then report failure at the end) */
+    bool no_bucket;    /* the last request failed with S3's NoSuchBucket */
 };
 
 extern const struct store_ops store_local_ops;
 extern const struct store_ops store_s3_ops;
 
-/* S3 backend set-up helpers (lib/s3.c). */
+/* The S3 configuration (s3/s3_config.c): parse an s3:// or gs:// `url` (gs: Cloud Storage) into
+ * st->s3 with `o` and the environment; *key the malloc'd key. s3_config_fini frees it. */
+int s3_config_open(struct vmsnap_store *st, const char *url, bool gs,
+                   const struct vmsnap_store_opts *o, char **key, struct vmsnap_err *err);
+void s3_config_fini(struct s3_config *c);
+
+/* S3 backend set-up helpers (s3/s3.c). */
 int s3_global_init(struct vmsnap_err *err);
 void s3_global_cleanup(void);
 

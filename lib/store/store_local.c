@@ -56,13 +56,7 @@ static char *dir_of(const char *path, const char **base)
 {
     const char *s = strrchr(path, '/');
     *base = s + 1;
-    size_t n = s == path ? 1 : (size_t)(s - path);
-    char *d = malloc(n + 1);
-    if (d) {
-        memcpy(d, path, n);
-        d[n] = '\0';
-    }
-    return d;
+    return strndup(path, s == path ? 1 : (size_t)(s - path));
 }
 
 /* The temporary file of an upload: dir(key)/upload_id, where upload_id is ".<base>.mpu-XXXXXX". */

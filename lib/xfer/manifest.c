@@ -3,9 +3,7 @@
  * manifest.json: built with json-c, parsed from untrusted bytes with every field checked (the
  * names become file names on the puller's disk, the sizes become file sizes).
  */
-#include "manifest_int.h"
-
-#include "vmsnap/xfer.h"
+#include "xfer_int.h"
 
 #include <errno.h>
 #include <json-c/json.h>
@@ -98,6 +96,98 @@ static int parse_whole(const char *buf, size_t len, const char *where, const cha
     return 0;
 }
 
+/* The top-level fields: "snapshotFiles" (*sf), "formatVersion", "pushId", "files" (*files,
+ * NULL when absent: a reference manifest). */
+static int read_head(json_object *root, const char *where, struct manifest *m, json_object **sf,
+                     json_object **files, struct vmsnap_err *err)
+{
+    json_object *fv, *pid;
+    if (!json_object_is_type(root, json_type_object) ||
+        !json_object_object_get_ex(root, "snapshotFiles", sf) ||
+        !json_object_is_type(*sf, json_type_array))
+        return vmsnap_err_set(err, EINVAL, "%s: no \"snapshotFiles\" array", where);
+    if (json_object_object_get_ex(root, "formatVersion", &fv)) {
+        if (!json_object_is_type(fv, json_type_int) || json_object_get_int64(fv) != 2)
+            return vmsnap_err_set(err, EINVAL, "%s: unsupported formatVersion (expected 2)", where);
+        m->format_version = 2;
+    }
+    if (json_object_object_get_ex(root, "pushId", &pid)) {
+        const char *ps = json_object_get_string(pid);
+        size_t pl = ps ? strlen(ps) : 0;
+        bool ok = json_object_is_type(pid, json_type_string) && pl > 0 && pl < sizeof(m->push_id) &&
+                  strspn(ps, "0123456789abcdef") == pl;
+        if (!ok)
+            return vmsnap_err_set(err, EINVAL, "%s: \"pushId\" is not 1-32 lowercase hex digits",
+                                  where);
+        memcpy(m->push_id, ps, pl + 1);
+    }
+    if (json_object_object_get_ex(root, "files", files) &&
+        !json_object_is_type(*files, json_type_object))
+        return vmsnap_err_set(err, EINVAL, "%s: \"files\" is not an object", where);
+    return 0;
+}
+
+/* snapshotFiles[i]: a plain file name, listed once; appended to m->files. */
+static int read_name(json_object *e, size_t i, const char *where, struct manifest *m,
+                     struct vmsnap_err *err)
+{
+    if (!json_object_is_type(e, json_type_string))
+        return vmsnap_err_set(err, EINVAL, "%s: snapshotFiles[%zu] is not a string", where, i);
+    const char *name = json_object_get_string(e);
+    size_t nl = (size_t)json_object_get_string_len(e);
+    if (!manifest_name_ok(name, nl))
+        return vmsnap_err_set(err, EINVAL,
+                              "%s: snapshotFiles[%zu] is not a plain file name (refusing '%.*s')",
+                              where, i, (int)(nl > 64 ? 64 : nl), name);
+    for (size_t j = 0; j < m->n; j++)
+        if (!strcmp(m->files[j].name, name))
+            return vmsnap_err_set(err, EINVAL, "%s: file '%s' listed twice", where, name);
+    struct mf_file *f = &m->files[m->n];
+    f->name = strdup(name);
+    if (!f->name)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    m->n++;
+    return 0;
+}
+
+/* files[f->name]: its sizes and digest. */
+static int read_entry(json_object *files, struct mf_file *f, const char *where, uint64_t max_size,
+                      struct vmsnap_err *err)
+{
+    const char *name = f->name;
+    json_object *d;
+    if (!json_object_object_get_ex(files, name, &d) || !json_object_is_type(d, json_type_object))
+        return vmsnap_err_set(err, EINVAL, "%s: no \"files\" entry for '%s'", where, name);
+    json_object *sh = NULL, *th = NULL;
+    bool has_sh = json_object_object_get_ex(d, "sha256", &sh);
+    bool has_th = json_object_object_get_ex(d, "tableSha256", &th);
+    if (!get_u64(d, "size", &f->size) || !get_u64(d, "populated", &f->populated) ||
+        !get_u64(d, "objectSize", &f->object_size) || has_sh == has_th ||
+        !json_object_is_type(has_sh ? sh : th, json_type_string) ||
+        !hex64(json_object_get_string(has_sh ? sh : th)))
+        return vmsnap_err_set(err, EINVAL,
+                              "%s: entry for '%s' needs size, populated, objectSize and one "
+                              "lowercase hex digest (sha256 or tableSha256)",
+                              where, name);
+    f->table_digest = has_th;
+    if (f->size > max_size) /* a policy, not damage */
+        return vmsnap_err_set(err, EFBIG,
+                              "%s: '%s' is %llu bytes, over the cap of %llu (--max-size; "
+                              "raise it for a larger image)",
+                              where, name, (unsigned long long)f->size,
+                              (unsigned long long)max_size);
+    if (f->populated > f->size || f->object_size == 0 ||
+        f->object_size > (f->size + (1ull << 30)) * 2)
+        return vmsnap_err_set(err, EINVAL,
+                              "%s: entry for '%s' has impossible sizes (size %llu, populated "
+                              "%llu, object %llu)",
+                              where, name, (unsigned long long)f->size,
+                              (unsigned long long)f->populated, (unsigned long long)f->object_size);
+    memcpy(f->sha256, json_object_get_string(has_sh ? sh : th), 65);
+    f->detail = true;
+    return 0;
+}
+
 int manifest_parse(const char *buf, size_t len, const char *where, uint64_t max_size,
                    struct manifest *m, struct vmsnap_err *err)
 {
@@ -106,38 +196,9 @@ int manifest_parse(const char *buf, size_t len, const char *where, uint64_t max_
     int rc = parse_whole(buf, len, where, "manifest", &root, err);
     if (rc < 0)
         return rc;
-    json_object *sf, *files = NULL, *fv;
-    if (!json_object_is_type(root, json_type_object) ||
-        !json_object_object_get_ex(root, "snapshotFiles", &sf) ||
-        !json_object_is_type(sf, json_type_array)) {
-        rc = vmsnap_err_set(err, EINVAL, "%s: no \"snapshotFiles\" array", where);
+    json_object *sf = NULL, *files = NULL;
+    if ((rc = read_head(root, where, m, &sf, &files, err)) < 0)
         goto out;
-    }
-    if (json_object_object_get_ex(root, "formatVersion", &fv)) {
-        if (!json_object_is_type(fv, json_type_int) || json_object_get_int64(fv) != 2) {
-            rc = vmsnap_err_set(err, EINVAL, "%s: unsupported formatVersion (expected 2)", where);
-            goto out;
-        }
-        m->format_version = 2;
-    }
-    json_object *pid;
-    if (json_object_object_get_ex(root, "pushId", &pid)) {
-        const char *ps = json_object_get_string(pid);
-        size_t pl = ps ? strlen(ps) : 0;
-        bool ok = json_object_is_type(pid, json_type_string) && pl > 0 && pl < sizeof(m->push_id) &&
-                  strspn(ps, "0123456789abcdef") == pl;
-        if (!ok) {
-            rc = vmsnap_err_set(err, EINVAL, "%s: \"pushId\" is not 1-32 lowercase hex digits",
-                                where);
-            goto out;
-        }
-        memcpy(m->push_id, ps, pl + 1);
-    }
-    if (json_object_object_get_ex(root, "files", &files) &&
-        !json_object_is_type(files, json_type_object)) {
-        rc = vmsnap_err_set(err, EINVAL, "%s: \"files\" is not an object", where);
-        goto out;
-    }
     size_t n = json_object_array_length(sf);
     if (n == 0) {
         rc = vmsnap_err_set(err, EINVAL, "%s: snapshotFiles is empty (a set has at least one file)",
@@ -154,74 +215,10 @@ int manifest_parse(const char *buf, size_t len, const char *where, uint64_t max_
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
         goto out;
     }
-    for (size_t i = 0; i < n; i++) {
-        json_object *e = json_object_array_get_idx(sf, i);
-        if (!json_object_is_type(e, json_type_string)) {
-            rc = vmsnap_err_set(err, EINVAL, "%s: snapshotFiles[%zu] is not a string", where, i);
-            goto out;
-        }
-        const char *name = json_object_get_string(e);
-        size_t nl = (size_t)json_object_get_string_len(e);
-        if (!manifest_name_ok(name, nl)) {
-            rc = vmsnap_err_set(err, EINVAL,
-                                "%s: snapshotFiles[%zu] is not a plain file name (refusing '%.*s')",
-                                where, i, (int)(nl > 64 ? 64 : nl), name);
-            goto out;
-        }
-        for (size_t j = 0; j < m->n; j++)
-            if (!strcmp(m->files[j].name, name)) {
-                rc = vmsnap_err_set(err, EINVAL, "%s: file '%s' listed twice", where, name);
-                goto out;
-            }
-        struct mf_file *f = &m->files[m->n];
-        f->name = strdup(name);
-        if (!f->name) {
-            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-            goto out;
-        }
-        m->n++;
-        json_object *d;
-        if (!files)
-            continue;
-        if (!json_object_object_get_ex(files, name, &d) ||
-            !json_object_is_type(d, json_type_object)) {
-            rc = vmsnap_err_set(err, EINVAL, "%s: no \"files\" entry for '%s'", where, name);
-            goto out;
-        }
-        json_object *sh = NULL, *th = NULL;
-        bool has_sh = json_object_object_get_ex(d, "sha256", &sh);
-        bool has_th = json_object_object_get_ex(d, "tableSha256", &th);
-        if (!get_u64(d, "size", &f->size) || !get_u64(d, "populated", &f->populated) ||
-            !get_u64(d, "objectSize", &f->object_size) || has_sh == has_th ||
-            !json_object_is_type(has_sh ? sh : th, json_type_string) ||
-            !hex64(json_object_get_string(has_sh ? sh : th))) {
-            rc = vmsnap_err_set(err, EINVAL,
-                                "%s: entry for '%s' needs size, populated, objectSize and one "
-                                "lowercase hex digest (sha256 or tableSha256)",
-                                where, name);
-            goto out;
-        }
-        f->table_digest = has_th;
-        if (f->size > max_size) { /* a policy, not damage */
-            rc = vmsnap_err_set(err, EFBIG,
-                                "%s: '%s' is %llu bytes, over the cap of %llu (--max-size; "
-                                "raise it for a larger image)",
-                                where, name, (unsigned long long)f->size,
-                                (unsigned long long)max_size);
-            goto out;
-        }
-        if (f->populated > f->size || f->object_size == 0 ||
-            f->object_size > (f->size + (1ull << 30)) * 2) {
-            rc = vmsnap_err_set(err, EINVAL,
-                                "%s: entry for '%s' has impossible sizes (size %llu, populated "
-                                "%llu, object %llu)",
-                                where, name, (unsigned long long)f->size,
-                                (unsigned long long)f->populated,
-                                (unsigned long long)f->object_size);
-            goto out;
-        }
-        memcpy(f->sha256, json_object_get_string(has_sh ? sh : th), 65);
-        f->detail = true;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        rc = read_name(json_object_array_get_idx(sf, i), i, where, m, err);
+        if (rc == 0 && files)
+            rc = read_entry(files, &m->files[m->n - 1], where, max_size, err);
     }
 out:
     json_object_put(root);
@@ -253,7 +250,7 @@ char *manifest_build(const struct manifest *m)
         json_object_array_add(sf, json_object_new_string(f->name));
         json_object *d = json_object_new_object();
         char obj[300];
-        snprintf(obj, sizeof(obj), "%s.zstd", f->name);
+        snprintf(obj, sizeof(obj), "%s" OBJECT_SUFFIX, f->name);
         json_object_object_add(d, "object", json_object_new_string(obj));
         json_object_object_add(d, "size", json_object_new_int64((int64_t)f->size));
         json_object_object_add(d, "populated", json_object_new_int64((int64_t)f->populated));

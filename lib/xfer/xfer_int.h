@@ -1,19 +1,32 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Private: the transfer worker pool. N threads, each owning one store connection (one TCP
- * connection for S3) for its whole life, run tasks from a FIFO queue. A byte budget (max_memory)
- * bounds buffered parts and frame groups: producers acquire before allocating and block while
- * the budget is spent; a task releases when its buffer is freed.
+ * Private: the transfer module's one header. Its parts: the worker pool (xfer_pool.c), the
+ * manifest and push-mark formats (manifest.c), and the context and shared state of the
+ * operations (xfer_*.c, one file per operation: see each file's head).
  */
 #ifndef VMSNAP_XFER_INT_H
 #define VMSNAP_XFER_INT_H
 
-#include "vmsnap/store.h"
+#include "sys/crypto_dl.h"
+#include "sys/sys.h"
 
+#include "vmsnap/store.h"
+#include "vmsnap/xfer.h"
+
+#include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * The transfer worker pool. N threads, each owning one store connection (one TCP
+ * connection for S3) for its whole life, run tasks from a FIFO queue. A byte budget (max_memory)
+ * bounds buffered parts and frame groups: producers acquire before allocating and block while
+ * the budget is spent; a task releases when its buffer is freed.
+ */
 struct xtask {
     void (*run)(struct xtask *t, struct vmsnap_store_conn *c);
     struct xtask *next;
@@ -70,5 +83,374 @@ void *xpool_buf_alloc(struct xpool *p, size_t len);
 /* Give back a buffer of xpool_buf_alloc (before xpool_mem_release of its bytes): kept for the
  * next one while the bytes held and kept fit in the budget, else unmapped. NULL is ignored. */
 void xpool_buf_free(struct xpool *p, void *buf);
+
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * Private: the snapshot-set manifest (manifest.json), the commit marker of a pushed set.
+ *
+ *   {"snapshotFiles": ["base-id", ...],          (the reference system's field)
+ *    "formatVersion": 2, "tool": "vmsnap", "toolVersion": "0.1.0",
+ *    "files": {"<name>": {"object": "<name>.zstd", "size": logical, "populated": bytes,
+ *                         "objectSize": bytes, "tableSha256": "<hex>"}, ...}}
+ *
+ * The digest of an object with a seek table is "tableSha256": SHA-256 of its first 44 bytes
+ * (header and info frame) followed by its seek table (the trailing skippable frame with the
+ * footer). The table holds the XXH64 of every frame's compressed bytes, which a decoder checks,
+ * so the digest covers every byte, and it can be computed for objects whose frames were copied
+ * server-side. "sha256" (of the whole object) is accepted as well (older vmsnap manifests).
+ *
+ * A reference manifest has only snapshotFiles; then `detail` is false for every file.
+ */
+struct mf_file {
+    char *name;
+    bool detail; /* the fields below are known */
+    uint64_t size;
+    uint64_t populated;
+    uint64_t object_size;
+    char sha256[65];   /* hex digest: of the whole object, or tableSha256 (table_digest) */
+    bool table_digest; /* sha256 holds the tableSha256 digest */
+    uint64_t copied;   /* push only (not serialised): bytes the store copied from a base */
+    /* push only (not serialised): the object's first bytes as pushed, for checking the stored
+     * object after the commit without reading them back */
+    uint8_t prefix[44];
+    bool have_prefix;
+};
+
+struct manifest {
+    struct mf_file *files;
+    size_t n;
+    int64_t format_version; /* 0 if absent */
+    char push_id[33];       /* "pushId": which push wrote it (hex), "" if absent */
+};
+
+/* A plain file name: not empty, not "." or "..", no '/', no NUL (len given), no control bytes,
+ * at most 255 bytes, not the manifest's own name. */
+bool manifest_name_ok(const char *name, size_t len);
+
+/* Parse and validate untrusted bytes. `where` names the manifest in errors; `max_size` caps
+ * every logical size. On success the caller owns *m (manifest_fini). */
+int manifest_parse(const char *buf, size_t len, const char *where, uint64_t max_size,
+                   struct manifest *m, struct vmsnap_err *err);
+
+/* Serialise (malloc'd, NUL-terminated) or NULL on ENOMEM. */
+char *manifest_build(const struct manifest *m);
+
+void manifest_fini(struct manifest *m);
+
+/*
+ * The push mark, `<prefix>/vmsnap-push-<pushId>.json`: stored before a set push stores any
+ * object, removed after its manifest is committed (or after a failed push removed its objects).
+ * A mark that stays says which objects a killed push may have left there, for `gc`:
+ *
+ *   {"vmsnapPush": 1, "pushId": "<32 hex>", "started": <Unix seconds>, "files": ["<name>", ...]}
+ *   {"vmsnapPush": 2, ..., "replaces": ["<name>", ...]}
+ *
+ * (objects are "<name>.zstd", as in the manifest). "replaces" (absent when empty) names the files
+ * of the set the push replaces that the push does not have: once that set is un-committed they
+ * are dead too, and the push removes them after its commit.
+ */
+/* A set file's object is "<name>.zstd" (xfer_object_key). */
+#define OBJECT_SUFFIX ".zstd"
+
+#define PUSH_MARK_PREFIX "vmsnap-push-"
+#define PUSH_MARK_SUFFIX ".json"
+
+struct push_mark {
+    char push_id[33];
+    int64_t started;
+    char **names; /* "files" (the first nfiles), then "replaces" */
+    size_t n, nfiles;
+};
+
+/* Serialise (malloc'd, NUL-terminated) or NULL on ENOMEM. */
+char *push_mark_build(const char *push_id, int64_t started, const struct mf_file *files, size_t n,
+                      char *const *replaces, size_t nr);
+/* Parse and validate untrusted bytes (names as manifest_name_ok; the id must be `want_id`). On
+ * success the caller owns *pm (push_mark_fini). */
+int push_mark_parse(const char *buf, size_t len, const char *where, const char *want_id,
+                    struct push_mark *pm, struct vmsnap_err *err);
+void push_mark_fini(struct push_mark *pm);
+
+/* ---------------------------------------------------------------------------------------- */
+/* The operations' shared state (xfer_*.c).                                                  */
+
+struct xfer {
+    struct vmsnap_store *st;
+    char *key;                     /* the URL's key in st ("": none) */
+    struct vmsnap_store_conn *ctl; /* the caller's connection (xfer_conn), or NULL */
+    bool pool_started;             /* pool runs (xfer_start_pool) */
+    char *base_key;                /* opts.base as a key in st (NULL: none) */
+    atomic_uint base_used;         /* files pushed with their base */
+    atomic_bool base_why_set;      /* base_why holds why a file's base was not used */
+    char base_why[320];
+    struct xpool pool;
+    struct vmsnap_xfer_opts o;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_dec;
+    unsigned decoding, max_decoding;
+    uint64_t done, total;
+};
+
+/* A source over an object for opening it (vmsnap_image_open) with ranged GETs: the first read
+ * that ends at the object's end (the footer) fetches the last TAIL_READ bytes at once, so the
+ * seek table read next is served from memory; an object no larger than that is fetched whole by
+ * its first read, and a pull then decodes its frame group from that copy too. One GET instead of
+ * three for a small file of a set, two instead of three for a large one. */
+/* A store URL for messages and listings: a local key is a path (PATH_MAX), an S3 one at most
+ * 1024 bytes after the bucket (1200 cut long local paths short, also in `ls` output) */
+#define URL_BUF (PATH_MAX + 64)
+#define TAIL_READ (64u << 10)
+#define PRE_READ 64u /* covers the image header and info frame (44 bytes) */
+struct tail_src {
+    struct vmsnap_store_conn *c;
+    const char *key;
+    uint64_t size;
+    uint8_t *buf; /* bytes [boff, boff + blen) of the object, or NULL */
+    uint64_t boff;
+    size_t blen;
+    const uint8_t *pre; /* bytes [0, plen) of the object, or NULL */
+    size_t plen;
+};
+
+struct leftover_ctx {
+    const char *exact; /* abort uploads of this key only; NULL: every upload listed */
+    const char *under; /* or: of this key and the keys under it ("K/..."), not "K1/..." */
+    const char *in;    /* and only of keys directly in this prefix ("P/name", not "P/sub/x") */
+    char *live_dir;    /* gc: the directory push_running_at last looked at, and its answer */
+    bool live;
+    struct vmsnap_store_conn *c;
+    unsigned n;
+    const struct vmsnap_gc_opts *gc; /* gc: its selection and report; NULL: abort every one */
+    int64_t now;
+    unsigned kept, unknown, failed, pushes, objects;
+    struct vmsnap_err first; /* the first refused abort or delete (gc fails with it), its key */
+    char first_key[URL_BUF];
+};
+
+/* An object stored as a multipart upload not completed yet: a set push over an existing set
+ * completes those of that set's names only once every file is uploaded, right before its
+ * commit, so that a push failing before (a cancel, a store gone) has overwritten none of the
+ * set's objects and can put its manifest back. */
+struct deferred {
+    char *upload_id; /* NULL: nothing pending */
+    struct vmsnap_store_part *parts;
+    uint32_t nparts;
+};
+
+/* The push marks found at a prefix when a push began (key and time): a killed push's, there
+ * before this one, are not "another push meanwhile" to its restore. */
+struct prior_marks {
+    char **keys;
+    int64_t *mtimes;
+    size_t n, cap;
+    size_t lpn; /* the length of the listed prefix ("P/"): marks directly in it count */
+};
+
+struct set_push {
+    struct xfer *x;
+    struct vmsnap_store_conn *ctl; /* the caller's connection */
+    const char *dir;
+    const char *prefix;
+    const char *url;   /* the destination, for messages */
+    char *mkey;        /* the set's manifest */
+    int64_t mark_time; /* when the push began (its mark's "started") */
+    bool had_old;      /* a set was there (or it could not be told) */
+    bool late;         /* the set there is un-committed only once every file is uploaded */
+    bool uncommitted;  /* the set there was un-committed */
+    char push_id[33];
+    char *mark_key;        /* the push mark (manifest_int.h), once it may be stored */
+    struct mf_file *files; /* sorted by name (manifest order) */
+    size_t *order;         /* largest first */
+    size_t n, next;
+    char **replaces; /* names of the set this push replaces that it does not have */
+    size_t nr;
+    /* The set this push replaces, as it was stored (NULL: none, or unreadable), and which of
+     * this push's files have its names: until one of those is stored over (`overwrote`), a
+     * failed push can put that set back whole. */
+    char *old_raw;
+    size_t old_raw_len;
+    bool *in_old;
+    struct mf_file *old_files; /* per file in_old: the old set's entry for that name */
+    struct prior_marks prior;  /* the marks there when this push began */
+    struct deferred *def;      /* per file: the upload of a file in_old, completed last */
+    bool overwrote;            /* a completion of those was asked for */
+    pthread_mutex_t mu;
+    int rc;
+    struct vmsnap_err err;
+};
+
+struct grp {
+    uint64_t off, len;
+    uint32_t f0, f1; /* frames [f0, f1] */
+    uint8_t *buf;
+    bool done;
+};
+
+struct down {
+    struct xfer *x;
+    char *key;
+    char url[URL_BUF];
+    const struct mf_file *mf; /* expected (NULL for a single object) */
+    struct sys_atomic_file af;
+    bool af_open;
+    uint64_t osize;
+    struct vmsnap_image *img;
+    struct grp *g;
+    uint32_t ng, next_hash;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    unsigned pending;
+    int rc;
+    struct vmsnap_err err;
+    EVP_MD_CTX *sha;
+    uint64_t hashed;
+    struct tail_src tail; /* the object's last bytes, read while opening it */
+    int start_rc;         /* what opening/dispatching returned (a set's pull finishes every file) */
+    struct vmsnap_err open_err; /* the error of an open that ran on a pool thread */
+    bool inited, opened, sequential;
+    uint8_t *pre; /* the object's first PRE_READ bytes, fetched beside its tail */
+    int pre_rc;
+    bool pre_submitted, pre_done;
+    struct vmsnap_image_stats stats;
+    struct vmsnap_seqdec *seq;
+};
+
+/* A set's file opened on a pool thread (xfer_down_open), reported back through d->opened. */
+struct open_task {
+    struct xtask t;
+    struct down *d;
+    char dst[4352];
+};
+
+struct keys {
+    char **v;
+    size_t n, cap;
+    const char *suffix; /* keep keys ending with this ("" = all) */
+    const char *direct; /* keep only keys directly under this prefix (NULL = any depth) */
+    bool whole_name;    /* the suffix is a whole last component */
+};
+
+/*
+ * gc of push marks (manifest_int.h): keys "[P/]vmsnap-push-<32 hex>.json" under the prefix.
+ * A push may be running at a prefix, or start there while gc works, writing objects of the very
+ * names an old mark lists. So gc removes anything only from a prefix that is quiet: nothing under
+ * it written for `older_than` (the store's own times, every key), no upload there active for that
+ * long, every mark readable; and just before deleting it lists the prefix again and leaves it
+ * alone if anything changed (a push starting meanwhile writes its mark first).
+ */
+struct mark_keys {
+    struct keys k;
+    const char *under;
+};
+
+struct prefix_uploads {
+    struct vmsnap_store_conn *c;
+    int64_t newest; /* the latest activity of an upload under the prefix (-1: none) */
+    bool unknown;
+    struct vmsnap_err err; /* why the listing stopped */
+};
+
+/* xfer_ctx.c */
+void xfer_progress_add(struct xfer *x, uint64_t bytes, uint64_t total_add);
+/* The operations' entry: xfer_open (the store, options and key, checked), then as each needs it
+ * xfer_conn (x->ctl) and xfer_start_pool; xfer_close releases whatever of those is open. */
+enum { XFER_KEY = 1 /* a key is needed */, XFER_PREFIX = 2 /* a local prefix must exist */ };
+int xfer_open(struct xfer *x, const char *url, const struct vmsnap_xfer_opts *opts, unsigned flags,
+              struct vmsnap_err *err);
+int xfer_conn(struct xfer *x, struct vmsnap_err *err);
+int xfer_start_pool(struct xfer *x, struct vmsnap_err *err);
+void xfer_close(struct xfer *x);
+char *xfer_join_key(const char *prefix, const char *name);
+char *xfer_object_key(const char *prefix, const char *name);
+bool xfer_task_skip(pthread_mutex_t *mu, const int *job_rc, int *rc, struct vmsnap_err *e);
+int xfer_table_sha256(const struct vmsnap_image *img, char hex[65], struct vmsnap_err *err);
+int xfer_delete_once(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err);
+void xfer_hex32(const unsigned char *md, char out[65]);
+int xfer_tail_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err);
+int xfer_read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                       uint64_t max_size, struct manifest *m, struct vmsnap_err *err);
+const char *xfer_key_base(const char *key);
+int xfer_key_exists(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err);
+int xfer_key_fits(const struct xfer *x, const char *key, struct vmsnap_err *err);
+int xfer_read_small(struct vmsnap_store_conn *c, const char *key, const char *url, const char *what,
+                    char **buf, size_t *len, bool *too_large, bool *two_gets,
+                    struct vmsnap_err *err);
+int xfer_read_manifest_x(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
+                         uint64_t max_size, struct manifest *m, char **raw, size_t *raw_len,
+                         bool *unusable, struct vmsnap_err *err);
+
+/* xfer_upload.c */
+int xfer_push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const char *path,
+                 const char *key, const char *base_key, struct mf_file *mf, struct deferred *def,
+                 struct vmsnap_err *err);
+
+/* xfer_leftover.c */
+bool xfer_key_under(const char *under, const char *key);
+int64_t xfer_age_of(const struct leftover_ctx *l, int64_t started);
+void xfer_gc_report(const struct leftover_ctx *l, enum vmsnap_gc_kind kind, const char *key,
+                    int64_t age, bool act);
+bool xfer_old_enough(const struct vmsnap_gc_opts *g, int64_t age);
+void xfer_gc_failed(struct leftover_ctx *l, const char *key, const struct vmsnap_err *e);
+int xfer_abort_leftover(void *arg, const char *key, const char *id, int64_t started);
+int xfer_see_upload(void *arg, const char *key, const char *id, int64_t started);
+
+/* xfer_marks.c */
+void xfer_prior_marks_fini(struct prior_marks *p);
+bool xfer_mark_name(const char *base, char id[33]);
+int xfer_prefix_busy_but(struct vmsnap_store_conn *c, const char *lp, const char *mkey,
+                         const char *own, const struct prior_marks *prior);
+int xfer_prefix_busy(struct vmsnap_store_conn *c, const char *lp, const char *mkey,
+                     const char *own);
+int xfer_see_prior(void *arg, const char *key, uint64_t size, int64_t mtime);
+int xfer_put_mark(struct vmsnap_store_conn *ctl, const struct set_push *s, int64_t started,
+                  const char *url, struct vmsnap_err *err);
+int xfer_read_mark(struct vmsnap_store_conn *c, const char *key, const char *murl,
+                   struct push_mark *pm, struct vmsnap_err *err);
+
+/* xfer_verify.c */
+int xfer_check_object(struct xfer *x, struct vmsnap_store_conn *c, const char *key,
+                      const struct mf_file *f, struct vmsnap_err *err);
+int xfer_check_committed(struct xfer *x, const char *prefix, const char *mkey,
+                         const struct manifest *m, const char *url, bool committed,
+                         struct vmsnap_err *err);
+int xfer_manifest_is(struct xfer *x, struct vmsnap_store_conn *c, const char *mkey, const char *id);
+int xfer_manifest_same(struct xfer *x, struct vmsnap_store_conn *c, const char *mkey,
+                       const struct set_push *s, struct vmsnap_err *err);
+int xfer_held_intact(struct vmsnap_store_conn *ctl, const char *prefix, const struct set_push *s,
+                     struct vmsnap_err *err);
+
+/* xfer_set_undo.c */
+/* After its commit: the replaced set's objects of names this push does not have go (each
+ * guarded). True when none is left. */
+bool xfer_remove_replaced(const struct set_push *s);
+/* After a failure: the set it replaces stays or comes back, or what it stored goes (each delete
+ * guarded); `uncommitted`: the set it replaces was un-committed. */
+void xfer_push_failed(const struct set_push *s, bool uncommitted);
+
+/* xfer_set_push.c */
+int xfer_push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir,
+                  const char *prefix, const char *url, struct vmsnap_xfer_stats *stats,
+                  struct vmsnap_err *err);
+
+/* xfer_push.c */
+bool xfer_local_same(const struct xfer *x, const char *key, const char *path, bool within);
+
+/* xfer_download.c */
+void xfer_down_init(struct down *d);
+void xfer_down_prefetch(struct down *d);
+int xfer_down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst,
+                   struct vmsnap_err *err);
+int xfer_down_submit(struct down *d, struct vmsnap_err *err);
+void xfer_down_open_run(struct xtask *t, struct vmsnap_store_conn *c);
+int xfer_down_finish(struct down *d, int rc, struct vmsnap_err *err);
+void xfer_down_free(struct down *d, bool keep);
+
+/* xfer_ls.c */
+int xfer_collect(void *arg, const char *key, uint64_t size, int64_t mtime);
+void xfer_keys_free(struct keys *k);
+
+/* xfer_gc.c */
+size_t xfer_dir_len(const char *key);
+int xfer_collect_mark(void *arg, const char *key, uint64_t size, int64_t mtime);
 
 #endif

@@ -2,8 +2,6 @@
 /* The transfer worker pool (see xfer_int.h). */
 #include "xfer_int.h"
 
-#include "util/util.h"
-
 #include <errno.h>
 #include <stddef.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  * serialise and parse back to the same file list (when it carries every file's detail). The same
  * bytes go through the push-mark parser (gc reads marks from the store), whose marks must
  * round-trip too. */
-#include "xfer/manifest_int.h"
+#include "xfer/xfer_int.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* SigV4 against AWS's published examples, the S3 XML reader on hostile input, URL parsing, and
  * manifest validation. */
-#include "xfer/manifest_int.h"
+#include "xfer/xfer_int.h"
 #include "store/s3/s3_int.h"
 #include "store/s3/sigv4_int.h"
 #include "store/store_int.h"

@@ -11,30 +11,15 @@
  */
 #include "s3_curl.h"
 #include "s3_int.h"
-#include "sigv4_int.h"
 #include "store/store_int.h"
 
-#include "sys/sys.h"
 #include "util/util.h"
 
-#include <ctype.h>
 #include <errno.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
-
-#define RESP_CAP (16u << 20)     /* XML answers larger than this are refused */
-#define ERRBODY_CAP (64u << 10)  /* error bodies kept for their <Code> */
-#define REQ_MAX_XH 4             /* extra signed headers per request */
-#define SIGN_BODY_MAX (1u << 20) /* bodies up to this are hashed into the signature */
-#define BACKOFF_CAP_MS 5000u
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool curl_inited;
@@ -62,671 +47,11 @@ void s3_global_cleanup(void)
     pthread_mutex_unlock(&init_lock);
 }
 
-struct s3_conn {
-    CURL *h;
-    int fd; /* the socket of the handle's connection, -1 if none */
-    uint64_t rng;
-};
-
-struct dbuf {
-    char *p;
-    size_t len, cap, max;
-    bool overflow;
-};
-
-static int dbuf_add(struct dbuf *b, const void *data, size_t n)
-{
-    if (b->len + n > b->max) {
-        b->overflow = true;
-        return -1;
-    }
-    if (grow_array(&b->p, &b->cap, b->len + n + 1, 1, 4096) < 0)
-        return -1;
-    memcpy(b->p + b->len, data, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-    return 0;
-}
-
-struct qparam {
-    const char *name;
-    const char *value;
-};
-
-/* One request and its result. */
-struct req {
-    const char *method;
-    const char *key; /* "" for bucket-level requests */
-    const struct qparam *q;
-    size_t nq;
-    const void *body;
-    size_t body_len;
-    bool has_body;
-    uint64_t range_off, range_len; /* range_len 0: no Range */
-    bool suffix;                   /* Range: the last range_len bytes (bytes=-N) */
-    const struct sigv4_header *xh; /* extra x-amz-* headers, signed and sent (lowercase names) */
-    size_t nxh;
-    /* sinks for a 2xx body (at most one) */
-    uint8_t *dst; /* exactly range_len bytes */
-    struct dbuf *resp;
-    vmsnap_store_data_fn stream_fn;
-    void *stream_arg;
-    /* state per attempt */
-    size_t body_pos;
-    uint64_t got;
-    long status;
-    bool delivered; /* stream: bytes were handed to stream_fn */
-    int cb_err;     /* an error from stream_fn / overflow, stops the transfer */
-    struct vmsnap_err *cb_errp;
-    struct dbuf errbody;
-    int *sock; /* the connection's socket, -1 if none (s3_conn.fd) */
-    char etag[VMSNAP_STORE_ETAG_MAX];
-    uint64_t content_length;
-    bool have_length;
-    uint64_t cr_first, cr_last, cr_total; /* Content-Range: bytes FIRST-LAST/TOTAL */
-    bool have_range;
-};
-
-static size_t read_cb(char *buf, size_t size, size_t n, void *arg)
-{
-    struct req *r = arg;
-    size_t want = size * n, left = r->body_len - r->body_pos;
-    size_t k = want < left ? want : left;
-    if (k)
-        memcpy(buf, (const char *)r->body + r->body_pos, k);
-    r->body_pos += k;
-    return k;
-}
-
-/* libcurl rewinds the body itself when it resends a request on a connection that turned out
- * dead; without this it fails with "rewinding of the data stream failed". */
-static int seek_cb(void *arg, curl_off_t off, int origin)
-{
-    struct req *r = arg;
-    if (origin != SEEK_SET || off < 0 || (uint64_t)off > r->body_len)
-        return CURL_SEEKFUNC_CANTSEEK;
-    r->body_pos = (size_t)off;
-    return CURL_SEEKFUNC_OK;
-}
-
-/* Acknowledge what has arrived now instead of after the delayed-ACK timer. On a kept-alive
- * connection Linux delays ACKs (40 ms), and a server that writes the response header and a small
- * body in two sends, with Nagle on (Ceph RGW does), holds the body until that ACK comes: every
- * small ranged GET took 44 ms instead of 3. TCP_QUICKACK sends the pending ACK at once; it is not
- * sticky, so it is set again on each batch of received bytes (one setsockopt per recv). */
-static void quick_ack(struct req *r)
-{
-    if (r->sock && *r->sock >= 0) {
-        int one = 1;
-        (void)setsockopt(*r->sock, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
-    }
-}
-
-/* libcurl does not report a connection's socket during a transfer (CURLINFO_ACTIVESOCKET is -1
- * until it ends), so the connection's own socket is recorded when libcurl creates it and
- * forgotten when libcurl closes it. */
-static int sock_created(void *arg, curl_socket_t fd, curlsocktype purpose)
-{
-    (void)purpose;
-    *(int *)arg = fd;
-    return CURL_SOCKOPT_OK;
-}
-
-static int sock_close(void *arg, curl_socket_t fd)
-{
-    int *p = arg;
-    if (*p == fd)
-        *p = -1;
-    return close(fd);
-}
-
-static size_t write_cb(char *buf, size_t size, size_t n, void *arg)
-{
-    struct req *r = arg;
-    size_t len = size * n;
-    quick_ack(r);
-    if (r->status == 0)
-        r->status = -1; /* set by the header callback; guard against its absence */
-    if (r->status < 200 || r->status >= 300) {
-        dbuf_add(&r->errbody, buf, len); /* truncated silently at the cap */
-        return len;
-    }
-    if (r->dst) {
-        if (r->got + len > r->range_len) {
-            r->cb_err = -EIO;
-            return 0;
-        }
-        memcpy(r->dst + r->got, buf, len);
-    } else if (r->resp) {
-        if (dbuf_add(r->resp, buf, len) < 0) {
-            r->cb_err = -EFBIG;
-            return 0;
-        }
-    } else if (r->stream_fn) {
-        int rc = r->stream_fn(r->stream_arg, buf, len, r->cb_errp);
-        r->delivered = true;
-        if (rc < 0) {
-            r->cb_err = rc;
-            return 0;
-        }
-    }
-    r->got += len;
-    return len;
-}
-
-static size_t header_cb(char *buf, size_t size, size_t n, void *arg)
-{
-    struct req *r = arg;
-    size_t len = size * n;
-    if (len <= 2) { /* the blank line ending the header block: the body may be held back */
-        quick_ack(r);
-        return len;
-    }
-    if (len >= 5 && !strncmp(buf, "HTTP/", 5)) {
-        /* status line of a (possibly intermediate) response */
-        const char *sp = memchr(buf, ' ', len);
-        if (sp && (size_t)(sp - buf) + 4 <= len)
-            r->status = strtol(sp + 1, NULL, 10);
-        r->etag[0] = '\0';
-        r->have_length = false;
-        r->have_range = false;
-        return len;
-    }
-    const char *colon = memchr(buf, ':', len);
-    if (!colon)
-        return len;
-    size_t nl = (size_t)(colon - buf);
-    const char *v = colon + 1, *e = buf + len;
-    while (v < e && (*v == ' ' || *v == '\t'))
-        v++;
-    while (e > v && (e[-1] == '\r' || e[-1] == '\n' || e[-1] == ' '))
-        e--;
-    size_t vl = (size_t)(e - v);
-    if (nl == 4 && !strncasecmp(buf, "etag", 4) && vl < sizeof(r->etag)) {
-        memcpy(r->etag, v, vl);
-        r->etag[vl] = '\0';
-    } else if (nl == 14 && !strncasecmp(buf, "content-length", 14)) {
-        char tmp[24];
-        if (vl > 0 && vl < sizeof(tmp)) {
-            memcpy(tmp, v, vl);
-            tmp[vl] = '\0';
-            char *end;
-            unsigned long long x = strtoull(tmp, &end, 10);
-            if (!*end) {
-                r->content_length = x;
-                r->have_length = true;
-            }
-        }
-    } else if (nl == 13 && !strncasecmp(buf, "content-range", 13)) {
-        char tmp[80];
-        unsigned long long a, b, t;
-        char tail;
-        if (vl < sizeof(tmp)) {
-            memcpy(tmp, v, vl);
-            tmp[vl] = '\0';
-            if (sscanf(tmp, "bytes %llu-%llu/%llu%c", &a, &b, &t, &tail) == 3 && a <= b && b < t) {
-                r->cr_first = a;
-                r->cr_last = b;
-                r->cr_total = t;
-                r->have_range = true;
-            }
-        }
-    }
-    return len;
-}
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t x = *s;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *s = x;
-    return x * 0x2545F4914F6CDD1DULL;
-}
-
-static int cmp_q(const void *a, const void *b)
-{
-    const char *const *x = a, *const *y = b;
-    int c = strcmp(x[0], y[0]);
-    return c ? c : strcmp(x[1], y[1]);
-}
-
-/* Build the URL path (encoded) and the canonical query. */
-static int build_target(const struct s3_config *cfg, const struct req *r, char *path, size_t plen,
-                        char *query, size_t qlen)
-{
-    char enc[3 * 1024 + 1];
-    if (strlen(r->key) > 1024 || sigv4_uri_encode(r->key, true, enc, sizeof(enc)) < 0)
-        return -ENAMETOOLONG;
-    int n;
-    if (cfg->path_style)
-        n = snprintf(path, plen, "/%s%s%s", cfg->bucket, *r->key ? "/" : "", enc);
-    else
-        n = snprintf(path, plen, "/%s", enc);
-    if (n < 0 || (size_t)n >= plen)
-        return -ENAMETOOLONG;
-    /* encode, then sort by encoded name and value */
-    enum { MAXQ = 8 };
-    if (r->nq > MAXQ)
-        return -EINVAL;
-    char encq[MAXQ][2][3 * 1024 + 1];
-    const char *pairs[MAXQ][2];
-    for (size_t i = 0; i < r->nq; i++) {
-        if (strlen(r->q[i].name) > 1024 || strlen(r->q[i].value) > 1024 ||
-            sigv4_uri_encode(r->q[i].name, false, encq[i][0], sizeof(encq[i][0])) < 0 ||
-            sigv4_uri_encode(r->q[i].value, false, encq[i][1], sizeof(encq[i][1])) < 0)
-            return -ENAMETOOLONG;
-        pairs[i][0] = encq[i][0];
-        pairs[i][1] = encq[i][1];
-    }
-    qsort(pairs, r->nq, sizeof(pairs[0]), cmp_q);
-    size_t o = 0;
-    query[0] = '\0';
-    for (size_t i = 0; i < r->nq; i++) {
-        n = snprintf(query + o, qlen - o, "%s%s=%s", i ? "&" : "", pairs[i][0], pairs[i][1]);
-        if (n < 0 || (size_t)n >= qlen - o)
-            return -ENAMETOOLONG;
-        o += (size_t)n;
-    }
-    return 0;
-}
-
-static void host_header(const struct s3_config *cfg, char *out, size_t len)
-{
-    bool v6 = strchr(cfg->host, ':') != NULL;
-    char hostpart[300];
-    snprintf(hostpart, sizeof(hostpart), "%s%s%s%s%s", cfg->path_style ? "" : cfg->bucket,
-             cfg->path_style ? "" : ".", v6 ? "[" : "", cfg->host, v6 ? "]" : "");
-    if (cfg->port)
-        snprintf(out, len, "%s:%u", hostpart, cfg->port);
-    else
-        snprintf(out, len, "%s", hostpart);
-}
-
-static bool retryable_curl(CURLcode c)
-{
-    switch (c) {
-    case CURLE_COULDNT_CONNECT:
-    case CURLE_OPERATION_TIMEDOUT:
-    case CURLE_SEND_ERROR:
-    case CURLE_SEND_FAIL_REWIND:
-    case CURLE_RECV_ERROR:
-    case CURLE_GOT_NOTHING:
-    case CURLE_PARTIAL_FILE:
-    case CURLE_SSL_CONNECT_ERROR:
-    case CURLE_COULDNT_RESOLVE_HOST:
-    case CURLE_HTTP2:
-    case CURLE_HTTP2_STREAM:
-        return true;
-    default:
-        return false;
-    }
-}
-
-static int curl_errno(CURLcode c)
-{
-    switch (c) {
-    case CURLE_COULDNT_CONNECT:
-        return ECONNREFUSED;
-    case CURLE_OPERATION_TIMEDOUT:
-        return ETIMEDOUT;
-    case CURLE_COULDNT_RESOLVE_HOST:
-        return EHOSTUNREACH;
-    case CURLE_PEER_FAILED_VERIFICATION:
-    case CURLE_SSL_CACERT_BADFILE:
-        return EPROTO;
-    default:
-        return EIO;
-    }
-}
-
-/* Map a non-2xx answer to -errno with a message naming the bucket and key. */
-static int http_error(const struct s3_config *cfg, const struct req *r, struct vmsnap_err *err)
-{
-    char code[128] = "", msg[256] = "";
-    struct xml_span body = {r->errbody.p ? r->errbody.p : "", r->errbody.len};
-    xml_child_text(body, "Code", code, sizeof(code));
-    xml_child_text(body, "Message", msg, sizeof(msg));
-    char where[1200];
-    snprintf(where, sizeof(where), "%s://%s/%s", cfg->url_scheme, cfg->bucket, r->key);
-    const char *detail = code[0] ? code : "no error code";
-    if (r->status == 403 || r->status == 401)
-        return vmsnap_err_set(err, EACCES,
-                              "%s %s: access denied to bucket '%s' (HTTP %ld %s): check the "
-                              "credentials and the bucket's permissions",
-                              r->method, where, cfg->bucket, r->status, detail);
-    if (r->status == 404) {
-        if (!strcmp(code, "NoSuchBucket"))
-            return vmsnap_err_set(err, ENOENT, "%s %s: no such bucket '%s'", r->method, where,
-                                  cfg->bucket);
-        if (!strcmp(code, "NoSuchUpload"))
-            return vmsnap_err_set(err, ENOENT,
-                                  "%s %s: no such multipart upload (aborted meanwhile: by "
-                                  "'vmsnap gc', or by another push to the same place)",
-                                  r->method, where);
-        return vmsnap_err_set(err, ENOENT, "%s %s: no such object", r->method, where);
-    }
-    if (r->status == 416)
-        return vmsnap_err_set(err, EIO, "%s %s: range %llu+%llu outside the object", r->method,
-                              where, (unsigned long long)r->range_off,
-                              (unsigned long long)r->range_len);
-    if (r->status == 400 && !strcmp(code, "EntityTooSmall"))
-        return vmsnap_err_set(err, EINVAL, "%s %s: part too small (%s)", r->method, where, detail);
-    return vmsnap_err_set(err, r->status >= 500 ? EAGAIN : EIO, "%s %s: HTTP %ld %s%s%s", r->method,
-                          where, r->status, detail, msg[0] ? ": " : "", msg);
-}
-
-static unsigned env_uint(const char *name, unsigned def)
-{
-    const char *v = getenv(name);
-    if (v && *v) {
-        long x = strtol(v, NULL, 10);
-        if (x > 0)
-            return (unsigned)x;
-    }
-    return def;
-}
-
-/* A cancel (vmsnap_cancel) aborts a request in flight and stops its retries, unless it is a
- * DELETE (an abort of a multipart upload, a removal) or its thread holds the cancel off
- * (cancel_hold: the clean-up of a failed transfer, a push past its commit): those still run. */
-static bool req_abortable(const struct req *r)
-{
-    return strcmp(r->method, "DELETE") != 0;
-}
-
-static int abort_cb(void *arg, curl_off_t dlt, curl_off_t dln, curl_off_t ult, curl_off_t uln)
-{
-    (void)dlt, (void)dln;
-    if (ult > 0 && uln >= ult)
-        return 0; /* the body is sent: the server may have stored it; its answer says */
-    return req_abortable(arg) && cancel_pending();
-}
-
-/* One attempt. Returns 0 for a 2xx, 1 for "retry", <0 for a final error (err filled). */
-static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err *err)
-{
-    const struct s3_config *cfg = &c->st->s3;
-    struct s3_conn *sc = c->impl;
-    CURL *h = sc->h;
-    char path[4200], query[8400], host[400], url[16384];
-    int rc = build_target(cfg, r, path, sizeof(path), query, sizeof(query));
-    if (rc < 0)
-        return vmsnap_err_set(err, -rc, "%s://%s/%s: key or query too long", cfg->url_scheme,
-                              cfg->bucket, r->key);
-    host_header(cfg, host, sizeof(host));
-    int un = snprintf(url, sizeof(url), "%s://%s%s%s%s", cfg->scheme, host, path,
-                      query[0] ? "?" : "", query);
-    if (un < 0 || (size_t)un >= sizeof(url))
-        return vmsnap_err_set(err, ENAMETOOLONG, "%s://%s/%s: URL too long", cfg->url_scheme,
-                              cfg->bucket, r->key);
-
-    char phash[65];
-    if (r->has_body && r->body_len > SIGN_BODY_MAX)
-        snprintf(phash, sizeof(phash), "UNSIGNED-PAYLOAD");
-    else
-        sigv4_sha256_hex(r->has_body ? r->body : "", r->has_body ? r->body_len : 0, phash);
-    char amzdate[20];
-    time_t t = time(NULL);
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    strftime(amzdate, sizeof(amzdate), "%Y%m%dT%H%M%SZ", &tm);
-
-    struct sigv4_header sh[4 + REQ_MAX_XH] = {
-        {"host", host}, {"x-amz-content-sha256", phash}, {"x-amz-date", amzdate}};
-    size_t nsh = 3;
-    if (cfg->session_token)
-        sh[nsh++] = (struct sigv4_header){"x-amz-security-token", cfg->session_token};
-    for (size_t i = 0; i < r->nxh && i < REQ_MAX_XH; i++)
-        sh[nsh++] = r->xh[i];
-    char auth[1024];
-    struct sigv4_input in = {r->method,      path,    query,       sh,   nsh,
-                             phash,          amzdate, cfg->region, "s3", cfg->access_key,
-                             cfg->secret_key};
-    rc = sigv4_authorization(&in, auth, sizeof(auth));
-    if (rc < 0)
-        return vmsnap_err_set(err, -rc, "signing request for %s://%s/%s failed", cfg->url_scheme,
-                              cfg->bucket, r->key);
-
-    struct curl_slist *hl = NULL;
-    char line[4096]; /* an x-amz-copy-source of a 1024-byte key encodes to ~3.1 KB */
-    snprintf(line, sizeof(line), "Host: %s", host);
-    hl = curl_slist_append(hl, line);
-    snprintf(line, sizeof(line), "x-amz-content-sha256: %s", phash);
-    hl = curl_slist_append(hl, line);
-    snprintf(line, sizeof(line), "x-amz-date: %s", amzdate);
-    hl = curl_slist_append(hl, line);
-    if (cfg->session_token && strlen(cfg->session_token) < sizeof(line) - 32) {
-        snprintf(line, sizeof(line), "x-amz-security-token: %s", cfg->session_token);
-        hl = curl_slist_append(hl, line);
-    }
-    for (size_t i = 0; i < r->nxh && i < REQ_MAX_XH; i++) {
-        snprintf(line, sizeof(line), "%s: %s", r->xh[i].name, r->xh[i].value);
-        hl = curl_slist_append(hl, line);
-    }
-    snprintf(line, sizeof(line), "Authorization: %s", auth);
-    hl = curl_slist_append(hl, line);
-    explicit_bzero(line, sizeof(line));
-    explicit_bzero(auth, sizeof(auth));
-    hl = curl_slist_append(hl, "Expect:");
-    if (r->range_len && r->suffix) {
-        snprintf(line, sizeof(line), "Range: bytes=-%llu", (unsigned long long)r->range_len);
-        hl = curl_slist_append(hl, line);
-    } else if (r->range_len) {
-        snprintf(line, sizeof(line), "Range: bytes=%llu-%llu", (unsigned long long)r->range_off,
-                 (unsigned long long)(r->range_off + r->range_len - 1));
-        hl = curl_slist_append(hl, line);
-    }
-    if (r->has_body)
-        hl = curl_slist_append(hl, "Content-Type: application/octet-stream");
-    if (!hl)
-        return vmsnap_err_set(err, ENOMEM, "out of memory");
-
-    curl_easy_reset(h);
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
-    curl_easy_setopt(h, CURLOPT_SOCKOPTFUNCTION, sock_created);
-    curl_easy_setopt(h, CURLOPT_SOCKOPTDATA, &sc->fd);
-    curl_easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, sock_close);
-    curl_easy_setopt(h, CURLOPT_CLOSESOCKETDATA, &sc->fd);
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
-                     (long)env_uint("VMSNAP_S3_CONNECT_TIMEOUT_MS", 10000));
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, (long)env_uint("VMSNAP_S3_STALL_SECONDS", 30));
-    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, cfg->insecure_tls ? 0L : 1L);
-    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, cfg->insecure_tls ? 0L : 2L);
-    curl_easy_setopt(h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, write_cb);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
-    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, header_cb);
-    curl_easy_setopt(h, CURLOPT_HEADERDATA, r);
-    curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 256L * 1024);
-    curl_easy_setopt(h, CURLOPT_UPLOAD_BUFFERSIZE, 1024L * 1024);
-    if (!strcmp(r->method, "HEAD")) {
-        curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
-    } else if (r->has_body || !strcmp(r->method, "POST")) {
-        curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
-        curl_easy_setopt(h, CURLOPT_READFUNCTION, read_cb);
-        curl_easy_setopt(h, CURLOPT_READDATA, r);
-        curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, seek_cb);
-        curl_easy_setopt(h, CURLOPT_SEEKDATA, r);
-        curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)r->body_len);
-        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r->method);
-    } else if (strcmp(r->method, "GET")) {
-        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r->method);
-    }
-
-    r->sock = &sc->fd;
-    r->body_pos = 0;
-    r->got = 0;
-    r->status = 0;
-    r->cb_err = 0;
-    r->etag[0] = '\0';
-    r->have_length = false;
-    r->have_range = false;
-    r->errbody.len = 0;
-    if (r->resp)
-        r->resp->len = 0;
-    curl_easy_setopt(h, CURLOPT_NOPROGRESS, req_abortable(r) ? 0L : 1L);
-    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, abort_cb);
-    curl_easy_setopt(h, CURLOPT_XFERINFODATA, r);
-    double t0 = mono_now();
-    CURLcode cc = curl_easy_perform(h);
-    curl_slist_free_all(hl);
-    long status = 0;
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
-    if (status)
-        r->status = status;
-    vlog(VMSNAP_LOG_DEBUG, "s3: %s %s/%s%s%s -> %ld%s%s (%.3f s)", r->method, cfg->bucket, r->key,
-         query[0] ? "?" : "", query, r->status, cc ? " curl: " : "",
-         cc ? curl_easy_strerror(cc) : "", mono_now() - t0);
-
-    if (cc == CURLE_ABORTED_BY_CALLBACK && cancel_check(err) < 0)
-        return -ECANCELED;
-    if (r->cb_err) {
-        if (r->cb_err == -EFBIG)
-            return vmsnap_err_set(err, EFBIG, "%s %s/%s: answer larger than %u bytes", r->method,
-                                  cfg->bucket, r->key, RESP_CAP);
-        if (r->dst && r->status == 200)
-            return vmsnap_err_set(err, EPROTO,
-                                  "GET %s://%s/%s: the server ignored the Range header (HTTP 200 "
-                                  "with more than the %llu bytes asked for); vmsnap needs a store "
-                                  "that serves byte ranges%s",
-                                  cfg->url_scheme, cfg->bucket, r->key,
-                                  (unsigned long long)r->range_len,
-                                  r->suffix ? ", including suffix ranges (bytes=-N)" : "");
-        if (r->dst)
-            return vmsnap_err_set(err, EIO, "GET %s://%s/%s: more bytes than the %llu requested",
-                                  cfg->url_scheme, cfg->bucket, r->key,
-                                  (unsigned long long)r->range_len);
-        return r->cb_err; /* stream_fn filled err */
-    }
-    if (cc != CURLE_OK) {
-        /* where it went, when the connection is what failed (a wrong AWS_ENDPOINT_URL, a host
-         * down: the URL alone does not say) */
-        char where[340] = "";
-        if (cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST ||
-            cc == CURLE_SSL_CONNECT_ERROR || cc == CURLE_OPERATION_TIMEDOUT ||
-            cc == CURLE_PEER_FAILED_VERIFICATION) {
-            char hp[300];
-            host_header(cfg, hp, sizeof(hp));
-            snprintf(where, sizeof(where), " (endpoint %s://%s)", cfg->scheme, hp);
-        }
-        if (r->stream_fn && r->delivered)
-            return vmsnap_err_set(err, curl_errno(cc), "GET %s://%s/%s: %s%s (after data)",
-                                  cfg->url_scheme, cfg->bucket, r->key, curl_easy_strerror(cc),
-                                  where);
-        int ec =
-            vmsnap_err_set(err, curl_errno(cc), "%s %s://%s/%s: %s%s", r->method, cfg->url_scheme,
-                           cfg->bucket, r->key, curl_easy_strerror(cc), where);
-        return retryable_curl(cc) ? 1 : ec;
-    }
-    if (r->status >= 200 && r->status < 300) {
-        /* CompleteMultipartUpload may answer 200 with an <Error> body */
-        if (r->resp && r->resp->p && strstr(r->resp->p, "<Error>")) {
-            r->errbody.len = 0;
-            dbuf_add(&r->errbody, r->resp->p, r->resp->len);
-            r->status = 500;
-            http_error(cfg, r, err);
-            return 1;
-        }
-        return 0;
-    }
-    char code[64] = "";
-    struct xml_span body = {r->errbody.p ? r->errbody.p : "", r->errbody.len};
-    xml_child_text(body, "Code", code, sizeof(code));
-    if (r->status >= 500 || r->status == 429 || !strcmp(code, "RequestTimeout") ||
-        !strcmp(code, "SlowDown")) {
-        if (r->stream_fn && r->delivered)
-            return http_error(cfg, r, err);
-        http_error(cfg, r, err);
-        return 1;
-    }
-    return http_error(cfg, r, err);
-}
-
-static int perform(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err *err)
-{
-    struct vmsnap_err own = {0};
-    if (!err) /* the retry lines still say why */
-        err = &own;
-    const struct s3_config *cfg = &c->st->s3;
-    struct s3_conn *sc = c->impl;
-    r->errbody.max = ERRBODY_CAP;
-    r->cb_errp = err;
-    unsigned delay = cfg->backoff_ms;
-    int rc = 0;
-    for (unsigned a = 1;; a++) {
-        rc = attempt(c, r, err);
-        if (rc <= 0)
-            break;
-        if (req_abortable(r) && (rc = cancel_check(err)) < 0)
-            break;
-        if (a >= (c->one_attempt ? 1 : cfg->max_attempts)) {
-            vmsnap_err_wrap(err, "gave up after %u attempts: ", a);
-            rc = -err_code_or(err, EIO);
-            if (rc == -EAGAIN)
-                rc = -EIO;
-            if (err && err->code == EAGAIN)
-                err->code = EIO;
-            break;
-        }
-        /* full jitter in [delay/2, delay] */
-        unsigned j = delay / 2 + (unsigned)(rng_next(&sc->rng) % (delay / 2 + 1));
-        vlog(VMSNAP_LOG_INFO, "s3: retry %u/%u of %s %s/%s in %u ms (%s)", a, cfg->max_attempts - 1,
-             r->method, cfg->bucket, r->key, j, err->msg);
-        for (unsigned left = j; left > 0 && !(req_abortable(r) && cancel_pending());) {
-            unsigned k = left < 100 ? left : 100; /* a cancel is seen within 0.1 s */
-            sys_sleep_ms(k);
-            left -= k;
-        }
-        if (req_abortable(r) && (rc = cancel_check(err)) < 0)
-            break;
-        delay = delay * 2 > BACKOFF_CAP_MS ? BACKOFF_CAP_MS : delay * 2;
-    }
-    free(r->errbody.p);
-    r->errbody.p = NULL;
-    if (rc == 0)
-        vmsnap_err_clear(err);
-    return rc;
-}
-
-static int s3_conn_new(struct vmsnap_store *st, struct vmsnap_store_conn *c, struct vmsnap_err *err)
-{
-    (void)st;
-    struct s3_conn *sc = calloc(1, sizeof(*sc));
-    if (!sc)
-        return vmsnap_err_set(err, ENOMEM, "out of memory");
-    sc->fd = -1;
-    sc->h = curl_easy_init();
-    if (!sc->h) {
-        free(sc);
-        return vmsnap_err_set(err, ENOMEM, "curl_easy_init failed");
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    sc->rng = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)(uintptr_t)sc ^ (uint64_t)getpid() ^ 1;
-    c->impl = sc;
-    return 0;
-}
-
-static void s3_conn_free(struct vmsnap_store_conn *c)
-{
-    struct s3_conn *sc = c->impl;
-    if (sc) {
-        curl_easy_cleanup(sc->h);
-        free(sc);
-    }
-}
-
 static int s3_put(struct vmsnap_store_conn *c, const char *key, const void *buf, size_t len,
                   struct vmsnap_err *err)
 {
     struct req r = {.method = "PUT", .key = key, .body = buf, .body_len = len, .has_body = true};
-    return perform(c, &r, err);
+    return s3_perform(c, &r, err);
 }
 
 static int s3_mpu_create(struct vmsnap_store_conn *c, const char *key, char **upload_id,
@@ -735,7 +60,7 @@ static int s3_mpu_create(struct vmsnap_store_conn *c, const char *key, char **up
     struct qparam q[] = {{"uploads", ""}};
     struct dbuf resp = {.max = RESP_CAP};
     struct req r = {.method = "POST", .key = key, .q = q, .nq = 1, .resp = &resp};
-    int rc = perform(c, &r, err);
+    int rc = s3_perform(c, &r, err);
     if (rc == 0) {
         char id[1024];
         struct xml_span s = {resp.p ? resp.p : "", resp.len};
@@ -764,7 +89,7 @@ static int s3_mpu_part(struct vmsnap_store_conn *c, const char *key, const char 
                     .body = buf,
                     .body_len = len,
                     .has_body = true};
-    int rc = perform(c, &r, err);
+    int rc = s3_perform(c, &r, err);
     if (rc == 0) {
         if (!r.etag[0])
             return vmsnap_err_set(err, EPROTO, "upload part %u of %s/%s: no ETag in answer", number,
@@ -807,7 +132,7 @@ static int s3_mpu_part_copy(struct vmsnap_store_conn *c, const char *key, const 
                     .resp = &resp};
     vlog(VMSNAP_LOG_DEBUG, "s3: part %u of %s/%s = copy of %s/%s %s (if-match %s)", number,
          cfg->bucket, key, cfg->bucket, src_key, range, src_etag);
-    int rc = perform(c, &r, err);
+    int rc = s3_perform(c, &r, err);
     if (rc < 0 && r.status == 412)
         rc = vmsnap_err_set(err, ESTALE, "copy %s://%s/%s into part %u of %s: the source changed",
                             cfg->url_scheme, cfg->bucket, src_key, number, key);
@@ -827,7 +152,7 @@ static int s3_mpu_complete(struct vmsnap_store_conn *c, const char *key, const c
                            struct vmsnap_err *err)
 {
     struct dbuf body = {.max = (size_t)nparts * 256 + 256};
-    int rc = dbuf_add(&body, "<CompleteMultipartUpload>", 25);
+    int rc = s3_dbuf_add(&body, "<CompleteMultipartUpload>", 25);
     for (uint32_t i = 0; i < nparts && rc == 0; i++) {
         char line[256];
         /* ETags are quoted hex; escape the quotes for XML */
@@ -847,10 +172,10 @@ static int s3_mpu_complete(struct vmsnap_store_conn *c, const char *key, const c
         int n =
             snprintf(line, sizeof(line), "<Part><PartNumber>%u</PartNumber><ETag>%s</ETag></Part>",
                      parts[i].number, et);
-        rc = dbuf_add(&body, line, (size_t)n);
+        rc = s3_dbuf_add(&body, line, (size_t)n);
     }
     if (rc == 0)
-        rc = dbuf_add(&body, "</CompleteMultipartUpload>", 26);
+        rc = s3_dbuf_add(&body, "</CompleteMultipartUpload>", 26);
     if (rc < 0) {
         free(body.p);
         return vmsnap_err_set(err, ENOMEM, "out of memory");
@@ -865,7 +190,7 @@ static int s3_mpu_complete(struct vmsnap_store_conn *c, const char *key, const c
                     .body_len = body.len,
                     .has_body = true,
                     .resp = &resp};
-    rc = perform(c, &r, err);
+    rc = s3_perform(c, &r, err);
     /* RGW answers an empty <ETag></ETag>: nothing in the answer is needed. */
     free(resp.p);
     free(body.p);
@@ -877,7 +202,7 @@ static int s3_mpu_abort(struct vmsnap_store_conn *c, const char *key, const char
 {
     struct qparam q[] = {{"uploadId", upload_id}};
     struct req r = {.method = "DELETE", .key = key, .q = q, .nq = 1};
-    int rc = perform(c, &r, err);
+    int rc = s3_perform(c, &r, err);
     if (rc == -ENOENT) { /* NoSuchUpload, or RGW's NoSuchKey: already gone */
         vmsnap_err_clear(err);
         rc = 0;
@@ -889,7 +214,7 @@ static int s3_get(struct vmsnap_store_conn *c, const char *key, uint64_t off, si
                   struct vmsnap_err *err)
 {
     struct req r = {.method = "GET", .key = key, .range_off = off, .range_len = len, .dst = buf};
-    int rc = perform(c, &r, err);
+    int rc = s3_perform(c, &r, err);
     if (rc == 0 && r.got != len)
         rc = vmsnap_err_set(err, EIO, "GET %s://%s/%s: %llu of %zu bytes at %llu (short object)",
                             c->st->s3.url_scheme, c->st->s3.bucket, key, (unsigned long long)r.got,
@@ -902,7 +227,7 @@ static int s3_get_tail(struct vmsnap_store_conn *c, const char *key, size_t len,
 {
     const struct s3_config *cfg = &c->st->s3;
     struct req r = {.method = "GET", .key = key, .range_len = len, .suffix = true, .dst = buf};
-    int rc = perform(c, &r, err);
+    int rc = s3_perform(c, &r, err);
     if (rc < 0 && r.status == 416) {
         /* a suffix range of a non-empty object is always satisfiable: this one is empty */
         vmsnap_err_clear(err);
@@ -938,7 +263,7 @@ static int s3_get_stream(struct vmsnap_store_conn *c, const char *key, vmsnap_st
                          void *arg, struct vmsnap_err *err)
 {
     struct req r = {.method = "GET", .key = key, .stream_fn = fn, .stream_arg = arg};
-    int rc = perform(c, &r, err);
+    int rc = s3_perform(c, &r, err);
     if (rc == 0 && r.have_length && r.got != r.content_length)
         rc = vmsnap_err_set(err, EIO, "GET %s/%s: %llu of %llu bytes", c->st->s3.bucket, key,
                             (unsigned long long)r.got, (unsigned long long)r.content_length);
@@ -949,7 +274,7 @@ static int s3_head(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
                    struct vmsnap_err *err)
 {
     struct req r = {.method = "HEAD", .key = key};
-    int rc = perform(c, &r, err);
+    int rc = s3_perform(c, &r, err);
     if (rc == 0) {
         if (!r.have_length)
             return vmsnap_err_set(err, EPROTO, "HEAD %s/%s: no Content-Length", c->st->s3.bucket,
@@ -964,186 +289,12 @@ static int s3_head(struct vmsnap_store_conn *c, const char *key, uint64_t *size,
 static int s3_del(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err)
 {
     struct req r = {.method = "DELETE", .key = key};
-    int rc = perform(c, &r, err);
-    if (rc == -ENOENT && r.status == 404) {
-        char code[64] = "";
-        /* a missing key is fine; a missing bucket is not */
-        if (!strstr(err ? err->msg : "", "no such bucket")) {
-            vmsnap_err_clear(err);
-            rc = 0;
-        }
-        (void)code;
+    int rc = s3_perform(c, &r, err);
+    if (rc == -ENOENT && r.status == 404 && !r.no_bucket) { /* a missing bucket is an error */
+        vmsnap_err_clear(err);
+        rc = 0;
     }
     return rc;
-}
-
-/* "2026-11-30T12:00:00.000Z" (S3's form; fraction optional, or an offset "+01:00" / "-0500"
- * instead of Z) -> Unix seconds; -1 if it is not exactly that. */
-static int64_t iso8601(const char *s)
-{
-    struct tm tm = {0};
-    int n = 0;
-    if (sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
-               &tm.tm_min, &tm.tm_sec, &n) != 6 ||
-        n != 19 || tm.tm_year < 1970 || tm.tm_mon < 1 || tm.tm_mon > 12 || tm.tm_mday < 1 ||
-        tm.tm_mday > 31 || tm.tm_hour > 23 || tm.tm_min > 59 || tm.tm_sec > 60)
-        return -1;
-    const char *p = s + n;
-    if (*p == '.') {
-        if (!isdigit((unsigned char)*++p))
-            return -1;
-        while (isdigit((unsigned char)*p))
-            p++;
-    }
-    int64_t off = 0;
-    if (*p == 'Z') {
-        p++;
-    } else if (*p == '+' || *p == '-') {
-        int sign = *p++ == '-' ? -1 : 1;
-        if (!isdigit((unsigned char)p[0]) || !isdigit((unsigned char)p[1]))
-            return -1;
-        int hh = (p[0] - '0') * 10 + (p[1] - '0'), mm = 0;
-        p += 2;
-        if (*p == ':')
-            p++;
-        if (isdigit((unsigned char)p[0]) && isdigit((unsigned char)p[1])) {
-            mm = (p[0] - '0') * 10 + (p[1] - '0');
-            p += 2;
-        }
-        if (hh > 23 || mm > 59)
-            return -1;
-        off = sign * (int64_t)(hh * 3600 + mm * 60);
-    } else {
-        return -1;
-    }
-    if (*p)
-        return -1;
-    tm.tm_year -= 1900;
-    tm.tm_mon -= 1;
-    time_t t = timegm(&tm);
-    return t == (time_t)-1 ? -1 : (int64_t)t - off;
-}
-
-static int s3_list(struct vmsnap_store_conn *c, const char *prefix, vmsnap_store_list_fn fn,
-                   void *arg, struct vmsnap_err *err)
-{
-    char token[2048] = "";
-    for (;;) {
-        struct qparam q[3] = {{"list-type", "2"}, {"prefix", prefix}};
-        size_t nq = 2;
-        if (token[0])
-            q[nq++] = (struct qparam){"continuation-token", token};
-        struct dbuf resp = {.max = RESP_CAP};
-        struct req r = {.method = "GET", .key = "", .q = q, .nq = nq, .resp = &resp};
-        int rc = perform(c, &r, err);
-        if (rc < 0) {
-            free(resp.p);
-            return rc;
-        }
-        struct xml_span s = {resp.p ? resp.p : "", resp.len}, item, rest;
-        for (struct xml_span cur = s; rc == 0 && xml_find(cur, "Contents", &item, &rest);
-             cur = rest) {
-            char k[1100], lm[64];
-            uint64_t size = 0;
-            if (!xml_child_text(item, "Key", k, sizeof(k)) || !xml_child_u64(item, "Size", &size))
-                rc = vmsnap_err_set(err, EPROTO, "list %s/%s: malformed <Contents>",
-                                    c->st->s3.bucket, prefix);
-            else
-                rc = fn(arg, k, size,
-                        xml_child_text(item, "LastModified", lm, sizeof(lm)) ? iso8601(lm) : -1);
-        }
-        char trunc[8] = "";
-        xml_child_text(s, "IsTruncated", trunc, sizeof(trunc));
-        bool more = !strcmp(trunc, "true");
-        if (rc == 0 && more &&
-            (!xml_child_text(s, "NextContinuationToken", token, sizeof(token)) || !token[0]))
-            rc = vmsnap_err_set(err, EPROTO, "list %s/%s: truncated without a continuation token",
-                                c->st->s3.bucket, prefix);
-        free(resp.p);
-        if (rc < 0 || !more)
-            return rc;
-    }
-}
-
-/* ListParts: the newest part's LastModified (-1: no part yet), page by page. */
-static int s3_mpu_last_part(struct vmsnap_store_conn *c, const char *key, const char *upload_id,
-                            int64_t *last, struct vmsnap_err *err)
-{
-    *last = -1;
-    char marker[16] = "";
-    for (int page = 0; page < 100; page++) {
-        struct qparam q[2] = {{"uploadId", upload_id}};
-        size_t nq = 1;
-        if (marker[0])
-            q[nq++] = (struct qparam){"part-number-marker", marker};
-        struct dbuf resp = {.max = RESP_CAP};
-        struct req r = {.method = "GET", .key = key, .q = q, .nq = nq, .resp = &resp};
-        int rc = perform(c, &r, err);
-        if (rc < 0) {
-            free(resp.p);
-            return rc;
-        }
-        struct xml_span s = {resp.p ? resp.p : "", resp.len}, item, rest;
-        for (struct xml_span cur = s; xml_find(cur, "Part", &item, &rest); cur = rest) {
-            char lm[64];
-            int64_t t = xml_child_text(item, "LastModified", lm, sizeof(lm)) ? iso8601(lm) : -1;
-            if (t > *last)
-                *last = t;
-        }
-        char trunc[8] = "";
-        xml_child_text(s, "IsTruncated", trunc, sizeof(trunc));
-        bool more = !strcmp(trunc, "true") &&
-                    xml_child_text(s, "NextPartNumberMarker", marker, sizeof(marker)) && marker[0];
-        free(resp.p);
-        if (!more)
-            return 0;
-    }
-    return 0;
-}
-
-static int s3_list_uploads(struct vmsnap_store_conn *c, const char *prefix,
-                           vmsnap_store_upload_fn fn, void *arg, struct vmsnap_err *err)
-{
-    char kmark[1100] = "", umark[1100] = "";
-    for (;;) {
-        struct qparam q[4] = {{"uploads", ""}, {"prefix", prefix}};
-        size_t nq = 2;
-        if (kmark[0]) {
-            q[nq++] = (struct qparam){"key-marker", kmark};
-            q[nq++] = (struct qparam){"upload-id-marker", umark};
-        }
-        struct dbuf resp = {.max = RESP_CAP};
-        struct req r = {.method = "GET", .key = "", .q = q, .nq = nq, .resp = &resp};
-        int rc = perform(c, &r, err);
-        if (rc < 0) {
-            free(resp.p);
-            return rc;
-        }
-        struct xml_span s = {resp.p ? resp.p : "", resp.len}, item, rest;
-        for (struct xml_span cur = s; rc == 0 && xml_find(cur, "Upload", &item, &rest);
-             cur = rest) {
-            char k[1100], id[1100], init[64];
-            if (!xml_child_text(item, "Key", k, sizeof(k)) ||
-                !xml_child_text(item, "UploadId", id, sizeof(id)))
-                rc = vmsnap_err_set(err, EPROTO, "list uploads %s/%s: malformed <Upload>",
-                                    c->st->s3.bucket, prefix);
-            else
-                rc = fn(arg, k, id,
-                        xml_child_text(item, "Initiated", init, sizeof(init)) ? iso8601(init) : -1);
-        }
-        char trunc[8] = "";
-        xml_child_text(s, "IsTruncated", trunc, sizeof(trunc));
-        bool more = !strcmp(trunc, "true");
-        if (rc == 0 && more) {
-            if (!xml_child_text(s, "NextKeyMarker", kmark, sizeof(kmark)) ||
-                !xml_child_text(s, "NextUploadIdMarker", umark, sizeof(umark)) || !kmark[0])
-                rc = vmsnap_err_set(err, EPROTO, "list uploads %s/%s: truncated without markers",
-                                    c->st->s3.bucket, prefix);
-        }
-        free(resp.p);
-        if (rc < 0 || !more)
-            return rc;
-    }
 }
 
 const struct store_ops store_s3_ops = {
