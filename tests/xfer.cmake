@@ -15,8 +15,13 @@ set_tests_properties(xfer_rgw_down PROPERTIES FIXTURES_CLEANUP xfer_rgw TIMEOUT 
 
 add_executable(vmsnap_faultproxy ${CMAKE_SOURCE_DIR}/tests/faultproxy.c)
 
-foreach(t IN ITEMS xfer_s3 xfer_s3_faults)
-  vmsnap_sh_test(${t} tests/integration/${t}.sh TIMEOUT 600)
+# crash_short: the crash matrix's short fixed-seed run (tests/crash/crash.py)
+foreach(t IN ITEMS xfer_s3 xfer_s3_faults crash_short)
+  if(t STREQUAL crash_short)
+    vmsnap_sh_test(${t} tests/crash/crash_short.sh TIMEOUT 600 LABELS crash)
+  else()
+    vmsnap_sh_test(${t} tests/integration/${t}.sh TIMEOUT 600)
+  endif()
   set_tests_properties(${t} PROPERTIES FIXTURES_REQUIRED xfer_rgw RESOURCE_LOCK xfer_rgw_server)
   set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT
                "VMSNAP_RGW_STATE=${VMSNAP_RGW_STATE};VMSNAP_FAULTPROXY=$<TARGET_FILE:vmsnap_faultproxy>")

@@ -13,7 +13,9 @@
  *
  * The swap is refused (-EOPNOTSUPP, nothing changed) where it would change more than the files:
  * a subdirectory in the directory (it cannot be linked), extended attributes on it (default
- * ACLs, labels: a new directory would not have them), an owner the caller cannot give the new
+ * ACLs, labels: a new directory would not have them), an immutable or append-only file in it
+ * (its name must stay: the file-by-file publish then fails on it clearly), an owner the caller
+ * cannot give the new
  * directory, a mount point (EBUSY), a filesystem without RENAME_EXCHANGE. The new directory gets
  * the old one's mode, owner and group. A sibling left by a killed swap is removed by
  * sys_dir_swap_sweep() (its PID gone and its lock free): before the exchange it holds links
@@ -29,7 +31,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/fs.h>
 #include <sys/file.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -49,7 +53,22 @@ static int split(const char *dir, char *parent, char *base)
     return 0;
 }
 
-/* May the directory open at `dfd` be swapped: no subdirectory, no extended attribute. */
+/* Is the regular file `name` immutable or append-only (chattr +i, +a)? Its name in the
+ * directory must not change, so neither may the directory (and the old one could not go). */
+static bool pinned(int dfd, const char *name)
+{
+    int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
+        return false;
+    int flags = 0;
+    bool pin =
+        ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0 && (flags & (FS_IMMUTABLE_FL | FS_APPEND_FL));
+    close(fd);
+    return pin;
+}
+
+/* May the directory open at `dfd` be swapped: no subdirectory, no extended attribute, no
+ * immutable or append-only file. */
 static int swappable(int dfd, const char *dir, struct vmsnap_err *err)
 {
     ssize_t xl = flistxattr(dfd, NULL, 0);
@@ -68,8 +87,13 @@ static int swappable(int dfd, const char *dir, struct vmsnap_err *err)
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
             continue;
         struct stat sb;
-        if (fstatat(dfd, de->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(sb.st_mode))
+        if (fstatat(dfd, de->d_name, &sb, AT_SYMLINK_NOFOLLOW) < 0)
+            continue;
+        if (S_ISDIR(sb.st_mode))
             rc = vmsnap_err_set(err, EOPNOTSUPP, "%s holds a directory (%s)", dir, de->d_name);
+        else if (S_ISREG(sb.st_mode) && pinned(dfd, de->d_name))
+            rc = vmsnap_err_set(err, EOPNOTSUPP, "%s/%s is immutable or append-only", dir,
+                                de->d_name);
     }
     closedir(d);
     return rc;
@@ -170,7 +194,7 @@ int sys_dir_swap_commit(struct sys_dir_swap *s, bool sync, struct vmsnap_err *er
     sys_failpoint("dir-swap-exchange"); /* the new directory built, the old one in place */
     if (renameat2(s->pfd, s->side, s->pfd, base, RENAME_EXCHANGE) < 0) {
         int e = errno;
-        if (e == EINVAL || e == ENOTSUP || e == EBUSY || e == EXDEV || e == ENOSYS)
+        if (e == EINVAL || e == ENOTSUP || e == EBUSY || e == EXDEV || e == ENOSYS || e == EPERM)
             return vmsnap_err_set(err, EOPNOTSUPP, "%s cannot be swapped (%s)", s->dir,
                                   strerror(e));
         return err_code(err, e, "swap %s into place", s->dir);

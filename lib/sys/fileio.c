@@ -243,6 +243,17 @@ fail:
     return rc;
 }
 
+void sys_atomic_forget(struct sys_atomic_file *af)
+{
+    if (af->fd >= 0)
+        close(af->fd);
+    af->fd = -1;
+    free(af->tmp);
+    af->tmp = NULL;
+    free(af->path);
+    af->path = NULL;
+}
+
 void sys_atomic_abort(struct sys_atomic_file *af)
 {
     if (af->fd >= 0)

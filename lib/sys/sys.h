@@ -48,6 +48,8 @@ int sys_atomic_commit_ex(struct sys_atomic_file *af, bool sync, bool noreplace,
  * only renames, and cannot fsync the data any more: fsync before closing when it matters. */
 int sys_atomic_close(struct sys_atomic_file *af, struct vmsnap_err *err);
 void sys_atomic_abort(struct sys_atomic_file *af);
+/* Release `af` leaving the temporary where it is (it went with its directory: sys_dir_swap). */
+void sys_atomic_forget(struct sys_atomic_file *af);
 
 /* Test hook, one for every module: VMSNAP_FAILPOINT=NAME kills the process at the point NAME
  * (SIGKILL: no clean-up runs, as a crash or the OOM killer would), NAME:stop freezes it there

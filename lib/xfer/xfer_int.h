@@ -258,7 +258,7 @@ struct set_push {
     bool late;         /* the set there is un-committed only once every file is uploaded */
     bool uncommitted;  /* the set there was un-committed */
     char push_id[33];
-    char *mark_key;        /* the push mark (manifest_int.h), once it may be stored */
+    char *mark_key;        /* the push mark (manifest.c), once it may be stored */
     struct mf_file *files; /* sorted by name (manifest order) */
     size_t *order;         /* largest first */
     size_t n, next;
@@ -331,7 +331,7 @@ struct keys {
 };
 
 /*
- * gc of push marks (manifest_int.h): keys "[P/]vmsnap-push-<32 hex>.json" under the prefix.
+ * gc of push marks (manifest.c): keys "[P/]vmsnap-push-<32 hex>.json" under the prefix.
  * A push may be running at a prefix, or start there while gc works, writing objects of the very
  * names an old mark lists. So gc removes anything only from a prefix that is quiet: nothing under
  * it written for `older_than` (the store's own times, every key), no upload there active for that

@@ -80,17 +80,71 @@ static void drop_stale_links(const char *dir)
     closedir(d);
 }
 
-/* Rename every pulled file of a set into `dir`, all or nothing as far as the filesystem lets it:
- * what can fail is tried for every file before the first rename (a directory in a file's place,
- * each file's fsync and close, where a delayed write error shows; a hard link keeping each file
- * the set replaces), so a failure leaves the directory as it was rather than half one set and
- * half another; a rename failing half way (EIO, a quota, a directory block on a full disk) puts
- * back what the earlier ones replaced. Then one fsync of the directory. */
-static int publish_set(struct xfer *x, const char *dir, struct down *ds, size_t n,
-                       struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
+/* The names a swap does not keep from the old directory: the set's files (their new versions go
+ * in) and this pull's temporaries. */
+struct swap_skip {
+    const struct down *ds;
+    size_t n;
+};
+
+static bool swap_skips(const char *name, void *arg)
 {
-    static atomic_ulong link_seq;     /* unique names for pulls running at once in one process */
-    sys_failpoint("pull-publishing"); /* every file downloaded, none in place: a test's kill */
+    const struct swap_skip *k = arg;
+    for (size_t i = 0; i < k->n; i++) {
+        const char *p = strrchr(k->ds[i].af.path, '/'), *t = strrchr(k->ds[i].af.tmp, '/');
+        if (!strcmp(name, p ? p + 1 : k->ds[i].af.path) ||
+            !strcmp(name, t ? t + 1 : k->ds[i].af.tmp))
+            return true;
+    }
+    return false;
+}
+
+/* Publish by swapping the whole directory (lib/sys/dirswap.c): its new state, the set's files
+ * beside everything else it holds, is built as hard links next to it and exchanged with it in
+ * one rename, so a reader or a kill sees the old set or the new one. 1: not possible here (a
+ * subdirectory, a mount point, no RENAME_EXCHANGE...; nothing changed), publish file by file. */
+static int publish_swap(struct xfer *x, const char *dir, struct down *ds, size_t n,
+                        struct vmsnap_err *err)
+{
+    struct swap_skip k = {ds, n};
+    struct sys_dir_swap s;
+    struct vmsnap_err e2 = {0};
+    int rc = sys_dir_swap_begin(&s, dir, swap_skips, &k, &e2);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        const char *b = strrchr(ds[i].af.path, '/');
+        rc = sys_dir_swap_add(&s, ds[i].af.tmp, b ? b + 1 : ds[i].af.path, &e2);
+    }
+    if (rc == 0) {
+        rc = sys_dir_swap_commit(&s, !x->o.no_fsync, &e2);
+    } else {
+        sys_dir_swap_abort(&s);
+    }
+    if (rc == -EOPNOTSUPP) {
+        vlog(VMSNAP_LOG_DEBUG, "pull: %s: publishing file by file: %s", dir, e2.msg);
+        return 1;
+    }
+    if (rc < 0 && !s.swapped) {
+        *err = e2;
+        return rc;
+    }
+    /* in place (the temporaries went with the old directory); rc < 0 only for the last fsync */
+    for (size_t i = 0; i < n; i++) {
+        sys_atomic_forget(&ds[i].af);
+        ds[i].af_open = false;
+    }
+    if (rc < 0)
+        *err = e2;
+    return rc;
+}
+
+/* Publish file by file where the directory cannot be swapped: all or nothing as far as the
+ * filesystem lets it. A hard link keeps each file the set replaces, so a rename failing half way
+ * (EIO, a quota, a directory block on a full disk) puts back what the earlier ones replaced; a
+ * pull killed half way leaves a mix (hence the swap first). Then one fsync of the directory. */
+static int publish_renames(struct xfer *x, const char *dir, struct down *ds, size_t n,
+                           struct vmsnap_err *err)
+{
+    static atomic_ulong link_seq; /* unique names for pulls running at once in one process */
     struct pub {
         char *path; /* the destination (the commit frees the atomic file's copy) */
         char *old;  /* a link to the file it replaces, or NULL */
@@ -103,16 +157,11 @@ static int publish_set(struct xfer *x, const char *dir, struct down *ds, size_t 
         const char *path = ds[i].af.path;
         struct stat db;
         p[i].there = lstat(path, &db) == 0;
-        if (!(p[i].path = strdup(path)))
+        if (!(p[i].path = strdup(path))) {
             rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-        else if (p[i].there && S_ISDIR(db.st_mode))
-            rc = vmsnap_err_set(err, EISDIR, "%s is a directory: cannot put the set's file there",
-                                path);
-        else if (!x->o.no_fsync && fsync(ds[i].af.fd) < 0)
-            rc = err_sys(err, "fsync %s", path);
-        else
-            rc = sys_atomic_close(&ds[i].af, err);
-        if (rc < 0 || !p[i].there)
+            continue;
+        }
+        if (!p[i].there)
             continue;
         if (asprintf(&p[i].old, "%s/.vmsnap-old.%ld.%lu", dir, (long)getpid(),
                      atomic_fetch_add(&link_seq, 1)) < 0) {
@@ -162,6 +211,31 @@ static int publish_set(struct xfer *x, const char *dir, struct down *ds, size_t 
         if (dfd >= 0)
             close(dfd);
     }
+    return rc;
+}
+
+/* Put every pulled file of a set in place in `dir`, all or nothing. What can fail is tried for
+ * every file first (a directory in a file's place, each file's fsync and close, where a delayed
+ * write error shows), so such a failure leaves the directory as it was; then the directory is
+ * swapped whole where it can be, else the files are renamed in one by one. */
+static int publish_set(struct xfer *x, const char *dir, struct down *ds, size_t n,
+                       struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
+{
+    sys_failpoint("pull-publishing"); /* every file downloaded, none in place: a test's kill */
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        const char *path = ds[i].af.path;
+        struct stat db;
+        if (lstat(path, &db) == 0 && S_ISDIR(db.st_mode))
+            rc = vmsnap_err_set(err, EISDIR, "%s is a directory: cannot put the set's file there",
+                                path);
+        else if (!x->o.no_fsync && fsync(ds[i].af.fd) < 0)
+            rc = err_sys(err, "fsync %s", path);
+        else
+            rc = sys_atomic_close(&ds[i].af, err);
+    }
+    if (rc == 0 && (rc = publish_swap(x, dir, ds, n, err)) == 1)
+        rc = publish_renames(x, dir, ds, n, err);
     for (size_t j = 0; rc == 0 && stats && j < n; j++) {
         stats->files++;
         stats->logical += ds[j].stats.total_size;
@@ -190,7 +264,8 @@ static int pull_dir(struct set_pull *p, struct vmsnap_err *err)
     if (stat(dir, &sb) == 0) {
         if (!S_ISDIR(sb.st_mode))
             return vmsnap_err_set(err, ENOTDIR, "%s exists and is not a directory", dir);
-        drop_stale_links(dir); /* a killed pull's room back before this one needs it */
+        drop_stale_links(dir);   /* a killed pull's room back before this one needs it */
+        sys_dir_swap_sweep(dir); /* and a killed swap's, beside it */
     } else if (errno == ENOENT) {
         if (mkdir(dir, 0700) < 0)
             return err_sys(err, "mkdir %s", dir);

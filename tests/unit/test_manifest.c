@@ -6,7 +6,7 @@
  * digests, a format of another version, trailing bytes, truncation, nesting and size past the
  * limits. A push mark round-trips its files and the names it replaces; a mark of another push,
  * version or shape is refused. */
-#include "xfer/manifest_int.h"
+#include "xfer/xfer_int.h"
 #include "t.h"
 
 #include "vmsnap/xfer.h"
