@@ -38,6 +38,7 @@ format-check:
 	    clang-format --dry-run -Werror "$$f" >/dev/null 2>&1 || echo "$$f"; done); \
 	if [ -n "$$bad" ]; then echo "not clang-formatted (run 'make format'):"; echo "$$bad"; exit 1; fi; \
 	echo "format-check: ok"
+	@python3 scripts/check-structure.py && echo "check-structure: ok"
 
 test-normal: build
 	@scripts/deps.sh s3 vm

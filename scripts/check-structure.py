@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""The structure rules of docs/ARCHITECTURE.md, checked (run by `make format-check`):
+"""The structure rules of docs/ARCHITECTURE.md, checked (run by `make format-check`, so CI):
 - no file under lib/ over MAX_FILE lines, no function over MAX_FUNC lines (parsers and tables
   named in ALLOW are the exceptions);
 - public headers include each other only in the documented order;

@@ -23,7 +23,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "unpack: %s\n", err.msg);
         return 1;
     }
-    printf("vmsnap %s: %llu populated bytes\n", vmsnap_version(),
-           (unsigned long long)st.populated);
+    printf("vmsnap %s: %llu populated bytes\n", vmsnap_version(), (unsigned long long)st.populated);
     return 0;
 }
