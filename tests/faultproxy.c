@@ -15,6 +15,7 @@
  *          cN:412 ... (N counts only UploadPartCopy requests: an x-amz-copy-source header)
  *          MN:drop ... (N counts only PUTs of a key ending in manifest.json: commits)
  *          UN:drop ... (N counts only DELETEs of a key ending in manifest.json: un-commits)
+ *          DN:503 ... (N counts only DELETEs of a key ending in .zstd: objects)
  *          KN:drop ... (N counts only CompleteMultipartUpload requests: POST ...uploadId=)
  *
  * It listens on an ephemeral port on 127.0.0.1, writes that port to PORTFILE and runs until
@@ -41,6 +42,7 @@ struct rule {
     bool commits_only;
     bool uncommits_only;
     bool completes_only;
+    bool odeletes_only;
     long n;
     bool and_later;
     enum action a;
@@ -49,7 +51,7 @@ struct rule {
 static struct rule rules[64];
 static int nrules;
 static int target_port;
-static atomic_long nreq, npart, ncopy, ncommit, nuncommit, ncomplete;
+static atomic_long nreq, npart, ncopy, ncommit, nuncommit, ncomplete, nodelete;
 
 struct conn {
     int c, s;
@@ -97,7 +99,7 @@ static void reset_close(int fd)
     close(fd);
 }
 
-static enum action pick(long n, long pn, long cn, long mn, long un, long kn, long *ms)
+static enum action pick(long n, long pn, long cn, long mn, long un, long kn, long dn, long *ms)
 {
     for (int i = 0; i < nrules; i++) {
         long x = rules[i].parts_only       ? pn
@@ -105,6 +107,7 @@ static enum action pick(long n, long pn, long cn, long mn, long un, long kn, lon
                  : rules[i].commits_only   ? mn
                  : rules[i].uncommits_only ? un
                  : rules[i].completes_only ? kn
+                 : rules[i].odeletes_only  ? dn
                                            : n;
         if (x <= 0)
             continue;
@@ -172,8 +175,11 @@ static void *serve(void *arg)
         bool is_complete = !strncmp(buf, "POST ", 5) && eol &&
                            memmem(buf, (size_t)(eol - buf), "uploadId=", 9) != NULL;
         long kn = is_complete ? atomic_fetch_add(&ncomplete, 1) + 1 : 0;
+        bool is_odelete =
+            sp && sp - buf >= 12 && !memcmp(sp - 5, ".zstd", 5) && !strncmp(buf, "DELETE ", 7);
+        long dn = is_odelete ? atomic_fetch_add(&nodelete, 1) + 1 : 0;
         long ms = 0;
-        enum action act = pick(n, pn, cn, mn, un, kn, &ms);
+        enum action act = pick(n, pn, cn, mn, un, kn, dn, &ms);
         fprintf(stderr, "faultproxy: #%ld %.*s%s\n", n, eol ? (int)(eol - buf - 1) : 0, buf,
                 act == E503      ? " -> 503"
                 : act == E412    ? " -> 412"
@@ -266,6 +272,9 @@ static int parse_rules(const char *spec)
             r++;
         } else if (*r == 'K') {
             x->completes_only = true;
+            r++;
+        } else if (*r == 'D') {
+            x->odeletes_only = true;
             r++;
         }
         char *e;

@@ -181,6 +181,18 @@ int xfer_delete_once(struct vmsnap_store_conn *c, const char *key, struct vmsnap
     return rc;
 }
 
+void xfer_guarded_backoff(unsigned *delay_ms)
+{
+    if (!*delay_ms)
+        *delay_ms = 200;
+    for (unsigned left = *delay_ms; left > 0 && !cancel_pending();) {
+        unsigned k = left < 100 ? left : 100; /* a cancel is seen within 0.1 s */
+        sys_sleep_ms(k);
+        left -= k;
+    }
+    *delay_ms *= 2;
+}
+
 char *xfer_join_key(const char *prefix, const char *name)
 {
     size_t n = strlen(prefix) + strlen(name) + 2;

@@ -365,6 +365,11 @@ char *xfer_object_key(const char *prefix, const char *name);
 bool xfer_task_skip(pthread_mutex_t *mu, const int *job_rc, int *rc, struct vmsnap_err *e);
 int xfer_table_sha256(const struct vmsnap_image *img, char hex[65], struct vmsnap_err *err);
 int xfer_delete_once(struct vmsnap_store_conn *c, const char *key, struct vmsnap_err *err);
+/* The guarded deletes (the un-commit, the undo paths) are one attempt each, so that no back-off
+ * sits between a check and its DELETE; they are retried as a whole, check and DELETE again, at
+ * most GUARDED_ATTEMPTS times, sleeping *delay_ms (200 ms doubling) before each retry. */
+#define GUARDED_ATTEMPTS 4
+void xfer_guarded_backoff(unsigned *delay_ms);
 void xfer_hex32(const unsigned char *md, char out[65]);
 int xfer_tail_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err);
 int xfer_read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *murl,

@@ -603,6 +603,49 @@ static int upload_files(struct set_push *s, struct vmsnap_err *err)
     return s->rc;
 }
 
+/* The un-commit's DELETE of the manifest, the set there checked to be the one this push
+ * replaces right before (no back-off between the check and the DELETE). A DELETE answered with
+ * an error may have been carried out (its answer lost) or not (a 503): the manifest gone, the
+ * un-commit is done; still there and still that set, check and DELETE are tried again, up to
+ * GUARDED_ATTEMPTS times (a single 503 failed the whole push). */
+static int uncommit_delete(struct set_push *s, struct vmsnap_err *err)
+{
+    unsigned delay = 0;
+    for (unsigned a = 1;; a++) {
+        int rc = xfer_delete_once(s->ctl, s->mkey, err);
+        if (rc == 0 || rc == -ECANCELED)
+            return rc;
+        int ex = xfer_key_exists(s->ctl, s->mkey, NULL);
+        if (ex == 0) {
+            vlog(VMSNAP_LOG_INFO,
+                 "%s: the un-commit was carried out, though its answer was an error (%s)", s->url,
+                 err ? err->msg : "?");
+            vmsnap_err_clear(err);
+            return 0;
+        }
+        if (ex < 0 || a >= GUARDED_ATTEMPTS)
+            return rc;
+        vlog(VMSNAP_LOG_INFO, "%s: retry %u of the un-commit (%s)", s->url, a,
+             err ? err->msg : "?");
+        xfer_guarded_backoff(&delay);
+        struct vmsnap_err e2 = {0};
+        int same = xfer_manifest_same(s->x, s->ctl, s->mkey, s, &e2);
+        if ((rc = cancel_check(err)) < 0)
+            return rc;
+        if (same == 0)
+            return vmsnap_err_set(err, EBUSY,
+                                  "%s: another push to the same place ran at the same time: the "
+                                  "set there is no longer the one this push replaces; this "
+                                  "snapshot is NOT stored there",
+                                  s->url);
+        if (same < 0) {
+            if (err)
+                *err = e2;
+            return same;
+        }
+    }
+}
+
 /*
  * Where a set push decides to un-commit (2 of 2): now that every object is uploaded, the set
  * this push read is un-committed, only when it is still the one there (a manifest another push
@@ -625,8 +668,8 @@ static int uncommit_late(struct set_push *s, struct vmsnap_err *err)
                             s->url);
     else if (rc == 0 && same < 0)
         rc = same;
-    if (rc == 0) /* one attempt: no back-off between the check and the DELETE */
-        rc = xfer_delete_once(s->ctl, s->mkey, err);
+    if (rc == 0)
+        rc = uncommit_delete(s, err);
     if (rc == 0) {
         s->uncommitted = true;
         return 0;

@@ -40,19 +40,31 @@ enum deleted { DELETED, MISSING, GUARDED, FAILED };
 
 /* The guarded delete of the undo paths: the object of the set file `name`, right after a check
  * that `g` holds (*why: the check's answer when it did not), in one attempt: no back-off between
- * the check and the DELETE. A missing object is fine; any other failure is logged ("cannot remove
- * NAME.zstd[what]"). */
+ * the check and the DELETE. A DELETE that fails (a 503, a reset) is tried again, check first,
+ * up to GUARDED_ATTEMPTS times. A missing object is fine; a failure left is logged ("cannot
+ * remove NAME.zstd[what]"). */
 static enum deleted guarded_delete(const struct set_push *s, const char *lp, enum guard g,
                                    const char *name, const char *url, const char *what, int *why)
 {
-    int busy = guard_fails(s, lp, g);
-    if (why)
-        *why = busy;
-    if (busy != 0)
-        return GUARDED;
     char *k = xfer_object_key(s->prefix, name);
     struct vmsnap_err e = {0};
-    int drc = k ? xfer_delete_once(s->ctl, k, &e) : vmsnap_err_set(&e, ENOMEM, "out of memory");
+    int drc = k ? 0 : vmsnap_err_set(&e, ENOMEM, "out of memory");
+    unsigned delay = 0;
+    for (unsigned a = 1; k; a++) {
+        int busy = guard_fails(s, lp, g);
+        if (why)
+            *why = busy;
+        if (busy != 0) {
+            free(k);
+            return GUARDED;
+        }
+        drc = xfer_delete_once(s->ctl, k, &e);
+        if (drc == 0 || drc == -ENOENT || drc == -ENOMEM || a >= GUARDED_ATTEMPTS)
+            break;
+        vlog(VMSNAP_LOG_INFO, "%s: retry %u of the delete of %s.zstd%s (%s)", url, a, name, what,
+             e.msg);
+        xfer_guarded_backoff(&delay);
+    }
     if (drc < 0 && drc != -ENOENT)
         vlog(VMSNAP_LOG_WARN, "%s: cannot remove %s.zstd%s: %s", url, name, what, e.msg);
     free(k);
