@@ -31,9 +31,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <linux/fs.h>
 #include <sys/file.h>
 #include <sys/ioctl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -99,61 +101,80 @@ static int swappable(int dfd, const char *dir, struct vmsnap_err *err)
     return rc;
 }
 
+/* A random suffix for the sibling's name (getrandom: another user cannot guess it). */
+static unsigned suffix(void)
+{
+    unsigned v = 0;
+    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v))
+        v = (unsigned)random() ^ (unsigned)getpid() ^ (unsigned)time(NULL);
+    return v & 0xffffff;
+}
+
+/* The sibling, made 0700 and locked while it is built; then the old directory's owner, group
+ * and mode, and no inherited ACL (a default ACL of the parent would give it one). */
+static int make_side(struct sys_dir_swap *s, const char *base, const struct stat *db,
+                     struct vmsnap_err *err)
+{
+    for (int tries = 0;; tries++) {
+        snprintf(s->side, sizeof(s->side), ".%.*s" SWAP_TAG "%ld.%06x", NAME_MAX - 40, base,
+                 (long)getpid(), suffix());
+        if (mkdirat(s->pfd, s->side, 0700) == 0)
+            break;
+        if (errno != EEXIST || tries > 20)
+            return err_sys(err, "make a directory beside %s", s->dir);
+    }
+    s->made = true;
+    struct stat sb;
+    if ((s->sfd = openat(s->pfd, s->side, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
+        flock(s->sfd, LOCK_EX | LOCK_NB) < 0)
+        return err_sys(err, "open the directory beside %s", s->dir);
+    if (fchown(s->sfd, db->st_uid, db->st_gid) < 0 || fchmod(s->sfd, db->st_mode & 07777) < 0 ||
+        fstat(s->sfd, &sb) < 0 || sb.st_uid != db->st_uid || sb.st_gid != db->st_gid ||
+        (sb.st_mode & 07777) != (db->st_mode & 07777))
+        return vmsnap_err_set(err, EOPNOTSUPP,
+                              "%s: a new directory cannot get its owner, group and mode", s->dir);
+    if (flistxattr(s->sfd, NULL, 0) > 0)
+        return vmsnap_err_set(err, EOPNOTSUPP,
+                              "%s: a new directory beside it inherits extended attributes (a "
+                              "default ACL)",
+                              s->dir);
+    return 0;
+}
+
 int sys_dir_swap_begin(struct sys_dir_swap *s, const char *dir, sys_dir_swap_skip_fn *skip,
                        void *arg, struct vmsnap_err *err)
 {
     *s = (struct sys_dir_swap){.dfd = -1, .pfd = -1, .sfd = -1};
-    char parent[PATH_MAX], base[NAME_MAX + 1];
-    int rc = split(dir, parent, base);
-    if (rc == 0 && snprintf(s->dir, sizeof(s->dir), "%s", dir) >= (int)sizeof(s->dir))
+    /* the directory's own path, links resolved: a symlink to it or "." is swapped where the
+     * directory is, never in the link's place */
+    char canon[PATH_MAX], parent[PATH_MAX], base[NAME_MAX + 1];
+    int rc = realpath(dir, canon) ? split(canon, parent, base) : -errno;
+    if (rc == 0 && snprintf(s->dir, sizeof(s->dir), "%s", canon) >= (int)sizeof(s->dir))
         rc = -ENAMETOOLONG;
     if (rc < 0)
-        return vmsnap_err_set(err, -rc, "%s: not a directory a set can be swapped into", dir);
+        return err_code(err, -rc, "%s: not a directory a set can be swapped into", dir);
     struct stat db;
-    if ((s->dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
-        fstat(s->dfd, &db) < 0) {
-        rc = err_sys(err, "open directory %s", dir);
-        goto fail;
-    }
     if ((s->pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
         rc = err_sys(err, "open directory %s", parent);
         goto fail;
     }
-    if ((rc = swappable(s->dfd, dir, err)) < 0)
-        goto fail;
-    /* the sibling: made 0700 and locked while it is built; its mode and owner follow below */
-    for (int tries = 0;; tries++) {
-        snprintf(s->side, sizeof(s->side), ".%.*s" SWAP_TAG "%ld.%06x", NAME_MAX - 40, base,
-                 (long)getpid(), (unsigned)(random() & 0xffffff));
-        if (mkdirat(s->pfd, s->side, 0700) == 0)
-            break;
-        if (errno != EEXIST || tries > 20) {
-            rc = err_sys(err, "make a directory beside %s", dir);
-            goto fail;
-        }
-    }
-    s->made = true;
-    if ((s->sfd = openat(s->pfd, s->side, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
-        flock(s->sfd, LOCK_EX | LOCK_NB) < 0) {
-        rc = err_sys(err, "open %s/%s", parent, s->side);
+    if ((s->dfd = openat(s->pfd, base, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
+        fstat(s->dfd, &db) < 0) {
+        rc = err_sys(err, "open directory %s", s->dir);
         goto fail;
     }
-    if ((db.st_uid != geteuid() || db.st_gid != getegid()) &&
-        fchown(s->sfd, db.st_uid, db.st_gid) < 0) {
-        rc = vmsnap_err_set(err, EOPNOTSUPP, "%s: cannot give a new directory its owner", dir);
+    s->dev = db.st_dev;
+    s->ino = db.st_ino;
+    s->mtime = db.st_mtim;
+    if ((rc = swappable(s->dfd, s->dir, err)) < 0 || (rc = make_side(s, base, &db, err)) < 0)
         goto fail;
-    }
-    if (fchmod(s->sfd, db.st_mode & 07777) < 0) {
-        rc = err_sys(err, "chmod %s/%s", parent, s->side);
-        goto fail;
-    }
     /* what the directory keeps: every entry the caller does not replace */
     int fd = dup(s->dfd);
     DIR *d = fd < 0 ? NULL : fdopendir(fd);
     if (!d) {
         if (fd >= 0)
             close(fd);
-        rc = err_sys(err, "read directory %s", dir);
+        rc = err_sys(err, "read directory %s", s->dir);
         goto fail;
     }
     rewinddir(d);
@@ -162,9 +183,7 @@ int sys_dir_swap_begin(struct sys_dir_swap *s, const char *dir, sys_dir_swap_ski
             (skip && skip(de->d_name, arg)))
             continue;
         if (linkat(s->dfd, de->d_name, s->sfd, de->d_name, 0) < 0)
-            rc = errno == EMLINK || errno == EPERM || errno == EISDIR
-                     ? vmsnap_err_set(err, EOPNOTSUPP, "%s/%s cannot be linked", dir, de->d_name)
-                     : err_sys(err, "link %s/%s beside it", dir, de->d_name);
+            rc = err_sys(err, "link %s/%s beside it", s->dir, de->d_name);
     }
     closedir(d);
     if (rc < 0)
@@ -180,8 +199,6 @@ int sys_dir_swap_add(struct sys_dir_swap *s, const char *from, const char *name,
 {
     if (linkat(AT_FDCWD, from, s->sfd, name, 0) == 0)
         return 0;
-    if (errno == EMLINK || errno == EPERM || errno == EXDEV)
-        return vmsnap_err_set(err, EOPNOTSUPP, "%s cannot be linked", from);
     return err_sys(err, "link %s into the directory beside %s", from, s->dir);
 }
 
@@ -189,22 +206,32 @@ int sys_dir_swap_commit(struct sys_dir_swap *s, bool sync, struct vmsnap_err *er
 {
     char base[NAME_MAX + 1], parent[PATH_MAX];
     split(s->dir, parent, base);
+    int rc = 0;
+    struct stat now;
     if (sync && fsync(s->sfd) < 0)
-        return err_sys(err, "fsync the directory beside %s", s->dir);
+        rc = err_sys(err, "fsync the directory beside %s", s->dir);
+    /* still the directory the new state was built from, unchanged since (an entry made or
+     * removed meanwhile would be lost or come back) */
+    else if (fstatat(s->pfd, base, &now, AT_SYMLINK_NOFOLLOW) < 0 || now.st_dev != s->dev ||
+             now.st_ino != s->ino || fstat(s->dfd, &now) < 0 ||
+             now.st_mtim.tv_sec != s->mtime.tv_sec || now.st_mtim.tv_nsec != s->mtime.tv_nsec)
+        rc = vmsnap_err_set(err, EAGAIN, "%s changed while the set was put beside it", s->dir);
     sys_failpoint("dir-swap-exchange"); /* the new directory built, the old one in place */
-    if (renameat2(s->pfd, s->side, s->pfd, base, RENAME_EXCHANGE) < 0) {
-        int e = errno;
-        if (e == EINVAL || e == ENOTSUP || e == EBUSY || e == EXDEV || e == ENOSYS || e == EPERM)
-            return vmsnap_err_set(err, EOPNOTSUPP, "%s cannot be swapped (%s)", s->dir,
-                                  strerror(e));
-        return err_code(err, e, "swap %s into place", s->dir);
+    if (rc == 0 && renameat2(s->pfd, s->side, s->pfd, base, RENAME_EXCHANGE) < 0)
+        rc = err_sys(err, "swap %s into place", s->dir);
+    if (rc < 0) {
+        sys_dir_swap_abort(s); /* nothing in the directory changed */
+        return rc;
     }
     s->swapped = true;
     sys_failpoint("dir-swap-exchanged"); /* the new directory in place, the old one beside */
-    int rc = 0;
     if (sync && fsync(s->pfd) < 0)
         rc = err_sys(err, "fsync %s (the set is in place, but may not survive a crash)", parent);
-    sys_dir_swap_abort(s); /* the old directory, now the sibling, goes */
+    /* the old directory, now the sibling, goes: only when the sibling's name holds it */
+    if (fstatat(s->pfd, s->side, &now, AT_SYMLINK_NOFOLLOW) < 0 || now.st_dev != s->dev ||
+        now.st_ino != s->ino)
+        s->made = false;
+    sys_dir_swap_abort(s);
     return rc;
 }
 

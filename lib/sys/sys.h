@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <time.h>
 
 /* pread/pwrite/write the whole buffer, retrying on EINTR and short counts.
  * pread_full returns the bytes read (less than len only at end of file) or -errno. */
@@ -83,23 +84,29 @@ int sys_lexical_path(const char *path, char *out, size_t len);
  * a kill sees the old directory or the new one. Caller-owned; begin, add each file, commit (or
  * abort). */
 struct sys_dir_swap {
-    char dir[4096];
+    char dir[4096]; /* the directory's canonical path */
     char side[256]; /* the sibling's name in the parent */
     int dfd, pfd, sfd;
     bool made, swapped;
+    dev_t dev; /* the directory as it was at the start */
+    ino_t ino;
+    struct timespec mtime;
 };
 /* Names the directory does not keep (the files being replaced, the caller's temporaries). */
 typedef bool sys_dir_swap_skip_fn(const char *name, void *arg);
-/* Build the sibling holding a link of every entry of `dir` that `skip` does not name. -EOPNOTSUPP
- * (nothing changed) where a swap would change more than the files: a subdirectory, extended
- * attributes, an owner the caller cannot give, an entry that cannot be linked. */
+/* Build the sibling holding a link of every entry of `dir` that `skip` does not name. Any
+ * failure here, in _add or in _commit before the exchange leaves `dir` as it was (the caller can
+ * publish another way); -EOPNOTSUPP where a swap would change more than the files: a
+ * subdirectory, extended attributes, an immutable file, an owner, group or mode the new
+ * directory cannot get. */
 int sys_dir_swap_begin(struct sys_dir_swap *s, const char *dir, sys_dir_swap_skip_fn *skip,
                        void *arg, struct vmsnap_err *err);
 /* Link the file at `from` (on the same filesystem) into the new state as `name`. */
 int sys_dir_swap_add(struct sys_dir_swap *s, const char *from, const char *name,
                      struct vmsnap_err *err);
-/* Swap the new state in (fsyncs first with `sync`), remove the old one. -EOPNOTSUPP with
- * nothing changed on a mount point or a filesystem without RENAME_EXCHANGE. Ends the swap. */
+/* Swap the new state in (fsyncs first with `sync`), remove the old one; `swapped` says whether
+ * the exchange happened (a failure without it changed nothing: a mount point, a filesystem
+ * without RENAME_EXCHANGE, a directory changed meanwhile). Ends the swap either way. */
 int sys_dir_swap_commit(struct sys_dir_swap *s, bool sync, struct vmsnap_err *err);
 /* Remove the sibling (before a commit: nothing in `dir` changed). Idempotent. */
 void sys_dir_swap_abort(struct sys_dir_swap *s);

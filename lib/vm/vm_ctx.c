@@ -90,9 +90,9 @@ int vm_discard(const char *path)
     char aside[PATH_LEN];
     if (vm_pcat(aside, path, DISCARD_SUFFIX) < 0)
         return -ENAMETOOLONG;
-    vm_rm_rf(aside); /* one a killed command left */
-    if (rename(path, aside) < 0)
-        return errno == ENOENT ? 0 : -errno;
+    vm_rm_rf(aside);             /* one a killed command left */
+    if (rename(path, aside) < 0) /* no room for the longer name, say: removed in place */
+        return errno == ENOENT ? 0 : vm_rm_rf(path);
     sys_failpoint("vm-discarding"); /* renamed aside, not yet removed */
     return vm_rm_rf(aside);
 }

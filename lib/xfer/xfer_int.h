@@ -407,6 +407,9 @@ int xfer_prefix_busy_but(struct vmsnap_store_conn *c, const char *lp, const char
 int xfer_prefix_busy(struct vmsnap_store_conn *c, const char *lp, const char *mkey,
                      const char *own);
 int xfer_see_prior(void *arg, const char *key, uint64_t size, int64_t mtime);
+/* After a commit: the earlier pushes' marks at `lp` that are provably dead, and what they name
+ * that this push's set does not, removed (xfer_marks.c says when a mark is dead). */
+void xfer_tidy_marks(const struct set_push *s, const char *lp);
 int xfer_put_mark(struct vmsnap_store_conn *ctl, const struct set_push *s, int64_t started,
                   const char *url, struct vmsnap_err *err);
 int xfer_read_mark(struct vmsnap_store_conn *c, const char *key, const char *murl,

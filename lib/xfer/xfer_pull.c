@@ -101,8 +101,9 @@ static bool swap_skips(const char *name, void *arg)
 
 /* Publish by swapping the whole directory (lib/sys/dirswap.c): its new state, the set's files
  * beside everything else it holds, is built as hard links next to it and exchanged with it in
- * one rename, so a reader or a kill sees the old set or the new one. 1: not possible here (a
- * subdirectory, a mount point, no RENAME_EXCHANGE...; nothing changed), publish file by file. */
+ * one rename, so a reader or a kill sees the old set or the new one. 1: not done, nothing
+ * changed (a subdirectory, a mount point, no RENAME_EXCHANGE, a parent this user cannot write),
+ * publish file by file. */
 static int publish_swap(struct xfer *x, const char *dir, struct down *ds, size_t n,
                         struct vmsnap_err *err)
 {
@@ -119,13 +120,9 @@ static int publish_swap(struct xfer *x, const char *dir, struct down *ds, size_t
     } else {
         sys_dir_swap_abort(&s);
     }
-    if (rc == -EOPNOTSUPP) {
+    if (rc < 0 && !s.swapped) { /* nothing changed: the files go in one by one */
         vlog(VMSNAP_LOG_DEBUG, "pull: %s: publishing file by file: %s", dir, e2.msg);
         return 1;
-    }
-    if (rc < 0 && !s.swapped) {
-        *err = e2;
-        return rc;
     }
     /* in place (the temporaries went with the old directory); rc < 0 only for the last fsync */
     for (size_t i = 0; i < n; i++) {

@@ -740,6 +740,12 @@ static int commit_manifest(struct set_push *s, const struct manifest *m, const c
          * replaced) */
         if (rc == 0)
             sys_failpoint("push-committed");
+        /* the dead marks of earlier pushes first: while one is there, the guard of the
+         * replaced objects' deletes (no other push's mark) leaves them for gc */
+        char *lp = rc == 0 && s->prior.n ? xfer_join_key(s->prefix, "") : NULL;
+        if (lp)
+            xfer_tidy_marks(s, lp);
+        free(lp);
         if (rc == 0 && xfer_remove_replaced(s) &&
             vmsnap_store_delete(s->ctl, s->mark_key, NULL) < 0)
             vlog(VMSNAP_LOG_WARN, "%s: cannot remove the push mark %s (gc will)", s->url,

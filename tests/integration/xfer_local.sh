@@ -236,6 +236,27 @@ done
 grep -q '"tableSha256":"[0-9a-f]\{64\}"' "$S/sets/a/manifest.json" || fail "manifest without digests"
 "$VMSNAP" -q pull -j 3 "$S/sets/a" "$T/setout" || fail "pull set"
 diff -r "$T/set" "$T/setout" >/dev/null || fail "set round trip differs"
+# a pull over a set goes in whole (a directory swap): through a symlink to the directory, with a
+# trailing slash, the set lands in the directory and the link stays (the swap replaced the link
+# with a directory and left the old set behind it); into "." as well (refused); under a parent
+# this user cannot write, file by file (refused: no room for the directory built beside it)
+mkdir -p "$T/real" && echo OLD >"$T/real/state.json" && echo mine >"$T/real/mine" && ln -s real "$T/lnk"
+"$VMSNAP" -q pull "$S/sets/a" "$T/lnk/" 2>"$T/err" || fail "pull through a symlink: $(cat "$T/err")"
+[ -L "$T/lnk" ] || fail "a pull through a symlink replaced the link"
+diff -r "$T/set" "$T/real" 2>&1 | grep -qv '^Only in .*real: mine' && fail "pull through a symlink: $(diff -r "$T/set" "$T/real")"
+[ "$(cat "$T/real/mine")" = mine ] || fail "pull through a symlink lost the directory's other file"
+[ -z "$(ls -A "$T" | grep 'vmsnap-swap')" ] || fail "pull through a symlink left: $(ls -A "$T")"
+(cd "$T/real" && echo OLD >state.json && "$VMSNAP" -q pull "$S/sets/a" .) 2>"$T/err" || fail "pull into '.': $(cat "$T/err")"
+cmp -s "$T/set/state.json" "$T/real/state.json" || fail "pull into '.' did not replace state.json"
+rm -rf "$T/real" "$T/lnk"
+mkdir -p "$T/ro/dest" && echo OLD >"$T/ro/dest/state.json" && chown -R nobody "$T/ro/dest" && chmod 755 "$T/ro" "$T"
+cp -r "$S/sets/a" "$T/ro/set" && chmod -R a+rX "$T/ro/set"
+if command -v setpriv >/dev/null && setpriv --reuid=nobody --regid=nogroup --clear-groups true 2>/dev/null; then
+    setpriv --reuid=nobody --regid=nogroup --clear-groups "$VMSNAP" -q pull "$T/ro/set" "$T/ro/dest" 2>"$T/err" ||
+        fail "pull under a parent this user cannot write: $(cat "$T/err")"
+    cmp -s "$T/set/state.json" "$T/ro/dest/state.json" || fail "pull under a read-only parent did not replace state.json"
+fi
+rm -rf "$T/ro"
 [ "$(stat -c %a "$T/setout")" = 700 ] || fail "pulled set directory mode"
 "$VMSNAP" ls "$S/sets" >"$T/ls" || fail "ls"
 grep -q "$S/sets/a" "$T/ls" || fail "ls does not show the set: $(cat "$T/ls")"
@@ -856,6 +877,17 @@ grep -q '"replaces":\["c"\]' "$S"/sets/rp/vmsnap-push-*.json || fail "mark after
 grep -q "removed 1 mark of unfinished set pushes and 1 object they named" "$T/gc" || fail "gc (killed after commit): $(cat "$T/gc")"
 [ "$(ls "$S/sets/rp" | tr '\n' ' ')" = "a.zstd b.zstd manifest.json " ] || fail "gc after a push killed after its commit left: $(ls -A "$S/sets/rp")"
 rm -rf "$T/rout" && "$VMSNAP" -q pull "$S/sets/rp" "$T/rout" && diff -r "$T/ra" "$T/rout" || fail "pull ra after gc"
+# killed after its commit again, then the next push to the prefix, no gc: that push removes the
+# killed one's mark (its set is the one it replaces: that push had finished) and what the mark
+# names that no set has (marks of killed pushes piled up until a gc ran)
+rc=0 && VMSNAP_FAILPOINT=push-committed "$VMSNAP" -q push "$T/rb" "$S/sets/rp" 2>"$T/rerr" || rc=$?
+[ $rc = 137 ] || fail "push killed after its commit (again): exit $rc: $(cat "$T/rerr")"
+ls "$S"/sets/rp/vmsnap-push-*.json >/dev/null 2>&1 || fail "no mark after a push killed after its commit"
+"$VMSNAP" -v push "$T/ra" "$S/sets/rp" 2>"$T/rerr" || fail "push after a push killed after its commit: $(cat "$T/rerr")"
+grep -q "removed 1 mark of earlier pushes that had finished or died" "$T/rerr" || fail "next push, marks: $(cat "$T/rerr")"
+[ "$(ls -A "$S/sets/rp" | tr '\n' ' ')" = "a.zstd b.zstd manifest.json " ] ||
+    fail "the push after a push killed after its commit left: $(ls -A "$S/sets/rp")"
+rm -rf "$T/rout" && "$VMSNAP" -q pull "$S/sets/rp" "$T/rout" && diff -r "$T/ra" "$T/rout" || fail "pull ra after the tidy"
 # interrupted (Ctrl-C) after its first mark, before the mark naming what it replaces: the set
 # stays and so does no mark (it stayed, and a stale mark makes every later push leave its
 # clean-up to gc)

@@ -156,6 +156,7 @@ static void killed_at(const char *fp, const char *name, bool swapped)
 int main(void)
 {
     struct vmsnap_err err = {0};
+    struct sys_dir_swap s;
     char dir[4096], p[4200];
 
     /* the whole swap: new files in, kept files kept, mode kept, nothing left beside */
@@ -183,7 +184,6 @@ int main(void)
 
     /* an abort after the adds: nothing in the directory changed, the sibling is gone */
     setup(dir, sizeof(dir), "aborted");
-    struct sys_dir_swap s;
     REQUIRE(sys_dir_swap_begin(&s, dir, skip_set, NULL, &err) == 0);
     snprintf(p, sizeof(p), "%s/.tmp1", dir);
     REQUIRE(sys_dir_swap_add(&s, p, "a", &err) == 0);
@@ -191,6 +191,39 @@ int main(void)
     sys_dir_swap_abort(&s);
     check_old(dir);
     CHECK(count(t_tmpdir(), ".aborted.vmsnap-swap.") == 0);
+
+    /* through a symlink to the directory (with a trailing slash too): the directory is swapped
+     * where it is, the link stays a link (the link itself was swapped for a directory) */
+    setup(dir, sizeof(dir), "real");
+    snprintf(p, sizeof(p), "%s/lnk", t_tmpdir());
+    REQUIRE(symlink("real", p) == 0);
+    snprintf(p, sizeof(p), "%s/keep", dir);
+    keep = ino(p);
+    char via[4200];
+    snprintf(via, sizeof(via), "%s/lnk/", t_tmpdir());
+    vmsnap_err_clear(&err);
+    CHECKF(swap_all(via, &err) == 0, "%s", err.msg);
+    check_new(dir, keep);
+    snprintf(p, sizeof(p), "%s/lnk", t_tmpdir());
+    struct stat lb;
+    CHECK(lstat(p, &lb) == 0 && S_ISLNK(lb.st_mode));
+    CHECK(count(t_tmpdir(), ".lnk.vmsnap-swap.") == 0 &&
+          count(t_tmpdir(), ".real.vmsnap-swap.") == 0);
+
+    /* an entry made in the directory after the new state was built: not swapped (that entry
+     * would be lost), nothing changed, the sibling gone */
+    setup(dir, sizeof(dir), "changed");
+    vmsnap_err_clear(&err);
+    REQUIRE(sys_dir_swap_begin(&s, dir, skip_set, NULL, &err) == 0);
+    snprintf(p, sizeof(p), "%s/.tmp1", dir);
+    REQUIRE(sys_dir_swap_add(&s, p, "a", &err) == 0);
+    snprintf(p, sizeof(p), "%s/late", dir);
+    put(p, "late");
+    CHECK(sys_dir_swap_commit(&s, false, &err) < 0 && !s.swapped);
+    CHECKF(strstr(err.msg, "changed while"), "%s", err.msg);
+    check_old(dir);
+    CHECK(holds(p, "late"));
+    CHECK(count(t_tmpdir(), ".changed.vmsnap-swap.") == 0);
 
     /* killed before and after the exchange */
     killed_at("dir-swap-exchange", "k1", false);
