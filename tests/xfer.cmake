@@ -3,7 +3,8 @@
 # the S3 backend against a real Ceph RGW that the xfer_rgw fixture starts once per ctest run
 # (state and free ports under this build directory, so the normal and ASan builds each start
 # their own) and stops by pid file.
-vmsnap_c_test(xfer_unit SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_sigv4.c TIMEOUT 60)
+vmsnap_c_test(s3_unit SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_sigv4.c TIMEOUT 60 LABELS store)
+vmsnap_c_test(store_url SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_store_url.c TIMEOUT 60 LABELS store)
 vmsnap_sh_test(xfer_local tests/integration/xfer_local.sh TIMEOUT 300)
 
 set(VMSNAP_RGW_STATE ${CMAKE_BINARY_DIR}/rgw-state)

@@ -342,8 +342,79 @@ static void test_push_mark(void)
     }
 }
 
+#define Z64 "0000000000000000000000000000000000000000000000000000000000000000"
+
+/* The basics, as first written beside the SigV4 tests: names, one file round trip with either
+ * digest, the size cap, a dozen malformed manifests each named in its error. */
+static void test_basics(void)
+{
+    CHECK(manifest_name_ok("memory-ranges", 13));
+    CHECK(!manifest_name_ok("..", 2) && !manifest_name_ok(".", 1) && !manifest_name_ok("", 0));
+    CHECK(!manifest_name_ok("a/b", 3) && !manifest_name_ok("a\0b", 3));
+    CHECK(!manifest_name_ok("manifest.json", 13) && !manifest_name_ok("a\nb", 3));
+    struct manifest m = {0};
+    struct mf_file f = {
+        .name = "mem", .detail = true, .size = 100, .populated = 50, .object_size = 60};
+    memset(f.sha256, 'a', 64);
+    f.sha256[64] = '\0';
+    m.files = &f;
+    m.n = 1;
+    char *js = manifest_build(&m);
+    REQUIRE(js);
+    struct manifest p;
+    REQUIRE(manifest_parse(js, strlen(js), "t", 1ull << 40, &p, NULL) == 0);
+    CHECK(p.n == 1 && !strcmp(p.files[0].name, "mem") && p.files[0].size == 100 &&
+          p.files[0].populated == 50 && p.files[0].object_size == 60 && p.files[0].detail &&
+          !strcmp(p.files[0].sha256, f.sha256));
+    CHECK(!p.files[0].table_digest && strstr(js, "\"sha256\"") && !strstr(js, "tableSha256"));
+    manifest_fini(&p);
+    /* size cap: a policy (EFBIG, naming --max-size), not damage */
+    struct vmsnap_err ce = {0};
+    CHECK(manifest_parse(js, strlen(js), "t", 99, &p, &ce) == -EFBIG &&
+          strstr(ce.msg, "--max-size"));
+    free(js);
+    /* the seek-table digest round-trips under its own name */
+    f.table_digest = true;
+    f.sha256[0] = 'b';
+    js = manifest_build(&m);
+    REQUIRE(js);
+    CHECK(strstr(js, "\"tableSha256\":\"b") && !strstr(js, "\"sha256\""));
+    REQUIRE(manifest_parse(js, strlen(js), "t", 1ull << 40, &p, NULL) == 0);
+    CHECK(p.files[0].table_digest && !strcmp(p.files[0].sha256, f.sha256));
+    manifest_fini(&p);
+    free(js);
+    const char *bad[] = {
+        "[]",
+        "{\"snapshotFiles\":\"x\"}",
+        "{\"snapshotFiles\":[1]}",
+        "{\"snapshotFiles\":[\"a\"],\"files\":{}}",
+        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":-1,\"populated\":0,"
+         "\"objectSize\":1,\"sha256\":\"" Z64 "\"}}}"),
+        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":2,"
+         "\"objectSize\":1,\"sha256\":\"" Z64 "\"}}}"),
+        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":1,"
+         "\"objectSize\":1,\"sha256\":\"XYZ\"}}}"),
+        /* no digest; both digests; a bad table digest */
+        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":1,"
+         "\"objectSize\":1}}}"),
+        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":1,"
+         "\"objectSize\":1,\"sha256\":\"" Z64 "\",\"tableSha256\":\"" Z64 "\"}}}"),
+        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":1,"
+         "\"objectSize\":1,\"tableSha256\":\"" Z64 "0\"}}}"),
+        "{\"snapshotFiles\":[\"a\"],\"formatVersion\":3}",
+        "{\"snapshotFiles\":[\"a\"]} trailing",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct vmsnap_err e = {0};
+        CHECKF(manifest_parse(bad[i], strlen(bad[i]), "t", 1ull << 40, &p, &e) < 0, "bad[%zu]", i);
+        CHECKF(strstr(e.msg, "t:") == e.msg, "bad[%zu] message '%s' does not name the manifest", i,
+               e.msg);
+    }
+}
+
 int main(void)
 {
+    test_basics();
     test_names();
     test_round_trip();
     test_reference();

@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* SigV4 against AWS's published examples, the S3 XML reader on hostile input, URL parsing, and
- * manifest validation. */
-#include "xfer/xfer_int.h"
+/* The S3 backend's pure parts: SigV4 against AWS's published examples, URI encoding, and the S3
+ * XML reader on hostile input. (URL parsing: test_store_url.c; manifests: test_manifest.c.) */
 #include "store/s3/s3_int.h"
 #include "store/s3/sigv4_int.h"
 #include "store/store_int.h"
@@ -142,121 +141,6 @@ static void test_xml(void)
     }
 }
 
-static void test_urls(void)
-{
-    struct vmsnap_store *st;
-    char *key;
-    setenv("AWS_ACCESS_KEY_ID", "AKID", 1);
-    setenv("AWS_SECRET_ACCESS_KEY", "topsecretvalue", 1);
-    unsetenv("AWS_ENDPOINT_URL");
-    unsetenv("AWS_S3_USE_PATH_STYLE");
-    unsetenv("AWS_REGION");
-    REQUIRE(vmsnap_store_open("s3://my-bucket/a/b/", NULL, &st, &key, NULL) == 0);
-    CHECK(!strcmp(key, "a/b"));
-    CHECK(!strcmp(st->s3.host, "s3.us-east-1.amazonaws.com") && !st->s3.path_style);
-    CHECK(!strcmp(st->s3.scheme, "https") && !strcmp(st->s3.region, "us-east-1"));
-    vmsnap_store_free(st);
-    free(key);
-    struct vmsnap_store_opts o = {.endpoint = "http://127.0.0.1:7480"};
-    REQUIRE(vmsnap_store_open("s3://bkt/k", &o, &st, &key, NULL) == 0);
-    CHECK(st->s3.path_style && st->s3.port == 7480 && !strcmp(st->s3.host, "127.0.0.1"));
-    vmsnap_store_free(st);
-    free(key);
-    setenv("AWS_S3_USE_PATH_STYLE", "true", 1);
-    o.endpoint = "https://minio.example.com";
-    REQUIRE(vmsnap_store_open("s3://bkt/k", &o, &st, &key, NULL) == 0);
-    CHECK(st->s3.path_style);
-    vmsnap_store_free(st);
-    free(key);
-    unsetenv("AWS_S3_USE_PATH_STYLE");
-    REQUIRE(vmsnap_store_open("gs://gbucket/x", NULL, &st, &key, NULL) == 0);
-    CHECK(!strcmp(st->s3.host, "storage.googleapis.com") && !strcmp(st->s3.region, "auto"));
-    vmsnap_store_free(st);
-    free(key);
-    REQUIRE(vmsnap_store_open("file:///a/./b/../c", NULL, &st, &key, NULL) == 0);
-    CHECK(st->kind == VMSNAP_STORE_LOCAL && !strcmp(key, "a/c"));
-    vmsnap_store_free(st);
-    free(key);
-    struct vmsnap_err e = {0};
-    CHECK(vmsnap_store_open("file://rel/x", NULL, &st, &key, &e) == -EINVAL);
-    CHECK(vmsnap_store_open("ftp://x/y", NULL, &st, &key, &e) == -EINVAL);
-    CHECK(vmsnap_store_open("s3://B/x", NULL, &st, &key, &e) == -EINVAL);
-    CHECK(vmsnap_store_open("s3://bkt/a//b", NULL, &st, &key, &e) == -EINVAL);
-    CHECK(vmsnap_store_open("s3://bkt/a/../b", NULL, &st, &key, &e) == -EINVAL);
-    unsetenv("AWS_SECRET_ACCESS_KEY");
-    CHECK(vmsnap_store_open("s3://bkt/x", NULL, &st, &key, &e) == -EACCES);
-    CHECK(!strstr(e.msg, "topsecretvalue"));
-    vmsnap_store_global_cleanup();
-}
-
-#define Z64 "0000000000000000000000000000000000000000000000000000000000000000"
-
-static void test_manifest(void)
-{
-    CHECK(manifest_name_ok("memory-ranges", 13));
-    CHECK(!manifest_name_ok("..", 2) && !manifest_name_ok(".", 1) && !manifest_name_ok("", 0));
-    CHECK(!manifest_name_ok("a/b", 3) && !manifest_name_ok("a\0b", 3));
-    CHECK(!manifest_name_ok("manifest.json", 13) && !manifest_name_ok("a\nb", 3));
-    struct manifest m = {0};
-    struct mf_file f = {
-        .name = "mem", .detail = true, .size = 100, .populated = 50, .object_size = 60};
-    memset(f.sha256, 'a', 64);
-    f.sha256[64] = '\0';
-    m.files = &f;
-    m.n = 1;
-    char *js = manifest_build(&m);
-    REQUIRE(js);
-    struct manifest p;
-    REQUIRE(manifest_parse(js, strlen(js), "t", 1ull << 40, &p, NULL) == 0);
-    CHECK(p.n == 1 && !strcmp(p.files[0].name, "mem") && p.files[0].size == 100 &&
-          p.files[0].populated == 50 && p.files[0].object_size == 60 && p.files[0].detail &&
-          !strcmp(p.files[0].sha256, f.sha256));
-    CHECK(!p.files[0].table_digest && strstr(js, "\"sha256\"") && !strstr(js, "tableSha256"));
-    manifest_fini(&p);
-    /* size cap: a policy (EFBIG, naming --max-size), not damage */
-    struct vmsnap_err ce = {0};
-    CHECK(manifest_parse(js, strlen(js), "t", 99, &p, &ce) == -EFBIG &&
-          strstr(ce.msg, "--max-size"));
-    free(js);
-    /* the seek-table digest round-trips under its own name */
-    f.table_digest = true;
-    f.sha256[0] = 'b';
-    js = manifest_build(&m);
-    REQUIRE(js);
-    CHECK(strstr(js, "\"tableSha256\":\"b") && !strstr(js, "\"sha256\""));
-    REQUIRE(manifest_parse(js, strlen(js), "t", 1ull << 40, &p, NULL) == 0);
-    CHECK(p.files[0].table_digest && !strcmp(p.files[0].sha256, f.sha256));
-    manifest_fini(&p);
-    free(js);
-    const char *bad[] = {
-        "[]",
-        "{\"snapshotFiles\":\"x\"}",
-        "{\"snapshotFiles\":[1]}",
-        "{\"snapshotFiles\":[\"a\"],\"files\":{}}",
-        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":-1,\"populated\":0,"
-         "\"objectSize\":1,\"sha256\":\"" Z64 "\"}}}"),
-        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":2,"
-         "\"objectSize\":1,\"sha256\":\"" Z64 "\"}}}"),
-        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":1,"
-         "\"objectSize\":1,\"sha256\":\"XYZ\"}}}"),
-        /* no digest; both digests; a bad table digest */
-        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":1,"
-         "\"objectSize\":1}}}"),
-        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":1,"
-         "\"objectSize\":1,\"sha256\":\"" Z64 "\",\"tableSha256\":\"" Z64 "\"}}}"),
-        ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":1,"
-         "\"objectSize\":1,\"tableSha256\":\"" Z64 "0\"}}}"),
-        "{\"snapshotFiles\":[\"a\"],\"formatVersion\":3}",
-        "{\"snapshotFiles\":[\"a\"]} trailing",
-    };
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        struct vmsnap_err e = {0};
-        CHECKF(manifest_parse(bad[i], strlen(bad[i]), "t", 1ull << 40, &p, &e) < 0, "bad[%zu]", i);
-        CHECKF(strstr(e.msg, "t:") == e.msg, "bad[%zu] message '%s' does not name the manifest", i,
-               e.msg);
-    }
-}
-
 int main(void)
 {
     test_signing_key();
@@ -264,7 +148,5 @@ int main(void)
     test_get_vanilla();
     test_uri_encode();
     test_xml();
-    test_urls();
-    test_manifest();
     return t_done();
 }
