@@ -342,8 +342,6 @@ static void test_push_mark(void)
     }
 }
 
-#define Z64 "0000000000000000000000000000000000000000000000000000000000000000"
-
 /* The basics, as first written beside the SigV4 tests: names, one file round trip with either
  * digest, the size cap, a dozen malformed manifests each named in its error. */
 static void test_basics(void)
