@@ -33,11 +33,14 @@ ssize_t sys_pread_full(int fd, void *buf, size_t len, uint64_t off)
     return (ssize_t)done;
 }
 
-int sys_pwrite_full(int fd, const void *buf, size_t len, uint64_t off)
+/* write(2) or, with `off`, pwrite(2) of the whole buffer (EINTR retried, a zero write an EIO) */
+static int write_all(int fd, const void *buf, size_t len, const uint64_t *off)
 {
     size_t done = 0;
     while (done < len) {
-        ssize_t n = pwrite(fd, (const char *)buf + done, len - done, (off_t)(off + done));
+        const char *p = (const char *)buf + done;
+        ssize_t n =
+            off ? pwrite(fd, p, len - done, (off_t)(*off + done)) : write(fd, p, len - done);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -50,21 +53,14 @@ int sys_pwrite_full(int fd, const void *buf, size_t len, uint64_t off)
     return 0;
 }
 
+int sys_pwrite_full(int fd, const void *buf, size_t len, uint64_t off)
+{
+    return write_all(fd, buf, len, &off);
+}
+
 int sys_write_full(int fd, const void *buf, size_t len)
 {
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = write(fd, (const char *)buf + done, len - done);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        if (n == 0)
-            return -EIO;
-        done += (size_t)n;
-    }
-    return 0;
+    return write_all(fd, buf, len, NULL);
 }
 
 void sys_sleep_ms(unsigned ms)
