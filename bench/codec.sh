@@ -22,7 +22,7 @@ row() { # label wall cpu rss size
 }
 size_of() { stat -c %s "$1"; }
 
-bench_run "vmsnap pack -j1" "'$VMSNAP' -q pack -j1 memory-ranges p1.vs"; P1=$WALL
+bench_run "vmsnap pack -j1" "'$VMSNAP' -q pack -j1 memory-ranges p1.vs"; P1=$WALL; PACK1_CPU=$CPU
 row "vmsnap pack -j1" "$WALL" "$CPU" "$RSS_MIB" "$(size_of p1.vs)"
 bench_run "vmsnap pack -j2" "'$VMSNAP' -q pack -j2 memory-ranges p2.vs"; P2=$WALL
 row "vmsnap pack -j2" "$WALL" "$CPU" "$RSS_MIB" "$(size_of p2.vs)"; P2SIZE=$(size_of p2.vs)
@@ -63,3 +63,15 @@ echo "- pack -j2 vs zstd -1 -T0 of the whole file: $(r "$Z" "$P2")x faster (targ
 echo "- pack -j2 vs tar -S | zstd: $(r "$TZ" "$P2")x faster"
 echo "- unpack -j2 vs -j1: $(r "$U1" "$U2")x; unpack -j2 vs zstd -d: $(r "$ZD" "$U2")x faster (target >= 2x)"
 echo "- restored file allocates $((UALLOC >> 20)) MiB (sparse; source allocates $((alloc >> 20)) MiB)"
+# the machine's limit with the pack's own parameters (bench/zlimit.c: libzstd and XXH64 over the
+# image's non-zero pages in memory, one frame per 64 MiB range, best of 3)
+ZL=$(dirname "$VMSNAP")/vmsnap_zlimit
+if [ -x "$ZL" ]; then
+    declare -A L
+    while IFS='=' read -r k v; do L[$k]=$v; done < <("$ZL" memory-ranges 2)
+    echo "- limit (libzstd level 1, pack's parameters, $((${L[bytes]} >> 20)) MiB of non-zero pages in memory):" \
+        "compress 1 thread ${L[compress_1]} s, 2 threads ${L[compress_n]} s; decompress ${L[decompress_1]} / ${L[decompress_n]} s; XXH64 ${L[xxh64_1]} s"
+    echo "- pack -j1 at $(r "${L[compress_1]}" "$P1")x of 1-thread compression (wall), CPU $PACK1_CPU s = $(r "$PACK1_CPU" "${L[compress_1]}")x libzstd's time (target <= 1.15x);" \
+        "pack -j2 at $(r "${L[compress_n]}" "$P2")x of the 2-thread limit (target >= 0.85)"
+    echo "- unpack -j1 at $(r "${L[decompress_1]}" "$U1")x of 1-thread decompression; unpack -j2 at $(r "${L[decompress_n]}" "$U2")x of the 2-thread limit (target >= 0.70)"
+fi
