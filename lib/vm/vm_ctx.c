@@ -294,6 +294,26 @@ int vm_ram_room(const struct vmctx *c, int64_t mem, struct vmsnap_err *err)
         (unsigned long long)(have >> 20), (unsigned long long)(((uint64_t)mem - have) >> 20));
 }
 
+int vm_open_record(struct vmctx *c, const struct vmsnap_vm_opts *o, const char *name,
+                   json_object **cfg, struct vmsnap_err *err)
+{
+    int rc = vm_ctx_init(c, o, name, err);
+    return rc == 0 ? vm_load(c, cfg, err) : rc;
+}
+
+int vm_op_end(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, int rc, const char *verb,
+              struct vmsnap_vm_timing *t, double tstart, struct vmsnap_err *err)
+{
+    if (rc < 0)
+        vmsnap_err_wrap(err, "vm %s %s: ", verb, c->name);
+    if (t)
+        t->total = mono_now() - tstart;
+    vmsnap_vmm_free(v);
+    json_object_put(cfg);
+    vm_ctx_fini(c);
+    return rc;
+}
+
 int vm_load(struct vmctx *c, json_object **cfg, struct vmsnap_err *err)
 {
     int rc = vm_ctx_lock(c, err);

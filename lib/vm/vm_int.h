@@ -88,6 +88,13 @@ int vm_ctx_lock(struct vmctx *c, struct vmsnap_err *err);
 int vm_check_ram_dir(struct vmctx *c, struct vmsnap_err *err);
 int vm_ram_room(const struct vmctx *c, int64_t mem, struct vmsnap_err *err);
 int vm_load(struct vmctx *c, json_object **cfg, struct vmsnap_err *err);
+/* The start of a command on a known VM: the context (locked) and its record. */
+int vm_open_record(struct vmctx *c, const struct vmsnap_vm_opts *o, const char *name,
+                   json_object **cfg, struct vmsnap_err *err);
+/* The end of a command: `rc` wrapped with "vm VERB NAME: " on failure, the total time in `t`,
+ * the driver handle, the record and the context released. Returns rc. */
+int vm_op_end(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, int rc, const char *verb,
+              struct vmsnap_vm_timing *t, double tstart, struct vmsnap_err *err);
 
 /* ---- vm_record.c: the JSON record and config ---- */
 int vm_cfg_load(const char *path, json_object **out, struct vmsnap_err *err);

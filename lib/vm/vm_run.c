@@ -147,12 +147,5 @@ out:
         unlink(c.ram);
         vm_rm_rf(c.vmdir);
     }
-    if (rc < 0)
-        vmsnap_err_wrap(err, "vm run %s: ", name);
-    if (t)
-        t->total = mono_now() - tstart;
-    vmsnap_vmm_free(v);
-    json_object_put(cfg);
-    vm_ctx_fini(&c);
-    return rc;
+    return vm_op_end(&c, cfg, v, rc, "run", t, tstart, err);
 }

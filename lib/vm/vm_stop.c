@@ -15,9 +15,7 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
     struct vmctx c;
     json_object *cfg = NULL;
     struct vmsnap_vmm *v = NULL;
-    int rc = vm_ctx_init(&c, o, name, err);
-    if (rc == 0)
-        rc = vm_load(&c, &cfg, err);
+    int rc = vm_open_record(&c, o, name, &cfg, err);
     struct stat rs, cs;
     if (rc == 0 && remove && vm_cfg_bool(cfg, "ram_shared") && vm_cfg_str(cfg, "ram_path") &&
         lstat(vm_cfg_str(cfg, "ram_path"), &rs) == 0 &&

@@ -179,9 +179,7 @@ int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name, struct vms
     struct vmctx c;
     json_object *cfg = NULL;
     struct vmsnap_vmm *v = NULL;
-    int rc = vm_ctx_init(&c, o, name, err);
-    if (rc == 0)
-        rc = vm_load(&c, &cfg, err);
+    int rc = vm_open_record(&c, o, name, &cfg, err);
     if (rc == 0)
         rc = vm_vmm_from_cfg(&c, cfg, &v, err);
     char newdir[PATH_LEN];
@@ -206,14 +204,7 @@ int vmsnap_vm_pause(const struct vmsnap_vm_opts *o, const char *name, struct vms
      * would keep on the tmpfs): this checkpoint supersedes it. */
     if (rc == 0 && vm_stage_ok(&c))
         vm_unstage(&c);
-    if (rc < 0)
-        vmsnap_err_wrap(err, "vm pause %s: ", name);
-    if (t)
-        t->total = mono_now() - tstart;
-    vmsnap_vmm_free(v);
-    json_object_put(cfg);
-    vm_ctx_fini(&c);
-    return rc;
+    return vm_op_end(&c, cfg, v, rc, "pause", t, tstart, err);
 }
 
 /* Transfer options for a suspend: the caller's, with the codec frame size derived from the
@@ -377,9 +368,7 @@ struct suspend {
 static int suspend_open(struct suspend *s, struct vmsnap_err *err)
 {
     struct vmctx *c = &s->c;
-    int rc = vm_ctx_init(c, s->o, s->name, err);
-    if (rc == 0)
-        rc = vm_load(c, &s->cfg, err);
+    int rc = vm_open_record(c, s->o, s->name, &s->cfg, err);
     if (rc == 0) {
         struct vmsnap_xfer_opts xo = suspend_push_opts(s->o, s->cfg, s->url);
         rc = vmsnap_xfer_check_dest(s->url, true, &xo, err);
