@@ -297,11 +297,13 @@ def main():
             continue
         c.report()
         failed += bool(c.bad)
-    if not args.keep:
-        shutil.rmtree(W, ignore_errors=True)
     if failed:
         sys.exit(1)
     sys.exit(77 if skipped else 0)
 
 
-main()
+try:
+    main()
+finally:  # also when an operation raised (the work directory is on tmpfs: memory)
+    if not args.keep:
+        shutil.rmtree(W, ignore_errors=True)
