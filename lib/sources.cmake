@@ -22,6 +22,7 @@ set(VMSNAP_IMAGE_SOURCES
     lib/image/image_enc_zstd.c
     lib/image/image_io.c
     lib/image/image_rec.c
+    lib/image/image_pages_stub.c
     lib/image/image_seq.c)
 
 set(VMSNAP_STORE_SOURCES
@@ -56,9 +57,12 @@ set(VMSNAP_VMM_SOURCES
 
 set(VMSNAP_XFER_SOURCES
     lib/xfer/manifest.c
+    lib/xfer/manifest_layers.c
     lib/xfer/xfer_ctx.c
     lib/xfer/xfer_download.c
     lib/xfer/xfer_gc.c
+    lib/xfer/xfer_layers_pull.c
+    lib/xfer/xfer_layers_push.c
     lib/xfer/xfer_leftover.c
     lib/xfer/xfer_ls.c
     lib/xfer/xfer_marks.c

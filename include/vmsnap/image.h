@@ -96,6 +96,37 @@ struct vmsnap_pack_mem {
     bool (*try_acquire)(void *arg, uint64_t bytes);
 };
 
+#define VMSNAP_PAGE_SIZE 4096u
+
+/* Per-page content hashes of a file: one 64-bit XXH3 (libxxhash's XXH3_64bits, seed 0) per
+ * 4 KiB page at absolute offsets (the last page may be partial: hashed over its bytes), 0 for a
+ * hole or an all-zero page (a real hash that comes out 0 is replaced by 1). */
+struct vmsnap_pages {
+    uint64_t size;      /* logical size of the file */
+    uint64_t npages;    /* ceil(size / 4096) */
+    uint64_t populated; /* pages whose hash is not 0 */
+    uint64_t *h;        /* npages hashes */
+};
+/* Hash every page of the regular file open at `fd` (SEEK_DATA/SEEK_HOLE to skip holes, `threads`
+ * workers, 0 = CPUs; the file's clean page cache is dropped after reading unless keep_cache, as
+ * the encoder does). `name` names the file in errors. */
+VMSNAP_API int vmsnap_pages_hash_fd(int fd, const char *name, unsigned threads, bool keep_cache,
+                                    struct vmsnap_pages **out, struct vmsnap_err *err);
+VMSNAP_API void vmsnap_pages_free(struct vmsnap_pages *p);
+/* How many pages a delta of `cur` over `parent` stores: pages whose hashes differ (pages beyond
+ * parent's end count as differing when not 0); of those, how many are 0 in cur (*holes, may be
+ * NULL). */
+VMSNAP_API uint64_t vmsnap_pages_diff(const struct vmsnap_pages *parent,
+                                      const struct vmsnap_pages *cur, uint64_t *holes);
+/* The serialised table (a layer's "pages" object, stored beside its image), validated on decode
+ * (untrusted bytes from a store: `where` names the object in errors; max_size caps `size`, 0 =
+ * 64 TiB). */
+VMSNAP_API int vmsnap_pages_encode(const struct vmsnap_pages *p, void **buf, size_t *len,
+                                   struct vmsnap_err *err);
+VMSNAP_API int vmsnap_pages_decode(const void *buf, size_t len, const char *where,
+                                   uint64_t max_size, struct vmsnap_pages **out,
+                                   struct vmsnap_err *err);
+
 struct vmsnap_pack_opts {
     unsigned threads;     /* 0: online CPUs */
     uint64_t frame_size;  /* source range per frame; 0: 64 MiB; multiple of 4 KiB */
@@ -123,6 +154,13 @@ struct vmsnap_pack_opts {
     /* A budget for the encoder's buffers (the ranges' records, their frames until written).
      * NULL: none, about 2 x threads x frame_size at most. */
     const struct vmsnap_pack_mem *mem;
+    /* Delta layer: encode only the pages whose hash differs from `delta_parent`'s; a page that
+     * is a hole or all zero in the source but not 0 in the parent is stored as an explicit
+     * all-zero page record; unchanged pages are left out. Not with `base` nor keep_zero_pages. */
+    const struct vmsnap_pages *delta_parent;
+    /* When not NULL: the page table of the source as encoded, allocated by the encoder, freed by
+     * the caller with vmsnap_pages_free. */
+    struct vmsnap_pages **pages_out;
 };
 
 struct vmsnap_image_stats {
@@ -166,6 +204,9 @@ struct vmsnap_unpack_opts {
     vmsnap_progress_fn progress;
     void *progress_arg;
     const char *dst_name; /* decode_parallel: names the destination in write errors */
+    /* apply a layer onto the file its parent layers left at the destination: all-zero pages of
+     * records are punched, the rest written */
+    bool overlay;
 };
 
 /* Decode file `src` ("-" = stdin, sequential) into a new sparse file `dst` (mode 0600), written
@@ -228,6 +269,8 @@ VMSNAP_API void vmsnap_frame_decoder_free(struct vmsnap_frame_decoder *dec);
  * <reason>"); the string is not copied. Without it they say "destination". */
 VMSNAP_API void vmsnap_frame_decoder_set_dst(struct vmsnap_frame_decoder *dec,
                                              const char *dst_name);
+/* Overlay decoding (struct vmsnap_unpack_opts.overlay) for this decoder's frames. */
+VMSNAP_API void vmsnap_frame_decoder_set_overlay(struct vmsnap_frame_decoder *dec, bool overlay);
 
 /* Decode frame `i` from the `len` bytes at `frame` (exactly the frame, as the caller fetched it:
  * no copy is made), with the same checks as vmsnap_image_decode_frame(). The frame is streamed

@@ -49,8 +49,38 @@ extern "C" {
 #define VMSNAP_XFER_MANIFEST_MAX (4u << 20) /* a larger manifest is refused */
 #define VMSNAP_XFER_MAX_FILES 4096u
 
+/* How a set push stores a set (docs/transfer.md). Layered: immutable objects under names no
+ * other push uses, a manifest (formatVersion 3) that names each file's chain of layers and is
+ * the only object ever replaced, so a replace is one PUT; deltas over a parent set. Reference:
+ * <url>/<name>.zstd and a manifest with snapshotFiles, which the reference system restores;
+ * no layers, and a replace stores over the objects (a transaction of held uploads). */
+enum vmsnap_xfer_layout {
+    VMSNAP_LAYOUT_AUTO = 0, /* $VMSNAP_LAYOUT ("layered" or "reference"), else layered */
+    VMSNAP_LAYOUT_LAYERED = 1,
+    VMSNAP_LAYOUT_REFERENCE = 2,
+};
+
+#define VMSNAP_XFER_DEFAULT_MAX_DEPTH 8u
+#define VMSNAP_XFER_DEFAULT_DELTA_MAX_PCT 50u
+
 /* Options; zeroed means defaults. */
 struct vmsnap_xfer_opts {
+    enum vmsnap_xfer_layout layout; /* set push */
+    /* layered set push: URL of a layered set in the same store whose files this push's files
+     * are stored as deltas over (only the 4 KiB pages that differ, found through the parent's
+     * page tables, without reading its images). A file the parent does not have, or whose
+     * chain would get deeper than max_depth, or whose delta would store more than
+     * delta_max_pct of its populated pages, gets a full layer. A parent that is missing or not
+     * layered is a warning (an info when parent_implicit) and every file gets a full layer. */
+    const char *parent;
+    bool parent_implicit;
+    unsigned max_depth;     /* layers in a chain at most; 0: 8 */
+    unsigned delta_max_pct; /* 0: 50 */
+    /* pull of a layered set from a remote store: the node-local object cache
+     * (include/vmsnap/objcache.h): NULL/0 its defaults; no_cache: fetch everything */
+    const char *cache_dir;
+    uint64_t cache_size;
+    bool no_cache;
     unsigned connections; /* parallel streams (-j); 0: 8 */
     uint64_t part_size;   /* upload part size; 0: 16 MiB (>= 5 MiB for S3) */
     uint64_t max_memory;  /* cap on buffered parts/frame groups and a push's encoder buffers;
@@ -82,6 +112,8 @@ struct vmsnap_xfer_stats {
     uint64_t object_bytes; /* the files' objects (a set's manifest not counted, as pull and ls */
                            /* count them) */
     uint64_t copied_bytes; /* push with a base: object bytes the store copied from it */
+    uint64_t deltas;       /* layered push: files stored as a delta over the parent's */
+    uint64_t cached_bytes; /* layered pull: object bytes read from the node's cache */
 };
 
 /* Can a push to `url` (of a snapshot set when `set`) start? The URL parses and, for the local

@@ -31,16 +31,24 @@ void manifest_fini(struct manifest *m)
 {
     if (!m)
         return;
-    for (size_t i = 0; i < m->n; i++)
-        free(m->files[i].name);
+    for (size_t i = 0; i < m->n; i++) {
+        struct mf_file *f = &m->files[i];
+        free(f->name);
+        for (size_t j = 0; j < f->nlayers; j++)
+            free(f->layers[j].key);
+        free(f->layers);
+        free(f->pages.key);
+    }
     free(m->files);
     m->files = NULL;
     m->n = 0;
+    free(m->parent);
+    m->parent = NULL;
 }
 
-static bool get_u64(json_object *o, const char *k, uint64_t *v)
+bool mf_get_u64(void *obj, const char *k, uint64_t *v)
 {
-    json_object *x;
+    json_object *o = obj, *x;
     if (!json_object_object_get_ex(o, k, &x) || !json_object_is_type(x, json_type_int))
         return false;
     errno = 0;
@@ -51,7 +59,7 @@ static bool get_u64(json_object *o, const char *k, uint64_t *v)
     return true;
 }
 
-static bool hex64(const char *s)
+bool mf_hex64(const char *s)
 {
     if (strlen(s) != 64)
         return false;
@@ -108,7 +116,8 @@ static int read_head(json_object *root, const char *where, struct manifest *m, j
         return vmsnap_err_set(err, EINVAL, "%s: no \"snapshotFiles\" array", where);
     if (json_object_object_get_ex(root, "formatVersion", &fv)) {
         if (!json_object_is_type(fv, json_type_int) || json_object_get_int64(fv) != 2)
-            return vmsnap_err_set(err, EINVAL, "%s: unsupported formatVersion (expected 2)", where);
+            return vmsnap_err_set(err, EINVAL, "%s: unsupported formatVersion (expected 2 or 3)",
+                                  where);
         m->format_version = 2;
     }
     if (json_object_object_get_ex(root, "pushId", &pid)) {
@@ -161,10 +170,10 @@ static int read_entry(json_object *files, struct mf_file *f, const char *where, 
     json_object *sh = NULL, *th = NULL;
     bool has_sh = json_object_object_get_ex(d, "sha256", &sh);
     bool has_th = json_object_object_get_ex(d, "tableSha256", &th);
-    if (!get_u64(d, "size", &f->size) || !get_u64(d, "populated", &f->populated) ||
-        !get_u64(d, "objectSize", &f->object_size) || has_sh == has_th ||
+    if (!mf_get_u64(d, "size", &f->size) || !mf_get_u64(d, "populated", &f->populated) ||
+        !mf_get_u64(d, "objectSize", &f->object_size) || has_sh == has_th ||
         !json_object_is_type(has_sh ? sh : th, json_type_string) ||
-        !hex64(json_object_get_string(has_sh ? sh : th)))
+        !mf_hex64(json_object_get_string(has_sh ? sh : th)))
         return vmsnap_err_set(err, EINVAL,
                               "%s: entry for '%s' needs size, populated, objectSize and one "
                               "lowercase hex digest (sha256 or tableSha256)",
@@ -196,7 +205,13 @@ int manifest_parse(const char *buf, size_t len, const char *where, uint64_t max_
     int rc = parse_whole(buf, len, where, "manifest", &root, err);
     if (rc < 0)
         return rc;
-    json_object *sf = NULL, *files = NULL;
+    json_object *sf = NULL, *files = NULL, *fv;
+    if (json_object_is_type(root, json_type_object) &&
+        json_object_object_get_ex(root, "formatVersion", &fv) &&
+        json_object_is_type(fv, json_type_int) && json_object_get_int64(fv) == 3) {
+        rc = manifest_parse_layered(root, where, max_size, m, err);
+        goto out;
+    }
     if ((rc = read_head(root, where, m, &sf, &files, err)) < 0)
         goto out;
     size_t n = json_object_array_length(sf);

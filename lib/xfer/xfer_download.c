@@ -77,15 +77,20 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
         struct vmsnap_frame_decoder *fd = NULL;
         dec_enter(d->x);
         rc = vmsnap_frame_decoder_new(&fd, &e);
-        if (rc == 0)
-            vmsnap_frame_decoder_set_dst(fd, d->af.path);
+        if (rc == 0) {
+            vmsnap_frame_decoder_set_dst(fd, d->overlay ? d->oname : d->af.path);
+            vmsnap_frame_decoder_set_overlay(fd, d->overlay);
+        }
+        int wr = rc == 0 && d->fill_fd > 0 ? sys_pwrite_full(d->fill_fd, buf, g->len, g->off) : 0;
+        if (wr < 0)
+            rc = err_code(&e, -wr, "write the cache entry of %s", d->url);
         for (uint32_t i = g->f0; i <= g->f1 && rc == 0; i++) {
             if ((rc = cancel_check(&e)) < 0) /* a group waited for its turn to decode */
                 break;
             struct vmsnap_frame_info fi;
             vmsnap_image_frame(d->img, i, &fi);
             rc = vmsnap_image_decode_frame_mem(d->img, i, buf + (fi.offset - g->off), fi.csize,
-                                               d->af.fd, fd, NULL, &e);
+                                               d->overlay ? d->ofd : d->af.fd, fd, NULL, &e);
         }
         vmsnap_frame_decoder_free(fd);
         dec_leave(d->x);
@@ -264,9 +269,12 @@ int xfer_down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst,
     if (d->mf && d->mf->detail && d->mf->object_size != d->osize)
         return vmsnap_err_set(err, EINVAL, "%s: %llu bytes, the manifest says %llu", d->url,
                               (unsigned long long)d->osize, (unsigned long long)d->mf->object_size);
-    if ((rc = sys_atomic_open_tagged(&d->af, dst, 0600, "pull", err)) < 0)
-        return rc;
-    d->af_open = true;
+    if (!d->overlay) {
+        if ((rc = sys_atomic_open_tagged(&d->af, dst, 0600, "pull", err)) < 0)
+            return rc;
+        d->af_open = true;
+    }
+    int dfd = d->overlay ? d->ofd : d->af.fd;
     xfer_progress_add(d->x, 0, d->osize);
     struct vmsnap_source src = {xfer_tail_pread, &d->tail, d->osize, d->url};
     rc = vmsnap_image_open(&src, d->x->o.max_size, &d->img, err);
@@ -293,7 +301,7 @@ int xfer_down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst,
             "%llu (%llu)",
             d->url, (unsigned long long)d->stats.total_size, (unsigned long long)d->stats.populated,
             (unsigned long long)d->mf->size, (unsigned long long)d->mf->populated);
-    if (ftruncate(d->af.fd, (off_t)d->stats.total_size) < 0)
+    if (ftruncate(dfd, (off_t)d->stats.total_size) < 0)
         return err_sys(err, "set size of %s to %llu", dst, (unsigned long long)d->stats.total_size);
     if (d->mf && d->mf->detail && d->mf->table_digest) {
         /* tableSha256 over the very bytes the table was parsed from: every frame is then

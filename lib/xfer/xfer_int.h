@@ -101,9 +101,37 @@ void xpool_buf_free(struct xpool *p, void *buf);
  *
  * A reference manifest has only snapshotFiles; then `detail` is false for every file.
  */
+/* A layered set's (formatVersion 3) file is a chain of layer objects: the first a full image,
+ * each later one a delta over the file as the layers before it leave it (docs/FORMAT.md). Keys
+ * are the store's ("<set>/" LAYER_DIR "/<pushId>/<name>.zstd"), checked by layer_key_ok. */
+struct mf_layer {
+    char *key;
+    uint64_t object_size;
+    uint64_t size;      /* the image's logical size (totalSize) */
+    uint64_t populated; /* bytes in the image's records */
+    char sha256[65];    /* tableSha256 */
+    bool delta;
+};
+
+/* The page table of the file as its last layer leaves it (a ".pages" object: sha256 of the
+ * whole object). key NULL: none. */
+struct mf_pages {
+    char *key;
+    uint64_t object_size;
+    char sha256[65];
+};
+
 struct mf_file {
     char *name;
-    bool detail; /* the fields below are known */
+    struct mf_layer *layers; /* formatVersion 3: the chain, oldest first (else NULL) */
+    size_t nlayers;
+    struct mf_pages pages;
+    /* layered push only (not serialised): the parent's page table a delta is made against
+     * (NULL: a full layer), and the table of the file as encoded (the encoder's output) */
+    const struct vmsnap_pages *delta_parent;
+    struct vmsnap_pages *pages_out;
+    bool want_pages; /* ask the encoder for pages_out */
+    bool detail;     /* the fields below are known */
     uint64_t size;
     uint64_t populated;
     uint64_t object_size;
@@ -119,9 +147,28 @@ struct mf_file {
 struct manifest {
     struct mf_file *files;
     size_t n;
-    int64_t format_version; /* 0 if absent */
+    int64_t format_version; /* 0 if absent; 3: a layered set */
     char push_id[33];       /* "pushId": which push wrote it (hex), "" if absent */
+    char *parent;           /* formatVersion 3: "parent", the URL its deltas were made against */
+    int64_t created;        /* formatVersion 3: Unix seconds of the push */
 };
+
+/* Layered sets (formatVersion 3, manifest_layers.c): objects are written once, under names no
+ * other push uses, below the set's key; the manifest is the only object ever replaced. */
+#define LAYER_DIR "vmsnap-objects"
+#define PAGES_SUFFIX ".pages"
+#define MAX_LAYERS 64u /* a manifest with a longer chain is refused */
+/* A key a layered manifest may name: "[P/]" LAYER_DIR "/<hex id>/<plain name>(.zstd|.pages)",
+ * no empty, "." or ".." component, at most 1024 bytes, no control byte. */
+bool layer_key_ok(const char *key);
+/* A non-negative JSON integer field; a 64-digit lowercase hex string (manifest.c). */
+bool mf_get_u64(void *obj, const char *k, uint64_t *v);
+bool mf_hex64(const char *s);
+/* Parse the fields of a formatVersion 3 manifest (called by manifest_parse). */
+int manifest_parse_layered(void *root, const char *where, uint64_t max_size, struct manifest *m,
+                           struct vmsnap_err *err);
+/* Serialise a layered manifest (malloc'd) or NULL on ENOMEM. */
+char *manifest_build_layered(const struct manifest *m);
 
 /* A plain file name: not empty, not "." or "..", no '/', no NUL (len given), no control bytes,
  * at most 255 bytes, not the manifest's own name. */
@@ -313,6 +360,11 @@ struct down {
     bool pre_submitted, pre_done;
     struct vmsnap_image_stats stats;
     struct vmsnap_seqdec *seq;
+    /* a layer over what earlier layers left in `ofd` (named `oname`), not a new file */
+    bool overlay;
+    int ofd;
+    const char *oname;
+    int fill_fd; /* > 0: the object's bytes are also written here (a cache entry being filled) */
 };
 
 /* A set's file opened on a pool thread (xfer_down_open), reported back through d->opened. */
@@ -436,11 +488,27 @@ bool xfer_remove_replaced(const struct set_push *s);
 void xfer_push_failed(const struct set_push *s, bool uncommitted);
 
 /* xfer_set_push.c */
+/* The regular files of a snapshot-set directory, sorted by name; sizes hold st_size. */
+int xfer_scan_set(const char *dir, struct mf_file **out, size_t *n, struct vmsnap_err *err);
+/* 32 random hex digits. */
+int xfer_new_push_id(char out[33], struct vmsnap_err *err);
+/* qsort_r over indices into an array of manifest entries (the argument): largest first */
+int xfer_cmp_size_desc(const void *a, const void *b, void *files);
 int xfer_push_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir,
                   const char *prefix, const char *url, struct vmsnap_xfer_stats *stats,
                   struct vmsnap_err *err);
 
+/* xfer_layers_push.c: a layered set's push (formatVersion 3) */
+int xfer_push_layered(struct xfer *x, struct vmsnap_store_conn *ctl, const char *dir,
+                      const char *prefix, const char *url, struct vmsnap_xfer_stats *stats,
+                      struct vmsnap_err *err);
+/* xfer_layers_pull.c: a layered set's pull into `dir` */
+struct down;
+int xfer_pull_layered(struct xfer *x, struct vmsnap_store_conn *ctl, const struct manifest *m,
+                      const char *dir, struct down *ds, struct vmsnap_err *err);
+
 /* xfer_push.c */
+int xfer_layout_layered(const struct xfer *x, bool *layered, struct vmsnap_err *err);
 bool xfer_local_same(const struct xfer *x, const char *key, const char *path, bool within);
 
 /* xfer_download.c */

@@ -404,9 +404,10 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
         goto undo_mkdir;
     }
-    rc = pull_dispatch(&p, err);
+    bool layered = m->format_version == 3;
+    rc = layered ? xfer_pull_layered(x, ctl, m, dir, p.ds, err) : pull_dispatch(&p, err);
     for (size_t i = 0; i < m->n; i++) {
-        if (!p.ds[i].x)
+        if (!p.ds[i].x || layered) /* a layered file's downloads are finished */
             continue;
         struct vmsnap_err e = {0};
         int r = xfer_down_finish(&p.ds[i], p.ds[i].start_rc, &e);

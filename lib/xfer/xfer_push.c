@@ -124,6 +124,22 @@ static int not_inside_set(struct vmsnap_store_conn *ctl, const char *key, const 
     return rc < 0 ? rc : 0;
 }
 
+/* The layout of a set push: the option, else $VMSNAP_LAYOUT, else layered. */
+int xfer_layout_layered(const struct xfer *x, bool *layered, struct vmsnap_err *err)
+{
+    *layered = x->o.layout != VMSNAP_LAYOUT_REFERENCE;
+    if (x->o.layout != VMSNAP_LAYOUT_AUTO)
+        return 0;
+    const char *v = getenv("VMSNAP_LAYOUT");
+    if (!v || !*v || !strcmp(v, "layered"))
+        return 0;
+    if (!strcmp(v, "reference")) {
+        *layered = false;
+        return 0;
+    }
+    return vmsnap_err_set(err, EINVAL, "VMSNAP_LAYOUT: '%.32s' is not 'layered' or 'reference'", v);
+}
+
 int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer_opts *opts,
                      struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
 {
@@ -154,13 +170,28 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
                             path, url, S_ISDIR(sb.st_mode) ? "directory (or inside it)" : "file");
         goto out;
     }
-    if (x.o.base && (rc = base_key_in(&x, x.o.base, err)) < 0)
+    bool layered = false;
+    if (S_ISDIR(sb.st_mode) && (rc = xfer_layout_layered(&x, &layered, err)) < 0)
+        goto out;
+    if (layered && !x.o.parent && x.o.base) { /* a base is a parent to a layered set */
+        x.o.parent = x.o.base;
+        x.o.parent_implicit = x.o.base_implicit;
+    }
+    if (!layered && x.o.parent) {
+        rc = vmsnap_err_set(err, EINVAL,
+                            "a parent (--parent) needs a layered set push (not --layout "
+                            "reference, nor a single file)");
+        goto out;
+    }
+    if (!layered && x.o.base && (rc = base_key_in(&x, x.o.base, err)) < 0)
         goto out;
     if ((rc = xfer_conn(&x, err)) < 0 || (rc = xfer_start_pool(&x, err)) < 0)
         goto out;
     struct vmsnap_store_conn *ctl = x.ctl;
     if (S_ISDIR(sb.st_mode)) {
-        rc = xfer_push_set(&x, ctl, path, key, url, stats, err); /* (a set below a set is fine) */
+        /* (a set below a set is fine) */
+        rc = layered ? xfer_push_layered(&x, ctl, path, key, url, stats, err)
+                     : xfer_push_set(&x, ctl, path, key, url, stats, err);
     } else {
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) {

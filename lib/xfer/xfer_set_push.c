@@ -67,7 +67,7 @@ static int cmp_name(const void *a, const void *b)
 }
 
 /* qsort_r comparators over indices into an array of manifest entries (the argument) */
-static int cmp_size_desc(const void *a, const void *b, void *files)
+int xfer_cmp_size_desc(const void *a, const void *b, void *files)
 {
     const struct mf_file *f = files;
     uint64_t x = f[*(const size_t *)a].size, y = f[*(const size_t *)b].size;
@@ -75,7 +75,7 @@ static int cmp_size_desc(const void *a, const void *b, void *files)
 }
 
 /* The regular files of a snapshot-set directory, sorted by name; sizes hold st_size. */
-static int scan_set(const char *dir, struct mf_file **out, size_t *n, struct vmsnap_err *err)
+int xfer_scan_set(const char *dir, struct mf_file **out, size_t *n, struct vmsnap_err *err)
 {
     *out = NULL;
     *n = 0;
@@ -141,7 +141,7 @@ static int scan_set(const char *dir, struct mf_file **out, size_t *n, struct vms
     if (rc == 0 && *n == 0)
         rc = vmsnap_err_set(err, ENOENT, "%s: no regular files to push", dir);
     if (rc < 0) {
-        struct manifest m = {v, *n, 0, ""};
+        struct manifest m = {.files = v, .n = *n};
         manifest_fini(&m);
         *n = 0;
         return rc;
@@ -151,7 +151,7 @@ static int scan_set(const char *dir, struct mf_file **out, size_t *n, struct vms
     return 0;
 }
 
-static int new_push_id(char out[33], struct vmsnap_err *err)
+int xfer_new_push_id(char out[33], struct vmsnap_err *err)
 {
     uint8_t id[16];
     if (getrandom(id, sizeof(id), 0) != (ssize_t)sizeof(id))
@@ -457,7 +457,7 @@ static int set_ready(const struct xfer *x, const struct set_push *s, struct vmsn
  * anything changes (set_ready). */
 static int set_begin(struct set_push *s, struct vmsnap_err *err)
 {
-    int rc = scan_set(s->dir, &s->files, &s->n, err);
+    int rc = xfer_scan_set(s->dir, &s->files, &s->n, err);
     if (rc < 0)
         return rc;
     s->mkey = xfer_join_key(s->prefix, VMSNAP_XFER_MANIFEST);
@@ -466,8 +466,8 @@ static int set_begin(struct set_push *s, struct vmsnap_err *err)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     for (size_t i = 0; i < s->n; i++)
         s->order[i] = i;
-    qsort_r(s->order, s->n, sizeof(*s->order), cmp_size_desc, s->files);
-    if ((rc = new_push_id(s->push_id, err)) < 0)
+    qsort_r(s->order, s->n, sizeof(*s->order), xfer_cmp_size_desc, s->files);
+    if ((rc = xfer_new_push_id(s->push_id, err)) < 0)
         return rc;
     return set_ready(s->x, s, err);
 }
@@ -758,7 +758,7 @@ static int commit_manifest(struct set_push *s, const struct manifest *m, const c
 /* Every file uploaded: the late un-commit, the completions, the commit. */
 static int commit_set(struct set_push *s, struct vmsnap_xfer_stats *stats, struct vmsnap_err *err)
 {
-    struct manifest m = {s->files, s->n, 2, ""};
+    struct manifest m = {.files = s->files, .n = s->n, .format_version = 2};
     memcpy(m.push_id, s->push_id, sizeof(m.push_id));
     char *json = manifest_build(&m);
     int rc = json ? 0 : vmsnap_err_set(err, ENOMEM, "out of memory");
@@ -794,7 +794,7 @@ static void set_push_fini(struct set_push *s)
     free(s->old_files);
     xfer_prior_marks_fini(&s->prior);
     free(s->def); /* every upload in it was completed or aborted */
-    struct manifest m = {s->files, s->n, 0, ""};
+    struct manifest m = {.files = s->files, .n = s->n};
     manifest_fini(&m);
 }
 

@@ -458,7 +458,7 @@ static void enc_kick(void *arg)
 /* Encode `fd` into the upload (the parts go out on the pool) and send its last bytes: a single
  * PUT if no part was flushed (and the caller takes no upload), else the last part. */
 static int up_pack(struct up *u, int fd, const char *path, struct vmsnap_image *base,
-                   const struct deferred *def, struct vmsnap_image_stats *stats,
+                   const struct deferred *def, struct mf_file *mf, struct vmsnap_image_stats *stats,
                    struct vmsnap_err *perr, struct vmsnap_err *ferr)
 {
     struct xfer *x = u->x;
@@ -473,7 +473,9 @@ static int up_pack(struct up *u, int fd, const char *path, struct vmsnap_image *
                                   .frame_size = x->o.frame_size,
                                   .level = x->o.level,
                                   .base = base,
-                                  .mem = &mem};
+                                  .mem = &mem,
+                                  .delta_parent = mf ? mf->delta_parent : NULL,
+                                  .pages_out = mf && mf->want_pages ? &mf->pages_out : NULL};
     int rc = vmsnap_image_pack_fd(fd, path, &sink, &po, stats, perr);
     if (rc == 0 && u->run_n) /* the encoder always ends with written frames; be safe */
         rc = place_run(u, ferr);
@@ -585,7 +587,7 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
     }
     struct vmsnap_image_stats stats = {0};
     struct vmsnap_err perr = {0}, ferr = {0};
-    int rc = up_pack(&u, fd, path, base, def, &stats, &perr, &ferr);
+    int rc = up_pack(&u, fd, path, base, def, mf, &stats, &perr, &ferr);
     up_wait(&u);
     if (rc == 0 && u.rc == 0 && def && !u.upload_id) /* the encoder always writes bytes */
         rc = vmsnap_err_set(&ferr, EIO, "%s: nothing to store", path);
