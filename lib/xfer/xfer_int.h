@@ -159,7 +159,7 @@ struct manifest {
 #define PAGES_SUFFIX ".pages"
 #define MAX_LAYERS 64u /* a manifest with a longer chain is refused */
 /* A key a layered manifest may name: "[P/]" LAYER_DIR "/<hex id>/<plain name>(.zstd|.pages)",
- * no empty, "." or ".." component, at most 1024 bytes, no control byte. */
+ * no empty, "." or ".." component, at most PATH_MAX bytes. */
 bool layer_key_ok(const char *key);
 /* A non-negative JSON integer field; a 64-digit lowercase hex string (manifest.c). */
 bool mf_get_u64(void *obj, const char *k, uint64_t *v);

@@ -103,7 +103,7 @@ run ls-json 0 json -- "$VMSNAP" ls --json "$S"
 run rm-set 0 -- "$VMSNAP" rm "$S/s$CLR"
 shows rm-set err "s$CLR_T"
 # rm --force of an incomplete set names the first object it kept (a key from the store)
-mkdir -p "$S/inc" && echo junk >"$S/inc/k$CLR.zstd" && cp "$S/good/base-id.zstd" "$S/inc/"
+mkdir -p "$S/inc" && echo junk >"$S/inc/k$CLR.zstd" && "$VMSNAP" -q pack "$T/set/base-id" "$S/inc/base-id.zstd"
 run rm-kept 0 -- "$VMSNAP" rm --force "$S/inc"
 shows rm-kept err "k$CLR_T.zstd"
 run rm-missing 1 -- "$VMSNAP" rm "$S/none$OSC"

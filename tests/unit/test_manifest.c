@@ -178,7 +178,7 @@ static void test_hostile(void)
         {"{\"snapshotFiles\":[\"a\\nb\"]}", "not a plain file name"},
         {"{\"snapshotFiles\":[\"manifest.json\"]}", "not a plain file name"},
         {"{\"snapshotFiles\":[\"a\",\"b\",\"a\"]}", "listed twice"},
-        {"{\"snapshotFiles\":[\"a\"],\"formatVersion\":3}", "unsupported formatVersion"},
+        {"{\"snapshotFiles\":[\"a\"],\"formatVersion\":4}", "unsupported formatVersion"},
         {"{\"snapshotFiles\":[\"a\"],\"formatVersion\":\"2\"}", "unsupported formatVersion"},
         {"{\"snapshotFiles\":[\"a\"],\"pushId\":\"ABC\"}", "pushId"},
         {"{\"snapshotFiles\":[\"a\"],\"pushId\":\"\"}", "pushId"},
@@ -399,7 +399,7 @@ static void test_basics(void)
          "\"objectSize\":1,\"sha256\":\"" Z64 "\",\"tableSha256\":\"" Z64 "\"}}}"),
         ("{\"snapshotFiles\":[\"a\"],\"files\":{\"a\":{\"size\":1,\"populated\":1,"
          "\"objectSize\":1,\"tableSha256\":\"" Z64 "0\"}}}"),
-        "{\"snapshotFiles\":[\"a\"],\"formatVersion\":3}",
+        "{\"snapshotFiles\":[\"a\"],\"formatVersion\":4}",
         "{\"snapshotFiles\":[\"a\"]} trailing",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
