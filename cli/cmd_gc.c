@@ -24,15 +24,21 @@ static void age_text(char *b, size_t n, int64_t s)
         snprintf(b, n, "%" PRId64 " days old", s / 86400);
 }
 
-static void report(void *arg, enum vmsnap_gc_kind kind, const char *key, int64_t age, bool act)
+static void report(void *arg, enum vmsnap_gc_kind kind, const char *key, uint64_t size, int64_t age,
+                   bool act)
 {
     const bool *dry = arg;
     char a[32];
     age_text(a, sizeof(a), age);
-    const char *what = kind == VMSNAP_GC_UPLOAD ? "upload" : "push mark";
+    const char *what = kind == VMSNAP_GC_UPLOAD ? "upload"
+                       : kind == VMSNAP_GC_PUSH ? "push mark"
+                                                : "object";
     static char k[CLI_PRINTABLE_MAX];
     key = cli_printable(k, sizeof(k), key);
-    if (*dry)
+    if (*dry && kind == VMSNAP_GC_OBJECT)
+        printf("%s\t%s\t%s\t%" PRIu64 " bytes\t%s\n", act ? "would remove" : "keep", what, a, size,
+               key);
+    else if (*dry)
         printf("%s\t%s\t%s\t%s\n",
                act ? (kind == VMSNAP_GC_UPLOAD ? "would abort" : "would clean") : "keep", what, a,
                key);
@@ -46,8 +52,10 @@ static const struct xfer_verb gc = {
     "[--region R] [--path-style] [--retries N] URL\n"
     "  cleans what killed pushes left under URL, once it is at least DURATION old\n"
     "  (default 1h; 30m, 2h, 7d; 0: all, which also fails pushes running now):\n"
-    "  unfinished multipart uploads, and the objects of set pushes that never\n"
-    "  committed their manifest; --dry-run lists them and what gc would do\n",
+    "  unfinished multipart uploads, the objects of set pushes that never\n"
+    "  committed their manifest, and the objects of layered sets that no manifest\n"
+    "  names (every manifest of the bucket is read; on a local store, those under\n"
+    "  URL); --dry-run lists them (with sizes) and what gc would do\n",
     1,
     "expected one URL",
     0,
@@ -77,6 +85,10 @@ int cmd_gc(int argc, char **argv)
         if (res.objects)
             fprintf(stderr, " and %u object%s they named", res.objects,
                     res.objects == 1 ? "" : "s");
+        if (res.unreachable || res.unreachable_bytes)
+            fprintf(stderr, ", %s %u object%s no set names (%" PRIu64 " bytes)",
+                    dry ? "would remove" : "removed", res.unreachable,
+                    res.unreachable == 1 ? "" : "s", res.unreachable_bytes);
         if (res.kept) {
             char d[32];
             if (age % 86400 == 0)

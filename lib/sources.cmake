@@ -61,6 +61,7 @@ set(VMSNAP_XFER_SOURCES
     lib/xfer/xfer_ctx.c
     lib/xfer/xfer_download.c
     lib/xfer/xfer_gc.c
+    lib/xfer/xfer_gc_reach.c
     lib/xfer/xfer_layers_pull.c
     lib/xfer/xfer_layers_push.c
     lib/xfer/xfer_leftover.c

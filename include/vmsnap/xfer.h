@@ -182,7 +182,11 @@ VMSNAP_API int vmsnap_xfer_remove(const char *url, bool force, const struct vmsn
 /* What vmsnap_xfer_gc() found: an unfinished multipart upload, or the mark of a set push that
  * did not finish (`<prefix>/vmsnap-push-<id>.json`: a push stores it before any object and
  * removes it once its manifest is committed, or after removing what it stored when it fails). */
-enum vmsnap_gc_kind { VMSNAP_GC_UPLOAD, VMSNAP_GC_PUSH };
+enum vmsnap_gc_kind {
+    VMSNAP_GC_UPLOAD,
+    VMSNAP_GC_PUSH,
+    VMSNAP_GC_OBJECT, /* an object of a layered set that no manifest names */
+};
 
 /* What vmsnap_xfer_gc() cleans. A push in progress has an unfinished upload and a mark too:
  * cleaning them fails that push (it reports so and stores nothing), so gc leaves those younger
@@ -195,8 +199,10 @@ struct vmsnap_gc_opts {
     bool dry_run; /* abort nothing; report what would be */
     /* optional: called for each upload or push mark found under the prefix (`url`: the URL of
      * the upload's object, or of the mark: `s3://bucket/key`, or the local store's absolute
-     * path), with its age in seconds (-1: unknown) and whether gc cleans it (or would: dry run) */
-    void (*report)(void *arg, enum vmsnap_gc_kind kind, const char *url, int64_t age, bool act);
+     * path), its size (objects; 0 for uploads and marks), its age in seconds (-1: unknown) and
+     * whether gc cleans it (or would: dry run) */
+    void (*report)(void *arg, enum vmsnap_gc_kind kind, const char *url, uint64_t size, int64_t age,
+                   bool act);
     void *report_arg;
 };
 
@@ -207,6 +213,8 @@ struct vmsnap_gc_result {
     unsigned kept;    /* uploads and marks younger than older_than, or of unknown age */
     unsigned unknown_age; /* of those kept: of unknown age (the store does not say) */
     unsigned failed;      /* the store refused to remove them: the call fails, naming the first */
+    unsigned unreachable; /* objects no manifest names, removed (dry run: that would be) */
+    uint64_t unreachable_bytes;
 };
 
 /* Under the prefix `url`, clean what `g` selects (NULL: everything) of what pushes left: abort

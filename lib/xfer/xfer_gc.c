@@ -87,7 +87,7 @@ static int see_key(void *arg, const char *key, uint64_t size, int64_t mtime)
 static void keep_marks(struct leftover_ctx *l, char **keys, size_t n, int64_t age)
 {
     for (size_t i = 0; i < n; i++) {
-        xfer_gc_report(l, VMSNAP_GC_PUSH, keys[i], age, false);
+        xfer_gc_report(l, VMSNAP_GC_PUSH, keys[i], 0, age, false);
         l->kept++;
     }
 }
@@ -218,7 +218,7 @@ static void marks_dry_run(struct marks_at *a)
 {
     struct leftover_ctx *l = a->l;
     for (size_t i = 0; i < a->n; i++)
-        xfer_gc_report(l, VMSNAP_GC_PUSH, a->keys[i], a->age, true);
+        xfer_gc_report(l, VMSNAP_GC_PUSH, a->keys[i], 0, a->age, true);
     l->pushes += (unsigned)a->n;
     for (size_t q = 0; q < a->nc; q++)
         l->objects += a->cands[q].present;
@@ -272,7 +272,7 @@ static void marks_delete(struct marks_at *a)
             continue;
         }
         vlog(VMSNAP_LOG_INFO, "removed the push mark %s", a->keys[i]);
-        xfer_gc_report(l, VMSNAP_GC_PUSH, a->keys[i], a->age, true);
+        xfer_gc_report(l, VMSNAP_GC_PUSH, a->keys[i], 0, a->age, true);
         l->pushes++;
     }
     if (a->mrc == -ENOENT)
@@ -365,6 +365,8 @@ int vmsnap_xfer_gc(const char *url, const struct vmsnap_gc_opts *g,
     unsigned up_failed = l.failed;
     if (rc == 0)
         rc = clean_marks(&x, c, &l, key, err);
+    if (rc == 0)
+        rc = xfer_gc_layers(&x, c, key, &l, err);
     if (rc == 0 && up_failed)
         rc = vmsnap_err_set(err, l.first.code ? l.first.code : EIO,
                             "could not abort %u of %u unfinished upload%s under %s (%s: %s)",
@@ -386,7 +388,9 @@ int vmsnap_xfer_gc(const char *url, const struct vmsnap_gc_opts *g,
                                          .objects = l.objects,
                                          .kept = l.kept,
                                          .unknown_age = l.unknown,
-                                         .failed = l.failed};
+                                         .failed = l.failed,
+                                         .unreachable = l.unreachable,
+                                         .unreachable_bytes = l.unreachable_bytes};
     free(l.live_dir);
     xfer_close(&x);
     return rc;

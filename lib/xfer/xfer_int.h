@@ -270,6 +270,8 @@ struct leftover_ctx {
     const struct vmsnap_gc_opts *gc; /* gc: its selection and report; NULL: abort every one */
     int64_t now;
     unsigned kept, unknown, failed, pushes, objects;
+    unsigned unreachable; /* gc: unreachable objects removed, and their bytes */
+    uint64_t unreachable_bytes;
     struct vmsnap_err first; /* the first refused abort or delete (gc fails with it), its key */
     char first_key[URL_BUF];
 };
@@ -445,7 +447,7 @@ int xfer_push_fd(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, const ch
 bool xfer_key_under(const char *under, const char *key);
 int64_t xfer_age_of(const struct leftover_ctx *l, int64_t started);
 void xfer_gc_report(const struct leftover_ctx *l, enum vmsnap_gc_kind kind, const char *key,
-                    int64_t age, bool act);
+                    uint64_t size, int64_t age, bool act);
 bool xfer_old_enough(const struct vmsnap_gc_opts *g, int64_t age);
 void xfer_gc_failed(struct leftover_ctx *l, const char *key, const struct vmsnap_err *e);
 int xfer_abort_leftover(void *arg, const char *key, const char *id, int64_t started);
@@ -524,6 +526,10 @@ void xfer_down_free(struct down *d, bool keep);
 /* xfer_ls.c */
 int xfer_collect(void *arg, const char *key, uint64_t size, int64_t mtime);
 void xfer_keys_free(struct keys *k);
+
+/* xfer_gc_reach.c: the sweep of objects no manifest names */
+int xfer_gc_layers(struct xfer *x, struct vmsnap_store_conn *c, const char *key,
+                   struct leftover_ctx *l, struct vmsnap_err *err);
 
 /* xfer_gc.c */
 size_t xfer_dir_len(const char *key);

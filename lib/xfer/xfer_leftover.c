@@ -27,13 +27,14 @@ int64_t xfer_age_of(const struct leftover_ctx *l, int64_t started)
 /* Tell gc's caller about an upload or mark (`key`), by its URL: a key alone named neither the
  * bucket nor, for the local store, the absolute path. */
 void xfer_gc_report(const struct leftover_ctx *l, enum vmsnap_gc_kind kind, const char *key,
-                    int64_t age, bool act)
+                    uint64_t size, int64_t age, bool act)
 {
     const struct vmsnap_gc_opts *g = l->gc;
     char u[URL_BUF];
     if (g && g->report)
         g->report(g->report_arg, kind,
-                  vmsnap_store_url(vmsnap_store_conn_store(l->c), key, u, sizeof(u)), age, act);
+                  vmsnap_store_url(vmsnap_store_conn_store(l->c), key, u, sizeof(u)), size, age,
+                  act);
 }
 
 bool xfer_old_enough(const struct vmsnap_gc_opts *g, int64_t age)
@@ -177,7 +178,7 @@ int xfer_abort_leftover(void *arg, const char *key, const char *id, int64_t star
         if (go && push_running_at(l, key))
             go = false;
     }
-    xfer_gc_report(l, VMSNAP_GC_UPLOAD, key, age, go);
+    xfer_gc_report(l, VMSNAP_GC_UPLOAD, key, 0, age, go);
     if (!go) {
         l->kept++;
         l->unknown += age < 0;

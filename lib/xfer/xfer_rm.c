@@ -297,7 +297,14 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
     r.c = x.ctl;
     if ((rc = rm_manifest(&r, err)) < 0 || r.object_done)
         goto out;
-    rc = rm_set_objects(&r, err);
+    /* a layered set's objects may be layers of other sets: gc removes those nobody names */
+    if (r.m.format_version == 3)
+        vlog(VMSNAP_LOG_INFO,
+             "%s: its layer objects stay until 'vmsnap gc' finds no set naming "
+             "them",
+             url);
+    else
+        rc = rm_set_objects(&r, err);
     if (rc == 0 && force)
         rc = rm_forced_objects(&r, err);
     if (rc == 0) {
