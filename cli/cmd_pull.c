@@ -9,7 +9,7 @@ static const struct xfer_verb pull = {
     "pull",
     "usage: vmsnap pull [--json] [-j N] [--max-memory SIZE] [--threads N] [--max-size SIZE]\n"
     "       [--no-fsync] [--drop-cache] [--endpoint URL] [--region R] [--path-style]\n"
-    "       [--retries N]\n"
+    "       [--retries N] [--no-cache] [--cache-dir DIR]\n"
     "       URL PATH\n",
     2,
     "expected URL and PATH",

@@ -9,7 +9,13 @@ static const struct xfer_verb push = {
     "push",
     "usage: vmsnap push [--json] [-j N] [--part-size SIZE] [--max-memory SIZE] [--threads N]\n"
     "       [--frame-size SIZE] [--level L] [--endpoint URL] [--region R]\n"
-    "       [--path-style] [--retries N] [--base URL] PATH URL\n",
+    "       [--path-style] [--retries N] [--layout layered|reference]\n"
+    "       [--parent URL] [--max-depth N] [--base URL] PATH URL\n"
+    "  a set (a directory) is stored layered by default: immutable objects and a\n"
+    "  manifest that is replaced in one PUT; --parent stores each file as a delta\n"
+    "  over the parent set's (only the changed 4 KiB pages), a full layer when the\n"
+    "  chain would pass --max-depth (8) or the delta would be over half the file;\n"
+    "  --layout reference writes the reference system's layout (<name>.zstd)\n",
     2,
     "expected PATH and URL",
     1,

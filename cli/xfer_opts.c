@@ -27,6 +27,11 @@ static const struct option lopts[] = {
     {"drop-cache", no_argument, NULL, 'D'},
     {"json", no_argument, NULL, 'J'},
     {"base", required_argument, NULL, 'B'},
+    {"layout", required_argument, NULL, 'L'},
+    {"parent", required_argument, NULL, 'A'},
+    {"max-depth", required_argument, NULL, 'H'},
+    {"no-cache", no_argument, NULL, 'C'},
+    {"cache-dir", required_argument, NULL, 'c'},
     {"dry-run", no_argument, NULL, 'N'},
     {"older-than", required_argument, NULL, 'O'},
     {"help", no_argument, NULL, 'h'},
@@ -49,6 +54,11 @@ static int for_this_verb(const char *verb, int c)
         {'f', " push ", "--frame-size", "push"},
         {'l', " push ", "--level", "push"},
         {'n', " pull ", "--no-fsync", "pull"},
+        {'L', " push ", "--layout", "push"},
+        {'A', " push ", "--parent", "push"},
+        {'H', " push ", "--max-depth", "push"},
+        {'C', " pull ", "--no-cache", "pull"},
+        {'c', " pull ", "--cache-dir", "pull"},
     };
     char w[16]; /* " verb ", as only[].verbs lists them */
     snprintf(w, sizeof(w), " %s ", verb);
@@ -142,6 +152,31 @@ static int verb_flag(const char *verb, int c, struct vmsnap_xfer_opts *o,
         if (strcmp(verb, "push"))
             return cli_usage(verb, "--base is an option of push only"), -1;
         o->base = optarg;
+        return 0;
+    case 'L':
+        if (!strcmp(optarg, "layered"))
+            o->layout = VMSNAP_LAYOUT_LAYERED;
+        else if (!strcmp(optarg, "reference"))
+            o->layout = VMSNAP_LAYOUT_REFERENCE;
+        else
+            return cli_usage(verb, "--layout is 'layered' or 'reference', not '%s'", optarg), -1;
+        return 0;
+    case 'A':
+        o->parent = optarg;
+        return 0;
+    case 'H': {
+        char *end;
+        unsigned long d = strtoul(optarg, &end, 10);
+        if (!*optarg || *end || d < 1 || d > 64)
+            return cli_usage(verb, "--max-depth wants 1 to 64 layers, not '%s'", optarg), -1;
+        o->max_depth = (unsigned)d;
+        return 0;
+    }
+    case 'C':
+        o->no_cache = true;
+        return 0;
+    case 'c':
+        o->cache_dir = optarg;
         return 0;
     case 'J':
         if (!f->json)
@@ -254,6 +289,12 @@ static void summary(const char *verb, const struct vmsnap_xfer_stats *st, double
     if (st->copied_bytes)
         fprintf(stderr, "%s: %s of the object bytes copied by the store from the base\n", verb,
                 cli_bytes(a, sizeof(a), st->copied_bytes));
+    if (st->deltas)
+        fprintf(stderr, "%s: %llu file%s stored as a delta over the parent's\n", verb,
+                (unsigned long long)st->deltas, st->deltas == 1 ? "" : "s");
+    if (st->cached_bytes)
+        fprintf(stderr, "%s: %s of the object bytes read from the node's cache\n", verb,
+                cli_bytes(a, sizeof(a), st->cached_bytes));
 }
 
 /* The summary as one JSON object on stdout (push/pull --json). */
@@ -268,6 +309,8 @@ static void summary_json(const char *src, const char *dst, const struct vmsnap_x
     json_object_object_add(o, "populated", json_object_new_int64((int64_t)st->populated));
     json_object_object_add(o, "object_size", json_object_new_int64((int64_t)st->object_bytes));
     json_object_object_add(o, "copied_bytes", json_object_new_int64((int64_t)st->copied_bytes));
+    json_object_object_add(o, "deltas", json_object_new_int64((int64_t)st->deltas));
+    json_object_object_add(o, "cached_bytes", json_object_new_int64((int64_t)st->cached_bytes));
     char ws[32], cs[32];
     snprintf(ws, sizeof(ws), "%.3f", wall);
     snprintf(cs, sizeof(cs), "%.3f", cli_cpu_seconds());

@@ -1,0 +1,179 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# Layered sets (the default layout): immutable objects under <set>/vmsnap-objects/<pushId>/, the
+# manifest (formatVersion 3) the commit; a replace is one PUT and leaves the old objects as they
+# were (gc removes what no manifest names, after its grace period); rm removes the manifest only;
+# a killed push leaves the old set whole; two pushes at once leave one whole set; hostile
+# manifests are refused with the reason and nothing is written. Deltas over a parent (--parent),
+# chains, and the node cache. Run for the local store (LAYERS_STORE=local) and against the RGW
+# (LAYERS_STORE=s3).
+. "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/lib.sh"
+export VMSNAP_LAYOUT=layered
+case "${LAYERS_STORE:-local}" in
+local)
+    ROOT=$T/store
+    mkdir -p "$ROOT"
+    U=$ROOT
+    objects() { (cd "$ROOT" && find . -type f -path '*vmsnap-objects*' | sed 's|^\./||' | sort); }
+    get_obj() { cp "$ROOT/$1" "$2"; }
+    put_obj() { mkdir -p "$(dirname "$ROOT/$1")" && cp "$2" "$ROOT/$1"; }
+    obj_key() { echo "${ROOT#/}/$1"; } # a manifest's key of the object at path $1 under ROOT
+    ;;
+s3)
+    . "$SRC/tests/integration/xfer_s3_lib.sh"
+    export AWS_ENDPOINT_URL AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
+    U=s3://$BUCKET
+    ROOT=
+    objects() { keys_under "" | grep vmsnap-objects | sort; }
+    get_obj() { raw_get "$1" "$2"; }
+    put_obj() { [ "$(raw_put "$1" "$2")" = 200 ] || fail "raw put $1"; }
+    obj_key() { echo "$1"; }
+    ;;
+*) fail "LAYERS_STORE=$LAYERS_STORE" ;;
+esac
+# rel URL: the store path of a set URL (local: under ROOT; S3: the key)
+rel() { if [ -n "$ROOT" ]; then echo "${1#"$ROOT"/}"; else echo "${1#s3://"$BUCKET"/}"; fi; }
+man_get() { get_obj "$(rel "$1")/manifest.json" "$2"; }
+man_put() { put_obj "$(rel "$1")/manifest.json" "$2"; }
+
+# same_set DIR1 DIR2: the same files, byte for byte, with the same holes
+same_set() {
+    local f
+    for f in "$1"/*; do
+        cmp -s "$f" "$2/$(basename "$f")" || return 1
+        [ "$(allocated "$f")" = "$(allocated "$2/$(basename "$f")")" ] || return 1
+    done
+    [ "$(ls "$1" | wc -l)" = "$(ls "$2" | wc -l)" ]
+}
+
+# a set: a sparse "memory" (64 MiB, 4 MiB of data in places), a small file, a tiny one
+mkset() { # DIR SEED
+    mkdir -p "$1"
+    truncate -s 64M "$1/memory"
+    local i
+    for i in 3 100 2000 9000 15000; do
+        head -c 819200 /dev/urandom | dd of="$1/memory" bs=4096 seek=$((i + $2)) conv=notrunc status=none
+    done
+    mk "$1/state" 300000
+    echo "$2" >"$1/base-id"
+}
+mkset "$T/a" 1
+mkset "$T/b" 7
+
+# ---- push, pull, the layout ----
+"$VMSNAP" -q push "$T/a" "$U/s1" || fail "push a"
+man_get "$U/s1" "$T/m1.json"
+[ "$(jget "$T/m1.json" 'j["formatVersion"]')" = 3 ] || fail "formatVersion: $(cat "$T/m1.json")"
+[ "$(jget "$T/m1.json" '"snapshotFiles" in j')" = False ] ||
+    fail "a layered manifest has snapshotFiles (the reference reader would look for <name>.zstd)"
+[ "$(jget "$T/m1.json" 'sorted(j["files"])')" = "['base-id', 'memory', 'state']" ] ||
+    fail "files: $(cat "$T/m1.json")"
+objects >"$T/o1"
+[ "$(wc -l <"$T/o1")" = 6 ] || fail "objects of the first push (3 images + 3 page tables): $(cat "$T/o1")"
+grep -qv "/vmsnap-objects/$(jget "$T/m1.json" 'j["pushId"]')/" "$T/o1" && fail "an object outside vmsnap-objects/<pushId>/: $(cat "$T/o1")"
+"$VMSNAP" -q pull "$U/s1" "$T/p1" || fail "pull s1"
+same_set "$T/a" "$T/p1" || fail "pulled set differs from pushed"
+
+# ---- a replace: one PUT; the old objects are not touched ----
+for k in $(cat "$T/o1"); do get_obj "$k" "$T/before.$(echo "$k" | md5sum | cut -c1-8)"; done
+"$VMSNAP" -q push "$T/b" "$U/s1" || fail "push b over s1"
+for k in $(cat "$T/o1"); do
+    get_obj "$k" "$T/after" || fail "replace removed $k"
+    cmp -s "$T/after" "$T/before.$(echo "$k" | md5sum | cut -c1-8)" || fail "replace changed $k"
+done
+"$VMSNAP" -q pull "$U/s1" "$T/p2" || fail "pull s1 after the replace"
+same_set "$T/b" "$T/p2" || fail "pull after the replace is not the new set"
+
+# ---- gc: grace period, then reachability ----
+"$VMSNAP" gc "$U" 2>"$T/gc1.err" || fail "gc (grace): $(cat "$T/gc1.err")"
+grep -q "removed 0 objects\|aborted 0 unfinished uploads$" "$T/gc1.err" || true
+[ "$(objects | wc -l)" = 12 ] || fail "gc within the grace period removed objects: $(objects)"
+"$VMSNAP" gc --dry-run --older-than 0 "$U" >"$T/gcd.out" 2>&1 || fail "gc --dry-run"
+[ "$(grep -c '^would remove	object' "$T/gcd.out")" = 6 ] || fail "gc --dry-run: $(cat "$T/gcd.out")"
+grep -q "bytes	" "$T/gcd.out" || fail "gc --dry-run gives no sizes: $(cat "$T/gcd.out")"
+[ "$(objects | wc -l)" = 12 ] || fail "gc --dry-run removed objects"
+"$VMSNAP" -q gc --older-than 0 "$U" || fail "gc"
+objects >"$T/o2"
+[ "$(wc -l <"$T/o2")" = 6 ] || fail "gc left: $(cat "$T/o2")"
+grep -q -f "$T/o1" "$T/o2" && fail "gc kept an object of the replaced set"
+"$VMSNAP" -q pull "$U/s1" "$T/p3" && same_set "$T/b" "$T/p3" || fail "pull after gc"
+
+# ---- rm: the manifest only; gc then takes the objects ----
+"$VMSNAP" -q rm "$U/s1" || fail "rm s1"
+[ "$(objects | wc -l)" = 6 ] || fail "rm removed objects of a layered set (other sets may name them)"
+expect_fail "pull of a removed set" "$VMSNAP" pull "$U/s1" "$T/p4"
+"$VMSNAP" -q gc --older-than 0 "$U" || fail "gc after rm"
+[ "$(objects | wc -l)" = 0 ] || fail "gc after rm left: $(objects)"
+
+# ---- a push killed before its commit leaves the old set; gc removes what it stored ----
+"$VMSNAP" -q push "$T/a" "$U/k" || fail "push a to k"
+VMSNAP_FAILPOINT=layered-uploaded:stop "$VMSNAP" -q push "$T/b" "$U/k" &
+pid=$!
+wait_stopped "$pid" || fail "the push never reached its commit"
+kill_wait "$pid"
+"$VMSNAP" -q pull "$U/k" "$T/k1" && same_set "$T/a" "$T/k1" || fail "a killed push lost the old set"
+[ "$(objects | wc -l)" = 12 ] || fail "the killed push's objects: $(objects)"
+"$VMSNAP" -q gc --older-than 0 "$U" || fail "gc after the killed push"
+[ "$(objects | wc -l)" = 6 ] || fail "gc after the killed push left: $(objects)"
+"$VMSNAP" -q pull "$U/k" "$T/k2" && same_set "$T/a" "$T/k2" || fail "gc took the set's objects"
+
+# ---- two pushes at once to one URL: one whole set ----
+"$VMSNAP" -q push "$T/a" "$U/c" &
+p1=$!
+"$VMSNAP" -q push "$T/b" "$U/c" &
+p2=$!
+wait "$p1" || fail "concurrent push 1"
+wait "$p2" || fail "concurrent push 2"
+"$VMSNAP" -q pull "$U/c" "$T/c1" || fail "pull after concurrent pushes"
+same_set "$T/a" "$T/c1" || same_set "$T/b" "$T/c1" || fail "concurrent pushes left a mixed set"
+
+# ---- hostile manifests: refused, naming the reason; nothing written ----
+man_get "$U/k" "$T/good.json"
+hostile() { # DESC WORDS PYTHON-EDIT (of j, the manifest)
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(j, open(sys.argv[3], "w"))' \
+        "$T/good.json" "$3" "$T/bad.json"
+    man_put "$U/k" "$T/bad.json"
+    rm -rf "$T/h"
+    "$VMSNAP" pull "$U/k" "$T/h" 2>"$T/h.err" && fail "$1: pulled"
+    grep -q "$2" "$T/h.err" || fail "$1: the error does not say '$2': $(cat "$T/h.err")"
+    [ ! -e "$T/h" ] || fail "$1: the pull left $T/h"
+}
+L='j["files"]["memory"]["layers"]'
+hostile "a key with .." "needs a key of a layer object" "$L[0][\"key\"] = $L[0][\"key\"].replace(\"vmsnap-objects\", \"vmsnap-objects/../../x/vmsnap-objects\")"
+hostile "a key outside vmsnap-objects" "needs a key of a layer object" "$L[0][\"key\"] = \"$(obj_key k/manifest.json)\""
+hostile "an absolute key" "needs a key of a layer object" "$L[0][\"key\"] = \"/etc/vmsnap-objects/0/x.zstd\""
+hostile "another file's object" "does not match\|bytes, the manifest says" "$L[0][\"key\"] = j[\"files\"][\"state\"][\"layers\"][0][\"key\"]"
+hostile "a delta first" "must be a full image" "$L[0][\"delta\"] = True"
+hostile "65 layers" "layers (1 to 64)" "$L.extend([dict($L[0], delta=True)] * 64)"
+hostile "a short last layer" "its last layer makes" "j[\"files\"][\"memory\"][\"size\"] += 4096"
+hostile "a file name with a slash" "not a plain file name" "j[\"files\"][\"../x\"] = j[\"files\"].pop(\"state\")"
+man_put "$U/k" "$T/good.json"
+"$VMSNAP" -q pull "$U/k" "$T/k3" && same_set "$T/a" "$T/k3" || fail "the good manifest back"
+
+# ---- the reference layout stays: --layout reference and VMSNAP_LAYOUT ----
+"$VMSNAP" -q push --layout reference "$T/a" "$U/r" || fail "push --layout reference"
+get_obj "$(rel "$U/r")/memory.zstd" "$T/r.zstd" || fail "no memory.zstd in a reference set"
+man_get "$U/r" "$T/r.json"
+[ "$(jget "$T/r.json" 'j["snapshotFiles"] == ["base-id", "memory", "state"]')" = True ] ||
+    fail "reference manifest: $(cat "$T/r.json")"
+# a layered push over it: the reference objects are dead, and gc takes them
+"$VMSNAP" -q push "$T/b" "$U/r" || fail "layered push over a reference set"
+"$VMSNAP" -q gc --older-than 0 "$U" || fail "gc after layered over reference"
+get_obj "$(rel "$U/r")/memory.zstd" "$T/r2.zstd" 2>/dev/null && fail "gc kept the dead memory.zstd"
+"$VMSNAP" -q pull "$U/r" "$T/r3" && same_set "$T/b" "$T/r3" || fail "pull of r"
+# a reference push over a layered set: pull gives it, gc takes the layered objects
+"$VMSNAP" -q push --layout reference "$T/a" "$U/r" || fail "reference push over a layered set"
+"$VMSNAP" -q pull "$U/r" "$T/r4" && same_set "$T/a" "$T/r4" || fail "pull of the reference set"
+"$VMSNAP" -q gc --older-than 0 "$U" || fail "gc after reference over layered"
+objects | grep -q "^$(rel "$U/r")/" && fail "gc kept the layered objects of r: $(objects)"
+"$VMSNAP" -q pull "$U/r" "$T/r5" && same_set "$T/a" "$T/r5" || fail "pull of r after gc"
+VMSNAP_LAYOUT=bogus "$VMSNAP" push "$T/a" "$U/x" 2>"$T/lay.err" && fail "VMSNAP_LAYOUT=bogus taken"
+grep -q "VMSNAP_LAYOUT" "$T/lay.err" || fail "VMSNAP_LAYOUT=bogus: $(cat "$T/lay.err")"
+
+# ---- a parent that is not a layered set: full layers, said so ----
+"$VMSNAP" push --parent "$U/r" "$T/b" "$U/np" 2>"$T/np.err" || fail "push with a reference parent"
+grep -q "not a layered set" "$T/np.err" || fail "reference parent not named: $(cat "$T/np.err")"
+expect_fail "--parent on a file push" "$VMSNAP" push --parent "$U/k" "$T/a/state" "$U/f"
+expect_fail "--parent with --layout reference" "$VMSNAP" push --layout reference --parent "$U/k" "$T/a" "$U/f"
+
+done_tests
