@@ -18,7 +18,8 @@
  * - The cache checks an entry's size; its content is the caller's to verify (the codec's
  *   checksums), and a corrupt one is removed with vmsnap_objcache_drop().
  *
- * Thread safety: a handle may be used by several threads at once; fills are per thread.
+ * Thread safety: a handle may be used by several threads at once. A fill's file may be written
+ * by several threads (pwrite); its commit or abort is called once, after those writes.
  */
 #ifndef VMSNAP_OBJCACHE_H
 #define VMSNAP_OBJCACHE_H
