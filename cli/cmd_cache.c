@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* vmsnap cache stat|evict: page-cache state of snapshot files, and hygiene on demand. */
+/* vmsnap cache stat|evict: page-cache state of snapshot files, and hygiene on demand;
+ * cache objects|trim: the node-local object cache (docs/objcache.md). */
 #include "cli.h"
 
 #include <ctype.h>
+#include "vmsnap/objcache.h"
 #include "vmsnap/pcache.h"
 
 #include <errno.h>
@@ -11,11 +13,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define STAT_USAGE "cache stat [--json] PATH..."
 #define EVICT_USAGE                                                                                \
     "cache evict [--staged] [--preserve PATH]... [--wait DURATION] [--kick-writeback] PATH..."
+#define OBJECTS_USAGE "cache objects [--json] [--cache-dir DIR] [--cache-size SIZE]"
+#define TRIM_USAGE "cache trim [--max-size SIZE] [--json] [--cache-dir DIR] [--cache-size SIZE]"
 
 struct stat_out {
     bool json;
@@ -347,18 +352,212 @@ static int cache_evict(int argc, char **argv)
     return rc;
 }
 
+/* The options of cache objects and cache trim. */
+struct objcache_args {
+    struct vmsnap_objcache_opts opts;
+    bool json;
+    bool has_max;
+    uint64_t max_size; /* trim --max-size */
+};
+
+/* Parse them (--max-size only when `trim`). Returns 0, or -1 with *rc the exit code. */
+static int objcache_getopt(int argc, char **argv, bool trim, struct objcache_args *a, int *rc)
+{
+    static const struct option lopts[] = {{"json", no_argument, NULL, 'j'},
+                                          {"cache-dir", required_argument, NULL, 'd'},
+                                          {"cache-size", required_argument, NULL, 's'},
+                                          {"max-size", required_argument, NULL, 'm'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          CLI_COMMON_LONGOPTS,
+                                          {NULL, 0, NULL, 0}};
+    const char *usage = trim ? TRIM_USAGE : OBJECTS_USAGE;
+    int c;
+    optind = 1;
+    while ((c = cli_getopt(argc, argv, "hqv", lopts)) != -1) {
+        switch (c) {
+        case 'j':
+            a->json = true;
+            break;
+        case 'd':
+            a->opts.dir = optarg;
+            break;
+        case 's':
+            if (cli_parse_size(optarg, &a->opts.max_bytes) < 0 || a->opts.max_bytes == 0) {
+                *rc = cli_usage("cache", "--cache-size '%s': expected a size above 0 (8G, 512M)",
+                                optarg);
+                return -1;
+            }
+            break;
+        case 'm':
+            if (!trim || cli_parse_size(optarg, &a->max_size) < 0) {
+                *rc = trim ? cli_usage("cache", "--max-size '%s': expected a size (0, 512M, 4G)",
+                                       optarg)
+                           : cli_usage("cache", "usage: %s", usage);
+                return -1;
+            }
+            a->has_max = true;
+            break;
+        case 'h':
+            printf("usage: vmsnap %s\n", usage);
+            *rc = EXIT_OK;
+            return -1;
+        default:
+            *rc = cli_usage("cache", "usage: %s", usage);
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        *rc = cli_usage("cache", "unexpected argument '%s' (usage: %s)", argv[optind], usage);
+        return -1;
+    }
+    return 0;
+}
+
+/* "2025-06-01T12:34:56Z" */
+static const char *utc_text(char *b, size_t n, int64_t t)
+{
+    struct tm tm;
+    time_t tt = (time_t)t;
+    if (!gmtime_r(&tt, &tm) || !strftime(b, n, "%Y-%m-%dT%H:%M:%SZ", &tm))
+        snprintf(b, n, "?");
+    return b;
+}
+
+struct objects_out {
+    bool json, first;
+    uint64_t entries, bytes;
+};
+
+/* One entry, streamed (the listing is never held whole). */
+static int objects_cb(void *arg, const struct vmsnap_objcache_entry *e)
+{
+    struct objects_out *o = arg;
+    char t[32];
+    utc_text(t, sizeof(t), e->last_used);
+    o->entries++;
+    o->bytes += e->size;
+    if (o->json) {
+        json_object *j = json_object_new_object();
+        json_object_object_add(j, "key", json_object_new_string(e->key));
+        json_object_object_add(j, "size", json_object_new_int64((int64_t)e->size));
+        json_object_object_add(j, "last_used", json_object_new_int64(e->last_used));
+        json_object_object_add(j, "last_used_utc", json_object_new_string(t));
+        printf("%s\n    ", o->first ? "" : ",");
+        cli_json_write(stdout, j);
+        json_object_put(j);
+        o->first = false;
+    } else {
+        char size[32];
+        printf("%12s  %-20s  %s\n", cli_bytes(size, sizeof(size), e->size), t, e->key);
+    }
+    return 0;
+}
+
+static json_object *objcache_json(const struct vmsnap_objcache *c)
+{
+    json_object *j = json_object_new_object();
+    json_object_object_add(j, "dir", json_object_new_string(vmsnap_objcache_dir(c)));
+    return j;
+}
+
+static int cache_objects(struct vmsnap_objcache *c, bool json)
+{
+    struct vmsnap_err err = {0};
+    struct objects_out o = {json, true, 0, 0};
+    uint64_t cap = 0;
+    if (vmsnap_objcache_stat(c, NULL, NULL, &cap, &err) < 0)
+        return cli_fail("cache", &err);
+    if (json) { /* what is known before the listing, then the entries as they come */
+        json_object *d = json_object_new_string(vmsnap_objcache_dir(c));
+        printf("{\"dir\": ");
+        cli_json_write(stdout, d);
+        json_object_put(d);
+        printf(", \"cap\": %llu,\n  \"entries\": [", (unsigned long long)cap);
+    } else
+        printf("%12s  %-20s  %s\n", "SIZE", "LAST USED (UTC)", "KEY");
+    int rc = vmsnap_objcache_list(c, objects_cb, &o, &err);
+    if (json) {
+        json_object *t = json_object_new_object();
+        json_object_object_add(t, "entries", json_object_new_int64((int64_t)o.entries));
+        json_object_object_add(t, "bytes", json_object_new_int64((int64_t)o.bytes));
+        printf("\n  ],\n  \"total\": ");
+        cli_json_write(stdout, t);
+        printf("\n}\n");
+        json_object_put(t);
+    } else {
+        char b[32], cp[32];
+        static char d[CLI_PRINTABLE_MAX];
+        printf("total: %llu entries, %s of %s (%.1f%%) in %s\n", (unsigned long long)o.entries,
+               cli_bytes(b, sizeof(b), o.bytes), cli_bytes(cp, sizeof(cp), cap), pct(o.bytes, cap),
+               cli_printable(d, sizeof(d), vmsnap_objcache_dir(c)));
+    }
+    return rc < 0 ? cli_fail("cache", &err) : EXIT_OK;
+}
+
+static int cache_trim(struct vmsnap_objcache *c, const struct objcache_args *a)
+{
+    struct vmsnap_err err = {0};
+    uint64_t cap = 0, evicted = 0, freed = 0, entries = 0, bytes = 0;
+    if (vmsnap_objcache_stat(c, NULL, NULL, &cap, &err) < 0)
+        return cli_fail("cache", &err);
+    const uint64_t target = a->has_max ? a->max_size : cap;
+    if (vmsnap_objcache_trim(c, target, &evicted, &freed, &err) < 0 ||
+        vmsnap_objcache_stat(c, &entries, &bytes, NULL, &err) < 0)
+        return cli_fail("cache", &err);
+    if (a->json) {
+        json_object *j = objcache_json(c);
+        json_object_object_add(j, "max_size", json_object_new_int64((int64_t)target));
+        json_object_object_add(j, "evicted", json_object_new_int64((int64_t)evicted));
+        json_object_object_add(j, "freed", json_object_new_int64((int64_t)freed));
+        json_object_object_add(j, "entries", json_object_new_int64((int64_t)entries));
+        json_object_object_add(j, "bytes", json_object_new_int64((int64_t)bytes));
+        json_object_object_add(j, "cap", json_object_new_int64((int64_t)cap));
+        cli_json_line(j);
+        json_object_put(j);
+    } else if (!cli_quiet) {
+        char f[32], b[32], t[32];
+        printf("evicted: %llu entries (%s)\nleft: %llu entries, %s (at most %s)\n",
+               (unsigned long long)evicted, cli_bytes(f, sizeof(f), freed),
+               (unsigned long long)entries, cli_bytes(b, sizeof(b), bytes),
+               cli_bytes(t, sizeof(t), target));
+    }
+    return EXIT_OK;
+}
+
+/* cache objects | cache trim: open the cache as the options say, then the verb. */
+static int cache_objcache(int argc, char **argv, bool trim)
+{
+    struct objcache_args a = {0};
+    int rc = EXIT_OK;
+    if (objcache_getopt(argc, argv, trim, &a, &rc) < 0)
+        return rc;
+    struct vmsnap_objcache *c = NULL;
+    struct vmsnap_err err = {0};
+    if (vmsnap_objcache_open(&a.opts, &c, &err) < 0)
+        return cli_fail("cache", &err);
+    rc = trim ? cache_trim(c, &a) : cache_objects(c, a.json);
+    vmsnap_objcache_close(c);
+    return rc;
+}
+
 int cmd_cache(int argc, char **argv)
 {
     if (argc < 2)
-        return cli_usage("cache", "expected 'stat' or 'evict'");
+        return cli_usage("cache", "expected 'stat', 'evict', 'objects' or 'trim'");
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        printf("usage: vmsnap cache stat|evict ... ('vmsnap cache stat --help', 'vmsnap help "
-               "cache')\n");
+        printf("usage: vmsnap cache stat|evict|objects|trim ... ('vmsnap cache stat --help', "
+               "'vmsnap help cache')\n");
         return EXIT_OK;
     }
     if (strcmp(argv[1], "stat") == 0)
         return cache_stat(argc - 1, argv + 1);
     if (strcmp(argv[1], "evict") == 0)
         return cache_evict(argc - 1, argv + 1);
-    return cli_usage("cache", "unknown subcommand '%s' (expected 'stat' or 'evict')", argv[1]);
+    if (strcmp(argv[1], "objects") == 0)
+        return cache_objcache(argc - 1, argv + 1, false);
+    if (strcmp(argv[1], "trim") == 0)
+        return cache_objcache(argc - 1, argv + 1, true);
+    return cli_usage("cache",
+                     "unknown subcommand '%s' (expected 'stat', 'evict', 'objects' or 'trim')",
+                     argv[1]);
 }

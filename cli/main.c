@@ -36,12 +36,18 @@ static const struct cli_verb verbs[] = {
      "table records (zero pages elided, frame size) is then n/a (null in --json)."},
     {"cache", cmd_cache,
      "cache stat [--json] PATH... | cache evict [--staged] [--preserve PATH]... [--wait DURATION] "
-     "[--kick-writeback] PATH...",
+     "[--kick-writeback] PATH... | cache objects|trim ...",
      "stat: pages cached, dirty, under writeback, evicted and recently evicted per file and in\n"
      "total (cachestat; mincore where unavailable, marked). evict: drop clean pages of files that\n"
      "are never modified; with --staged, single-link files outside --preserve paths are\n"
      "truncated and unlinked. Reports dropped, removed and still-dirty files; --wait retries\n"
-     "dirty files up to SECONDS; --kick-writeback starts their writeback first."},
+     "dirty files up to SECONDS; --kick-writeback starts their writeback first.\n"
+     "The object cache (objects fetched from stores, by digest; docs/objcache.md):\n"
+     "  cache objects [--json] [--cache-dir DIR] [--cache-size SIZE]   entries, totals, cap\n"
+     "  cache trim [--max-size SIZE] [--json] [--cache-dir DIR] [--cache-size SIZE]\n"
+     "      evict least recently used entries down to SIZE (default: the cap)\n"
+     "--cache-dir: default $VMSNAP_CACHE_DIR, else /var/cache/vmsnap (root) or\n"
+     "~/.cache/vmsnap; --cache-size: the cap, default $VMSNAP_CACHE_SIZE, else 8G."},
     {"disk", cmd_disk, "disk create|clone|info ... IMAGE",
      "Writable upper disks: sparse journal-less ext4 images made through libext2fs.\n"
      "  disk create [--size 4G] [--inodes N] [--label L] [--uuid U] [--force] [--fsync]\n"

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # The library's sources, one block per module folder, in dependency order (docs/ARCHITECTURE.md):
-# util <- sys <- {image, store, pcache, disk, vmm} <- xfer <- vm. A new file is added here.
+# util <- sys <- {image, store, pcache, objcache, disk, vmm} <- xfer <- vm. A new file is added here.
 
 set(VMSNAP_UTIL_SOURCES
     lib/util/cancel.c
@@ -41,6 +41,11 @@ set(VMSNAP_PCACHE_SOURCES
     lib/pcache/pcache_retry.c
     lib/pcache/pcache_stat.c
     lib/pcache/pcache_walk.c)
+
+set(VMSNAP_OBJCACHE_SOURCES
+    lib/objcache/objcache.c
+    lib/objcache/objcache_evict.c
+    lib/objcache/objcache_fill.c)
 
 set(VMSNAP_DISK_SOURCES
     lib/disk/disk.c
@@ -89,7 +94,7 @@ set(VMSNAP_VM_SOURCES
     lib/vm/vm_suspend.c)
 
 set(VMSNAP_LIB_SOURCES "")
-foreach(mod UTIL SYS IMAGE STORE PCACHE DISK VMM XFER VM)
+foreach(mod UTIL SYS IMAGE STORE PCACHE OBJCACHE DISK VMM XFER VM)
   foreach(src IN LISTS VMSNAP_${mod}_SOURCES)
     list(APPEND VMSNAP_LIB_SOURCES ${CMAKE_SOURCE_DIR}/${src})
   endforeach()
