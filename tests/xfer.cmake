@@ -6,6 +6,9 @@
 vmsnap_c_test(s3_unit SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_sigv4.c TIMEOUT 60 LABELS store)
 vmsnap_c_test(store_url SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_store_url.c TIMEOUT 60 LABELS store)
 vmsnap_sh_test(xfer_local tests/integration/xfer_local.sh TIMEOUT 300)
+# layered sets (tests/integration/xfer_layers.sh) on the local store; the S3 run is below
+vmsnap_sh_test(xfer_layers_local tests/integration/xfer_layers.sh TIMEOUT 300)
+set_property(TEST xfer_layers_local APPEND PROPERTY ENVIRONMENT "LAYERS_STORE=local")
 
 set(VMSNAP_RGW_STATE ${CMAKE_BINARY_DIR}/rgw-state)
 add_test(NAME xfer_rgw_up COMMAND bash ${CMAKE_SOURCE_DIR}/tests/rgw-up.sh ${VMSNAP_RGW_STATE})
@@ -17,9 +20,12 @@ set_tests_properties(xfer_rgw_down PROPERTIES FIXTURES_CLEANUP xfer_rgw TIMEOUT 
 add_executable(vmsnap_faultproxy ${CMAKE_SOURCE_DIR}/tests/faultproxy.c)
 
 # crash_short: the crash matrix's short fixed-seed run (tests/crash/crash.py)
-foreach(t IN ITEMS xfer_s3 xfer_s3_faults crash_short)
+foreach(t IN ITEMS xfer_s3 xfer_s3_faults crash_short xfer_layers_s3)
   if(t STREQUAL crash_short)
     vmsnap_sh_test(${t} tests/crash/crash_short.sh TIMEOUT 600 LABELS crash)
+  elseif(t STREQUAL xfer_layers_s3)
+    vmsnap_sh_test(${t} tests/integration/xfer_layers.sh TIMEOUT 600)
+    set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "LAYERS_STORE=s3")
   else()
     vmsnap_sh_test(${t} tests/integration/${t}.sh TIMEOUT 600)
   endif()

@@ -36,12 +36,21 @@ rel() { if [ -n "$ROOT" ]; then echo "${1#"$ROOT"/}"; else echo "${1#s3://"$BUCK
 man_get() { get_obj "$(rel "$1")/manifest.json" "$2"; }
 man_put() { put_obj "$(rel "$1")/manifest.json" "$2"; }
 
+# datamap FILE: its data extents (SEEK_DATA / SEEK_HOLE), one "start end" a line
+datamap() {
+    python3 -c 'import os,sys
+fd = os.open(sys.argv[1], os.O_RDONLY); end = os.fstat(fd).st_size; off = 0
+while off < end:
+    try: d = os.lseek(fd, off, os.SEEK_DATA)
+    except OSError: break
+    h = os.lseek(fd, d, os.SEEK_HOLE); print(d, h); off = h' "$1"
+}
 # same_set DIR1 DIR2: the same files, byte for byte, with the same holes
 same_set() {
     local f
     for f in "$1"/*; do
         cmp -s "$f" "$2/$(basename "$f")" || return 1
-        [ "$(allocated "$f")" = "$(allocated "$2/$(basename "$f")")" ] || return 1
+        [ "$(datamap "$f")" = "$(datamap "$2/$(basename "$f")")" ] || return 1
     done
     [ "$(ls "$1" | wc -l)" = "$(ls "$2" | wc -l)" ]
 }
