@@ -236,6 +236,7 @@ struct xfer {
     pthread_cond_t cv_dec;
     unsigned decoding, max_decoding;
     uint64_t done, total;
+    uint64_t cached_bytes; /* layered pull: object bytes read from the node's cache */
 };
 
 /* A source over an object for opening it (vmsnap_image_open) with ranged GETs: the first read

@@ -9,6 +9,8 @@
  */
 #include "xfer_int.h"
 
+#include "vmsnap/objcache.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -30,10 +32,11 @@ static void layer_entry(const struct mf_file *f, const struct mf_layer *l, struc
 }
 
 /* One layer from the store: layer 0 into a new temporary beside `dst` (d is the file's own
- * download, which the publish then uses), a later one overlaid onto that temporary. */
+ * download, which the publish then uses), a later one overlaid onto that temporary. With
+ * `fill_fd` > 0 the object's bytes are written there too (a cache entry). */
 static int fetch_layer(struct xfer *x, struct vmsnap_store_conn *ctl, struct down *file,
                        struct down *d, const struct mf_file *le, const char *key, const char *dst,
-                       struct vmsnap_err *err)
+                       int fill_fd, struct vmsnap_err *err)
 {
     bool first = d == file;
     d->mf = le;
@@ -42,6 +45,7 @@ static int fetch_layer(struct xfer *x, struct vmsnap_store_conn *ctl, struct dow
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     xfer_down_init(d);
     d->x = x;
+    d->fill_fd = fill_fd;
     if (!first) {
         d->overlay = true;
         d->ofd = file->af.fd;
@@ -53,18 +57,120 @@ static int fetch_layer(struct xfer *x, struct vmsnap_store_conn *ctl, struct dow
     return xfer_down_finish(d, rc, err);
 }
 
-static int pull_file(struct xfer *x, struct vmsnap_store_conn *ctl, const struct mf_file *f,
-                     const char *dir, struct down *file, struct vmsnap_err *err)
+/* One layer from a cache entry open at `cfd`: checked as a download is (size, the table's
+ * digest, sizes), then decoded in parallel into the file's temporary (created for layer 0). */
+static int layer_from_entry(struct xfer *x, int cfd, struct down *file, bool first,
+                            const struct mf_file *le, const char *url, const char *dst,
+                            struct vmsnap_err *err)
+{
+    char name[URL_BUF + 32];
+    snprintf(name, sizeof(name), "the cached copy of %s", url);
+    struct vmsnap_source src;
+    vmsnap_source_fd(&src, cfd, le->object_size, name);
+    struct vmsnap_image *img = NULL;
+    int rc = vmsnap_image_open(&src, x->o.max_size, &img, err);
+    if (rc == 0)
+        rc = vmsnap_err_set(err, EINVAL, "%s: no seek table", name);
+    struct vmsnap_image_stats st = {0};
+    char hx[65];
+    if (rc > 0)
+        rc = xfer_table_sha256(img, hx, err);
+    if (rc == 0 && strcmp(hx, le->sha256))
+        rc = vmsnap_err_set(err, EINVAL, "%s: tableSha256 %s, the manifest says %s", name, hx,
+                            le->sha256);
+    if (rc == 0) {
+        vmsnap_image_get_stats(img, &st);
+        if (st.total_size != le->size || st.populated != le->populated)
+            rc = vmsnap_err_set(err, EINVAL, "%s: sizes differ from the manifest's", name);
+    }
+    if (rc == 0 && first && !file->af_open) {
+        if ((rc = sys_atomic_open_tagged(&file->af, dst, 0600, "pull", err)) == 0)
+            file->af_open = true;
+    }
+    if (rc == 0) {
+        struct vmsnap_unpack_opts uo = {.threads = x->o.threads,
+                                        .max_size = x->o.max_size,
+                                        .dst_name = file->af.path,
+                                        .overlay = !first};
+        rc = vmsnap_image_decode_parallel(img, &src, file->af.fd, &uo, &st, err);
+    }
+    vmsnap_image_free(img);
+    return rc;
+}
+
+/* Damage, not a failure of the node: the entry is dropped and the layer fetched again. */
+static bool corrupt(int rc)
+{
+    return rc == -EINVAL || rc == -EBADMSG || rc == -EPROTO || rc == -EILSEQ || rc == -EIO;
+}
+
+/* A layer through the node's cache: decoded from the entry when there is one, else fetched
+ * (once per node: a second pull of the same layer waits for the first's fill), kept, and
+ * decoded as it arrives. */
+static int cached_layer(struct xfer *x, struct vmsnap_objcache *oc, struct vmsnap_store_conn *ctl,
+                        struct down *file, struct down *d, const struct mf_file *le,
+                        const char *key, const char *url, const char *dst, struct vmsnap_err *err)
+{
+    bool first = d == file;
+    char ck[80];
+    snprintf(ck, sizeof(ck), "t-%s", le->sha256);
+    for (int attempt = 0;; attempt++) {
+        struct vmsnap_objcache_fill *f = NULL;
+        int cfd = -1;
+        int rc = vmsnap_objcache_get(oc, ck, le->object_size, &cfd, err);
+        if (rc == -ENOENT)
+            rc = vmsnap_objcache_fill_begin(oc, ck, le->object_size, &f, &cfd, err);
+        if (rc < 0)
+            return rc;
+        if (f) { /* ours to fill */
+            rc = fetch_layer(x, ctl, file, d, le, key, dst, vmsnap_objcache_fill_fd(f), err);
+            struct vmsnap_err ce = {0};
+            if (rc == 0 && vmsnap_objcache_fill_commit(f, &ce) < 0) /* pulled, only not kept */
+                vlog(VMSNAP_LOG_WARN, "%s: not kept in the node's cache: %s", url, ce.msg);
+            if (rc == 0)
+                return 0;
+            vmsnap_objcache_fill_abort(f);
+            return rc;
+        }
+        rc = layer_from_entry(x, cfd, file, first, le, url, dst, err);
+        vmsnap_objcache_put(oc, cfd);
+        if (rc == 0) {
+            pthread_mutex_lock(&x->mu);
+            x->cached_bytes += le->object_size;
+            pthread_mutex_unlock(&x->mu);
+            d->osize = le->object_size;
+            return 0;
+        }
+        if (!corrupt(rc) || attempt > 0)
+            return rc;
+        vlog(VMSNAP_LOG_WARN, "%s: the node's cached copy is damaged (%s): dropped, fetching it",
+             url, err ? err->msg : "");
+        vmsnap_err_clear(err);
+        vmsnap_objcache_drop(oc, ck, NULL);
+        if (first && file->af_open) { /* the fetch makes its own temporary */
+            sys_atomic_abort(&file->af);
+            file->af_open = false;
+        }
+    }
+}
+
+static int pull_file(struct xfer *x, struct vmsnap_objcache *oc, struct vmsnap_store_conn *ctl,
+                     const struct mf_file *f, const char *dir, struct down *file,
+                     struct vmsnap_err *err)
 {
     char dst[4352];
     snprintf(dst, sizeof(dst), "%s/%s", dir, f->name);
     uint64_t osize = 0;
     int rc = 0;
+    file->x = x; /* started: the caller frees it */
     for (size_t j = 0; rc == 0 && j < f->nlayers; j++) {
         struct mf_file le;
         layer_entry(f, &f->layers[j], &le);
         struct down over = {0}, *d = j == 0 ? file : &over;
-        rc = fetch_layer(x, ctl, file, d, &le, f->layers[j].key, dst, err);
+        char url[URL_BUF];
+        vmsnap_store_url(x->st, f->layers[j].key, url, sizeof(url));
+        rc = oc ? cached_layer(x, oc, ctl, file, d, &le, f->layers[j].key, url, dst, err)
+                : fetch_layer(x, ctl, file, d, &le, f->layers[j].key, dst, 0, err);
         if (rc < 0 && err)
             vmsnap_err_wrap(err, "%s, layer %zu of %zu: ", f->name, j + 1, f->nlayers);
         osize += d->osize;
@@ -81,11 +187,28 @@ static int pull_file(struct xfer *x, struct vmsnap_store_conn *ctl, const struct
     return rc;
 }
 
+/* The node's cache, for a remote store: a cache that cannot be opened is a warning. */
+static struct vmsnap_objcache *open_cache(const struct xfer *x)
+{
+    if (x->o.no_cache || vmsnap_store_kind(x->st) != VMSNAP_STORE_S3)
+        return NULL;
+    struct vmsnap_objcache_opts co = {.dir = x->o.cache_dir, .max_bytes = x->o.cache_size};
+    struct vmsnap_objcache *oc = NULL;
+    struct vmsnap_err e = {0};
+    if (vmsnap_objcache_open(&co, &oc, &e) < 0) {
+        vlog(VMSNAP_LOG_WARN, "the node's object cache is not used: %s", e.msg);
+        return NULL;
+    }
+    return oc;
+}
+
 int xfer_pull_layered(struct xfer *x, struct vmsnap_store_conn *ctl, const struct manifest *m,
                       const char *dir, struct down *ds, struct vmsnap_err *err)
 {
+    struct vmsnap_objcache *oc = open_cache(x);
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < m->n; i++)
-        rc = pull_file(x, ctl, &m->files[i], dir, &ds[i], err);
+        rc = pull_file(x, oc, ctl, &m->files[i], dir, &ds[i], err);
+    vmsnap_objcache_close(oc);
     return rc;
 }

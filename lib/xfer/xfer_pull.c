@@ -420,6 +420,8 @@ static int pull_set(struct xfer *x, struct vmsnap_store_conn *ctl, const char *p
     /* all verified: publish every file (all were started when rc is 0) */
     if (rc == 0)
         rc = publish_set(x, dir, p.ds, m->n, stats, err);
+    if (rc == 0 && stats)
+        stats->cached_bytes = x->cached_bytes;
     for (size_t i = 0; i < m->n; i++)
         if (p.ds[i].x)
             xfer_down_free(&p.ds[i], false);
