@@ -94,6 +94,7 @@ struct vmsnap_xfer_opts;
 struct vmsnap_xfer_stats;
 int cmd_push(int argc, char **argv);
 int cmd_pull(int argc, char **argv);
+int cmd_export(int argc, char **argv);
 int cmd_ls(int argc, char **argv);
 int cmd_rm(int argc, char **argv);
 int cmd_gc(int argc, char **argv);

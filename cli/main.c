@@ -61,8 +61,13 @@ static const struct cli_verb verbs[] = {
      "it (kernel 4.4+); an image without metadata checksums needs no --force."},
     {"push", cmd_push,
      "push [-j N] [--part-size SIZE] [--max-memory SIZE] [--base URL] ... PATH URL",
-     "Encode and upload a file (one object at URL) or a snapshot-set directory (every regular\n"
-     "file to URL/<name>.zstd, files and parts in parallel, then URL/manifest.json last).\n"
+     "Encode and upload a file (one object at URL) or a snapshot-set directory. A set is\n"
+     "layered by default: every regular file to a new object under\n"
+     "URL/vmsnap-objects/<pushId>/, files and parts in parallel, then URL/manifest.json, the\n"
+     "only object ever replaced (one PUT: a push killed at any moment leaves the old set).\n"
+     "--parent URL: each file a delta over the parent set's (the 4 KiB pages that differ);\n"
+     "--max-depth N (8) layers at most; --layout reference: URL/<name>.zstd and a manifest the\n"
+     "reference system reads (its replace is a transaction of held uploads).\n"
      "URL: a path or file:///abs (local store), s3://bucket/key (--endpoint or AWS_ENDPOINT_URL,\n"
      "AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY[/AWS_SESSION_TOKEN], --path-style),\n"
      "gs://bucket/key (Cloud Storage XML API with HMAC keys). -j: connections (default 8);\n"
@@ -70,10 +75,11 @@ static const struct cli_verb verbs[] = {
      "parts of 16M (--part-size); at most 256M of parts and encoder buffers (--max-memory; passed\n"
      "by about three frames of --frame-size, 64M, per file encoding; a set encodes two at once).\n"
      "--base URL: an earlier set (or object) in the same store; frames that did not change are\n"
-     "copied there by the store (S3 UploadPartCopy) instead of being compressed and uploaded.\n"
+     "copied there by the store (S3 UploadPartCopy) instead of being compressed and uploaded\n"
+     "(the reference layout; for a layered set, --base is its --parent).\n"
      "All options: [--json] [-j N] [--part-size SIZE] [--max-memory SIZE] [--threads N]\n"
      "[--frame-size SIZE] [--level L] [--endpoint URL] [--region R] [--path-style]\n"
-     "[--retries N] [--base URL]."},
+     "[--retries N] [--layout layered|reference] [--parent URL] [--max-depth N] [--base URL]."},
     {"pull", cmd_pull, "pull [-j N] [--max-memory SIZE] [--drop-cache] ... URL PATH",
      "Download and decode a snapshot set (manifest first; names, sizes and digests verified) or\n"
      "one object, with ranged GETs of frame groups over N connections, decoded in parallel into\n"
@@ -81,12 +87,25 @@ static const struct cli_verb verbs[] = {
      "files already in PATH are left as they are.\n"
      "All options: [--json] [-j N] [--max-memory SIZE] [--threads N] [--max-size SIZE]\n"
      "[--no-fsync] "
-     "[--drop-cache] [--endpoint URL] [--region R] [--path-style] [--retries N]."},
+     "[--drop-cache] [--no-cache] [--cache-dir DIR] [--endpoint URL] [--region R]\n"
+     "[--path-style] [--retries N]. A layered set's files are each a chain of layers, checked\n"
+     "against their digests; from a remote store every layer goes through the node's object\n"
+     "cache (VMSNAP_CACHE_DIR, VMSNAP_CACHE_SIZE; 'vmsnap cache objects|trim')."},
+    {"export", cmd_export, "export [-j N] [--no-cache] ... URL DEST",
+     "Write a snapshot set (layered or not) to DEST in the reference system's layout\n"
+     "(DEST/<name>.zstd and a manifest with snapshotFiles), which the reference system\n"
+     "restores: every file's layers are decoded into a temporary directory ($TMPDIR, else\n"
+     "/var/tmp) and pushed with --layout reference. The cost: no layers (every file whole),\n"
+     "and a replace at DEST is the reference layout's transaction, not one PUT.\n"
+     "All options: [--json] [-j N] [--part-size SIZE] [--max-memory SIZE] [--threads N]\n"
+     "[--frame-size SIZE] [--level L] [--no-cache] [--endpoint URL] [--region R]\n"
+     "[--path-style] [--retries N]."},
     {"ls", cmd_ls, "ls [--json] URL",
      "List the snapshot sets under a prefix with their manifest summary (--json: an array\n"
      "of {url, valid, files, logical_size, object_size})."},
     {"rm", cmd_rm, "rm [--force] URL",
-     "Delete a snapshot set, manifest first, or one snapshot object (vmsnap, reference or zstd\n"
+     "Delete a snapshot set, manifest first (a layered set: its manifest only; gc removes the\n"
+     "layers no set names), or one snapshot object (vmsnap, reference or zstd\n"
      "magic; anything else is refused). --force also deletes the *.zstd objects of an incomplete\n"
      "set (no manifest) that are vmsnap images, keeps the others (it names them), and aborts\n"
      "its unfinished uploads. Says what it removed; nothing to remove is an error."},
@@ -94,7 +113,9 @@ static const struct cli_verb verbs[] = {
      "Clean what killed pushes left under a prefix once it is --older-than old (default 1h;\n"
      "0: all, which fails pushes running now): unfinished multipart uploads (the next push to\n"
      "the same key also aborts them) and the objects of set pushes that never committed their\n"
-     "manifest (found by their push marks). --dry-run lists them and what gc would do."},
+     "manifest (found by their push marks), and the objects of layered sets that no manifest\n"
+     "names (every manifest of the bucket is read; on a local store those under URL).\n"
+     "--dry-run lists them, with sizes, and what gc would do."},
     {"vm", cmd_vm, "vm run|pause|suspend|resume|ls|stop|console ...",
      "Micro-VMs under QEMU (docs/vm.md), recorded under --state-dir (default /var/lib/vmsnap,\n"
      "or VMSNAP_STATE_DIR), guest RAM on tmpfs (--ram-dir, default /dev/shm):\n"

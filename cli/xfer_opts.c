@@ -47,18 +47,18 @@ static int for_this_verb(const char *verb, int c)
         int c;
         const char *verbs, *name, *who;
     } only[] = {
-        {'j', " push pull ", "-j/--connections", "push and pull"},
-        {'p', " push ", "--part-size", "push"},
-        {'m', " push pull ", "--max-memory", "push and pull"},
-        {'t', " push pull ", "--threads", "push and pull"},
-        {'f', " push ", "--frame-size", "push"},
-        {'l', " push ", "--level", "push"},
+        {'j', " push pull export ", "-j/--connections", "push, pull and export"},
+        {'p', " push export ", "--part-size", "push and export"},
+        {'m', " push pull export ", "--max-memory", "push, pull and export"},
+        {'t', " push pull export ", "--threads", "push, pull and export"},
+        {'f', " push export ", "--frame-size", "push and export"},
+        {'l', " push export ", "--level", "push and export"},
         {'n', " pull ", "--no-fsync", "pull"},
         {'L', " push ", "--layout", "push"},
         {'A', " push ", "--parent", "push"},
         {'H', " push ", "--max-depth", "push"},
-        {'C', " pull ", "--no-cache", "pull"},
-        {'c', " pull ", "--cache-dir", "pull"},
+        {'C', " pull export ", "--no-cache", "pull and export"},
+        {'c', " pull export ", "--cache-dir", "pull and export"},
     };
     char w[16]; /* " verb ", as only[].verbs lists them */
     snprintf(w, sizeof(w), " %s ", verb);

@@ -65,6 +65,7 @@ set(VMSNAP_XFER_SOURCES
     lib/xfer/manifest_layers.c
     lib/xfer/xfer_ctx.c
     lib/xfer/xfer_download.c
+    lib/xfer/xfer_export.c
     lib/xfer/xfer_gc.c
     lib/xfer/xfer_gc_reach.c
     lib/xfer/xfer_layers_pull.c

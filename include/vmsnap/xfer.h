@@ -139,6 +139,15 @@ VMSNAP_API int vmsnap_xfer_pull(const char *url, const char *path,
                                 const struct vmsnap_xfer_opts *opts,
                                 struct vmsnap_xfer_stats *stats, struct vmsnap_err *err);
 
+/* Write the set at `url` (layered, or any set pull reads) to `dest` in the reference layout
+ * (<dest>/<name>.zstd and a manifest with snapshotFiles), which the reference system restores:
+ * each file's chain is decoded into a temporary directory under `tmp_dir` (NULL: $TMPDIR, else
+ * /var/tmp; it needs room for the set's populated bytes), pushed with the reference layout
+ * (a replace of a set at `dest` is that layout's transaction), and removed. */
+VMSNAP_API int vmsnap_xfer_export(const char *url, const char *dest, const char *tmp_dir,
+                                  const struct vmsnap_xfer_opts *opts,
+                                  struct vmsnap_xfer_stats *stats, struct vmsnap_err *err);
+
 /* One snapshot set found by vmsnap_xfer_list(). `files`, `logical` and `object_bytes` come from
  * its manifest; `valid` is false (and the counts 0) if the manifest does not parse. */
 struct vmsnap_xfer_set {

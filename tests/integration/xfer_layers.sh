@@ -190,6 +190,22 @@ grep -q "not a layered set" "$T/np.err" || fail "reference parent not named: $(c
 expect_fail "--parent on a file push" "$VMSNAP" push --parent "$U/k" "$T/a/state" "$U/f"
 expect_fail "--parent with --layout reference" "$VMSNAP" push --layout reference --parent "$U/k" "$T/a" "$U/f"
 
+# ---- export: the reference layout, read by a reader that knows only the reference format ----
+"$VMSNAP" -q push "$T/a" "$U/ex" || fail "push ex"
+"$VMSNAP" export --json "$U/ex" "$U/exref" >"$T/ex.json" || fail "export"
+jget "$T/ex.json" 'j["files"]' | grep -qx 3 || fail "export --json: $(cat "$T/ex.json")"
+man_get "$U/exref" "$T/exref.json"
+[ "$(jget "$T/exref.json" 'j["snapshotFiles"] == ["base-id", "memory", "state"]')" = True ] ||
+    fail "exported manifest: $(cat "$T/exref.json")"
+for f in base-id memory state; do
+    get_obj "$(rel "$U/exref")/$f.zstd" "$T/exobj"
+    "${VMSNAP_BUILD:?}/tests/image_interop" --read "$T/exobj" "$T/exout" ||
+        fail "the reference reader refused the exported $f"
+    cmp -s "$T/exout" "$T/a/$f" || fail "the reference reader's $f differs from the pushed file"
+done
+ls -d "${TMPDIR:-/var/tmp}"/.vmsnap-export.* 2>/dev/null && fail "export left its temporary directory"
+expect_fail "export of nothing" "$VMSNAP" export "$U/none" "$U/exnone"
+
 # ---- the node's object cache (remote stores) ----
 if [ "${LAYERS_STORE:-local}" = s3 ]; then
     rm -rf "$VMSNAP_CACHE_DIR"

@@ -1,0 +1,37 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* vmsnap export: a set written again in the reference layout (layers flattened). */
+#include "cli.h"
+#include "vmsnap/xfer.h"
+
+#include <stdlib.h>
+
+static const struct xfer_verb export_verb = {
+    "export",
+    "usage: vmsnap export [--json] [-j N] [--part-size SIZE] [--max-memory SIZE] [--threads N]\n"
+    "       [--frame-size SIZE] [--level L] [--no-cache] [--endpoint URL] [--region R]\n"
+    "       [--path-style] [--retries N] URL DEST\n"
+    "  writes the set at URL (layered or not) to DEST in the reference system's layout\n"
+    "  (DEST/<name>.zstd, a manifest with snapshotFiles): every file's layers are decoded\n"
+    "  into a temporary directory ($TMPDIR, else /var/tmp; room for the populated bytes)\n"
+    "  and pushed with --layout reference; no layers, no atomic replace at DEST\n",
+    2,
+    "expected URL and DEST",
+    1,
+};
+
+static int export_fn(const char *from, const char *to, const struct vmsnap_xfer_opts *o,
+                     struct vmsnap_xfer_stats *st, struct vmsnap_err *err)
+{
+    return vmsnap_xfer_export(from, to, NULL, o, st, err);
+}
+
+int cmd_export(int argc, char **argv)
+{
+    struct vmsnap_xfer_opts o = {0};
+    bool json = false;
+    int rc,
+        i = cmd_xfer_args(&export_verb, argc, argv, &o, &(struct xfer_flags){.json = &json}, &rc);
+    if (i < 0)
+        return rc;
+    return cmd_xfer_copy("export", export_fn, argv[i], argv[i + 1], &o, json);
+}
