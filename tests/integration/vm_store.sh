@@ -5,6 +5,9 @@
 # the RAM blob stays intact, and each suspend leaves no local state but the VM's record. Then a
 # suspend over a base of the same frames: copied by the store, and counted.
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
+# the reference layout's suspend cycle (objects at <set>/<name>.zstd, --base copies); layered
+# suspends and resumes (deltas, chains, the cache) are tests/integration/vm_layers.sh
+export VMSNAP_LAYOUT=reference
 A=$T/node-a
 B=$T/node-b
 from_golden "$A"
