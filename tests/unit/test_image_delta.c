@@ -635,6 +635,24 @@ static void test_deltas(const char *dir)
 
 /* ---- 4. refusals, unchanged files ---- */
 
+/* A sink's copy of a base frame: its bytes from the base object (pack with a base). */
+static const struct membuf_sink *copy_from;
+static int copy_frame(void *arg, const struct vmsnap_frame_info *f, struct vmsnap_err *err)
+{
+    struct membuf_sink *m = arg;
+    REQUIRE(f->offset + f->csize <= copy_from->len);
+    size_t need = m->len + (size_t)f->csize;
+    if (need > m->cap) {
+        m->data = realloc(m->data, need * 2);
+        REQUIRE(m->data);
+        m->cap = need * 2;
+    }
+    (void)err;
+    memcpy(m->data + m->len, copy_from->data + f->offset, (size_t)f->csize);
+    m->len += (size_t)f->csize;
+    return 0;
+}
+
 static void test_edges(void)
 {
     const char *f = t_path("edge");
@@ -684,6 +702,17 @@ static void test_edges(void)
     pt->npages--;
     CHECK(vmsnap_image_pack_fd(fd, f, &sink, &o, NULL, &err) == -EINVAL && d.len == 0);
     pt->npages++;
+    /* pages_out of a pack with a base (frames copied from it: hashed by the pre-scan) */
+    struct vmsnap_pages *wb = NULL;
+    copy_from = &m;
+    sink.copy = copy_frame;
+    o = (struct vmsnap_pack_opts){
+        .frame_size = MiB, .base = img, .base_min_run = 1, .pages_out = &wb};
+    CHECK(vmsnap_image_pack_fd(fd, f, &sink, &o, &st, &err) == 0 && st.reused > 0 && wb &&
+          tables_equal(wb, pt));
+    CHECK(d.len == m.len && !memcmp(d.data, m.data, m.len));
+    vmsnap_pages_free(wb);
+    sink.copy = NULL;
     /* pages_out of a full pack that keeps zero pages */
     struct vmsnap_pages *kz = NULL;
     o = (struct vmsnap_pack_opts){.frame_size = MiB, .keep_zero_pages = true, .pages_out = &kz};
