@@ -75,3 +75,14 @@ if [ -x "$ZL" ]; then
         "pack -j2 at $(r "${L[compress_n]}" "$P2")x of the 2-thread limit (target >= 0.85)"
     echo "- unpack -j1 at $(r "${L[decompress_1]}" "$U1")x of 1-thread decompression; unpack -j2 at $(r "${L[decompress_n]}" "$U2")x of the 2-thread limit (target >= 0.70)"
 fi
+# what page tables cost (#23; bench/pages.c): vmsnap_pages_hash_fd over the image on 1 and 2
+# threads, and pack -j2 into a sink that drops the bytes without and with pages_out (best of 3)
+PB=$(dirname "$VMSNAP")/vmsnap_pagebench
+if [ -x "$PB" ]; then
+    declare -A G
+    while IFS='=' read -r k v; do G[$k]=$v; done < <("$PB" memory-ranges 2)
+    echo "- page table (XXH3 per 4 KiB page, ${G[populated]} of ${G[pages]} pages populated, a $((G[pages] * 8 >> 20)) MiB table):" \
+        "vmsnap_pages_hash_fd 1 thread ${G[hash_1_wall]} s wall / ${G[hash_1_cpu]} s CPU, 2 threads ${G[hash_n_wall]} / ${G[hash_n_cpu]} s"
+    echo "- pack -j2 with pages_out ${G[pack_pages_wall]} s wall / ${G[pack_pages_cpu]} s CPU, without ${G[pack_wall]} / ${G[pack_cpu]} s" \
+        "(CPU $(r "${G[pack_pages_cpu]}" "${G[pack_cpu]}")x); a delta of the unchanged image over its own table ${G[delta_same_wall]} / ${G[delta_same_cpu]} s (${G[delta_same_bytes]} bytes)"
+fi

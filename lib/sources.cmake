@@ -16,13 +16,14 @@ set(VMSNAP_IMAGE_SOURCES
     lib/image/image_dec.c
     lib/image/image_enc.c
     lib/image/image_enc_buf.c
+    lib/image/image_enc_delta.c
     lib/image/image_enc_range.c
     lib/image/image_enc_scan.c
     lib/image/image_enc_write.c
     lib/image/image_enc_zstd.c
     lib/image/image_io.c
+    lib/image/image_pages.c
     lib/image/image_rec.c
-    lib/image/image_pages_stub.c
     lib/image/image_seq.c)
 
 set(VMSNAP_STORE_SOURCES

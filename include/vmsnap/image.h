@@ -32,6 +32,46 @@ extern "C" {
 #define VMSNAP_IMAGE_DEFAULT_MAX_SIZE (64ull << 40) /* 64 TiB cap on a decoded totalSize */
 #define VMSNAP_IMAGE_PAGE 4096u
 #define VMSNAP_IMAGE_DEFAULT_MIN_RUN (5ull << 20) /* S3's smallest part */
+#define VMSNAP_PAGE_SIZE 4096u
+
+/* ---- page tables: per-page content hashes, what a delta layer is computed against ---- */
+
+/* Per-page content hashes of a file: one 64-bit XXH3 (libxxhash's XXH3_64bits, seed 0) per
+ * 4 KiB page at absolute offsets (the last page may be partial: hashed over its bytes), 0 for a
+ * hole or an all-zero page (a real hash that comes out 0 is replaced by 1). Memory: 8 bytes per
+ * page (2 MiB per GiB of logical size) plus this struct. */
+struct vmsnap_pages {
+    uint64_t size;      /* logical size of the file */
+    uint64_t npages;    /* ceil(size / 4096) */
+    uint64_t populated; /* pages whose hash is not 0 */
+    uint64_t *h;        /* npages hashes */
+};
+/* A table for a file of `size` bytes, every page 0 (a hole). Free with vmsnap_pages_free. */
+VMSNAP_API int vmsnap_pages_new(uint64_t size, struct vmsnap_pages **out, struct vmsnap_err *err);
+/* Hash every page of the regular file open at `fd` (SEEK_DATA/SEEK_HOLE to skip holes, `threads`
+ * workers, 0 = CPUs; the file's clean page cache is dropped after reading unless keep_cache, as
+ * the encoder does). `name` names the file in errors. A file whose size or modification time
+ * changes while it is read is refused (EAGAIN). */
+VMSNAP_API int vmsnap_pages_hash_fd(int fd, const char *name, unsigned threads, bool keep_cache,
+                                    struct vmsnap_pages **out, struct vmsnap_err *err);
+VMSNAP_API void vmsnap_pages_free(struct vmsnap_pages *p);
+/* How many pages a delta of `cur` over `parent` stores: pages whose hashes differ (pages beyond
+ * parent's end count as differing when not 0); of those, how many are 0 in cur (*holes, may be
+ * NULL). */
+VMSNAP_API uint64_t vmsnap_pages_diff(const struct vmsnap_pages *parent,
+                                      const struct vmsnap_pages *cur, uint64_t *holes);
+/* The serialised table (a layer's "pages" object, stored beside its image; docs/FORMAT.md,
+ * "Layers"): a 48-byte header (magic "VMSNPAGE", version, page size, size, npages, populated, an
+ * XXH64 of the hashes) followed by the hashes, the whole compressed as one zstd frame. encode
+ * allocates *buf (free() it). decode validates every field (untrusted bytes from a store:
+ * `where` names the object in errors; max_size caps `size`, 0 = 64 TiB) and refuses anything
+ * inconsistent with EBADMSG and a message naming the field (EFBIG past max_size); its memory is
+ * the table itself. */
+VMSNAP_API int vmsnap_pages_encode(const struct vmsnap_pages *p, void **buf, size_t *len,
+                                   struct vmsnap_err *err);
+VMSNAP_API int vmsnap_pages_decode(const void *buf, size_t len, const char *where,
+                                   uint64_t max_size, struct vmsnap_pages **out,
+                                   struct vmsnap_err *err);
 
 /* Progress: `done` of `total` bytes (source bytes on pack, object bytes on unpack). Called from
  * one thread at a time. */
@@ -96,37 +136,6 @@ struct vmsnap_pack_mem {
     bool (*try_acquire)(void *arg, uint64_t bytes);
 };
 
-#define VMSNAP_PAGE_SIZE 4096u
-
-/* Per-page content hashes of a file: one 64-bit XXH3 (libxxhash's XXH3_64bits, seed 0) per
- * 4 KiB page at absolute offsets (the last page may be partial: hashed over its bytes), 0 for a
- * hole or an all-zero page (a real hash that comes out 0 is replaced by 1). */
-struct vmsnap_pages {
-    uint64_t size;      /* logical size of the file */
-    uint64_t npages;    /* ceil(size / 4096) */
-    uint64_t populated; /* pages whose hash is not 0 */
-    uint64_t *h;        /* npages hashes */
-};
-/* Hash every page of the regular file open at `fd` (SEEK_DATA/SEEK_HOLE to skip holes, `threads`
- * workers, 0 = CPUs; the file's clean page cache is dropped after reading unless keep_cache, as
- * the encoder does). `name` names the file in errors. */
-VMSNAP_API int vmsnap_pages_hash_fd(int fd, const char *name, unsigned threads, bool keep_cache,
-                                    struct vmsnap_pages **out, struct vmsnap_err *err);
-VMSNAP_API void vmsnap_pages_free(struct vmsnap_pages *p);
-/* How many pages a delta of `cur` over `parent` stores: pages whose hashes differ (pages beyond
- * parent's end count as differing when not 0); of those, how many are 0 in cur (*holes, may be
- * NULL). */
-VMSNAP_API uint64_t vmsnap_pages_diff(const struct vmsnap_pages *parent,
-                                      const struct vmsnap_pages *cur, uint64_t *holes);
-/* The serialised table (a layer's "pages" object, stored beside its image), validated on decode
- * (untrusted bytes from a store: `where` names the object in errors; max_size caps `size`, 0 =
- * 64 TiB). */
-VMSNAP_API int vmsnap_pages_encode(const struct vmsnap_pages *p, void **buf, size_t *len,
-                                   struct vmsnap_err *err);
-VMSNAP_API int vmsnap_pages_decode(const void *buf, size_t len, const char *where,
-                                   uint64_t max_size, struct vmsnap_pages **out,
-                                   struct vmsnap_err *err);
-
 struct vmsnap_pack_opts {
     unsigned threads;     /* 0: online CPUs */
     uint64_t frame_size;  /* source range per frame; 0: 64 MiB; multiple of 4 KiB */
@@ -154,12 +163,19 @@ struct vmsnap_pack_opts {
     /* A budget for the encoder's buffers (the ranges' records, their frames until written).
      * NULL: none, about 2 x threads x frame_size at most. */
     const struct vmsnap_pack_mem *mem;
-    /* Delta layer: encode only the pages whose hash differs from `delta_parent`'s; a page that
-     * is a hole or all zero in the source but not 0 in the parent is stored as an explicit
-     * all-zero page record; unchanged pages are left out. Not with `base` nor keep_zero_pages. */
+    /* Delta layer: encode only the pages of the source whose hash (computed by the encoder from
+     * the bytes it reads) differs from `delta_parent`'s for the same page; a page that is a hole
+     * or all zero in the source but not 0 in the parent is stored as an explicit all-zero page
+     * record (so "became a hole" is in the stream); unchanged pages are left out. Frames, ranges
+     * and records as for a full image (the output is still a valid sparse-extent v2 stream
+     * with a seek table, byte-identical for any thread count; its seek table's flags say
+     * "delta"). Records are whole pages (extents are read rounded out to 4 KiB pages). Not with
+     * `base` (EINVAL) nor keep_zero_pages. Apply it with vmsnap_unpack_opts.overlay onto the
+     * file its parent decoded to. */
     const struct vmsnap_pages *delta_parent;
-    /* When not NULL: the page table of the source as encoded, allocated by the encoder, freed by
-     * the caller with vmsnap_pages_free. */
+    /* When not NULL: the page table of the source as encoded (computed during the encode from
+     * the bytes read, for full and delta encodes alike; so no second pass), allocated by the
+     * encoder, freed by the caller with vmsnap_pages_free. Set only when the pack succeeds. */
     struct vmsnap_pages **pages_out;
 };
 
@@ -176,6 +192,9 @@ struct vmsnap_image_stats {
     uint64_t reused;       /* pack with a base: data frames taken from the base */
     uint64_t reused_bytes; /* their compressed bytes */
     int level;             /* zstd level the seek table records (0: no table) */
+    bool delta;            /* a delta layer (pack with delta_parent; a table flag on decode) */
+    uint64_t unchanged;    /* pack with delta_parent: pages left out as unchanged */
+    uint64_t zero_pages;   /* pack with delta_parent: pages stored as explicit all-zero records */
 };
 
 /* Encode the regular file open at `src_fd` into `sink`. The output is byte-identical for any
@@ -204,8 +223,13 @@ struct vmsnap_unpack_opts {
     vmsnap_progress_fn progress;
     void *progress_arg;
     const char *dst_name; /* decode_parallel: names the destination in write errors */
-    /* apply a layer onto the file its parent layers left at the destination: all-zero pages of
-     * records are punched, the rest written */
+    /* Apply a layer onto a destination that already holds the file as its parent left it: the
+     * destination is not assumed empty; it is ftruncated to the layer's totalSize, every record
+     * is written, except that each 4 KiB-aligned page of a record that is all zero is punched
+     * (fallocate PUNCH_HOLE|KEEP_SIZE; a partial last page of the file too; written as zeros
+     * where the filesystem cannot punch). A full layer applied onto an empty file gives the
+     * same bytes as without. vmsnap_image_unpack then writes `dst` in place (created when
+     * missing), not under a temporary name: a failure leaves it part applied. */
     bool overlay;
 };
 
@@ -269,8 +293,15 @@ VMSNAP_API void vmsnap_frame_decoder_free(struct vmsnap_frame_decoder *dec);
  * <reason>"); the string is not copied. Without it they say "destination". */
 VMSNAP_API void vmsnap_frame_decoder_set_dst(struct vmsnap_frame_decoder *dec,
                                              const char *dst_name);
-/* Overlay decoding (struct vmsnap_unpack_opts.overlay) for this decoder's frames. */
+/* Overlay decoding (vmsnap_unpack_opts.overlay) for the frames this decoder decodes next. */
 VMSNAP_API void vmsnap_frame_decoder_set_overlay(struct vmsnap_frame_decoder *dec, bool overlay);
+
+/* vmsnap_image_decode_frame() with the caller's decoder (its destination name and overlay mode
+ * apply; no decoder is made per call). */
+VMSNAP_API int vmsnap_image_decode_frame_dec(const struct vmsnap_image *img, uint32_t i,
+                                             const struct vmsnap_source *src, uint64_t base,
+                                             int dst_fd, struct vmsnap_frame_decoder *dec,
+                                             uint64_t *extents, struct vmsnap_err *err);
 
 /* Decode frame `i` from the `len` bytes at `frame` (exactly the frame, as the caller fetched it:
  * no copy is made), with the same checks as vmsnap_image_decode_frame(). The frame is streamed
@@ -303,6 +334,9 @@ VMSNAP_API int vmsnap_seqdec_finish(struct vmsnap_seqdec *dec, struct vmsnap_ima
 VMSNAP_API void vmsnap_seqdec_free(struct vmsnap_seqdec *dec);
 /* As vmsnap_frame_decoder_set_dst(), for the sequential decoder; call before feeding. */
 VMSNAP_API void vmsnap_seqdec_set_dst(struct vmsnap_seqdec *dec, const char *dst_name);
+/* Overlay decoding (vmsnap_unpack_opts.overlay; a plain zstd stream's all-zero 64 KiB blocks are
+ * punched too); call before feeding. */
+VMSNAP_API void vmsnap_seqdec_set_overlay(struct vmsnap_seqdec *dec, bool overlay);
 
 /* Decode everything and check every checksum without writing. Fills `stats` (from the table when
  * there is one, else from the stream). `verify`=false reads only the table when there is one.

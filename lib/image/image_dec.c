@@ -304,6 +304,7 @@ void vmsnap_image_get_stats(const struct vmsnap_image *img, struct vmsnap_image_
     st->frame_size = img->frame_size;
     st->object_size = img->object_size;
     st->has_seek_table = true;
+    st->delta = (img->flags & SEEK_FLAG_DELTA) != 0;
 }
 
 uint32_t vmsnap_image_frame_count(const struct vmsnap_image *img)
@@ -324,6 +325,8 @@ void vmsnap_image_frame(const struct vmsnap_image *img, uint32_t i, struct vmsna
 
 struct vmsnap_frame_decoder {
     const char *dst_name; /* for write errors; NULL: "destination" */
+    bool overlay;         /* vmsnap_unpack_opts.overlay */
+    uint8_t pg[IMG_PAGE]; /* overlay: a page split between two pieces of output */
     ZSTD_DCtx *dctx;
     XXH64_state_t *xxh;
     uint8_t *out;
@@ -356,6 +359,11 @@ int vmsnap_frame_decoder_new(struct vmsnap_frame_decoder **out, struct vmsnap_er
 void vmsnap_frame_decoder_set_dst(struct vmsnap_frame_decoder *d, const char *dst_name)
 {
     d->dst_name = dst_name;
+}
+
+void vmsnap_frame_decoder_set_overlay(struct vmsnap_frame_decoder *d, bool overlay)
+{
+    d->overlay = overlay;
 }
 
 void vmsnap_frame_decoder_free(struct vmsnap_frame_decoder *d)
@@ -397,6 +405,8 @@ int vmsnap_image_decode_frame_mem(const struct vmsnap_image *img, uint32_t i, co
     rec_init(&rp, header ? REC_TOTAL : REC_OFF, dst_fd, img->name, img->total_size);
     rp.table_total = true;
     rp.dst_name = dec->dst_name;
+    rp.overlay = dec->overlay;
+    rp.pg = dec->pg;
     snprintf(rp.where, sizeof(rp.where), "frame %u at byte %llu", i, ULL(fi->offset));
     rp.total = img->total_size;
     rp.have_total = true;
@@ -490,6 +500,14 @@ int vmsnap_image_decode_frame(const struct vmsnap_image *img, uint32_t i,
     return rc;
 }
 
+int vmsnap_image_decode_frame_dec(const struct vmsnap_image *img, uint32_t i,
+                                  const struct vmsnap_source *src, uint64_t base, int dst_fd,
+                                  struct vmsnap_frame_decoder *dec, uint64_t *extents,
+                                  struct vmsnap_err *err)
+{
+    return decode_frame(img, i, src, base, dst_fd, dec, extents, err);
+}
+
 struct pdec {
     const struct vmsnap_image *img;
     const struct vmsnap_source *src;
@@ -520,6 +538,7 @@ static void *pdec_main(void *arg)
         return NULL;
     }
     vmsnap_frame_decoder_set_dst(dec, p->opts ? p->opts->dst_name : NULL);
+    vmsnap_frame_decoder_set_overlay(dec, p->opts && p->opts->overlay);
     for (;;) {
         pthread_mutex_lock(&p->mu);
         if (p->failed || p->next >= p->img->n) {

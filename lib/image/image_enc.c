@@ -89,6 +89,14 @@ static int enc_init(struct enc *e, int fd, const char *name, const struct stat *
     int crc = vmsnap_image_check_pack_opts(opts, err);
     if (crc < 0)
         return crc;
+    if (opts->delta_parent && (opts->base || opts->keep_zero_pages))
+        return vmsnap_err_set(err, EINVAL,
+                              "%s: a delta layer (delta_parent) is encoded without %s: the "
+                              "parent's page table decides which pages it stores",
+                              name, opts->base ? "a base" : "keep_zero_pages");
+    if (opts->delta_parent && (crc = img_pages_check(opts->delta_parent, name, err)) < 0)
+        return crc;
+    e->parent = opts->delta_parent;
     e->nranges = (e->size + e->frame_size - 1) / e->frame_size;
     if (e->nranges + 2 > SEEK_MAX_FRAMES)
         return vmsnap_err_set(err, EFBIG,
@@ -209,13 +217,19 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
         rc = enc_init(&e, src_fd, name, &st, opts, &threads, err);
     if (rc == 0)
         rc = plan_base(&e, opts, sink, err);
+    struct vmsnap_pages *pages = NULL; /* the source's page table, computed as it is read */
+    if (rc == 0 && (opts->pages_out || e.parent) &&
+        (rc = vmsnap_pages_new(e.size, &pages, err)) == 0)
+        e.ph = pages->h;
     if (rc < 0) {
         free(e.plan);
         return rc;
     }
 
-    struct vmsnap_image_stats s = {
-        .total_size = e.size, .frame_size = e.frame_size, .has_seek_table = true};
+    struct vmsnap_image_stats s = {.total_size = e.size,
+                                   .frame_size = e.frame_size,
+                                   .has_seek_table = true,
+                                   .delta = e.parent != NULL};
     struct table t = {0};
     struct out o = {.sink = sink, .pos = 0};
     struct worker *ws = calloc(threads, sizeof(*ws));
@@ -253,7 +267,9 @@ int vmsnap_image_pack_fd(int src_fd, const char *src_name, const struct vmsnap_s
 
     if ((rc = img_emit_word_frame(&o, cctx, e.level, UINT64_MAX, e.size, &t, err)) < 0)
         goto out_sync;
-    rc = img_emit_seek_table(&o, &t, &s, e.frame_size, frames_start, e.level, e.elide, err);
+    rc = img_emit_seek_table(
+        &o, &t, &s, e.frame_size, frames_start, e.level,
+        (e.elide ? SEEK_FLAG_ZERO_ELIDED : 0) | (e.parent ? SEEK_FLAG_DELTA : 0), err);
     s.object_size = o.pos;
 out_sync:
     for (unsigned i = 0; ws && i < threads; i++) {
@@ -272,6 +288,13 @@ out:
     free(t.f);
     if (rc == 0 && stats)
         *stats = s;
+    if (rc >= 0 && opts->pages_out) {
+        for (uint64_t p = 0; p < pages->npages; p++)
+            pages->populated += pages->h[p] != 0;
+        *opts->pages_out = pages;
+        pages = NULL;
+    }
+    vmsnap_pages_free(pages);
     return rc < 0 ? rc : 0;
 }
 

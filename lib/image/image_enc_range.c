@@ -14,20 +14,33 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-/* True when `len` bytes at p are all zero: 64 bytes per step, stop at the first non-zero word. */
-static bool all_zero(const uint8_t *p, size_t len)
+/* pages_out of a full encode: the hash of the block [b, bend) of an extent, read at `data` (z: it
+ * is all zero). A whole page (or the file's partial last page) is hashed from the buffer; a page
+ * an extent covers only in part is read again whole. */
+static int hash_block(const struct enc *e, const uint8_t *data, uint64_t b, uint64_t bend, bool z,
+                      struct vmsnap_err *err)
 {
-    size_t i = 0;
-    for (; i + 64 <= len; i += 64) {
-        uint64_t w[8];
-        memcpy(w, p + i, 64);
-        if (w[0] | w[1] | w[2] | w[3] | w[4] | w[5] | w[6] | w[7])
-            return false;
+    const uint64_t p = b / IMG_PAGE;
+    if (b % IMG_PAGE == 0 && (bend - b == IMG_PAGE || bend == e->size)) {
+        e->ph[p] = z ? 0 : img_page_hash_nz(data, (size_t)(bend - b));
+        return 0;
     }
-    for (; i < len; i++)
-        if (p[i])
-            return false;
-    return true;
+    return img_page_hash_fd(e->fd, e->name, e->size, p, &e->ph[p], err);
+}
+
+/* pages_out with zero pages kept: every block of the extent [d, d + len) read at `data`. */
+static int hash_extent(const struct enc *e, const uint8_t *data, uint64_t d, uint64_t len,
+                       struct vmsnap_err *err)
+{
+    for (uint64_t b = d; b < d + len;) {
+        const uint64_t bend = VMSNAP_MIN((b / IMG_PAGE + 1) * IMG_PAGE, d + len);
+        int rc =
+            hash_block(e, data + (b - d), b, bend, img_all_zero(data + (b - d), bend - b), err);
+        if (rc < 0)
+            return rc;
+        b = bend;
+    }
+    return 0;
 }
 
 /* Write the record {off, len} at *o, its data moved from `from` (never before *o + 16: an
@@ -84,6 +97,8 @@ int img_build_records(struct worker *w, uint64_t idx, bool drop, struct recs *r,
                       struct vmsnap_err *err)
 {
     struct enc *e = w->e;
+    if (e->parent) /* a delta layer (no base, so `drop` is always true) */
+        return img_build_delta(w, idx, r, err);
     uint64_t start = idx * e->frame_size;
     uint64_t end = VMSNAP_MIN(start + e->frame_size, e->size);
     *r = (struct recs){0};
@@ -115,6 +130,8 @@ int img_build_records(struct worker *w, uint64_t idx, bool drop, struct recs *r,
                                   "%s: file shrank while reading (offset %llu): is it in use?",
                                   e->name, (unsigned long long)(d + (uint64_t)got));
         if (!e->elide) {
+            if (e->ph && (rc = hash_extent(e, w->b.p + p, d, len, err)) < 0)
+                return rc;
             put_record(w->b.p, &o, d, p, len);
             populated += len;
             extents++;
@@ -127,7 +144,9 @@ int img_build_records(struct worker *w, uint64_t idx, bool drop, struct recs *r,
             const bool at_end = b == d + len;
             const uint64_t bend =
                 at_end ? b : VMSNAP_MIN((b / VMSNAP_IMAGE_PAGE + 1) * VMSNAP_IMAGE_PAGE, d + len);
-            const bool z = !at_end && all_zero(w->b.p + p + (b - d), bend - b);
+            const bool z = !at_end && img_all_zero(w->b.p + p + (b - d), bend - b);
+            if (!at_end && e->ph && (rc = hash_block(e, w->b.p + p + (b - d), b, bend, z, err)) < 0)
+                return rc;
             if (in_run && (z || at_end)) {
                 put_record(w->b.p, &o, run_start, p + (run_start - d), b - run_start);
                 populated += b - run_start;
@@ -177,6 +196,8 @@ static int encode_range(struct worker *w, uint64_t idx, struct slot *s)
         return rc;
     s->zero_elided = r.zero;
     s->extents = r.extents;
+    s->unchanged = r.unchanged;
+    s->zero_pages = r.zero_pages;
     if (r.len == 0)
         return 0; /* all zero: no frame */
     s->has_frame = true;

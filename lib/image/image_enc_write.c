@@ -81,7 +81,7 @@ int img_emit_info_frame(struct out *o, uint64_t frame_size, struct vmsnap_err *e
 }
 
 int img_emit_seek_table(struct out *o, const struct table *t, const struct vmsnap_image_stats *st,
-                        uint64_t frame_size, uint64_t frames_start, int level, bool elided,
+                        uint64_t frame_size, uint64_t frames_start, int level, uint32_t flags,
                         struct vmsnap_err *err)
 {
     size_t body = SEEK_HDR_LEN + t->n * SEEK_ENTRY_LEN;
@@ -93,7 +93,7 @@ int img_emit_seek_table(struct out *o, const struct table *t, const struct vmsna
     put_le32(b + 4, (uint32_t)(total - 8));
     uint8_t *h = b + 8;
     put_le32(h + 0, SEEK_TABLE_VERSION);
-    put_le32(h + 4, elided ? SEEK_FLAG_ZERO_ELIDED : 0);
+    put_le32(h + 4, flags);
     put_le64(h + 8, st->total_size);
     put_le64(h + 16, st->populated);
     put_le64(h + 24, st->zero_elided);
@@ -260,6 +260,8 @@ int img_write_ranges(struct worker *wk, unsigned started, struct out *o, struct 
         img_ebuf_settle(e, &sl->c);
         s->zero_elided += sl->zero_elided;
         s->extents += sl->extents;
+        s->unchanged += sl->unchanged;
+        s->zero_pages += sl->zero_pages;
         release_slot(e, sl, rc);
         if (rc == 0 && opts->progress)
             opts->progress(opts->progress_arg, VMSNAP_MIN((i + 1) * e->frame_size, e->size),

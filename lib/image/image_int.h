@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <zstd.h>
 
 #define IMG_MAGIC "ATESPRSE"
@@ -39,6 +40,7 @@
 #define SEEK_FOOTER_LEN 32
 #define SEEK_FOOTER_MAGIC "VMSNSEEK"
 #define SEEK_FLAG_ZERO_ELIDED 1u
+#define SEEK_FLAG_DELTA 2u /* a delta layer (pack with delta_parent): apply with overlay */
 /* Frames in one image at most (1 TiB logical at 1 MiB per frame, plus header and trailer). */
 #define SEEK_MAX_FRAMES (1u << 20)
 
@@ -69,6 +71,41 @@ static inline bool img_info_valid(const uint8_t *p)
     return magic == INFO_SKIP_MAGIC && len == INFO_CONTENT_LEN && ver == INFO_VERSION &&
            flags == INFO_FLAG_SEEK_TABLE;
 }
+
+#define IMG_PAGE VMSNAP_PAGE_SIZE
+
+/* True when `len` bytes at p are all zero: 64 bytes per step, stop at the first non-zero word. */
+static inline bool img_all_zero(const uint8_t *p, size_t len)
+{
+    size_t i = 0;
+    for (; i + 64 <= len; i += 64) {
+        uint64_t w[8];
+        memcpy(w, p + i, 64);
+        if (w[0] | w[1] | w[2] | w[3] | w[4] | w[5] | w[6] | w[7])
+            return false;
+    }
+    for (; i < len; i++)
+        if (p[i])
+            return false;
+    return true;
+}
+
+/* ---- page tables (image_pages.c) ---- */
+
+/* The page-table hash of the `len` bytes of one page (len <= 4096) that are not all zero (the
+ * caller checked): XXH3_64bits, 0 remapped to 1. */
+uint64_t img_page_hash_nz(const uint8_t *p, size_t len);
+/* The hash of page `pidx` of the file at `fd` (of `size` bytes) read whole with pread: for a
+ * page that an extent covers only in part (a filesystem whose blocks are smaller than a page). */
+int img_page_hash_fd(int fd, const char *name, uint64_t size, uint64_t pidx, uint64_t *h,
+                     struct vmsnap_err *err);
+/* A table's hash of page `p`: 0 past its end. */
+static inline uint64_t img_pages_at(const struct vmsnap_pages *t, uint64_t p)
+{
+    return p < t->npages ? t->h[p] : 0;
+}
+/* Check that a caller's table is consistent (npages matches size, hashes present). */
+int img_pages_check(const struct vmsnap_pages *t, const char *what, struct vmsnap_err *err);
 
 /* Fill `err` with EBADMSG and "<name>: corrupt image: <formatted reason>"; returns -EBADMSG.
  * The one formatter for every corrupt-input error of the codec. */
@@ -101,6 +138,11 @@ struct rec_parser {
     uint64_t lo, hi;   /* the frame's source range */
     uint64_t pos;      /* decoded bytes consumed, for messages */
     uint64_t extents, populated;
+    bool overlay;     /* punch all-zero aligned pages of records instead of writing them */
+    uint8_t *pg;      /* overlay: a page whose bytes arrive in several pieces (IMG_PAGE bytes) */
+    unsigned pg_fill; /* bytes of it gathered */
+    unsigned pg_len;  /* its length (IMG_PAGE, or less for the file's partial last page) */
+    uint64_t pg_off;  /* its offset */
     uint64_t span_lo, span_hi; /* extents seen since span_lo was set to UINT64_MAX: lowest start, */
                                /* highest end (the sequential decoder resets them per frame) */
     int fd;                    /* destination, -1 to discard */
@@ -114,6 +156,11 @@ void rec_init(struct rec_parser *rp, enum rec_state start, int fd, const char *n
 int rec_feed(struct rec_parser *rp, const uint8_t *buf, size_t len, struct vmsnap_err *err);
 /* True when the parser sits between records (a frame may end here). */
 bool rec_at_boundary(const struct rec_parser *rp);
+/* Overlay: make [off, off + len) of `fd` a hole (punching `punch_len` >= len bytes: a file's
+ * partial last page is punched whole, past the end of the file, so that it is freed), or write
+ * `len` zeros where the filesystem cannot punch. `dst` names the file in errors. */
+int img_punch(int fd, uint64_t off, uint64_t len, uint64_t punch_len, const char *dst,
+              struct vmsnap_err *err);
 
 /* ---- the encoder (image_enc*.c; the design is in image_enc.c) ---- */
 
@@ -143,12 +190,14 @@ struct slot {
     struct vmsnap_frame_info fi;
     uint64_t zero_elided;
     uint64_t extents;
+    uint64_t unchanged, zero_pages;
 };
 
 /* The records of one range, built in the worker's buffer. */
 struct recs {
     size_t len; /* bytes of records in w->b.p (0: the range has no data) */
     uint64_t populated, extents, zero;
+    uint64_t unchanged, zero_pages; /* delta: pages left out, pages stored as zero records */
 };
 
 /* With a base: what the pre-scan found and decided for one range. */
@@ -182,6 +231,8 @@ struct enc {
     struct slot *slots;
     bool abort; /* set under mu (img_set_abort); gate_stop reads it without */
     const struct vmsnap_pack_mem *mem; /* budget for the buffers; NULL: none */
+    const struct vmsnap_pages *parent; /* delta layer: the parent's table (NULL: full image) */
+    uint64_t *ph; /* the source's page hashes being computed (pages_out, or delta); NULL: none */
 };
 
 struct extent {
@@ -237,6 +288,11 @@ int img_build_records(struct worker *w, uint64_t idx, bool drop, struct recs *r,
                       struct vmsnap_err *err);
 void *img_worker_main(void *arg);
 
+/* The delta range encoder (image_enc_delta.c): the records of range `idx` of a delta layer into
+ * w->b (pages whose hash differs from e->parent's; e->ph filled), the range's page cache dropped
+ * after. */
+int img_build_delta(struct worker *w, uint64_t idx, struct recs *r, struct vmsnap_err *err);
+
 /* The base pre-scan (image_enc_scan.c): fills e->plan (which ranges reuse the base's frame). */
 int img_prescan(struct enc *e, struct worker *ws, unsigned threads, struct vmsnap_err *err);
 
@@ -248,7 +304,7 @@ int img_emit_word_frame(struct out *o, ZSTD_CCtx *cctx, int level, uint64_t word
                         struct table *t, struct vmsnap_err *err);
 int img_emit_info_frame(struct out *o, uint64_t frame_size, struct vmsnap_err *err);
 int img_emit_seek_table(struct out *o, const struct table *t, const struct vmsnap_image_stats *st,
-                        uint64_t frame_size, uint64_t frames_start, int level, bool elided,
+                        uint64_t frame_size, uint64_t frames_start, int level, uint32_t flags,
                         struct vmsnap_err *err);
 /* Take the ranges' slots in order (`started` workers fill them; `wk` is the writer's own worker
  * state, for demoted frames), send each frame to o->sink, add it to `t` and count it in `s`.

@@ -79,6 +79,7 @@ static int decode_sequential(int fd, uint64_t off, int dst_fd, uint64_t max_size
     if (rc < 0)
         return rc;
     vmsnap_seqdec_set_dst(sd, dst_name);
+    vmsnap_seqdec_set_overlay(sd, opts && opts->overlay);
     uint8_t *buf = malloc(SEQ_CHUNK);
     if (!buf) {
         vmsnap_seqdec_free(sd);
@@ -180,6 +181,30 @@ static int input_decode(struct input *in, int dst_fd, const char *dst_name, uint
     return vmsnap_image_decode_parallel(in->img, &s, dst_fd, &o, stats, err);
 }
 
+/* Overlay: the layer applied to `dst` in place (created when missing), fsynced when asked. */
+static int unpack_overlay(struct input *in, const char *dst, uint64_t max_size,
+                          const struct vmsnap_unpack_opts *opts, struct vmsnap_image_stats *stats,
+                          struct vmsnap_err *err)
+{
+    int fd = open(dst, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return err_sys(err, "open %s", dst);
+    struct stat st;
+    int rc = 0;
+    if (fstat(fd, &st) < 0)
+        rc = err_sys(err, "stat %s", dst);
+    else if (!S_ISREG(st.st_mode))
+        rc = vmsnap_err_set(err, EINVAL, "%s: not a regular file (a layer is applied to a file)",
+                            dst);
+    if (rc == 0)
+        rc = input_decode(in, fd, dst, max_size, opts, stats, err);
+    if (rc == 0 && opts->fsync && fsync(fd) < 0)
+        rc = err_sys(err, "fsync %s", dst);
+    if (close(fd) < 0 && rc == 0)
+        rc = err_sys(err, "close %s", dst);
+    return rc;
+}
+
 int vmsnap_image_unpack(const char *src, const char *dst, const struct vmsnap_unpack_opts *opts,
                         struct vmsnap_image_stats *stats, struct vmsnap_err *err)
 {
@@ -194,6 +219,8 @@ int vmsnap_image_unpack(const char *src, const char *dst, const struct vmsnap_un
     struct sys_atomic_file af;
     if (sys_same_file(in.fd, dst))
         rc = vmsnap_err_set(err, EINVAL, "%s: the destination is the source", dst);
+    else if (opts->overlay)
+        rc = unpack_overlay(&in, dst, max_size, opts, stats, err);
     else if ((rc = sys_atomic_open(&af, dst, 0600, err)) == 0) {
         rc = input_decode(&in, af.fd, dst, max_size, opts, stats, err);
         if (rc < 0)

@@ -8,6 +8,7 @@
 #include "sys/sys.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <string.h>
 #include <unistd.h>
@@ -117,12 +118,108 @@ static int word(struct rec_parser *rp, uint64_t v, struct vmsnap_err *err)
     }
 }
 
+int img_punch(int fd, uint64_t off, uint64_t len, uint64_t punch_len, const char *dst,
+              struct vmsnap_err *err)
+{
+    if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)punch_len) ==
+        0)
+        return 0;
+    if (errno != EOPNOTSUPP && errno != ENOSYS)
+        return err_sys(err, "%s: punch a hole of %llu bytes at offset %llu", dst, ULL(punch_len),
+                       ULL(off));
+    static const uint8_t zeros[64 << 10]; /* a filesystem that cannot punch: zeros written */
+    for (uint64_t done = 0; done < len;) {
+        const size_t n = (size_t)VMSNAP_MIN((uint64_t)sizeof(zeros), len - done);
+        int rc = sys_pwrite_full(fd, zeros, n, off + done);
+        if (rc < 0)
+            return err_code(err, -rc, "%s: write %zu bytes at offset %llu", dst, n,
+                            ULL(off + done));
+        done += n;
+    }
+    return 0;
+}
+
+/* Overlay: `n` bytes of a record at `off`, written, or punched when `zero` (whole pages; the
+ * file's partial last page is punched up to its page's end). */
+static int ov_out(const struct rec_parser *rp, const uint8_t *buf, uint64_t off, size_t n,
+                  bool zero, struct vmsnap_err *err)
+{
+    const char *dst = rp->dst_name ? rp->dst_name : "destination";
+    if (zero)
+        return img_punch(rp->fd, off, n, (n + IMG_PAGE - 1) / IMG_PAGE * IMG_PAGE, dst, err);
+    int rc = sys_pwrite_full(rp->fd, buf, n, off);
+    if (rc < 0)
+        return err_code(err, -rc, "%s: write %zu bytes at offset %llu", dst, n, ULL(off));
+    return 0;
+}
+
+/* Overlay: how many bytes of the record at `off` (ending at `rec_end`) make its next page when
+ * that page is one the overlay punches if all zero (a whole aligned page, or the file's partial
+ * last page); 0 when it is not (an unaligned head, a tail that ends inside a page). */
+static uint64_t ov_page(const struct rec_parser *rp, uint64_t off, uint64_t rec_end)
+{
+    if (off % IMG_PAGE)
+        return 0;
+    const uint64_t pl = VMSNAP_MIN((uint64_t)IMG_PAGE, rec_end - off);
+    return pl == IMG_PAGE || off + pl == rp->total ? pl : 0;
+}
+
+/* Overlay decoding of `n` bytes of the record being read (at rp->data_off): pages are punched
+ * when all zero, written otherwise, in runs of one kind; a page split between two pieces of
+ * input is gathered in rp->pg first. */
+static int overlay_write(struct rec_parser *rp, const uint8_t *buf, size_t n,
+                         struct vmsnap_err *err)
+{
+    const uint64_t rec_end = rp->data_off + rp->data_left;
+    uint64_t off = rp->data_off;
+    int rc = 0;
+    while (rc == 0 && n > 0) {
+        size_t k;
+        uint64_t pl;
+        if (rp->pg_fill) { /* the rest of a gathered page */
+            k = VMSNAP_MIN(n, (size_t)(rp->pg_len - rp->pg_fill));
+            memcpy(rp->pg + rp->pg_fill, buf, k);
+            rp->pg_fill += (unsigned)k;
+            if (rp->pg_fill == rp->pg_len) {
+                rc = ov_out(rp, rp->pg, rp->pg_off, rp->pg_len, img_all_zero(rp->pg, rp->pg_len),
+                            err);
+                rp->pg_fill = 0;
+            }
+        } else if (!(pl = ov_page(rp, off, rec_end))) { /* up to the next page, written */
+            k = (size_t)VMSNAP_MIN((uint64_t)n,
+                                   VMSNAP_MIN(rec_end, (off / IMG_PAGE + 1) * IMG_PAGE) - off);
+            rc = ov_out(rp, buf, off, k, false, err);
+        } else if (n < pl) { /* a page split between pieces: gathered */
+            k = n;
+            memcpy(rp->pg, buf, k);
+            rp->pg_off = off;
+            rp->pg_len = (unsigned)pl;
+            rp->pg_fill = (unsigned)k;
+        } else { /* a run of whole pages of one kind */
+            const bool z = img_all_zero(buf, (size_t)pl);
+            k = (size_t)pl;
+            while (k < n && (pl = ov_page(rp, off + k, rec_end)) && n - k >= pl &&
+                   img_all_zero(buf + k, (size_t)pl) == z)
+                k += (size_t)pl;
+            rc = ov_out(rp, buf, off, k, z, err);
+        }
+        off += k;
+        buf += k;
+        n -= k;
+    }
+    return rc;
+}
+
 int rec_feed(struct rec_parser *rp, const uint8_t *buf, size_t len, struct vmsnap_err *err)
 {
     while (len > 0) {
         if (rp->state == REC_DATA) {
             size_t n = (size_t)VMSNAP_MIN((uint64_t)len, rp->data_left);
-            if (rp->fd >= 0) {
+            if (rp->fd >= 0 && rp->overlay) {
+                int rc = overlay_write(rp, buf, n, err);
+                if (rc < 0)
+                    return rc;
+            } else if (rp->fd >= 0) {
                 int rc = sys_pwrite_full(rp->fd, buf, n, rp->data_off);
                 if (rc < 0)
                     return err_code(err, -rc, "%s: write %zu bytes at offset %llu",

@@ -38,6 +38,8 @@ struct seen_frame {
 struct vmsnap_seqdec {
     int fd;
     const char *dst_name; /* for write errors; NULL: "destination" */
+    bool overlay;         /* vmsnap_unpack_opts.overlay */
+    uint8_t *pg;          /* overlay: a page split between two pieces of output */
     uint64_t max_size;
     char *name;
     enum mode mode;
@@ -91,7 +93,8 @@ int vmsnap_seqdec_new(int dst_fd, uint64_t max_size, const char *src_name,
     sd->out = malloc(OUT_CAP);
     sd->xxh = XXH64_createState();
     sd->cxxh = XXH64_createState();
-    if (!sd->name || !sd->dctx || !sd->out || !sd->xxh || !sd->cxxh) {
+    sd->pg = malloc(IMG_PAGE);
+    if (!sd->name || !sd->dctx || !sd->out || !sd->xxh || !sd->cxxh || !sd->pg) {
         vmsnap_seqdec_free(sd);
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     }
@@ -104,10 +107,16 @@ void vmsnap_seqdec_set_dst(struct vmsnap_seqdec *sd, const char *dst_name)
     sd->dst_name = dst_name;
 }
 
+void vmsnap_seqdec_set_overlay(struct vmsnap_seqdec *sd, bool overlay)
+{
+    sd->overlay = overlay;
+}
+
 void vmsnap_seqdec_free(struct vmsnap_seqdec *sd)
 {
     if (!sd)
         return;
+    free(sd->pg);
     ZSTD_freeDCtx(sd->dctx);
     XXH64_freeState(sd->xxh);
     XXH64_freeState(sd->cxxh);
@@ -133,6 +142,14 @@ static int plain_flush(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
         if (rc < 0)
             return err_code(err, -rc, "%s: write at offset %llu",
                             sd->dst_name ? sd->dst_name : "destination", ULL(sd->plain_pos));
+    } else if (zero && sd->overlay && sd->fd >= 0 && sd->blk_fill) {
+        /* over what the destination held: the hole made (the last block's page whole: the file
+         * ends there) */
+        int rc = img_punch(sd->fd, sd->plain_pos, sd->blk_fill,
+                           (sd->blk_fill + IMG_PAGE - 1) / IMG_PAGE * IMG_PAGE,
+                           sd->dst_name ? sd->dst_name : "destination", err);
+        if (rc < 0)
+            return rc;
     }
     sd->plain_pos += sd->blk_fill;
     sd->blk_fill = 0;
@@ -473,6 +490,8 @@ static int start_mode(struct vmsnap_seqdec *sd, struct vmsnap_err *err)
         sd->fs = F_MAGIC;
         rec_init(&sd->rp, REC_TOTAL, sd->fd, sd->name, sd->max_size);
         sd->rp.dst_name = sd->dst_name;
+        sd->rp.overlay = sd->overlay;
+        sd->rp.pg = sd->pg;
         sd->rp.truncate_on_total = true;
         sd->rp.allow_sentinel = true;
         return 0;
@@ -595,6 +614,7 @@ int vmsnap_seqdec_finish(struct vmsnap_seqdec *sd, struct vmsnap_image_stats *st
             st.zero_elided = sd->table_st.zero_elided;
             st.frame_size = sd->table_st.frame_size;
             st.level = sd->table_st.level;
+            st.delta = sd->table_st.delta;
         }
         break;
     }

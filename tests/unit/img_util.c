@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
+#include <zstd.h>
 
 static int mem_write(void *arg, const void *buf, size_t len, struct vmsnap_err *err)
 {
@@ -185,4 +186,73 @@ bool sparse_files_equal(const char *a, const char *b)
     if (fb >= 0)
         close(fb);
     return ok;
+}
+
+static int64_t ref_rd64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return (int64_t)v;
+}
+
+/* The reference reader's algorithm (written here from the documented layout only): check magic
+ * and version, stream-decompress everything after byte 12, parse totalSize, records and the -1
+ * sentinel, write extents into `dst`. */
+bool ref_read_sparse(const uint8_t *obj, size_t len, const char *dst)
+{
+    if (len < 12 || memcmp(obj, "ATESPRSE", 8) != 0 || obj[8] != 2 || obj[9] || obj[10] || obj[11])
+        return false;
+    ZSTD_DStream *ds = ZSTD_createDStream();
+    size_t cap = 64 << 20;
+    uint8_t *content = malloc(cap);
+    size_t clen = 0;
+    ZSTD_inBuffer in = {obj + 12, len - 12, 0};
+    bool ok = true;
+    while (in.pos < in.size) {
+        if (clen == cap) {
+            cap *= 2;
+            content = realloc(content, cap);
+        }
+        ZSTD_outBuffer out = {content + clen, cap - clen, 0};
+        size_t r = ZSTD_decompressStream(ds, &out, &in);
+        if (ZSTD_isError(r)) {
+            fprintf(stderr, "reference reader: %s\n", ZSTD_getErrorName(r));
+            ok = false;
+            break;
+        }
+        clen += out.pos;
+    }
+    ZSTD_freeDStream(ds);
+    int fd = open(dst, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    REQUIRE(fd >= 0);
+    size_t p = 0;
+    int64_t size = -1;
+    bool sentinel = false;
+    if (ok && clen >= 8) {
+        size = ref_rd64(content);
+        p = 8;
+        ok = size >= 0 && ftruncate(fd, size) == 0;
+    }
+    while (ok && p + 8 <= clen) {
+        int64_t off = ref_rd64(content + p);
+        p += 8;
+        if (off == -1) {
+            sentinel = true;
+            break;
+        }
+        if (p + 8 > clen)
+            break;
+        int64_t l = ref_rd64(content + p);
+        p += 8;
+        if (off < 0 || l < 0 || off > size || l > size - off || (size_t)l > clen - p) {
+            ok = false;
+            break;
+        }
+        ok = pwrite(fd, content + p, (size_t)l, off) == l;
+        p += (size_t)l;
+    }
+    close(fd);
+    free(content);
+    return ok && sentinel;
 }

@@ -38,6 +38,10 @@ void pack_to_mem(const char *path, unsigned threads, uint64_t frame_size, bool k
 /* Equal logical size and bytes, comparing only where either file has data (fast on huge
  * sparse files). */
 bool sparse_files_equal(const char *a, const char *b);
+/* The reference system's reader, written from the documented version-2 layout alone (no
+ * frames, no seek table: one zstd stream after byte 12): decodes `obj` into a new file `dst`;
+ * false when it fails or finds no sentinel. */
+bool ref_read_sparse(const uint8_t *obj, size_t len, const char *dst);
 /* Write a buffer to a file. */
 void write_file(const char *path, const void *data, size_t len);
 

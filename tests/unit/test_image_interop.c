@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Interop with the reference system's sparse-extent format, version 2:
- *  - a minimal reader written here with plain libzstd streaming, knowing only the documented
- *    layout (no frames, no seek table), decodes vmsnap's multi-frame output;
+ *  - a minimal reader written with plain libzstd streaming, knowing only the documented
+ *    layout (no frames, no seek table), decodes vmsnap's multi-frame output (ref_read_sparse in
+ *    img_util.c, shared with test_image_delta.c);
  *  - vmsnap decodes single-stream objects built the way the reference writer builds them;
  *  - vmsnap decodes plain zstd objects of a whole file, leaving all-zero 64 KiB blocks as holes.
  */
@@ -22,66 +23,6 @@ static int64_t rd64(const uint8_t *p)
     for (int i = 7; i >= 0; i--)
         v = (v << 8) | p[i];
     return (int64_t)v;
-}
-
-/* The reference reader's algorithm: check magic and version, stream-decompress everything after
- * byte 12, parse totalSize, records and the -1 sentinel, write extents into `dst`. */
-static bool reference_read(const uint8_t *obj, size_t len, const char *dst)
-{
-    if (len < 12 || memcmp(obj, "ATESPRSE", 8) != 0 || obj[8] != 2 || obj[9] || obj[10] || obj[11])
-        return false;
-    ZSTD_DStream *ds = ZSTD_createDStream();
-    size_t cap = 64 << 20;
-    uint8_t *content = malloc(cap);
-    size_t clen = 0;
-    ZSTD_inBuffer in = {obj + 12, len - 12, 0};
-    bool ok = true;
-    while (in.pos < in.size) {
-        if (clen == cap) {
-            cap *= 2;
-            content = realloc(content, cap);
-        }
-        ZSTD_outBuffer out = {content + clen, cap - clen, 0};
-        size_t r = ZSTD_decompressStream(ds, &out, &in);
-        if (ZSTD_isError(r)) {
-            fprintf(stderr, "reference reader: %s\n", ZSTD_getErrorName(r));
-            ok = false;
-            break;
-        }
-        clen += out.pos;
-    }
-    ZSTD_freeDStream(ds);
-    int fd = open(dst, O_CREAT | O_TRUNC | O_WRONLY, 0600);
-    REQUIRE(fd >= 0);
-    size_t p = 0;
-    int64_t size = -1;
-    bool sentinel = false;
-    if (ok && clen >= 8) {
-        size = rd64(content);
-        p = 8;
-        ok = size >= 0 && ftruncate(fd, size) == 0;
-    }
-    while (ok && p + 8 <= clen) {
-        int64_t off = rd64(content + p);
-        p += 8;
-        if (off == -1) {
-            sentinel = true;
-            break;
-        }
-        if (p + 8 > clen)
-            break;
-        int64_t l = rd64(content + p);
-        p += 8;
-        if (off < 0 || l < 0 || off > size || l > size - off || (size_t)l > clen - p) {
-            ok = false;
-            break;
-        }
-        ok = pwrite(fd, content + p, (size_t)l, off) == l;
-        p += (size_t)l;
-    }
-    close(fd);
-    free(content);
-    return ok && sentinel;
 }
 
 /* Build an object the way the reference writer does: SEEK_DATA/SEEK_HOLE walk, one zstd stream
@@ -168,7 +109,7 @@ static int read_main(const char *obj, const char *dst)
     }
     uint8_t *b = malloc((size_t)sb.st_size + 1);
     bool ok = b && read(fd, b, (size_t)sb.st_size) == sb.st_size &&
-              reference_read(b, (size_t)sb.st_size, dst);
+              ref_read_sparse(b, (size_t)sb.st_size, dst);
     close(fd);
     free(b);
     return ok ? 0 : 1;
@@ -193,7 +134,7 @@ int main(int argc, char **argv)
         struct vmsnap_image_stats st;
         pack_to_mem(src, 2, MiB, false, &m, &st);
         CHECKF(st.frames > 1 || size < 2 * MiB, "case %d: expected several frames", i);
-        CHECKF(reference_read(m.data, m.len, out), "case %d: reference reader failed", i);
+        CHECKF(ref_read_sparse(m.data, m.len, out), "case %d: reference reader failed", i);
         CHECKF(t_files_equal(src, out), "case %d: reference reader output differs", i);
         /* every zstd frame carries its content checksum (the encoder appends it itself), and a
          * reader that checks it (libzstd does, by default) fails when one is wrong */
@@ -211,7 +152,7 @@ int main(int argc, char **argv)
         }
         CHECKF(data_frames >= 2, "case %d: %zu data frames", i, data_frames);
         m.data[last_sum] ^= 1;
-        CHECKF(!reference_read(m.data, m.len, out), "case %d: a wrong checksum went unnoticed", i);
+        CHECKF(!ref_read_sparse(m.data, m.len, out), "case %d: a wrong checksum went unnoticed", i);
         membuf_sink_free(&m);
     }
 
