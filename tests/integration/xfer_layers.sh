@@ -48,12 +48,14 @@ while off < end:
     except OSError: break
     h = os.lseek(fd, d, os.SEEK_HOLE); print(d, h); off = h' "$1"
 }
-# same_set DIR1 DIR2: the same files, byte for byte, with the same holes
+# same_set DIR1 DIR2: the same files, byte for byte, with the same holes (an all-zero page is
+# a hole in an image: DIR1's files are compared as cp --sparse=always leaves them)
 same_set() {
     local f
     for f in "$1"/*; do
         cmp -s "$f" "$2/$(basename "$f")" || return 1
-        [ "$(datamap "$f")" = "$(datamap "$2/$(basename "$f")")" ] || return 1
+        cp --sparse=always "$f" "$T/sparse.tmp"
+        [ "$(datamap "$T/sparse.tmp")" = "$(datamap "$2/$(basename "$f")")" ] || return 1
     done
     [ "$(ls "$1" | wc -l)" = "$(ls "$2" | wc -l)" ]
 }
@@ -189,6 +191,72 @@ grep -q "VMSNAP_LAYOUT" "$T/lay.err" || fail "VMSNAP_LAYOUT=bogus: $(cat "$T/lay
 grep -q "not a layered set" "$T/np.err" || fail "reference parent not named: $(cat "$T/np.err")"
 expect_fail "--parent on a file push" "$VMSNAP" push --parent "$U/k" "$T/a/state" "$U/f"
 expect_fail "--parent with --layout reference" "$VMSNAP" push --layout reference --parent "$U/k" "$T/a" "$U/f"
+
+# ---- deltas over a parent ----
+# layers J: the memory file's chain in the set at URL J, as "delta,delta,..." (False = full)
+layers() { man_get "$1" "$T/lm.json" && jget "$T/lm.json" '",".join(str(l["delta"]) for l in j["files"]["memory"]["layers"])'; }
+# change DIR SEED: rewrite 16 pages, zero 8 (zero pages are holes), punch 8, grow state; the
+# same SEED makes the same change
+change() {
+    [ -f "$T/chg.$2" ] || head -c 65536 /dev/urandom >"$T/chg.$2"
+    dd if="$T/chg.$2" of="$1/memory" bs=4096 seek=$((103 + $2 % 50)) conv=notrunc status=none
+    dd if=/dev/zero of="$1/memory" bs=4096 seek=2003 count=8 conv=notrunc status=none
+    fallocate -p -o $((9003 * 4096)) -l 32768 "$1/memory"
+    head -c 5000 "$T/chg.$2" >>"$1/state"
+}
+"$VMSNAP" -q push "$T/a" "$U/gold" || fail "push gold"
+cp -a "$T/a" "$T/d1" && change "$T/d1" 1
+"$VMSNAP" push --json --parent "$U/gold" "$T/d1" "$U/d1" >"$T/d1.json" || fail "push --parent"
+[ "$(layers "$U/d1")" = "False,True" ] || fail "d1's memory chain: $(layers "$U/d1")"
+[ "$(jget "$T/d1.json" 'j["deltas"]')" = 3 ] || fail "d1: deltas: $(cat "$T/d1.json")"
+man_get "$U/d1" "$T/d1m.json"
+dsz=$(jget "$T/d1m.json" 'j["files"]["memory"]["layers"][1]["objectSize"]')
+[ "$dsz" -lt 200000 ] || fail "a delta of 16 changed pages is $dsz bytes"
+[ "$(jget "$T/d1m.json" 'j["parent"]')" = "$U/gold" ] || fail "d1's parent: $(cat "$T/d1m.json")"
+"$VMSNAP" -q pull "$U/d1" "$T/pd1" && same_set "$T/d1" "$T/pd1" || fail "pull of a delta set"
+# the delta object alone is a valid stream (vmsnap and the reference reader decode it)
+get_obj "$(jget "$T/d1m.json" 'j["files"]["memory"]["layers"][1]["key"]' | sed "s|^${ROOT#/}/||")" "$T/delta.zstd"
+"${VMSNAP_BUILD:?}/tests/image_interop" --read "$T/delta.zstd" "$T/delta.out" ||
+    fail "the reference reader refused a delta object"
+# a chain: each push over the one before; the 9th gets a full layer (--max-depth 8)
+prev=$U/d1 && cp -a "$T/d1" "$T/dn"
+for n in 2 3 4 5 6 7 8 9; do
+    change "$T/dn" "$n"
+    "$VMSNAP" -q push --parent "$prev" "$T/dn" "$U/d$n" 2>"$T/dn.err" || fail "push d$n: $(cat "$T/dn.err")"
+    prev=$U/d$n
+done
+# (d1 has 2 layers: d7 has 8, d8 is past --max-depth)
+[ "$(layers "$U/d7")" = "False,True,True,True,True,True,True,True" ] || fail "d7's chain: $(layers "$U/d7")"
+[ "$(layers "$U/d8")" = "False" ] || fail "d8 (past --max-depth): $(layers "$U/d8")"
+[ "$(layers "$U/d9")" = "False,True" ] || fail "d9: $(layers "$U/d9")"
+# the chain of 8 rebuilds the file as it was when pushed
+cp -a "$T/d1" "$T/chk" && for n in 2 3 4 5 6 7; do change "$T/chk" "$n"; done
+"$VMSNAP" -q pull "$U/d7" "$T/pd7" && same_set "$T/chk" "$T/pd7" || fail "pull of a chain of 8"
+"$VMSNAP" -q pull "$U/d9" "$T/pd9" && same_set "$T/dn" "$T/pd9" || fail "pull d9"
+# more than half of the pages changed: a full layer
+cp -a "$T/a" "$T/big" && head -c 4194304 /dev/urandom | dd of="$T/big/memory" bs=4096 seek=3 conv=notrunc status=none
+"$VMSNAP" -q push --parent "$U/gold" "$T/big" "$U/big" || fail "push big"
+[ "$(layers "$U/big")" = "False" ] || fail "a delta of most pages: $(layers "$U/big")"
+# the golden replaced and removed, gc run: its children still pull (they name its layers)
+"$VMSNAP" -q push "$T/b" "$U/gold" && "$VMSNAP" -q rm "$U/gold" || fail "replace and rm gold"
+"$VMSNAP" -q gc --older-than 0 "$U" || fail "gc with children of a removed golden"
+"$VMSNAP" -q pull "$U/d1" "$T/pd1b" && same_set "$T/d1" "$T/pd1b" || fail "a child after its golden went"
+# a layer gone from the store: the pull refuses, naming it
+man_get "$U/d1" "$T/d1m.json"
+k0=$(jget "$T/d1m.json" 'j["files"]["memory"]["layers"][0]["key"]')
+obj_rm() { if [ -n "$ROOT" ]; then rm -f "/$1"; else s3curl DELETE "$BUCKET/$1" >/dev/null; fi; }
+obj_rm "$k0"
+rm -rf "$T/pd1c"
+"$VMSNAP" pull --no-cache "$U/d1" "$T/pd1c" 2>"$T/miss.err" && fail "pull with a layer missing"
+grep -q "layer 1 of 2" "$T/miss.err" || fail "the missing layer not named: $(cat "$T/miss.err")"
+[ ! -e "$T/pd1c" ] || fail "a failed pull left its directory"
+# a parent whose page table does not match its manifest: a full layer, with a warning
+man_get "$U/d2" "$T/d2m.json"
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); j["files"]["memory"]["pages"]["sha256"]="0"*64; json.dump(j,open(sys.argv[1],"w"))' "$T/d2m.json"
+man_put "$U/d2" "$T/d2m.json"
+"$VMSNAP" push --parent "$U/d2" "$T/dn" "$U/d2x" 2>"$T/d2x.err" || fail "push over a bad page table"
+grep -q "does not match" "$T/d2x.err" || fail "the bad page table not said: $(cat "$T/d2x.err")"
+[ "$(layers "$U/d2x")" = "False" ] || fail "d2x: $(layers "$U/d2x")"
 
 # ---- export: the reference layout, read by a reader that knows only the reference format ----
 "$VMSNAP" -q push "$T/a" "$U/ex" || fail "push ex"
