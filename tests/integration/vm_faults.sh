@@ -8,6 +8,9 @@
 # stopped VM's disk; a snapshot stored nowhere stays in the stage until a suspend stores it; a
 # VM whose QEMU does not answer is not resumed (its RAM file stays).
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
+# the reference layout's contract (objects at <set>/<name>.zstd, --base copies); the layered
+# layout's suspends and resumes are tests/integration/vm_layers.sh
+export VMSNAP_LAYOUT=reference
 S=$T/state
 from_golden "$S"
 resume_check "$S" golden "$golden_ram" "$golden_data" || done_tests

@@ -6,6 +6,9 @@
 # interrupted during its upload keeps its checkpoint locally and leaves nothing in the bucket. A
 # suspend over a base of the same frames: copied inside RGW, and counted.
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
+# the reference layout's contract (objects at <set>/<name>.zstd, --base copies); the layered
+# layout's suspends and resumes are tests/integration/vm_layers.sh
+export VMSNAP_LAYOUT=reference
 . "$VMSNAP_SRC/tests/integration/xfer_s3_lib.sh"
 A=$T/node-a
 B=$T/node-b
