@@ -207,6 +207,9 @@ static void report(const char *op, const char *name, const struct vmsnap_vm_timi
                                    json_object_new_int64((int64_t)t->object_bytes));
             json_object_object_add(o, "copied_bytes",
                                    json_object_new_int64((int64_t)t->copied_bytes));
+            json_object_object_add(o, "deltas", json_object_new_int64((int64_t)t->deltas));
+            json_object_object_add(o, "cached_bytes",
+                                   json_object_new_int64((int64_t)t->cached_bytes));
         }
         cli_json_line(o);
         json_object_put(o);
@@ -223,6 +226,11 @@ static void report(const char *op, const char *name, const struct vmsnap_vm_timi
                     (unsigned long long)t->object_bytes, (unsigned long long)t->copied_bytes);
         else if (t->object_bytes)
             fprintf(stderr, "  objects        %llu bytes\n", (unsigned long long)t->object_bytes);
+        if (t->deltas)
+            fprintf(stderr, "  deltas         %llu files\n", (unsigned long long)t->deltas);
+        if (t->cached_bytes)
+            fprintf(stderr, "  cached         %llu bytes from the node's object cache\n",
+                    (unsigned long long)t->cached_bytes);
     }
     fprintf(stderr, "vm %s %s: %.3f s\n", op, name, t->total);
 }

@@ -72,8 +72,11 @@ struct vmsnap_vm_timing {
         double seconds;
     } step[VMSNAP_VM_MAX_STEPS];
     double total;
-    uint64_t object_bytes; /* suspend: bytes of the pushed objects */
+    uint64_t object_bytes; /* suspend: bytes of the pushed objects; resume from a URL: of the
+                            * pulled set's objects */
     uint64_t copied_bytes; /* suspend: of those, copied by the store from the base snapshot */
+    uint64_t deltas;       /* suspend of a layered set: files stored as a delta */
+    uint64_t cached_bytes; /* resume: of object_bytes, read from the node's object cache */
 };
 
 /* How to cold-boot a new VM. */

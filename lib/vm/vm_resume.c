@@ -334,7 +334,12 @@ static int resume_pull(struct resume *r, struct vmsnap_err *err)
     if (r->o && r->o->xfer)
         xo = *r->o->xfer;
     xo.set_only = true; /* a VM is a set (a single object pulled here failed at a rename) */
-    int rc = vmsnap_xfer_pull(r->url, r->src, &xo, NULL, err);
+    struct vmsnap_xfer_stats xs = {0};
+    int rc = vmsnap_xfer_pull(r->url, r->src, &xo, &xs, err);
+    if (rc == 0 && r->t) {
+        r->t->object_bytes = xs.object_bytes;
+        r->t->cached_bytes = xs.cached_bytes;
+    }
     if (rc < 0) {
         vmsnap_err_wrap(err, "pull %s (the snapshot there is untouched): ", r->url);
         return rc;

@@ -392,6 +392,7 @@ static int suspend_push(struct suspend *s, const char *dir, struct vmsnap_err *e
     if (s->t) {
         s->t->object_bytes = xs.object_bytes;
         s->t->copied_bytes = xs.copied_bytes;
+        s->t->deltas = xs.deltas;
     }
     return rc;
 }
