@@ -94,7 +94,8 @@ read -r r d <<<"$(last_counter "$A" golden)"
 
 # a suspend killed at its commit: the set it replaces (c2) stays whole; the checkpoint is local
 sleep 1
-VMSNAP_FAILPOINT=layered-uploaded:stop vmc "$A" suspend golden "$S/c2" >/dev/null 2>&1 &
+VMSNAP_FAILPOINT=layered-uploaded:stop "$VMSNAP" vm suspend golden "$S/c2" --state-dir "$A" \
+    >/dev/null 2>&1 &
 pid=$!
 wait_stopped "$pid" 120 || fail "the suspend never reached its commit"
 kill_wait "$pid"
