@@ -124,6 +124,8 @@ static const char *s3_endpoint(const struct vmsnap_store_opts *o, bool gs,
     if (!ep)
         ep = env("AWS_ENDPOINT_URL");
     if (!ep)
+        ep = s3_profile_service(p, "s3", "endpoint_url");
+    if (!ep)
         ep = s3_profile_get(p, "s3.endpoint_url");
     if (!ep)
         ep = s3_profile_get(p, "endpoint_url");

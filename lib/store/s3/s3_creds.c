@@ -214,6 +214,8 @@ static int webid_cfg(struct s3_chain_cfg *c, const struct s3_profile *p, char *n
         if (!ep)
             ep = env("AWS_ENDPOINT_URL");
         if (!ep)
+            ep = s3_profile_service(p, "sts", "endpoint_url");
+        if (!ep)
             ep = s3_profile_get(p, "sts.endpoint_url");
         if (!ep)
             ep = s3_profile_get(p, "endpoint_url");

@@ -52,6 +52,9 @@ struct s3_profile {
  * CLI). s3_profile_fini frees (also after a failure). */
 int s3_profile_load(struct s3_profile *p, const char *flag_profile, struct vmsnap_err *err);
 void s3_profile_fini(struct s3_profile *p);
+/* A setting of `service` ("s3", "sts") in the [services NAME] section the profile names with
+ * `services = NAME`, or NULL. */
+const char *s3_profile_service(const struct s3_profile *p, const char *service, const char *key);
 /* A setting of the profile, or NULL (the credentials file's value wins over the config's).
  * s3_profile_get_src also says from which file. */
 const char *s3_profile_get(const struct s3_profile *p, const char *key);

@@ -4,9 +4,10 @@
  * AWS_CONFIG_FILE). Both are INI as Python's configparser reads them for the AWS CLI: `[name]`
  * sections (in the config file `[default]` or `[profile name]`), `key = value` (or `key: value`)
  * lines, `#` / `;` comment lines, and a nested block written as `s3 =` followed by indented
- * `key = value` lines (kept as "s3.key"). No Debian library reads this dialect, so this is a
- * small strict reader: a line that is none of those, a setting before any section, or a
- * duplicate section or setting of the profile in use is an error naming the file and line (the
+ * `key = value` lines (kept as "s3.key"); `[services NAME]` sections hold per-service settings
+ * (endpoint_url) of the profiles that say `services = NAME`. No Debian library reads this dialect,
+ * so this is a small strict reader: a line that is none of those, a setting before any section, or
+ * a duplicate section or setting of the profile in use is an error naming the file and line (the
  * AWS CLI refuses such files too), and never echoes the line (it may hold a secret).
  *
  * Only the profile in use is kept. The files are read whole, at most 1 MiB each, and the buffer
@@ -177,6 +178,7 @@ struct parse_state {
     bool cred;
     bool *found;
     bool have_section, in_sel;
+    char svc[130];   /* the [services NAME] section this line is in, "" if none */
     char nested[64]; /* the key of the nested block open ("s3"), "" if none */
     unsigned line;
 };
@@ -204,7 +206,11 @@ static int parse_line(struct s3_profile *p, struct parse_state *ps, char *raw,
             return vmsnap_err_set(err, EINVAL, "AWS file %s:%u: a section header without ']'",
                                   ps->path, ps->line);
         t[n - 1] = '\0';
-        const char *prof = section_profile(trim(t + 1), ps->cred);
+        char *name = trim(t + 1);
+        ps->svc[0] = '\0';
+        if (!ps->cred && !strncmp(name, "services", 8) && (name[8] == ' ' || name[8] == '\t'))
+            snprintf(ps->svc, sizeof(ps->svc), "%s", trim(name + 8));
+        const char *prof = section_profile(name, ps->cred);
         ps->have_section = true;
         ps->in_sel = prof && !strcmp(prof, p->name);
         if (ps->in_sel && *ps->found)
@@ -236,10 +242,14 @@ static int parse_line(struct s3_profile *p, struct parse_state *ps, char *raw,
             return 0;
         }
     }
-    if (!ps->in_sel || !*v)
+    if ((!ps->in_sel && !ps->svc[0]) || !*v)
         return 0;
-    char full[160];
-    snprintf(full, sizeof(full), "%s%s%s", indented ? ps->nested : "", indented ? "." : "", k);
+    /* a [services NAME] section's settings are kept as "@NAME.s3.endpoint_url": which one the
+     * profile uses ("services = NAME") may be said later in the file */
+    char full[300];
+    snprintf(full, sizeof(full), "%s%s%s%s%s", ps->svc[0] ? "@" : "", ps->svc,
+             ps->svc[0] ? "." : "", indented ? ps->nested : "", indented ? "." : "");
+    snprintf(full + strlen(full), sizeof(full) - strlen(full), "%s", k);
     return kv_add(p, full, v, ps->cred, ps->path, ps->line, err);
 }
 
@@ -319,6 +329,16 @@ const char *s3_profile_get_src(const struct s3_profile *p, const char *key, bool
         if (p->kv[i].from_cred == from_cred && !strcmp(p->kv[i].key, key))
             return p->kv[i].val;
     return NULL;
+}
+
+const char *s3_profile_service(const struct s3_profile *p, const char *service, const char *key)
+{
+    const char *svc = s3_profile_get_src(p, "services", false);
+    char full[300];
+    if (!svc)
+        return NULL;
+    snprintf(full, sizeof(full), "@%s.%s.%s", svc, service, key);
+    return s3_profile_get_src(p, full, false);
 }
 
 const char *s3_profile_get(const struct s3_profile *p, const char *key)
