@@ -99,7 +99,11 @@ creds_file() {
     printf '{"access_key":"%s","secret_key":"%s","token":"%s","ttl":%s}\n' "$2" "$3" "$4" "$5" \
         >"$1.tmp" && mv "$1.tmp" "$1"
 }
-issued() { grep -c ' issued' "$1" 2>/dev/null || true; }
+issued() {
+    local n
+    n=$(grep -c ' issued' "$1" 2>/dev/null) || true
+    echo "${n:-0}"
+}
 
 # a small snapshot set to push and pull
 mkdir -p "$T/set"
