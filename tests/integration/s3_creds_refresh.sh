@@ -6,14 +6,22 @@
 # revoked in RGW (radosgw-admin key rm). The push, slowed by the fault proxy (every part delayed)
 # so that it lasts well past that expiry by construction, succeeds only if it refreshed its
 # credentials before A expired and signed the rest with B: the provider must have been asked at
-# least twice, and a pull round-trips the bytes. The control first: a push whose credentials are
-# not due for refresh fails once its key is revoked mid-push (the revocation does bite).
+# least twice, and a pull round-trips the bytes. Four connections sign at once, so the refresh
+# happens while other threads hold and use the old keys. The control first: a push whose
+# credentials are not due for refresh fails once its key is revoked mid-push (the revocation
+# does bite).
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/lib.sh"
 . "$VMSNAP_SRC/tests/integration/s3_creds_lib.sh"
 
-TTL=10 # A's lifetime; refreshed 4 s before its end (VMSNAP_CREDS_REFRESH_SECONDS)
-PARTS=12
-DELAY=1500 # per part: the push takes at least PARTS * DELAY = 18 s, past A's expiry
+# A's lifetime TTL; refreshed REFRESH s before its end (VMSNAP_CREDS_REFRESH_SECONDS), which
+# leaves a request signed with A just before the refresh REFRESH - DELAY s to reach RGW before A
+# is revoked. J connections refresh and sign concurrently; each part is held DELAY ms by the
+# proxy, so the push takes at least PARTS / J * DELAY = 32 s, well past A's expiry.
+TTL=20
+REFRESH=10
+J=4
+PARTS=32
+DELAY=4000
 M=$((1024 * 1024))
 head -c $((PARTS * 5 * M)) /dev/urandom >"$T/big"
 mkkey RA
@@ -26,7 +34,7 @@ creds_file "$T/creds.json" "$RC_AK" "$RC_SK" "$TC" 3600
 start_server IMDS aws_meta.py imds --creds "$T/creds.json" --log "$L/imds.log"
 start_proxy "m1+:delay$DELAY"
 ENVS=(AWS_EC2_METADATA_DISABLED=false AWS_EC2_METADATA_SERVICE_ENDPOINT="http://127.0.0.1:$IMDS"
-    AWS_METADATA_SERVICE_TIMEOUT=5 VMSNAP_CREDS_REFRESH_SECONDS=4 VMSNAP_S3_ATTEMPTS=2
+    AWS_METADATA_SERVICE_TIMEOUT=5 VMSNAP_CREDS_REFRESH_SECONDS=$REFRESH VMSNAP_S3_ATTEMPTS=2
     AWS_ENDPOINT_URL="$RGW_EP")
 U=s3://$BUCKET
 PUSH_PID=
@@ -34,7 +42,7 @@ stop_push() { [ -z "$PUSH_PID" ] || kill "$PUSH_PID" 2>/dev/null || true; }
 at_exit stop_push
 # bgpush NAME KEY: the slow push in the background ($PUSH_PID)
 bgpush() {
-    env "${CLEAN[@]}" "${ENVS[@]}" "$VMSNAP" -v push -j 1 --part-size 5M --endpoint "$PEP" \
+    env "${CLEAN[@]}" "${ENVS[@]}" "$VMSNAP" -v push -j "$J" --part-size 5M --endpoint "$PEP" \
         "$T/big" "$U/$2" >"$L/$1.out" 2>"$L/$1.err" &
     PUSH_PID=$!
 }

@@ -58,12 +58,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def answer(self, status, body, ctype="text/plain", issued=False):
         data = body.encode() if isinstance(body, str) else body
+        self.note(status, issued)  # before the answer: a client that has it finds it logged
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
-        self.note(status, issued)
 
     def body(self):
         n = int(self.headers.get("Content-Length") or 0)
