@@ -23,6 +23,8 @@ static const struct option lopts[] = {
     {"region", required_argument, NULL, 'r'},
     {"path-style", no_argument, NULL, 'P'},
     {"retries", required_argument, NULL, 'R'},
+    {"profile", required_argument, NULL, 'A'},
+    {"ca-bundle", required_argument, NULL, 'C'},
     {"force", no_argument, NULL, 'F'},
     {"drop-cache", no_argument, NULL, 'D'},
     {"json", no_argument, NULL, 'J'},
@@ -218,6 +220,12 @@ static int one_opt(const char *verb, int c, struct vmsnap_xfer_opts *o, const st
         return 0;
     case 'P':
         o->store.path_style = true;
+        return 0;
+    case 'A':
+        o->store.profile = optarg;
+        return 0;
+    case 'C':
+        o->store.ca_bundle = optarg;
         return 0;
     case 'h':
         return -2;

@@ -31,8 +31,12 @@ set(VMSNAP_STORE_SOURCES
     lib/store/store_local.c
     lib/store/s3/s3.c
     lib/store/s3/s3_config.c
+    lib/store/s3/s3_creds.c
     lib/store/s3/s3_curl.c
+    lib/store/s3/s3_fetch.c
     lib/store/s3/s3_list.c
+    lib/store/s3/s3_profile.c
+    lib/store/s3/s3_providers.c
     lib/store/s3/s3_request.c
     lib/store/s3/s3_xml.c
     lib/store/s3/sigv4.c)

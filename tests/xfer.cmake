@@ -34,6 +34,15 @@ foreach(t IN ITEMS xfer_s3 xfer_s3_faults crash_short xfer_layers_s3)
                "VMSNAP_RGW_STATE=${VMSNAP_RGW_STATE};VMSNAP_FAULTPROXY=$<TARGET_FILE:vmsnap_faultproxy>")
 endforeach()
 
+# The S3 credential chain and TLS against the same RGW, with the credential endpoints (IMDSv2,
+# container, STS) and a TLS terminator played by python3 servers on loopback (tests/servers/).
+foreach(t IN ITEMS s3_creds_profile s3_creds_providers s3_creds_refresh s3_creds_tls)
+  vmsnap_sh_test(${t} tests/integration/${t}.sh TIMEOUT 600 LABELS store)
+  set_tests_properties(${t} PROPERTIES FIXTURES_REQUIRED xfer_rgw RESOURCE_LOCK xfer_rgw_server)
+  set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT
+               "VMSNAP_RGW_STATE=${VMSNAP_RGW_STATE};VMSNAP_FAULTPROXY=$<TARGET_FILE:vmsnap_faultproxy>")
+endforeach()
+
 # Unit tests of the transfer's parts on their own, each one C program: the manifest and push
 # mark (parse/build round trips, hostile bytes), the local store backend through the store API,
 # and the worker pool's byte budget.

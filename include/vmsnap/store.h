@@ -44,12 +44,21 @@ struct vmsnap_store_conn;
 
 /* Options for vmsnap_store_open(). Zeroed means defaults (from the environment for S3). */
 struct vmsnap_store_opts {
-    const char *endpoint;  /* --endpoint; NULL: AWS_ENDPOINT_URL, else AWS's regional endpoint */
-    const char *region;    /* NULL: AWS_REGION, else us-east-1 ("auto" for gs://) */
-    bool path_style;       /* force path-style; also AWS_S3_USE_PATH_STYLE=true, IP/localhost */
+    const char *endpoint;  /* --endpoint; NULL: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the
+                            * profile's s3 endpoint_url / endpoint_url, else AWS's regional one */
+    const char *region;    /* NULL: AWS_REGION, AWS_DEFAULT_REGION, the profile's region, else
+                            * us-east-1 ("auto" for gs://) */
+    bool path_style;       /* force path-style; also AWS_S3_USE_PATH_STYLE=true, the profile's
+                            * s3 addressing_style = path, IP/localhost */
     bool insecure_tls;     /* disable TLS verification (never the default) */
-    unsigned max_attempts; /* attempts per request; 0: 6 (VMSNAP_S3_ATTEMPTS overrides) */
+    unsigned max_attempts; /* attempts per request; 0: VMSNAP_S3_ATTEMPTS, AWS_MAX_ATTEMPTS, the
+                            * profile's max_attempts, else 6 */
     unsigned backoff_ms;   /* first retry delay; 0: 200 ms, doubled per retry, capped at 5 s */
+    const char *profile;   /* --profile: the AWS profile (NULL: AWS_PROFILE, else "default");
+                            * given, the environment's keys are not used (as the AWS CLI does) */
+    const char *ca_bundle; /* --ca-bundle: PEM file of the CAs to trust (NULL: AWS_CA_BUNDLE, the
+                            * profile's ca_bundle, CURL_CA_BUNDLE, SSL_CERT_FILE, else the
+                            * system store) */
 };
 
 /* Kinds of store. */
@@ -78,10 +87,13 @@ typedef int (*vmsnap_store_data_fn)(void *arg, const void *buf, size_t len, stru
 
 /* Parse `url` and open its store. Accepted: a bare path, file:///abs/path, s3://bucket/key,
  * gs://bucket/key. On success *out is the store (free with vmsnap_store_free) and *key a
- * malloc'd key inside it (caller frees; may be ""), with no trailing '/'. S3 needs
- * AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN optional); gs:// also reads
- * GS_ACCESS_KEY_ID / GS_SECRET_ACCESS_KEY first. Thread safety: none needed (no shared state
- * besides libcurl's global init, done once). */
+ * malloc'd key inside it (caller frees; may be ""), with no trailing '/'. S3 resolves its
+ * credentials here through the AWS chain (environment, web identity, the shared credentials
+ * and config files, container endpoint, instance metadata: docs/credentials.md), -EACCES naming
+ * every source tried when none gives any; gs:// reads GS_ACCESS_KEY_ID / GS_SECRET_ACCESS_KEY,
+ * then the AWS keys of the environment or the profile. Temporary credentials are refreshed
+ * before they expire, by whichever connection's request finds them due (thread-safe). Thread
+ * safety of open: none needed (no shared state besides libcurl's global init, done once). */
 VMSNAP_API int vmsnap_store_open(const char *url, const struct vmsnap_store_opts *opts,
                                  struct vmsnap_store **out, char **key, struct vmsnap_err *err);
 /* Free a store (NULL allowed). Every connection must be freed first. */

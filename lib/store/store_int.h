@@ -45,6 +45,8 @@ struct store_ops {
                          int64_t *last, struct vmsnap_err *err);
 };
 
+struct s3_creds;
+
 /* Parsed endpoint and credentials of an S3 store (secrets never printed). */
 struct s3_config {
     char *scheme;  /* "http" / "https" */
@@ -52,9 +54,8 @@ struct s3_config {
     unsigned port; /* 0: scheme default */
     char *bucket;
     char *region;
-    char *access_key;
-    char *secret_key;
-    char *session_token; /* NULL if none */
+    struct s3_creds *creds;  /* the credential chain and current keys (s3/s3_creds.h) */
+    char *ca_file, *ca_path; /* TLS trust: NULL for libcurl's default store */
     bool path_style;
     bool insecure_tls;
     unsigned max_attempts;

@@ -9,6 +9,7 @@
  * Secrets: the Authorization header is built here and handed to curl only; the -v trace logs
  * method, bucket/key, query, status and time, never headers. curl's own verbose mode is never on.
  */
+#include "s3_creds.h"
 #include "s3_curl.h"
 #include "s3_int.h"
 #include "store/store_int.h"
@@ -387,8 +388,9 @@ static int attempt_target(const struct s3_config *cfg, const struct req *r, stru
 }
 
 /* The request's headers, signed (SigV4): *out for the caller to free. */
-static int signed_headers(const struct s3_config *cfg, const struct req *r, const struct target *t,
-                          struct curl_slist **out, struct vmsnap_err *err)
+static int signed_headers(const struct s3_config *cfg, const struct s3_cred *cr,
+                          const struct req *r, const struct target *t, struct curl_slist **out,
+                          struct vmsnap_err *err)
 {
     char phash[65];
     if (r->has_body && r->body_len > SIGN_BODY_MAX)
@@ -404,14 +406,14 @@ static int signed_headers(const struct s3_config *cfg, const struct req *r, cons
     struct sigv4_header sh[4 + REQ_MAX_XH] = {
         {"host", t->host}, {"x-amz-content-sha256", phash}, {"x-amz-date", amzdate}};
     size_t nsh = 3;
-    if (cfg->session_token)
-        sh[nsh++] = (struct sigv4_header){"x-amz-security-token", cfg->session_token};
+    if (cr->token)
+        sh[nsh++] = (struct sigv4_header){"x-amz-security-token", cr->token};
     for (size_t i = 0; i < r->nxh && i < REQ_MAX_XH; i++)
         sh[nsh++] = r->xh[i];
     char auth[1024];
-    struct sigv4_input in = {r->method, t->path,         t->query,       sh,
-                             nsh,       phash,           amzdate,        cfg->region,
-                             "s3",      cfg->access_key, cfg->secret_key};
+    struct sigv4_input in = {r->method, t->path,        t->query,      sh,
+                             nsh,       phash,          amzdate,       cfg->region,
+                             "s3",      cr->access_key, cr->secret_key};
     int rc = sigv4_authorization(&in, auth, sizeof(auth));
     if (rc < 0)
         return vmsnap_err_set(err, -rc, "signing request for %s://%s/%s failed", cfg->url_scheme,
@@ -425,8 +427,8 @@ static int signed_headers(const struct s3_config *cfg, const struct req *r, cons
     hl = curl_slist_append(hl, line);
     snprintf(line, sizeof(line), "x-amz-date: %s", amzdate);
     hl = curl_slist_append(hl, line);
-    if (cfg->session_token && strlen(cfg->session_token) < sizeof(line) - 32) {
-        snprintf(line, sizeof(line), "x-amz-security-token: %s", cfg->session_token);
+    if (cr->token && strlen(cr->token) < sizeof(line) - 32) {
+        snprintf(line, sizeof(line), "x-amz-security-token: %s", cr->token);
         hl = curl_slist_append(hl, line);
     }
     for (size_t i = 0; i < r->nxh && i < REQ_MAX_XH; i++) {
@@ -473,8 +475,8 @@ static void setup_handle(struct s3_conn *sc, const struct s3_config *cfg, struct
                      (long)env_uint("VMSNAP_S3_CONNECT_TIMEOUT_MS", 10000));
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, (long)env_uint("VMSNAP_S3_STALL_SECONDS", 30));
-    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, cfg->insecure_tls ? 0L : 1L);
-    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, cfg->insecure_tls ? 0L : 2L);
+    const struct s3_tls tls = {cfg->ca_file, cfg->ca_path, cfg->insecure_tls};
+    s3_curl_common(h, &tls); /* TLS trust and the User-Agent */
     curl_easy_setopt(h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, write_cb);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
@@ -541,7 +543,7 @@ static int attempt_outcome(const struct s3_config *cfg, struct req *r, CURLcode 
     if (cc != CURLE_OK) {
         /* where it went, when the connection is what failed (a wrong AWS_ENDPOINT_URL, a host
          * down: the URL alone does not say) */
-        char where[340] = "";
+        char where[480] = "";
         if (cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST ||
             cc == CURLE_SSL_CONNECT_ERROR || cc == CURLE_OPERATION_TIMEDOUT ||
             cc == CURLE_PEER_FAILED_VERIFICATION) {
@@ -553,6 +555,10 @@ static int attempt_outcome(const struct s3_config *cfg, struct req *r, CURLcode 
             return vmsnap_err_set(err, curl_errno(cc), "GET %s://%s/%s: %s%s (after data)",
                                   cfg->url_scheme, cfg->bucket, r->key, curl_easy_strerror(cc),
                                   where);
+        if (cc == CURLE_PEER_FAILED_VERIFICATION)
+            snprintf(where + strlen(where), sizeof(where) - strlen(where),
+                     ": its certificate is not trusted (give its CA with --ca-bundle FILE or "
+                     "AWS_CA_BUNDLE)");
         int ec =
             vmsnap_err_set(err, curl_errno(cc), "%s %s://%s/%s: %s%s", r->method, cfg->url_scheme,
                            cfg->bucket, r->key, curl_easy_strerror(cc), where);
@@ -589,9 +595,13 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
     struct s3_conn *sc = c->impl;
     struct target t;
     struct curl_slist *hl = NULL;
+    struct s3_cred *cr = NULL;
     int rc = attempt_target(cfg, r, &t, err);
     if (rc == 0)
-        rc = signed_headers(cfg, r, &t, &hl, err);
+        rc = s3_creds_get(cfg->creds, &cr, err); /* refreshed here when due */
+    if (rc == 0)
+        rc = signed_headers(cfg, cr, r, &t, &hl, err);
+    s3_cred_put(cr);
     if (rc < 0)
         return rc;
     setup_handle(sc, cfg, r, t.url, hl);
