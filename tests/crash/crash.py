@@ -6,13 +6,15 @@ For every kill: the result is the old state or the new one, whole (never a mix, 
 every later command works without --force; after a gc nothing is left that the committed state
 does not need. Prints one line per operation with its counts; exits 1 if any kill broke the
 invariant. Operations (--ops, comma-separated):
-  push-local, push-rgw   a set pushed over another set at the same URL
+  push-local, push-rgw   a layered set (the default layout) pushed over another at the same URL
+  pushref-local, pushref-rgw   the same in the reference layout (--layout reference)
   pull-local, pull-rgw   a set pulled over another set in the same directory
   pullmany-local         the same with sets of 2,000 small files (a long publish step)
 Usage: crash.py --kills N --seed S [--ops ...] [--strict] (VMSNAP_BIN; VMSNAP_RGW_STATE for -rgw).
-A push over a set killed between its un-commit of the old set and its commit of the new one
-leaves no set at all: counted as "lost" (issue #23, immutable objects, removes that window), a
-failure only with --strict; everything else about such a kill is checked as for the others.
+A reference-layout push over a set killed between its un-commit of the old set and its commit
+of the new one leaves no set at all: counted as "lost", a failure only with --strict (the layered
+layout has no such window: a layered push that leaves no set is always a failure); everything
+else about such a kill is checked as for the others.
 Timings never decide pass or fail: a kill lands wherever the random delay falls."""
 import argparse, hashlib, os, random, re, shutil, signal, subprocess, sys, tempfile, time
 import urllib.parse
@@ -21,7 +23,7 @@ VMSNAP = os.environ.get("VMSNAP_BIN") or sys.exit("VMSNAP_BIN is not set")
 ap = argparse.ArgumentParser()
 ap.add_argument("--kills", type=int, default=50)
 ap.add_argument("--seed", type=int, default=1)
-ap.add_argument("--ops", default="push-local,pull-local,push-rgw,pull-rgw")
+ap.add_argument("--ops", default="push-local,pushref-local,pull-local,push-rgw,pushref-rgw,pull-rgw")
 ap.add_argument("--keep", action="store_true", help="keep the work directory")
 ap.add_argument("--strict", action="store_true",
                 help="a push over a set that leaves no set counts as a failure (see 'lost')")
@@ -111,26 +113,34 @@ class Rgw:
         return re.findall(r"<Key>([^<]*)</Key>", self._xml("uploads="))
 
 
+def needed_keys(m, set_key):
+    """The store keys a manifest (parsed) needs: its own and those of every object it names."""
+    need = {f"{set_key}/manifest.json"}
+    if m.get("formatVersion") == 3:
+        for f in m["files"].values():
+            need |= {l["key"] for l in f["layers"]}
+            if "pages" in f:
+                need.add(f["pages"]["key"])
+    else:
+        need |= {f"{set_key}/{n}.zstd" for n in m.get("snapshotFiles", [])}
+    return need
+
+
 def store_leftovers_local(root, url_dir):
     """Names in the local store that the committed set at url_dir does not need."""
-    need = {"manifest.json"} | {n + ".zstd" for n in manifest_files_local(url_dir)}
-    junk = []
-    for d, dirs, files in os.walk(root):
-        for n in files:
-            p = os.path.join(d, n)
-            if os.path.dirname(p) != url_dir or n not in need:
-                junk.append(os.path.relpath(p, root))
-    return junk
-
-
-def manifest_files_local(url_dir):
     import json
     try:
         m = json.load(open(os.path.join(url_dir, "manifest.json")))
     except FileNotFoundError:
-        return []
-    files = m.get("files") or m.get("snapshotFiles") or []
-    return [f["name"] if isinstance(f, dict) else f for f in files]
+        m = {}
+    need = needed_keys(m, url_dir.lstrip("/"))
+    junk = []
+    for d, dirs, files in os.walk(root):
+        for n in files:
+            p = os.path.join(d, n)
+            if not p.startswith(url_dir + "/") or p.lstrip("/") not in need:
+                junk.append(os.path.relpath(p, root))
+    return junk
 
 
 class Counts:
@@ -159,14 +169,15 @@ def timed(cmd, env=None):
     return time.monotonic() - t
 
 
-def push_matrix(kind, c, A, B, dA, dB):
+def push_matrix(kind, c, A, B, dA, dB, layout="layered"):
+    lenv = dict(os.environ, VMSNAP_LAYOUT=layout)
     if kind == "local":
-        root = os.path.join(W, "store")
+        root = os.path.join(W, "store-" + layout)
         os.makedirs(root, exist_ok=True)
-        env, rgw = None, None
+        env, rgw = lenv, None
     else:
         rgw = Rgw()
-        env = rgw.env
+        env = dict(rgw.env, VMSNAP_LAYOUT=layout)
     full = None
     for k in range(args.kills):
         if kind == "local":
@@ -186,7 +197,7 @@ def push_matrix(kind, c, A, B, dA, dB):
         p = run(VMSNAP, "-q", "pull", url, out, env=env, check=False)
         if p.returncode != 0:
             c.lost += 1
-            if args.strict:
+            if args.strict or layout == "layered":
                 c.bad.append(f"{what}: no set to pull: {p.stderr.strip()[-300:]}")
         else:
             got = digest(out)
@@ -214,9 +225,12 @@ def push_matrix(kind, c, A, B, dA, dB):
             continue
         if kind == "local":
             junk = [j for j in store_leftovers_local(root, url)
-                    if not re.match(r"k\d+(-timing)?/", j) or j.split("/")[0] == f"k{k}"]
+                    if j.split("/")[0] == f"k{k}"]
         else:
-            need = {f"k{k}/manifest.json"} | {f"k{k}/{n}.zstd" for n in dB}
+            import json
+            mf = os.path.join(W, "m.json")
+            rgw.curl("GET", f"{rgw.bucket}/k{k}/manifest.json", mf)
+            need = needed_keys(json.load(open(mf)), f"k{k}")
             junk = [x for x in rgw.keys(f"k{k}/") if x not in need]
             junk += [f"upload {u}" for u in rgw.uploads() if u.startswith(f"k{k}/")]
         if junk:
@@ -290,7 +304,10 @@ def main():
                 make_many(MB, 2)
             sets = (MA, MB, digest(MA), digest(MB))
         try:
-            (push_matrix if what == "push" else pull_matrix)(kind, c, *sets)
+            if what == "pushref":
+                push_matrix(kind, c, *sets, layout="reference")
+            else:
+                (push_matrix if what == "push" else pull_matrix)(kind, c, *sets)
         except FileNotFoundError as e:
             print(f"{op}: skipped: {e}", flush=True)
             skipped += 1

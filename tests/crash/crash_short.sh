@@ -7,9 +7,9 @@
 # checked the same way.
 . "${VMSNAP_SRC:?run through ctest}/tests/lib.sh"
 command -v python3 >/dev/null || skip "python3 not installed"
-ops=push-local,pull-local,pullmany-local
+ops=push-local,pushref-local,pull-local,pullmany-local
 if [ -n "${VMSNAP_RGW_STATE:-}" ] && [ -f "$VMSNAP_RGW_STATE/env" ]; then
-    ops=$ops,push-rgw,pull-rgw
+    ops=$ops,push-rgw,pushref-rgw,pull-rgw
 else
     skip "no RGW running (the xfer_rgw_up fixture did not start one)"
 fi
