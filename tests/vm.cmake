@@ -18,6 +18,12 @@ vmsnap_sh_test(vm_s3 tests/integration/vm_s3.sh TIMEOUT 400 LABELS vm RESOURCE_L
 set_tests_properties(vm_s3 PROPERTIES FIXTURES_REQUIRED "vm_golden;xfer_rgw")
 set_property(TEST vm_s3 APPEND PROPERTY ENVIRONMENT "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state"
              "VMSNAP_FAULTPROXY=$<TARGET_FILE:vmsnap_faultproxy>")
+# The crash matrix's VM operations, short (tests/crash/crash.py)
+vmsnap_sh_test(crash_vm_short tests/crash/crash_vm_short.sh TIMEOUT 600 LABELS vm crash
+               RESOURCE_LOCK vm)
+set_tests_properties(crash_vm_short PROPERTIES FIXTURES_REQUIRED "vm_golden;xfer_rgw")
+set_property(TEST crash_vm_short APPEND PROPERTY ENVIRONMENT
+             "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state")
 # Layered suspends and resumes (deltas, chains, the node cache), against the same RGW
 vmsnap_sh_test(vm_layers tests/integration/vm_layers.sh TIMEOUT 600 LABELS vm RESOURCE_LOCK vm)
 set_tests_properties(vm_layers PROPERTIES FIXTURES_REQUIRED "vm_golden;xfer_rgw")

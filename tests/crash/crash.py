@@ -10,6 +10,12 @@ invariant. Operations (--ops, comma-separated):
   pushref-local, pushref-rgw   the same in the reference layout (--layout reference)
   pull-local, pull-rgw   a set pulled over another set in the same directory
   pullmany-local         the same with sets of 2,000 small files (a long publish step)
+  suspend-local, suspend-rgw   a running VM (the test guest, 128 MiB, TCG) suspended over the
+                         set it came from (layered: a delta over it); after the kill the set
+                         pulls whole (the old one or the new), `vm resume` (from what the node
+                         has, or the URL) works without --force, the guest's blob has its md5
+  resume-local, resume-rgw     a suspended VM resumed from its set, killed; then resumed again
+  pause-local            a running VM paused to its local checkpoint, killed; then resumed
 Usage: crash.py --kills N --seed S [--ops ...] [--strict] (VMSNAP_BIN; VMSNAP_RGW_STATE for -rgw).
 A reference-layout push over a set killed between its un-commit of the old set and its commit
 of the new one leaves no set at all: counted as "lost", a failure only with --strict (the layered
@@ -148,6 +154,13 @@ class Counts:
         self.op, self.kills, self.old, self.new, self.lost, self.bad = op, 0, 0, 0, 0, []
 
     def report(self):
+        if self.op.split("-")[0] in ("suspend", "resume", "pause"):
+            print(f"{self.op}: {self.kills} kills: {self.new} went on (the set whole, the VM "
+                  f"resumed without --force, its RAM blob intact), {len(self.bad)} broke the "
+                  f"invariant", flush=True)
+            for b in self.bad[:10]:
+                print(f"  {self.op}: {b}", flush=True)
+            return
         s = (f"{self.op}: {self.kills} kills: {self.old} left the old state, {self.new} the new, "
              f"{self.lost} no set (the un-commit window), {len(self.bad)} broke the invariant")
         print(s, flush=True)
@@ -287,6 +300,150 @@ def pull_matrix(kind, c, A, B, dA, dB):
         shutil.rmtree(dest, ignore_errors=True)
 
 
+class Vm:
+    """The test guest (guest/build.sh) under one state directory, driven through the CLI."""
+
+    def __init__(self, env):
+        g = run("bash", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                     "guest", "build.sh"), check=False)
+        if g.returncode != 0:
+            raise FileNotFoundError(f"no test guest: {g.stderr.strip()[-200:]}")
+        self.g = g.stdout.strip()
+        self.state = tempfile.mkdtemp(prefix="vm-", dir=W)
+        self.ram = tempfile.mkdtemp(prefix="vmram-", dir="/dev/shm")
+        self.env = dict(env or os.environ, VMSNAP_RAM_DIR=self.ram, VMSNAP_ASSET_DIRS=self.g,
+                        VMSNAP_CACHE_DIR=os.path.join(W, "vmcache"))
+
+    def cmd(self, *a):
+        return [VMSNAP, "vm", *a, "--state-dir", self.state]
+
+    def vm(self, *a, check=True):
+        return run(*self.cmd(*a), env=self.env, check=check)
+
+    def console(self):
+        try:
+            return open(os.path.join(self.state, "vms", "v", "console.log"), errors="replace").read()
+        except FileNotFoundError:
+            return ""
+
+    def wait(self, regex, since, secs=120):
+        t = time.monotonic()
+        while time.monotonic() - t < secs:
+            m = re.search(regex, self.console()[since:])
+            if m:
+                return m
+            time.sleep(0.2)
+        raise RuntimeError(f"the guest did not print {regex!r}")
+
+    def boot(self):
+        cmdline = open(os.path.join(self.g, "cmdline")).read().strip()
+        self.vm("run", "v", "--kernel", os.path.join(self.g, "vmlinux"), "--initrd",
+                os.path.join(self.g, "initrd.cpio.gz"), "--mem", "128M", "--append",
+                cmdline + " vmsnap.dirty=8")
+        m = self.wait(r"vmsnap-ready dirty=\d+M blob=([0-9a-f]+)", 0)
+        self.md5 = m.group(1)
+        self.wait(r"vmsnap-counter ram=1 ", 0)
+
+    def blob_ok(self):
+        since = len(self.console())
+        for _ in range(2):  # a line can be lost on the serial console under load
+            self.vm("console", "v", "--send", "md5", check=False)
+            try:
+                return self.wait(r"vmsnap-blob md5=([0-9a-f]+)", since, 30).group(1) == self.md5
+            except RuntimeError:
+                continue
+        return False
+
+    def status(self):
+        p = self.vm("ls", "--json", check=False)
+        import json
+        try:
+            return {v["name"]: v["status"] for v in json.loads(p.stdout)}.get("v", "none")
+        except ValueError:
+            return "unknown"
+
+    def stop(self):
+        self.vm("stop", "--rm", "v", check=False)
+        shutil.rmtree(self.ram, ignore_errors=True)
+
+
+def vm_matrix(op, kind, c):
+    """Kill a VM operation at random moments; then the set at the URL pulls whole, the VM goes
+    on without --force, its RAM blob intact."""
+    env = None
+    if kind == "rgw":
+        rgw = Rgw()
+        env = dict(rgw.env)
+        url = f"s3://{rgw.bucket}/vm"
+    else:
+        url = os.path.join(W, "vmstore", "vm")
+    v = Vm(env)
+    try:
+        v.boot()
+        v.vm("suspend", "v", url)
+        full = None
+        for k in range(args.kills):
+            # the state before the kill: suspended at url (resume), or running (suspend, pause)
+            if op != "resume":
+                if v.status() != "running":
+                    v.vm("resume", "v", *([] if v.status() in ("paused",) else [url]))
+                v.wait(r"vmsnap-counter", len(v.console()))
+            if full is None:
+                t = time.monotonic()
+                if op == "suspend":
+                    v.vm("suspend", "v", url)
+                    full = time.monotonic() - t
+                    v.vm("resume", "v", url)
+                elif op == "resume":
+                    v.vm("resume", "v", url)
+                    full = time.monotonic() - t
+                    v.vm("suspend", "v", url)
+                else:
+                    v.vm("pause", "v")
+                    full = time.monotonic() - t
+                    v.vm("resume", "v")
+            cmd = {"suspend": v.cmd("suspend", "v", url), "resume": v.cmd("resume", "v", url),
+                   "pause": v.cmd("pause", "v")}[op]
+            delay = rng.uniform(0, full * 1.1)
+            kill_at(cmd, delay, v.env)
+            c.kills += 1
+            what = f"kill {k} at {delay:.3f} s of {full:.3f} (status then: {v.status()})"
+            out = os.path.join(W, "vmpulled")
+            shutil.rmtree(out, ignore_errors=True)
+            p = run(VMSNAP, "-q", "pull", url, out, env=v.env, check=False)
+            if p.returncode != 0:
+                c.bad.append(f"{what}: the set at the URL does not pull: {p.stderr.strip()[-300:]}")
+                break
+            # the VM goes on without --force: from what the node has, else from the URL
+            st = v.status()
+            if st != "running":
+                p = v.vm("resume", "v", check=False)
+                if p.returncode != 0:
+                    p = v.vm("resume", "v", url, check=False)
+                if p.returncode != 0:
+                    c.bad.append(f"{what}: no resume without --force ({st}): {p.stderr.strip()[-300:]}")
+                    break
+            if not v.blob_ok():
+                c.bad.append(f"{what}: the guest's RAM blob changed (or the guest is not answering)")
+                break
+            c.new += 1
+            if op == "resume":  # suspended again for the next kill
+                v.vm("suspend", "v", url)
+        # gc leaves the set whole, and nothing no manifest names
+        p = run(VMSNAP, "-q", "gc", "--older-than", "0",
+                os.path.dirname(url) if kind == "local" else url, env=v.env, check=False)
+        if p.returncode != 0:
+            c.bad.append(f"gc failed: {p.stderr.strip()[-300:]}")
+        if v.status() != "running":
+            v.vm("resume", "v", *([] if v.status() == "paused" else [url]), check=False)
+        v.vm("suspend", "v", url, check=False)
+        p = run(VMSNAP, "-q", "pull", url, os.path.join(W, "vmfinal"), env=v.env, check=False)
+        if p.returncode != 0:
+            c.bad.append(f"after gc the set does not pull: {p.stderr.strip()[-300:]}")
+    finally:
+        v.stop()
+
+
 def main():
     A, B = os.path.join(W, "setA"), os.path.join(W, "setB")
     make_set(A, 1)
@@ -304,7 +461,9 @@ def main():
                 make_many(MB, 2)
             sets = (MA, MB, digest(MA), digest(MB))
         try:
-            if what == "pushref":
+            if what in ("suspend", "resume", "pause"):
+                vm_matrix(what, kind, c)
+            elif what == "pushref":
                 push_matrix(kind, c, *sets, layout="reference")
             else:
                 (push_matrix if what == "push" else pull_matrix)(kind, c, *sets)
