@@ -30,10 +30,10 @@ static const struct option lopts[] = {
     {"json", no_argument, NULL, 'J'},
     {"base", required_argument, NULL, 'B'},
     {"layout", required_argument, NULL, 'L'},
-    {"parent", required_argument, NULL, 'A'},
+    {"parent", required_argument, NULL, 'K'},
     {"max-depth", required_argument, NULL, 'H'},
-    {"no-cache", no_argument, NULL, 'C'},
-    {"cache-dir", required_argument, NULL, 'c'},
+    {"no-cache", no_argument, NULL, 'X'},
+    {"cache-dir", required_argument, NULL, 'Y'},
     {"dry-run", no_argument, NULL, 'N'},
     {"older-than", required_argument, NULL, 'O'},
     {"help", no_argument, NULL, 'h'},
@@ -57,10 +57,10 @@ static int for_this_verb(const char *verb, int c)
         {'l', " push export ", "--level", "push and export"},
         {'n', " pull ", "--no-fsync", "pull"},
         {'L', " push ", "--layout", "push"},
-        {'A', " push ", "--parent", "push"},
+        {'K', " push ", "--parent", "push"},
         {'H', " push ", "--max-depth", "push"},
-        {'C', " pull export ", "--no-cache", "pull and export"},
-        {'c', " pull export ", "--cache-dir", "pull and export"},
+        {'X', " pull export ", "--no-cache", "pull and export"},
+        {'Y', " pull export ", "--cache-dir", "pull and export"},
     };
     char w[16]; /* " verb ", as only[].verbs lists them */
     snprintf(w, sizeof(w), " %s ", verb);
@@ -163,7 +163,7 @@ static int verb_flag(const char *verb, int c, struct vmsnap_xfer_opts *o,
         else
             return cli_usage(verb, "--layout is 'layered' or 'reference', not '%s'", optarg), -1;
         return 0;
-    case 'A':
+    case 'K':
         o->parent = optarg;
         return 0;
     case 'H': {
@@ -174,10 +174,10 @@ static int verb_flag(const char *verb, int c, struct vmsnap_xfer_opts *o,
         o->max_depth = (unsigned)d;
         return 0;
     }
-    case 'C':
+    case 'X':
         o->no_cache = true;
         return 0;
-    case 'c':
+    case 'Y':
         o->cache_dir = optarg;
         return 0;
     case 'J':

@@ -231,6 +231,12 @@ struct vmsnap_unpack_opts {
      * same bytes as without. vmsnap_image_unpack then writes `dst` in place (created when
      * missing), not under a temporary name: a failure leaves it part applied. */
     bool overlay;
+    /* apply a chain newest layer first (faster than oldest first: every page is written once,
+     * by the newest layer that has it): pages set in `under` are left as they are, every page a
+     * record of this layer covers whole is added to it (written, or left a hole when all zero:
+     * the destination starts empty). The file's size is not set (the newest layer's is the
+     * caller's ftruncate). Not with overlay. */
+    struct vmsnap_pagemask *under;
 };
 
 /* Decode file `src` ("-" = stdin, sequential) into a new sparse file `dst` (mode 0600), written
@@ -293,6 +299,19 @@ VMSNAP_API void vmsnap_frame_decoder_free(struct vmsnap_frame_decoder *dec);
  * <reason>"); the string is not copied. Without it they say "destination". */
 VMSNAP_API void vmsnap_frame_decoder_set_dst(struct vmsnap_frame_decoder *dec,
                                              const char *dst_name);
+/* A bitmap of a file's 4 KiB pages (vmsnap_unpack_opts.under), safe to update from the
+ * threads decoding the frames of one layer. */
+struct vmsnap_pagemask {
+    uint64_t npages;
+    uint64_t *bits;
+};
+VMSNAP_API int vmsnap_pagemask_new(uint64_t size, struct vmsnap_pagemask **out,
+                                   struct vmsnap_err *err);
+VMSNAP_API void vmsnap_pagemask_free(struct vmsnap_pagemask *m);
+/* Newest-first decoding (vmsnap_unpack_opts.under) for the frames this decoder decodes next
+ * (NULL: off). */
+VMSNAP_API void vmsnap_frame_decoder_set_under(struct vmsnap_frame_decoder *dec,
+                                               struct vmsnap_pagemask *under);
 /* Overlay decoding (vmsnap_unpack_opts.overlay) for the frames this decoder decodes next. */
 VMSNAP_API void vmsnap_frame_decoder_set_overlay(struct vmsnap_frame_decoder *dec, bool overlay);
 

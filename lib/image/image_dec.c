@@ -324,9 +324,10 @@ void vmsnap_image_frame(const struct vmsnap_image *img, uint32_t i, struct vmsna
 #define DEC_OUT_CAP (2u << 20)
 
 struct vmsnap_frame_decoder {
-    const char *dst_name; /* for write errors; NULL: "destination" */
-    bool overlay;         /* vmsnap_unpack_opts.overlay */
-    uint8_t pg[IMG_PAGE]; /* overlay: a page split between two pieces of output */
+    const char *dst_name;          /* for write errors; NULL: "destination" */
+    bool overlay;                  /* vmsnap_unpack_opts.overlay */
+    struct vmsnap_pagemask *under; /* vmsnap_unpack_opts.under */
+    uint8_t pg[IMG_PAGE];          /* overlay: a page split between two pieces of output */
     ZSTD_DCtx *dctx;
     XXH64_state_t *xxh;
     uint8_t *out;
@@ -364,6 +365,11 @@ void vmsnap_frame_decoder_set_dst(struct vmsnap_frame_decoder *d, const char *ds
 void vmsnap_frame_decoder_set_overlay(struct vmsnap_frame_decoder *d, bool overlay)
 {
     d->overlay = overlay;
+}
+
+void vmsnap_frame_decoder_set_under(struct vmsnap_frame_decoder *d, struct vmsnap_pagemask *under)
+{
+    d->under = under;
 }
 
 void vmsnap_frame_decoder_free(struct vmsnap_frame_decoder *d)
@@ -406,6 +412,7 @@ int vmsnap_image_decode_frame_mem(const struct vmsnap_image *img, uint32_t i, co
     rp.table_total = true;
     rp.dst_name = dec->dst_name;
     rp.overlay = dec->overlay;
+    rp.under = dec->under;
     rp.pg = dec->pg;
     snprintf(rp.where, sizeof(rp.where), "frame %u at byte %llu", i, ULL(fi->offset));
     rp.total = img->total_size;
@@ -539,6 +546,7 @@ static void *pdec_main(void *arg)
     }
     vmsnap_frame_decoder_set_dst(dec, p->opts ? p->opts->dst_name : NULL);
     vmsnap_frame_decoder_set_overlay(dec, p->opts && p->opts->overlay);
+    vmsnap_frame_decoder_set_under(dec, p->opts ? p->opts->under : NULL);
     for (;;) {
         pthread_mutex_lock(&p->mu);
         if (p->failed || p->next >= p->img->n) {
@@ -574,7 +582,7 @@ int vmsnap_image_decode_parallel(const struct vmsnap_image *img, const struct vm
     static const struct vmsnap_unpack_opts defaults;
     if (!opts)
         opts = &defaults;
-    if (dst_fd >= 0 && ftruncate(dst_fd, (off_t)img->total_size) < 0)
+    if (dst_fd >= 0 && !opts->under && ftruncate(dst_fd, (off_t)img->total_size) < 0)
         return err_sys(err, "%s: set its size to %llu (the image's logical size)",
                        opts->dst_name ? opts->dst_name : "destination", ULL(img->total_size));
     unsigned threads = opts->threads ? opts->threads : sys_cpus();

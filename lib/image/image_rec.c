@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -210,12 +211,77 @@ static int overlay_write(struct rec_parser *rp, const uint8_t *buf, size_t n,
     return rc;
 }
 
+int vmsnap_pagemask_new(uint64_t size, struct vmsnap_pagemask **out, struct vmsnap_err *err)
+{
+    *out = NULL;
+    struct vmsnap_pagemask *m = calloc(1, sizeof(*m));
+    uint64_t np = (size + IMG_PAGE - 1) / IMG_PAGE;
+    if (m && !(m->bits = calloc(np / 64 + 1, sizeof(uint64_t)))) {
+        free(m);
+        m = NULL;
+    }
+    if (!m)
+        return vmsnap_err_set(err, ENOMEM, "out of memory (a page mask of %llu pages)", ULL(np));
+    m->npages = np;
+    *out = m;
+    return 0;
+}
+
+void vmsnap_pagemask_free(struct vmsnap_pagemask *m)
+{
+    if (m)
+        free(m->bits);
+    free(m);
+}
+
+/* Newest-first (rp->under): `n` bytes of the record being read, at rp->data_off. A page that a
+ * newer layer holds (its bit set), or that lies past the newest layer's end (the mask's pages),
+ * is skipped; the rest is written, an all-zero whole page left a hole (the destination starts
+ * empty), and every page covered whole (or up to the file's end) marked. A page only partly
+ * covered (a full image's unaligned extent: it is the oldest layer) is written unmarked. The
+ * frames of one layer cover disjoint pages, so a bit is set by one thread; the words are
+ * shared, hence the atomics. */
+static int under_write(struct rec_parser *rp, const uint8_t *buf, size_t n, struct vmsnap_err *err)
+{
+    struct vmsnap_pagemask *m = rp->under;
+    const uint64_t rec_end = rp->data_off + rp->data_left;
+    uint64_t off = rp->data_off;
+    while (n > 0) {
+        const uint64_t pg = off / IMG_PAGE, pend = (pg + 1) * IMG_PAGE;
+        size_t k = (size_t)VMSNAP_MIN((uint64_t)n, pend - off);
+        if (pg >= m->npages)
+            return 0; /* past the newest layer's end: dropped */
+        uint64_t bit = 1ull << (pg % 64);
+        bool set = __atomic_load_n(&m->bits[pg / 64], __ATOMIC_RELAXED) & bit;
+        bool whole = off % IMG_PAGE == 0 && (k == IMG_PAGE || off + k == rp->total ||
+                                             (off + k == rec_end && rec_end == rp->total));
+        if (!set) {
+            if (!(whole && img_all_zero(buf, k))) {
+                int rc = sys_pwrite_full(rp->fd, buf, k, off);
+                if (rc < 0)
+                    return err_code(err, -rc, "%s: write %zu bytes at offset %llu",
+                                    rp->dst_name ? rp->dst_name : "destination", k, ULL(off));
+            }
+            if (whole)
+                __atomic_fetch_or(&m->bits[pg / 64], bit, __ATOMIC_RELAXED);
+        }
+        off += k;
+        buf += k;
+        n -= k;
+    }
+    return 0;
+}
+
 int rec_feed(struct rec_parser *rp, const uint8_t *buf, size_t len, struct vmsnap_err *err)
 {
     while (len > 0) {
         if (rp->state == REC_DATA) {
             size_t n = (size_t)VMSNAP_MIN((uint64_t)len, rp->data_left);
-            if (rp->fd >= 0 && rp->overlay) {
+            if (rp->fd >= 0 && rp->under) {
+                int rc = under_write(rp, buf, n, err);
+                if (rc < 0)
+                    return rc;
+            } else if (rp->fd >= 0 && rp->overlay) {
                 int rc = overlay_write(rp, buf, n, err);
                 if (rc < 0)
                     return rc;

@@ -79,7 +79,8 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
         rc = vmsnap_frame_decoder_new(&fd, &e);
         if (rc == 0) {
             vmsnap_frame_decoder_set_dst(fd, d->overlay ? d->oname : d->af.path);
-            vmsnap_frame_decoder_set_overlay(fd, d->overlay);
+            vmsnap_frame_decoder_set_overlay(fd, d->overlay && !d->under);
+            vmsnap_frame_decoder_set_under(fd, d->under);
         }
         int wr = rc == 0 && d->fill_fd > 0 ? sys_pwrite_full(d->fill_fd, buf, g->len, g->off) : 0;
         if (wr < 0)
@@ -301,7 +302,7 @@ int xfer_down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst,
             "%llu (%llu)",
             d->url, (unsigned long long)d->stats.total_size, (unsigned long long)d->stats.populated,
             (unsigned long long)d->mf->size, (unsigned long long)d->mf->populated);
-    if (ftruncate(dfd, (off_t)d->stats.total_size) < 0)
+    if (!d->under && ftruncate(dfd, (off_t)d->stats.total_size) < 0)
         return err_sys(err, "set size of %s to %llu", dst, (unsigned long long)d->stats.total_size);
     if (d->mf && d->mf->detail && d->mf->table_digest) {
         /* tableSha256 over the very bytes the table was parsed from: every frame is then

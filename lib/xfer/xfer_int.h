@@ -368,6 +368,9 @@ struct down {
     int ofd;
     const char *oname;
     int fill_fd; /* > 0: the object's bytes are also written here (a cache entry being filled) */
+    /* a chain applied newest first: pages already there are skipped (vmsnap_unpack_opts.under);
+     * the file's size is not set */
+    struct vmsnap_pagemask *under;
 };
 
 /* A set's file opened on a pool thread (xfer_down_open), reported back through d->opened. */

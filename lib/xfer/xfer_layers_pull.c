@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The pull of a layered set's files (formatVersion 3): each file's chain of layers, oldest
- * first, into one temporary: the full image decoded as any object, every delta after it
- * overlaid (its pages written, its zero pages punched). Each layer is checked against its
- * digest (tableSha256) and sizes before a byte of it is used. From a remote store the layers
+ * The pull of a layered set's files (formatVersion 3): each file's chain of layers into one
+ * temporary, newest layer first: a page mask (vmsnap_unpack_opts.under) keeps every page from
+ * the newest layer that has it, so each page is written once (oldest first, a chain of 8 wrote
+ * the golden's pages and every delta's: 2.3 s against 0.5 s for one layer, bench/layers.sh).
+ * Each layer is checked against its digest (tableSha256) and sizes before a byte of it is
+ * used. From a remote store the layers
  * go through the node's object cache (include/vmsnap/objcache.h) when one is configured: a
  * layer in it is decoded from there, one missing is fetched once and kept.
  */
@@ -36,7 +38,7 @@ static void layer_entry(const struct mf_file *f, const struct mf_layer *l, struc
  * `fill_fd` > 0 the object's bytes are written there too (a cache entry). */
 static int fetch_layer(struct xfer *x, struct vmsnap_store_conn *ctl, struct down *file,
                        struct down *d, const struct mf_file *le, const char *key, const char *dst,
-                       int fill_fd, struct vmsnap_err *err)
+                       int fill_fd, struct vmsnap_pagemask *under, struct vmsnap_err *err)
 {
     bool first = d == file;
     d->mf = le;
@@ -46,6 +48,7 @@ static int fetch_layer(struct xfer *x, struct vmsnap_store_conn *ctl, struct dow
     xfer_down_init(d);
     d->x = x;
     d->fill_fd = fill_fd;
+    d->under = under;
     if (!first) {
         d->overlay = true;
         d->ofd = file->af.fd;
@@ -61,7 +64,7 @@ static int fetch_layer(struct xfer *x, struct vmsnap_store_conn *ctl, struct dow
  * digest, sizes), then decoded in parallel into the file's temporary (created for layer 0). */
 static int layer_from_entry(struct xfer *x, int cfd, struct down *file, bool first,
                             const struct mf_file *le, const char *url, const char *dst,
-                            struct vmsnap_err *err)
+                            struct vmsnap_pagemask *under, struct vmsnap_err *err)
 {
     char name[URL_BUF + 32];
     snprintf(name, sizeof(name), "the cached copy of %s", url);
@@ -91,7 +94,7 @@ static int layer_from_entry(struct xfer *x, int cfd, struct down *file, bool fir
         struct vmsnap_unpack_opts uo = {.threads = x->o.threads,
                                         .max_size = x->o.max_size,
                                         .dst_name = file->af.path,
-                                        .overlay = !first};
+                                        .under = under};
         rc = vmsnap_image_decode_parallel(img, &src, file->af.fd, &uo, &st, err);
     }
     vmsnap_image_free(img);
@@ -109,7 +112,8 @@ static bool corrupt(int rc)
  * decoded as it arrives. */
 static int cached_layer(struct xfer *x, struct vmsnap_objcache *oc, struct vmsnap_store_conn *ctl,
                         struct down *file, struct down *d, const struct mf_file *le,
-                        const char *key, const char *url, const char *dst, struct vmsnap_err *err)
+                        const char *key, const char *url, const char *dst,
+                        struct vmsnap_pagemask *under, struct vmsnap_err *err)
 {
     bool first = d == file;
     char ck[80];
@@ -123,7 +127,7 @@ static int cached_layer(struct xfer *x, struct vmsnap_objcache *oc, struct vmsna
         if (rc < 0)
             return rc;
         if (f) { /* ours to fill */
-            rc = fetch_layer(x, ctl, file, d, le, key, dst, vmsnap_objcache_fill_fd(f), err);
+            rc = fetch_layer(x, ctl, file, d, le, key, dst, vmsnap_objcache_fill_fd(f), under, err);
             struct vmsnap_err ce = {0};
             if (rc == 0 && vmsnap_objcache_fill_commit(f, &ce) < 0) /* pulled, only not kept */
                 vlog(VMSNAP_LOG_WARN, "%s: not kept in the node's cache: %s", url, ce.msg);
@@ -132,7 +136,7 @@ static int cached_layer(struct xfer *x, struct vmsnap_objcache *oc, struct vmsna
             vmsnap_objcache_fill_abort(f);
             return rc;
         }
-        rc = layer_from_entry(x, cfd, file, first, le, url, dst, err);
+        rc = layer_from_entry(x, cfd, file, first, le, url, dst, under, err);
         vmsnap_objcache_put(oc, cfd);
         if (rc == 0) {
             pthread_mutex_lock(&x->mu);
@@ -161,16 +165,18 @@ static int pull_file(struct xfer *x, struct vmsnap_objcache *oc, struct vmsnap_s
     char dst[4352];
     snprintf(dst, sizeof(dst), "%s/%s", dir, f->name);
     uint64_t osize = 0;
-    int rc = 0;
+    struct vmsnap_pagemask *under = NULL;
+    int rc = f->nlayers > 1 ? vmsnap_pagemask_new(f->size, &under, err) : 0;
     file->x = x; /* started: the caller frees it */
-    for (size_t j = 0; rc == 0 && j < f->nlayers; j++) {
+    for (size_t n = 0; rc == 0 && n < f->nlayers; n++) {
+        size_t j = f->nlayers - 1 - n; /* newest first */
         struct mf_file le;
         layer_entry(f, &f->layers[j], &le);
-        struct down over = {0}, *d = j == 0 ? file : &over;
+        struct down over = {0}, *d = n == 0 ? file : &over;
         char url[URL_BUF];
         vmsnap_store_url(x->st, f->layers[j].key, url, sizeof(url));
-        rc = oc ? cached_layer(x, oc, ctl, file, d, &le, f->layers[j].key, url, dst, err)
-                : fetch_layer(x, ctl, file, d, &le, f->layers[j].key, dst, 0, err);
+        rc = oc ? cached_layer(x, oc, ctl, file, d, &le, f->layers[j].key, url, dst, under, err)
+                : fetch_layer(x, ctl, file, d, &le, f->layers[j].key, dst, 0, under, err);
         if (rc < 0 && err)
             vmsnap_err_wrap(err, "%s, layer %zu of %zu: ", f->name, j + 1, f->nlayers);
         osize += d->osize;
@@ -179,6 +185,9 @@ static int pull_file(struct xfer *x, struct vmsnap_objcache *oc, struct vmsnap_s
         else
             file->mf = NULL; /* `le` is gone; the publish reads only af and stats */
     }
+    if (rc == 0 && under && ftruncate(file->af.fd, (off_t)f->size) < 0)
+        rc = err_sys(err, "set size of %s to %llu", file->af.path, (unsigned long long)f->size);
+    vmsnap_pagemask_free(under);
     if (rc == 0) {
         file->stats.total_size = f->size;
         file->stats.populated = f->populated;
