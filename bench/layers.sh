@@ -50,9 +50,13 @@ s3() { # METHOD PATH: curl's own signer; prints the body
         -X "$1" "$AWS_ENDPOINT_URL/$2"
 }
 s3 PUT "$BUCKET" >/dev/null
+# warm RGW up (its first writes are slow) before anything is timed
+head -c $((48 << 20)) /dev/urandom >"$W/warm"
+"$VMSNAP" -q push "$W/warm" "s3://$BUCKET/warm" && "$VMSNAP" -q rm "s3://$BUCKET/warm"
+rm -f "$W/warm"
 store_bytes() { # PREFIX: bytes of every object under it
-    local tok="" total=0 body
-    body=$(s3 GET "$BUCKET/?list-type=2&prefix=$1/&max-keys=1000")
+    local body
+    body=$(s3 GET "$BUCKET/?list-type=2&max-keys=1000&prefix=$1%2F")
     echo "$body" | grep -o '<Size>[0-9]*</Size>' | sed 's/[^0-9]//g' | awk '{s+=$1} END {print s+0}'
 }
 server_cpu() {
@@ -92,7 +96,7 @@ print("%s\t%s.seconds\t%.3f" % (m, w, d["total"]))
 print("%s\t%s.client-cpu\t%s" % (m, w, sys.argv[4]))
 print("%s\t%s.server-cpu\t%s" % (m, w, sys.argv[5]))
 ob = d.get("object_bytes", 0); cb = d.get("cached_bytes", 0)
-if w == "suspend": print("%s\tsuspend.up-MiB\t%.2f" % (m, ob / 1048576))
+if w.endswith("suspend"): print("%s\tsuspend.up-MiB\t%.2f" % (m, ob / 1048576))
 else: print("%s\tresume.down-MiB\t%.2f" % (m, (ob - cb) / 1048576))' \
         "$W/j" "$mode" "$what" "$(echo "$cu + $cs" | bc)" "$(echo "$s1 - $s0" | bc)" >>"$RES"
 }
@@ -168,6 +172,7 @@ for k, lab in [("suspend.up-MiB", "uploaded MiB (p50)"), ("resume.down-MiB", "do
 print("| store MiB after the cycles (golden included) | %s |" %
       " | ".join("%.1f" % by[(m, "store-MiB")][0] for m in modes))
 print("| golden suspend MiB | %s |" % " | ".join("%.1f" % by[(m, "golden-suspend.up-MiB")][0] for m in modes))
+print("| golden suspend s | %s |" % " | ".join("%.2f" % by[(m, "golden-suspend.seconds")][0] for m in modes))
 if ("layers", "suspend.up-MiB") in by and ("full-nobase", "suspend.seconds") in by:
     l, f = by[("layers", "suspend.seconds")], by[("full-nobase", "suspend.seconds")]
     print("\nlayers/full-nobase: suspend p50 %.2fx, resume p50 %.2fx; upload p50 %.2fx the %d MiB dirtied" %
