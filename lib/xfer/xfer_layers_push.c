@@ -30,6 +30,7 @@ struct lpush {
     size_t *order;         /* largest first */
     size_t n, next;
     struct manifest parent; /* the parent set's manifest (format_version 3), when usable */
+    char *parent_key;       /* its key */
     bool have_parent;
     unsigned max_depth, delta_max_pct;
     unsigned deltas; /* files stored as a delta */
@@ -324,7 +325,10 @@ static int read_parent(struct lpush *p, struct vmsnap_err *err)
         rc = vmsnap_err_set(&e, EINVAL, "not a layered set (pushed with --layout reference?)");
     }
     free(mkey);
-    free(pkey);
+    if (rc == 0)
+        p->parent_key = pkey;
+    else
+        free(pkey);
     if (rc == -ENOMEM || rc == -ECANCELED) {
         if (err)
             *err = e;
@@ -381,9 +385,20 @@ static int ready(struct lpush *p, struct vmsnap_err *err)
 }
 
 /* The layers of the parent that the new manifest names are still there: a parent replaced
- * meanwhile and collected by a gc would leave this set naming objects that are gone. */
+ * meanwhile and collected by a gc would leave this set naming objects that are gone. The
+ * parent's manifest read again and unchanged (one GET) names them all, so no gc removes them;
+ * else every one is looked at (a HEAD each). */
 static int parents_there(struct lpush *p, struct vmsnap_err *err)
 {
+    if (!p->have_parent || !p->deltas)
+        return 0;
+    char *mkey = xfer_join_key(p->parent_key, VMSNAP_XFER_MANIFEST);
+    if (!mkey)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    int same = xfer_manifest_is(p->x, p->ctl, mkey, p->parent.push_id);
+    free(mkey);
+    if (same == 1)
+        return 0;
     for (size_t i = 0; i < p->n; i++) {
         const struct mf_file *f = &p->files[i];
         for (size_t j = 0; j + 1 < f->nlayers; j++) {
@@ -415,9 +430,8 @@ static int commit(struct lpush *p, struct vmsnap_err *err)
     char *json = manifest_build_layered(&m);
     if (!json)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
+    sys_failpoint("layered-uploaded"); /* every object stored, the manifest not yet */
     int rc = parents_there(p, err);
-    if (rc == 0)
-        sys_failpoint("layered-uploaded");
     if (rc == 0)
         rc = cancel_check(err);
     if (rc == 0) {
@@ -488,6 +502,7 @@ int xfer_push_layered(struct xfer *x, struct vmsnap_store_conn *ctl, const char 
     struct manifest m = {.files = p.files, .n = p.n};
     manifest_fini(&m);
     manifest_fini(&p.parent);
+    free(p.parent_key);
     for (size_t i = 0; i < p.nstored; i++)
         free(p.stored[i]);
     free(p.stored);

@@ -241,6 +241,19 @@ cp -a "$T/a" "$T/big" && head -c 4194304 /dev/urandom | dd of="$T/big/memory" bs
 "$VMSNAP" -q push "$T/b" "$U/gold" && "$VMSNAP" -q rm "$U/gold" || fail "replace and rm gold"
 "$VMSNAP" -q gc --older-than 0 "$U" || fail "gc with children of a removed golden"
 "$VMSNAP" -q pull "$U/d1" "$T/pd1b" && same_set "$T/d1" "$T/pd1b" || fail "a child after its golden went"
+# the parent replaced and its layers collected while a child push runs: the push sees it
+# before its commit (the parent's manifest changed: every layer looked at) and stores nothing
+"$VMSNAP" -q push "$T/a" "$U/p2" || fail "push p2"
+cp -a "$T/a" "$T/ch" && change "$T/ch" 31
+VMSNAP_FAILPOINT=layered-uploaded:stop "$VMSNAP" -q push --parent "$U/p2" "$T/ch" "$U/ch" 2>"$T/ch.err" &
+pid=$!
+wait_stopped "$pid" || fail "the child push never reached its commit"
+"$VMSNAP" -q push "$T/b" "$U/p2" && "$VMSNAP" -q gc --older-than 0 "$U/p2" || fail "replace and gc p2"
+kill -CONT "$pid"
+rc=0 && wait "$pid" || rc=$?
+[ "$rc" != 0 ] || fail "a child push over a collected parent committed"
+grep -q "is gone or changed" "$T/ch.err" || fail "the collected parent not said: $(cat "$T/ch.err")"
+expect_fail "pull of the child that did not commit" "$VMSNAP" pull "$U/ch" "$T/chp"
 # a layer gone from the store: the pull refuses, naming it
 man_get "$U/d1" "$T/d1m.json"
 k0=$(jget "$T/d1m.json" 'j["files"]["memory"]["layers"][0]["key"]')
