@@ -15,7 +15,7 @@ static const struct option lopts[] = {
     {"part-size", required_argument, NULL, 'p'},
     {"max-memory", required_argument, NULL, 'm'},
     {"threads", required_argument, NULL, 't'},
-    {"frame-size", required_argument, NULL, 'f'},
+    {"frame-size", required_argument, NULL, 'z'},
     {"level", required_argument, NULL, 'l'},
     {"max-size", required_argument, NULL, 's'},
     {"no-fsync", no_argument, NULL, 'n'},
@@ -46,7 +46,7 @@ static int for_this_verb(const char *verb, int c)
         {'p', " push ", "--part-size", "push"},
         {'m', " push pull ", "--max-memory", "push and pull"},
         {'t', " push pull ", "--threads", "push and pull"},
-        {'f', " push ", "--frame-size", "push"},
+        {'z', " push ", "--frame-size", "push"},
         {'l', " push ", "--level", "push"},
         {'n', " pull ", "--no-fsync", "pull"},
     };
@@ -69,7 +69,7 @@ static int count_opt(const char *verb, int c, struct vmsnap_xfer_opts *o)
         const char *want;
     } counts[] = {
         {'j', 1, 256, "-j wants a connection count from 1 to 256"},
-        {'t', 1, 256, "--threads wants 1 to 256"},
+        {'t', 0, 256, "-T/--threads wants 0 (all CPUs) to 256"},
         {'l', 1, 22, "--level wants a zstd level from 1 to 22"},
         {'R', 0, 100, "--retries wants 0 to 100"},
     };
@@ -98,7 +98,7 @@ static int size_opt(const char *verb, int c, struct vmsnap_xfer_opts *o)
         return cli_usage(verb, "%s wants a size like 16M, not '%s'",
                          c == 'p'   ? "--part-size"
                          : c == 'm' ? "--max-memory"
-                         : c == 'f' ? "--frame-size"
+                         : c == 'z' ? "--frame-size"
                                     : "--max-size",
                          optarg),
                -1;
@@ -106,7 +106,7 @@ static int size_opt(const char *verb, int c, struct vmsnap_xfer_opts *o)
         o->part_size = sz;
     else if (c == 'm')
         o->max_memory = sz;
-    else if (c == 'f')
+    else if (c == 'z')
         o->frame_size = sz;
     else
         o->max_size = sz;
@@ -120,7 +120,7 @@ static int verb_flag(const char *verb, int c, struct vmsnap_xfer_opts *o,
     switch (c) {
     case 'F':
         if (!f->force)
-            return cli_usage(verb, "--force is an option of rm only"), -1;
+            return cli_usage(verb, "-f/--force is an option of rm and pull only"), -1;
         *f->force = true;
         return 0;
     case 'N':
@@ -143,10 +143,8 @@ static int verb_flag(const char *verb, int c, struct vmsnap_xfer_opts *o,
             return cli_usage(verb, "--base is an option of push only"), -1;
         o->base = optarg;
         return 0;
-    case 'J':
-        if (!f->json)
-            return cli_usage(verb, "--json is an option of push, pull and ls only"), -1;
-        *f->json = true;
+    case 'J': /* every transfer verb reports (main saw it first: cli_json) */
+        cli_json = true;
         return 0;
     case 'D':
         if (!f->drop_cache)
@@ -169,7 +167,7 @@ static int one_opt(const char *verb, int c, struct vmsnap_xfer_opts *o, const st
         return count_opt(verb, c, o);
     case 'p':
     case 'm':
-    case 'f':
+    case 'z':
     case 's':
         return size_opt(verb, c, o);
     case 'n':
@@ -218,7 +216,11 @@ static int xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xf
         f = &none;
     int c;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "j:hqv", lopts)) != -1) {
+    while ((c = cli_getopt(argc, argv, "j:T:fhqv", lopts)) != -1) {
+        if (c == 'T') /* -T N: the codec's threads, as pack's */
+            c = 't';
+        else if (c == 'f')
+            c = 'F';
         int rc = for_this_verb(verb, c);
         if (rc == 0)
             rc = one_opt(verb, c, o, f);
@@ -256,25 +258,17 @@ static void summary(const char *verb, const struct vmsnap_xfer_stats *st, double
                 cli_bytes(a, sizeof(a), st->copied_bytes));
 }
 
-/* The summary as one JSON object on stdout (push/pull --json). */
-static void summary_json(const char *src, const char *dst, const struct vmsnap_xfer_stats *st,
-                         double wall)
+/* The summary in the run's JSON object (push/pull --json). */
+static void summary_json(const struct vmsnap_xfer_stats *st, double wall)
 {
-    json_object *o = json_object_new_object();
-    json_object_object_add(o, "source", json_object_new_string(src));
-    json_object_object_add(o, "destination", json_object_new_string(dst));
+    json_object *o = cli_out();
     json_object_object_add(o, "files", json_object_new_int64((int64_t)st->files));
-    json_object_object_add(o, "logical_size", json_object_new_int64((int64_t)st->logical));
-    json_object_object_add(o, "populated", json_object_new_int64((int64_t)st->populated));
-    json_object_object_add(o, "object_size", json_object_new_int64((int64_t)st->object_bytes));
+    json_object_object_add(o, "logical_bytes", json_object_new_int64((int64_t)st->logical));
+    json_object_object_add(o, "populated_bytes", json_object_new_int64((int64_t)st->populated));
+    json_object_object_add(o, "object_bytes", json_object_new_int64((int64_t)st->object_bytes));
     json_object_object_add(o, "copied_bytes", json_object_new_int64((int64_t)st->copied_bytes));
-    char ws[32], cs[32];
-    snprintf(ws, sizeof(ws), "%.3f", wall);
-    snprintf(cs, sizeof(cs), "%.3f", cli_cpu_seconds());
-    json_object_object_add(o, "seconds", json_object_new_double_s(wall, ws));
-    json_object_object_add(o, "cpu_seconds", json_object_new_double_s(atof(cs), cs));
-    cli_json_line(o);
-    json_object_put(o);
+    json_object_object_add(o, "seconds", cli_json_seconds(wall));
+    json_object_object_add(o, "cpu_seconds", cli_json_seconds(cli_cpu_seconds()));
 }
 
 int cmd_xfer_args(const struct xfer_verb *v, int argc, char **argv, struct vmsnap_xfer_opts *o,
@@ -296,6 +290,8 @@ int cmd_xfer_args(const struct xfer_verb *v, int argc, char **argv, struct vmsna
     }
     if (url_operand(v->name, argv[i + v->url]) < 0)
         return -1;
+    for (int k = 0; k < v->operands; k++) /* what the output and a failure name */
+        cli_subject(k == v->url ? "url" : "path", argv[i + k]);
     return i;
 }
 
@@ -306,7 +302,7 @@ int cmd_xfer_end(const char *verb, int rc, const struct vmsnap_err *err)
 }
 
 int cmd_xfer_copy(const char *verb, cmd_xfer_copy_fn fn, const char *from, const char *to,
-                  struct vmsnap_xfer_opts *o, bool json)
+                  struct vmsnap_xfer_opts *o)
 {
     struct cli_progress p;
     cli_progress_init(&p, verb);
@@ -317,10 +313,10 @@ int cmd_xfer_copy(const char *verb, cmd_xfer_copy_fn fn, const char *from, const
     double t0 = cli_now();
     int rc = fn(from, to, o, &st, &err);
     cli_progress_end(&p);
-    if (cmd_xfer_end(verb, rc, &err) != EXIT_OK)
-        return EXIT_FAIL;
-    if (json)
-        summary_json(from, to, &st, cli_now() - t0);
+    if ((rc = cmd_xfer_end(verb, rc, &err)) != EXIT_OK)
+        return rc;
+    if (cli_json)
+        summary_json(&st, cli_now() - t0);
     else
         summary(verb, &st, cli_now() - t0);
     return EXIT_OK;

@@ -109,13 +109,13 @@ grep -q "gave up after 2 attempts" "$T/err" || fail "base push, server gone: not
 # exit 1 saying so. The delays keep each mid-way when the signal comes.
 start_proxy "m3+:delay5000"
 interrupt INT 1.5 "$VMSNAP" push -j 2 --part-size 5M --endpoint "$PEP" "$T/r" "s3://$BUCKET/int"
-[ "$irc" = 1 ] || fail "interrupted push: exit $irc ($(cat "$T/err"))"
+[ "$irc" = 130 ] || fail "interrupted push: exit $irc ($(cat "$T/err"))"
 grep -q "interrupted (SIGINT)" "$T/err" || fail "interrupted push: message: $(cat "$T/err")"
 [ "$(head_code int)" = 404 ] || fail "an object is visible after the interrupted push"
 [ "$(uploads_left)" = 0 ] || fail "the interrupted push left its multipart upload"
 start_proxy "3+:delay5000"
 interrupt TERM 1.5 "$VMSNAP" pull -j 2 --endpoint "$PEP" "s3://$BUCKET/f" "$T/pint"
-[ "$irc" = 1 ] || fail "interrupted pull: exit $irc ($(cat "$T/err"))"
+[ "$irc" = 143 ] || fail "interrupted pull: exit $irc ($(cat "$T/err"))"
 grep -q "interrupted (SIGTERM)" "$T/err" || fail "interrupted pull: message: $(cat "$T/err")"
 [ -e "$T/pint" ] && fail "the interrupted pull left its destination"
 ls -A "$T" | grep -q '^\.pint' && fail "the interrupted pull left a temporary file"
@@ -146,7 +146,7 @@ mkdir -p "$T/cm2" && head -c $((17 * M)) /dev/urandom >"$T/cm2/memory-ranges" &&
 start_proxy "m3+:delay5000"
 interrupt INT 1.5 "$VMSNAP" push -j 2 --part-size 5M --endpoint "$PEP" "$T/cm2" "s3://$BUCKET/ov"
 stop_proxy
-[ "$irc" = 1 ] || fail "interrupted push over a set: exit $irc ($(cat "$T/err"))"
+[ "$irc" = 130 ] || fail "interrupted push over a set: exit $irc ($(cat "$T/err"))"
 raw_get ov/manifest.json "$T/ov.manifest2"
 cmp -s "$T/ov.manifest" "$T/ov.manifest2" || fail "the interrupted push changed the old manifest: $(cat "$T/err")"
 rm -rf "$T/ov.out" && "$VMSNAP" -q pull "s3://$BUCKET/ov" "$T/ov.out" && diff -r "$T/cm" "$T/ov.out" >/dev/null ||
