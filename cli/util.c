@@ -285,7 +285,8 @@ static void unknown_long(const char *arg, const struct option *lopts)
 int cli_getopt(int argc, char **argv, const char *shortopts, const struct option *lopts)
 {
     char so[64];
-    snprintf(so, sizeof(so), ":%s", shortopts); /* ':' a missing argument, '?' an unknown one */
+    /* ':' a missing argument, '?' an unknown one; -q and -v in every verb */
+    snprintf(so, sizeof(so), ":%sqv", shortopts);
     opterr = 0;
     int c;
     while ((c = getopt_long(argc, argv, so, lopts, NULL)) == 'q' || c == 'v')

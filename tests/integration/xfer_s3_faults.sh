@@ -170,7 +170,7 @@ wait_for 10 grep -q 'partNumber=2' "$T/proxy.log" ||
     fail "the push over og did not reach its 2nd part: $(cat "$T/err")"
 stop_proxy
 rc=0 && wait $opid || rc=$?
-[ "$rc" = 1 ] || fail "push with the store gone mid-upload: exit $rc: $(cat "$T/err")"
+[ "$rc" = 5 ] || fail "push with the store gone mid-upload: exit $rc: $(cat "$T/err")"
 # (its clean-up's listings are retried too, each line saying why: they said "()")
 grep -q "s3: retry .*GET .*Couldn't connect to server (endpoint" "$T/err" ||
     fail "no retry of the clean-up's requests logged with its reason: $(grep 's3: retry' "$T/err")"
@@ -238,7 +238,7 @@ for fp in push-completion push-completing; do
         echo u3 >"$T/cc/state" # the next round replaces this set
         cp -a "$T/cc.out" "$T/cc.before"
     else
-        [ $rc = 1 ] && diff -r "$T/cc.before" "$T/cc.out" >/dev/null ||
+        [ $rc = 130 ] && diff -r "$T/cc.before" "$T/cc.out" >/dev/null ||
             fail "Ctrl-C before the completions: exit $rc, old set not back: $(cat "$T/err")"
     fi
 done
