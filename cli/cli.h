@@ -110,16 +110,18 @@ int cli_unknown_sub(const char *verb, const char *sub, const char *const *subs);
 int cli_usage(const char *verb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Progress line on stderr when it is a TTY and not quiet: "verb: done / total (pct%, rate,
- * ETA)", cleared before any message (cli_eputs). `total` that grew since the first report is an
- * estimate, shown as "~total". `map` (optional) turns the library's `done` into the bytes the
- * line counts (pack: the populated bytes below a logical offset), `map_total` then the total. */
+ * ETA)", cleared before any message (cli_eputs). `total` that grew since the first report (or
+ * `estimate`) is an estimate, shown as "~total". `map` (optional) turns the library's `done` into
+ * the bytes the line counts (pack: the populated bytes below a logical offset), `map_total` then
+ * the total. */
 struct cli_progress {
     const char *label;
     double t0;
     double last;
     bool active;
     uint64_t first_total;
-    bool grew;
+    bool estimate; /* the total is not known yet: "~total" (set by a push, which learns it as it
+                      encodes) */
     uint64_t (*map)(void *arg, uint64_t done);
     void *map_arg;
     uint64_t map_total;

@@ -634,7 +634,7 @@ void cli_progress_cb(void *arg, uint64_t done, uint64_t total)
     if (p->first_total == 0)
         p->first_total = total;
     else if (total != p->first_total)
-        p->grew = true; /* a push learns its total as it encodes: an estimate */
+        p->estimate = true; /* a set pull learns its total file by file */
     if (p->map) {
         done = p->map(p->map_arg, done);
         total = p->map_total;
@@ -646,7 +646,7 @@ void cli_progress_cb(void *arg, uint64_t done, uint64_t total)
     }
     p->last = now;
     char a[32], b[32], r[32], eta[32] = "";
-    const char *approx = p->grew ? "~" : "";
+    const char *approx = p->estimate ? "~" : "";
     double el = now - p->t0;
     uint64_t rate = el > 0 ? (uint64_t)((double)done / el) : 0;
     if (rate && total > done) {

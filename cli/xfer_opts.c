@@ -306,6 +306,7 @@ int cmd_xfer_copy(const char *verb, cmd_xfer_copy_fn fn, const char *from, const
 {
     struct cli_progress p;
     cli_progress_init(&p, verb);
+    p.estimate = !strcmp(verb, "push"); /* object bytes: known only once encoded */
     o->progress = cli_progress_cb;
     o->progress_arg = &p;
     struct vmsnap_xfer_stats st;
