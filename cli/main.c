@@ -159,8 +159,10 @@ static int cmd_help(int argc, char **argv)
         return EXIT_OK;
     }
     const struct cli_verb *v = find_verb(argv[1]);
-    if (!v)
+    if (!v) {
+        cli_verb = ""; /* no "see 'vmsnap help help'" */
         return unknown_verb(argv[1], argv[1]);
+    }
     printf("usage: vmsnap %s\n\n%s\n", v->synopsis, v->help);
     return EXIT_OK;
 }
@@ -318,6 +320,7 @@ static int run(int argc, char **argv)
         return EXIT_USAGE;
     }
     if (i >= argc) {
+        cli_usage("", "no verb given");
         usage(stderr);
         return EXIT_USAGE;
     }
