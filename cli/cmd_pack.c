@@ -81,6 +81,7 @@ static void run_start(struct run *r, const char *verb, const char *src)
     r->t0 = cli_now();
     r->c0 = cli_cpu_seconds();
     r->fd = -1;
+    r->pos = r->data = 0;
     struct stat st;
     /* the total: one walk of the extents up front (as cheap as the encoder's own), then again
      * from the start as the encoder goes */

@@ -209,7 +209,8 @@ jrun dinfo 0 "$VMSNAP" disk info --json d2.img
 keys dinfo 'j["path"] == "d2.img" and j["logical_bytes"] == 16 << 20 and j["inodes_used"] > 0'
 SD=$T/vs && mkdir -p "$SD/vms/k"
 printf '{"name":"k","status":"stopped","memory":536870912,"cpus":1,"kernel":"/none/k","accel":"tcg",%s}' \
-    "\"ram_path\":\"/dev/shm/vmsnap-0000-k.ram\",\"run_dir\":\"$SD/vms/k/run\"" >"$SD/vms/k/vm.json"
+    "\"ram_path\":\"/dev/shm/vmsnap-0000-k.ram\",\"run_dir\":\"$SD/vms/k/run\"" >"$T/k.json"
+cp "$T/k.json" "$SD/vms/k/vm.json"
 jrun vmls 0 env VMSNAP_RAM_DIR=/dev/shm "$VMSNAP" vm ls --json --state-dir "$SD"
 keys vmls '[v["name"] for v in j["vms"]] == ["k"]' \
     'set(j["vms"][0]) >= {"status", "pid", "accel", "memory_bytes", "checkpoint", "url", "path"}'
@@ -263,6 +264,7 @@ for q in "-q pack -f f q.img" "pack -q -f f q.img" "pack -f f q.img -q" "--quiet
     "$VMSNAP" $q 2>q.err || fail "vmsnap $q"
     [ -s q.err ] && fail "vmsnap $q printed: $(cat q.err)"
 done
+mkdir -p "$SD/vms/k" && cp "$T/k.json" "$SD/vms/k/vm.json" # (vm ls of no VMs: UBSan's qsort(NULL))
 for q in "-q vm ls" "vm -q ls" "vm ls -q" "vm ls --quiet"; do
     # shellcheck disable=SC2086
     env VMSNAP_RAM_DIR=/dev/shm "$VMSNAP" $q --state-dir "$SD" >/dev/null 2>q.err || fail "vmsnap $q: $(cat q.err)"
