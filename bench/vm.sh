@@ -122,7 +122,7 @@ record() { # record CONFIG JSON-LINE
     python3 -c 'import json,sys
 d=json.loads(sys.argv[2]); op=d["op"]
 for k,v in d["steps"].items(): print("%s\t%s.%s\t%s" % (sys.argv[1], op, k, v))
-print("%s\t%s.total\t%s" % (sys.argv[1], op, d["total"]))
+print("%s\t%s.total\t%s" % (sys.argv[1], op, d["seconds"]))
 if "object_bytes" in d:
     print("%s\t%s.object-MiB\t%.1f" % (sys.argv[1], op, d["object_bytes"] / 1048576))
     print("%s\t%s.copied-by-store-MiB\t%.1f" % (sys.argv[1], op, d["copied_bytes"] / 1048576))' "$1" "$2" >>"$RES"

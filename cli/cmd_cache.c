@@ -18,7 +18,8 @@
 
 #define STAT_USAGE "cache stat [--json] PATH..."
 #define EVICT_USAGE                                                                                \
-    "cache evict [--staged] [--preserve PATH]... [--wait DURATION] [--kick-writeback] PATH..."
+    "cache evict [--json] [--staged] [--preserve PATH]... [--wait DURATION] [--kick-writeback] "   \
+    "PATH..."
 #define OBJECTS_USAGE "cache objects [--json] [--cache-dir DIR] [--cache-size SIZE]"
 #define TRIM_USAGE "cache trim [--max-size SIZE] [--json] [--cache-dir DIR] [--cache-size SIZE]"
 
@@ -39,10 +40,10 @@ static json_object *stat_json(const char *path, const struct vmsnap_pcache_stat 
         json_object_object_add(o, "path", json_object_new_string(path));
     else
         json_object_object_add(o, "files", json_object_new_int64((int64_t)st->files));
-    json_object_object_add(o, "size", json_object_new_int64((int64_t)st->size));
+    json_object_object_add(o, "logical_bytes", json_object_new_int64((int64_t)st->size));
     json_object_object_add(o, "pages", json_object_new_int64((int64_t)st->pages));
     json_object_object_add(o, "cached", json_object_new_int64((int64_t)st->cached));
-    json_object_object_add(o, "source",
+    json_object_object_add(o, "method",
                            json_object_new_string(st->mincore ? "mincore" : "cachestat"));
     if (!st->mincore) {
         json_object_object_add(o, "dirty", json_object_new_int64((int64_t)st->dirty));
@@ -77,7 +78,7 @@ static int stat_cb(void *arg, const char *path, const struct vmsnap_pcache_stat 
     struct stat_out *o = arg;
     if (o->json) {
         json_object *j = stat_json(path, st);
-        printf("%s\n    ", o->first ? "" : ",");
+        fputs(o->first ? "" : ",", stdout);
         cli_json_write(stdout, j);
         json_object_put(j);
         o->first = false;
@@ -90,7 +91,7 @@ static int stat_cb(void *arg, const char *path, const struct vmsnap_pcache_stat 
 
 static int cache_stat(int argc, char **argv)
 {
-    static const struct option lopts[] = {{"json", no_argument, NULL, 'j'},
+    static const struct option lopts[] = {{"json", no_argument, NULL, 'J'},
                                           {"help", no_argument, NULL, 'h'},
                                           CLI_COMMON_LONGOPTS,
                                           {NULL, 0, NULL, 0}};
@@ -99,8 +100,8 @@ static int cache_stat(int argc, char **argv)
     optind = 1;
     while ((c = cli_getopt(argc, argv, "hqv", lopts)) != -1) {
         switch (c) {
-        case 'j':
-            o.json = true;
+        case 'J':
+            cli_json = true;
             break;
         case 'h':
             printf("usage: vmsnap %s\n", STAT_USAGE);
@@ -113,18 +114,18 @@ static int cache_stat(int argc, char **argv)
         return cli_usage("cache", "stat: no PATH given (usage: %s)", STAT_USAGE);
     struct vmsnap_pcache_stat total = {0};
     int rc = EXIT_OK;
-    if (o.json)
-        printf("{\"files\": [");
-    else
+    o.json = cli_json;
+    if (o.json) { /* streamed: memory stays bounded on any tree */
+        cli_out_stream_begin();
+        fputs(",\"files\":[", stdout);
+    } else
         printf("%12s %10s %10s %7s %10s %10s %10s %10s  %s\n", "SIZE", "PAGES", "CACHED", "%",
                "DIRTY", "WRITEBACK", "EVICTED", "RECENT", "PATH");
     for (int i = optind; i < argc; i++) {
         struct vmsnap_pcache_stat sum;
         struct vmsnap_err err = {0};
-        if (vmsnap_pcache_stat_path(argv[i], stat_cb, &o, &sum, &err) < 0) {
-            cli_error("cache", "%s", err.msg);
-            rc = EXIT_FAIL;
-        }
+        if (vmsnap_pcache_stat_path(argv[i], stat_cb, &o, &sum, &err) < 0)
+            rc = cli_fail("cache", &err);
         total.files += sum.files;
         total.size += sum.size;
         total.pages += sum.pages;
@@ -138,9 +139,8 @@ static int cache_stat(int argc, char **argv)
     }
     if (o.json) {
         json_object *t = stat_json(NULL, &total);
-        printf("\n  ],\n  \"page_size\": %u,\n  \"total\": ", total.page_size);
+        printf("],\"page_bytes\":%u,\"total\":", total.page_size);
         cli_json_write(stdout, t);
-        printf("\n}\n");
         json_object_put(t);
     } else {
         char label[64];
@@ -202,14 +202,14 @@ static int evict_getopt(int argc, char **argv, struct evict_args *a, int *rc)
                                           {"wait", required_argument, NULL, 'w'},
                                           {"kick-writeback", no_argument, NULL, 'k'},
                                           {"preserve", required_argument, NULL, 'p'},
+                                          {"json", no_argument, NULL, 'J'},
                                           {"help", no_argument, NULL, 'h'},
                                           CLI_COMMON_LONGOPTS,
                                           {NULL, 0, NULL, 0}};
     a->wait = -1;
     a->preserve = calloc((size_t)argc + 1, sizeof(char *));
     if (!a->preserve) {
-        cli_error("cache", "out of memory");
-        *rc = EXIT_FAIL;
+        *rc = cli_fail_code("cache", ENOMEM, "out of memory");
         return -1;
     }
     int c;
@@ -218,6 +218,9 @@ static int evict_getopt(int argc, char **argv, struct evict_args *a, int *rc)
         switch (c) {
         case 's':
             a->opts.staged = true;
+            break;
+        case 'J':
+            cli_json = true;
             break;
         case 'k':
             a->opts.kick_writeback = true;
@@ -273,10 +276,8 @@ static int evict_wait(struct vmsnap_pcache_retrier *retrier, double wait,
                       const struct vmsnap_pcache_report *rep, struct evict_totals *t)
 {
     int rc = EXIT_OK;
-    if (vmsnap_pcache_retrier_wait(retrier, wait + 1.0) == -ECANCELED) {
-        cli_error("cache", "interrupted while waiting for writeback (--wait)");
-        rc = EXIT_FAIL;
-    }
+    if (vmsnap_pcache_retrier_wait(retrier, wait + 1.0) == -ECANCELED)
+        rc = cli_fail_code("cache", ECANCELED, "interrupted while waiting for writeback (--wait)");
     struct vmsnap_pcache_retrier_stats rs;
     vmsnap_pcache_retrier_get_stats(retrier, &rs);
     vmsnap_pcache_retrier_free(retrier);
@@ -287,6 +288,30 @@ static int evict_wait(struct vmsnap_pcache_retrier *retrier, double wait,
     t->still_dirty = rep->dirty_files - rep->scheduled + rs.gave_up + rs.failed + rs.pending;
     t->changed = rs.replaced;
     return rc;
+}
+
+static void evict_json(const struct vmsnap_pcache_report *rep, const struct evict_totals *t)
+{
+    const struct {
+        const char *key;
+        uint64_t v;
+    } kv[] = {
+        {"dropped_pages", t->dropped_pages},
+        {"dropped_bytes", t->dropped_pages * (uint64_t)sysconf(_SC_PAGESIZE)},
+        {"dropped_files", t->dropped_files},
+        {"removed_files", rep->removed_files},
+        {"removed_bytes", rep->removed_bytes},
+        {"removed_pages", rep->removed_pages},
+        {"dirty_files", t->still_dirty},
+        {"changed_files", t->changed},
+        {"writeback_started_files", rep->kicked},
+        {"busy_files", rep->busy_files},
+        {"readonly_files", rep->readonly_files},
+        {"unknown_files", rep->unknown_files},
+        {"skipped_mounts", rep->skipped_mounts},
+    };
+    for (size_t i = 0; i < sizeof(kv) / sizeof(kv[0]); i++)
+        json_object_object_add(cli_out(), kv[i].key, json_object_new_int64((int64_t)kv[i].v));
 }
 
 static void evict_report(const struct vmsnap_pcache_report *rep, const struct evict_totals *t)
@@ -325,8 +350,7 @@ static int cache_evict(int argc, char **argv)
     struct vmsnap_err err = {0};
     if (first >= 0 && a.wait > 0) {
         if (wait_retrier(a.wait, &retrier, &err) < 0) {
-            cli_error("cache", "%s", err.msg);
-            rc = EXIT_FAIL;
+            rc = cli_fail("cache", &err);
             first = -1;
         }
         a.opts.retrier = retrier;
@@ -338,16 +362,17 @@ static int cache_evict(int argc, char **argv)
     struct vmsnap_pcache_report rep = {0};
     for (int i = first; i < argc; i++) {
         vmsnap_err_clear(&err);
-        if (vmsnap_pcache_evict(argv[i], &a.opts, &rep, &err) < 0) {
-            cli_error("cache", "%s", err.msg);
-            rc = EXIT_FAIL;
-        }
+        if (vmsnap_pcache_evict(argv[i], &a.opts, &rep, &err) < 0)
+            rc = cli_fail("cache", &err);
     }
     struct evict_totals t = {rep.dropped_pages, rep.dropped_files, rep.dirty_files, 0};
-    if (retrier && evict_wait(retrier, a.wait, &rep, &t) != EXIT_OK)
-        rc = EXIT_FAIL;
+    int wrc = retrier ? evict_wait(retrier, a.wait, &rep, &t) : EXIT_OK;
+    if (wrc != EXIT_OK)
+        rc = wrc;
     free(a.preserve);
-    if (!cli_quiet)
+    if (cli_json)
+        evict_json(&rep, &t);
+    else if (!cli_quiet)
         evict_report(&rep, &t);
     return rc;
 }
@@ -557,7 +582,6 @@ int cmd_cache(int argc, char **argv)
         return cache_objcache(argc - 1, argv + 1, false);
     if (strcmp(argv[1], "trim") == 0)
         return cache_objcache(argc - 1, argv + 1, true);
-    return cli_usage("cache",
-                     "unknown subcommand '%s' (expected 'stat', 'evict', 'objects' or 'trim')",
-                     argv[1]);
+    static const char *const subs[] = {"stat", "evict", "objects", "trim", NULL};
+    return cli_unknown_sub("cache", argv[1], subs);
 }

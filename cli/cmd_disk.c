@@ -12,10 +12,11 @@
 #include <string.h>
 
 static const char *const sub_usage =
-    "disk create [--size SIZE] [--inodes N] [--label L] [--uuid U] [--force] [--fsync]\n"
+    "disk create [--json] [--size SIZE] [--inodes N] [--label L] [--uuid U] [-f|--force] "
+    "[--fsync]\n"
     "                   [--add SRC:DEST[:MODE[:UID:GID]]]... [--mkdir DEST[:MODE[:UID:GID]]]...\n"
     "                   [--from-dir DIR] IMAGE\n"
-    "       disk clone [--link] [--new-uuid] [--force] [--direct] SRC DST\n"
+    "       disk clone [--json] [--link] [--new-uuid] [-f|--force] [--direct] SRC DST\n"
     "       disk info [--json] IMAGE";
 
 static int disk_help(void)
@@ -27,14 +28,11 @@ static int disk_help(void)
 static int fail(const char *sub, const struct vmsnap_err *e)
 {
     /* Library messages already start with "disk <sub> <image>:". */
-    if (strncmp(e->msg, "disk ", 5) == 0) {
-        cli_eputs("vmsnap ", e->msg);
-    } else {
-        char verb[32];
-        snprintf(verb, sizeof(verb), "disk %s", sub);
-        cli_error(verb, "%s", e->msg);
-    }
-    return EXIT_FAIL;
+    if (strncmp(e->msg, "disk ", 5) == 0)
+        return cli_fail_code("", e->code, "%s", e->msg);
+    char verb[32];
+    snprintf(verb, sizeof(verb), "disk %s", sub);
+    return cli_fail(verb, e);
 }
 
 /* Parse ":MODE[:UID:GID]" (the part after DEST) into e. */
@@ -102,6 +100,37 @@ static int parse_entry(int c, char *arg, struct vmsnap_disk_entry *e)
     return 0;
 }
 
+/* --json: what disk info (and create) report, in the run's object. */
+static void info_json(const struct vmsnap_disk_info *ip)
+{
+    json_object *o = cli_out();
+    json_object_object_add(o, "logical_bytes", json_object_new_int64((int64_t)ip->virtual_size));
+    json_object_object_add(o, "allocated_bytes", json_object_new_int64((int64_t)ip->allocated));
+    json_object_object_add(o, "block_bytes", json_object_new_int64(ip->block_size));
+    json_object_object_add(o, "blocks_total", json_object_new_int64((int64_t)ip->blocks_total));
+    json_object_object_add(o, "blocks_free", json_object_new_int64((int64_t)ip->blocks_free));
+    json_object_object_add(o, "blocks_used",
+                           json_object_new_int64((int64_t)(ip->blocks_total - ip->blocks_free)));
+    json_object_object_add(o, "inodes_total", json_object_new_int64((int64_t)ip->inodes_total));
+    json_object_object_add(o, "inodes_free", json_object_new_int64((int64_t)ip->inodes_free));
+    json_object_object_add(o, "inodes_used",
+                           json_object_new_int64((int64_t)(ip->inodes_total - ip->inodes_free)));
+    json_object_object_add(o, "uuid", json_object_new_string(ip->uuid_str));
+    /* bytes from the image: cli_json_line escapes them as every name in JSON */
+    json_object_object_add(o, "label", json_object_new_string(ip->label));
+    json_object *f = json_object_new_array();
+    char feats[sizeof(ip->features)];
+    memcpy(feats, ip->features, sizeof(feats));
+    char *save = NULL;
+    for (char *t = strtok_r(feats, " ", &save); t; t = strtok_r(NULL, " ", &save))
+        json_object_array_add(f, json_object_new_string(t));
+    json_object_object_add(o, "features", f);
+    json_object_object_add(o, "clean", json_object_new_boolean(ip->clean));
+    json_object_object_add(o, "mount_count", json_object_new_int64(ip->mount_count));
+    json_object_object_add(o, "mkfs_time", json_object_new_int64(ip->mkfs_time));
+    json_object_object_add(o, "write_time", json_object_new_int64(ip->write_time));
+}
+
 static int disk_create(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -114,6 +143,7 @@ static int disk_create(int argc, char **argv)
         {"from-dir", required_argument, NULL, 'd'},
         {"force", no_argument, NULL, 'f'},
         {"fsync", no_argument, NULL, 'S'},
+        {"json", no_argument, NULL, 'J'},
         {"help", no_argument, NULL, 'h'},
         CLI_COMMON_LONGOPTS,
         {NULL, 0, NULL, 0},
@@ -122,15 +152,16 @@ static int disk_create(int argc, char **argv)
     struct vmsnap_disk_entry *ents = calloc((size_t)argc, sizeof(*ents));
     uint8_t uuid[16];
     int rc = EXIT_USAGE;
-    if (!ents) {
-        cli_error("disk create", "out of memory");
-        return EXIT_FAIL;
-    }
+    if (!ents)
+        return cli_fail_code("disk create", ENOMEM, "out of memory");
     size_t n = 0;
     int c;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "hqv", opts)) != -1) {
+    while ((c = cli_getopt(argc, argv, "fhqv", opts)) != -1) {
         switch (c) {
+        case 'J':
+            cli_json = true;
+            break;
         case 's':
             if (cli_parse_size(optarg, &o.size) < 0 || o.size < VMSNAP_DISK_MIN_SIZE ||
                 o.size > VMSNAP_DISK_MAX_SIZE + 4095) {
@@ -191,8 +222,13 @@ static int disk_create(int argc, char **argv)
     }
     o.entries = ents;
     o.n_entries = n;
+    cli_subject("path", argv[optind]);
     struct vmsnap_err e = {0};
     rc = vmsnap_disk_create(argv[optind], &o, &e) < 0 ? fail("create", &e) : EXIT_OK;
+    struct vmsnap_disk_info in;
+    if (rc == EXIT_OK && cli_json) /* what disk info says of the new image */
+        rc = vmsnap_disk_info(argv[optind], &in, &e) < 0 ? fail("create", &e)
+                                                         : (info_json(&in), EXIT_OK);
 out:
     free(ents);
     return rc;
@@ -205,6 +241,7 @@ static int disk_clone(int argc, char **argv)
         {"new-uuid", no_argument, NULL, 'u'},
         {"force", no_argument, NULL, 'f'},
         {"direct", no_argument, NULL, 'd'},
+        {"json", no_argument, NULL, 'J'},
         {"help", no_argument, NULL, 'h'},
         CLI_COMMON_LONGOPTS,
         {NULL, 0, NULL, 0},
@@ -212,8 +249,11 @@ static int disk_clone(int argc, char **argv)
     struct vmsnap_disk_clone_opts o = {0};
     int c;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "hqv", opts)) != -1) {
+    while ((c = cli_getopt(argc, argv, "fhqv", opts)) != -1) {
         switch (c) {
+        case 'J':
+            cli_json = true;
+            break;
         case 'l':
             o.link = true;
             break;
@@ -238,11 +278,15 @@ static int disk_clone(int argc, char **argv)
     if (o.link && o.new_uuid)
         return cli_usage("disk", "clone: --link and --new-uuid exclude each other (a link shares "
                                  "the source's superblock)");
+    cli_subject("source_path", argv[optind]);
+    cli_subject("path", argv[optind + 1]);
     struct vmsnap_err e = {0};
     enum vmsnap_disk_clone_how how;
     if (vmsnap_disk_clone(argv[optind], argv[optind + 1], &o, &how, &e) < 0)
         return fail("clone", &e);
     static const char *const names[] = {"link", "ficlone", "extents", "read-write", "direct"};
+    if (cli_json)
+        json_object_object_add(cli_out(), "method", json_object_new_string(names[how]));
     if (cli_verbose) {
         static char s[CLI_PRINTABLE_MAX], d[CLI_PRINTABLE_MAX];
         fprintf(stderr, "vmsnap disk clone: %s -> %s (%s)\n",
@@ -260,7 +304,6 @@ static int disk_info(int argc, char **argv)
         CLI_COMMON_LONGOPTS,
         {NULL, 0, NULL, 0},
     };
-    bool json = false;
     int c;
     optind = 1;
     while ((c = cli_getopt(argc, argv, "hqv", opts)) != -1) {
@@ -268,44 +311,17 @@ static int disk_info(int argc, char **argv)
             return disk_help();
         if (c != 'j')
             return cli_usage("disk", "info: unknown option");
-        json = true;
+        cli_json = true;
     }
     if (optind != argc - 1)
         return cli_usage("disk", "info wants exactly one IMAGE");
+    cli_subject("path", argv[optind]);
     struct vmsnap_disk_info in;
     struct vmsnap_err e = {0};
     if (vmsnap_disk_info(argv[optind], &in, &e) < 0)
         return fail("info", &e);
-    if (json) {
-        json_object *o = json_object_new_object();
-        json_object_object_add(o, "path", json_object_new_string(argv[optind]));
-        json_object_object_add(o, "virtual_size", json_object_new_int64((int64_t)in.virtual_size));
-        json_object_object_add(o, "allocated", json_object_new_int64((int64_t)in.allocated));
-        json_object_object_add(o, "block_size", json_object_new_int64(in.block_size));
-        json_object_object_add(o, "blocks_total", json_object_new_int64((int64_t)in.blocks_total));
-        json_object_object_add(o, "blocks_free", json_object_new_int64((int64_t)in.blocks_free));
-        json_object_object_add(o, "blocks_used",
-                               json_object_new_int64((int64_t)(in.blocks_total - in.blocks_free)));
-        json_object_object_add(o, "inodes_total", json_object_new_int64((int64_t)in.inodes_total));
-        json_object_object_add(o, "inodes_free", json_object_new_int64((int64_t)in.inodes_free));
-        json_object_object_add(o, "inodes_used",
-                               json_object_new_int64((int64_t)(in.inodes_total - in.inodes_free)));
-        json_object_object_add(o, "uuid", json_object_new_string(in.uuid_str));
-        /* bytes from the image: cli_json_line escapes them as every name in JSON */
-        json_object_object_add(o, "label", json_object_new_string(in.label));
-        json_object *f = json_object_new_array();
-        char feats[sizeof(in.features)];
-        memcpy(feats, in.features, sizeof(feats));
-        char *save = NULL;
-        for (char *t = strtok_r(feats, " ", &save); t; t = strtok_r(NULL, " ", &save))
-            json_object_array_add(f, json_object_new_string(t));
-        json_object_object_add(o, "features", f);
-        json_object_object_add(o, "clean", json_object_new_boolean(in.clean));
-        json_object_object_add(o, "mount_count", json_object_new_int64(in.mount_count));
-        json_object_object_add(o, "mkfs_time", json_object_new_int64(in.mkfs_time));
-        json_object_object_add(o, "write_time", json_object_new_int64(in.write_time));
-        cli_json_line(o);
-        json_object_put(o);
+    if (cli_json) {
+        info_json(&in);
         return EXIT_OK;
     }
     char a[32], b[32];
@@ -340,5 +356,6 @@ int cmd_disk(int argc, char **argv)
         return disk_clone(argc - 1, argv + 1);
     if (!strcmp(argv[1], "info"))
         return disk_info(argc - 1, argv + 1);
-    return cli_usage("disk", "unknown subcommand '%s'; want: %s", argv[1], sub_usage);
+    static const char *const subs[] = {"create", "clone", "info", NULL};
+    return cli_unknown_sub("disk", argv[1], subs);
 }

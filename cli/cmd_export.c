@@ -28,10 +28,8 @@ static int export_fn(const char *from, const char *to, const struct vmsnap_xfer_
 int cmd_export(int argc, char **argv)
 {
     struct vmsnap_xfer_opts o = {0};
-    bool json = false;
-    int rc,
-        i = cmd_xfer_args(&export_verb, argc, argv, &o, &(struct xfer_flags){.json = &json}, &rc);
+    int rc, i = cmd_xfer_args(&export_verb, argc, argv, &o, &(struct xfer_flags){0}, &rc);
     if (i < 0)
         return rc;
-    return cmd_xfer_copy("export", export_fn, argv[i], argv[i + 1], &o, json);
+    return cmd_xfer_copy("export", export_fn, argv[i], argv[i + 1], &o);
 }

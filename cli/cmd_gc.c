@@ -6,6 +6,7 @@
 #include "vmsnap/xfer.h"
 
 #include <inttypes.h>
+#include <json.h>
 #include <stdio.h>
 
 #define GC_DEFAULT_AGE 3600 /* an hour without activity: no running push is that idle */
@@ -24,10 +25,26 @@ static void age_text(char *b, size_t n, int64_t s)
         snprintf(b, n, "%" PRId64 " days old", s / 86400);
 }
 
+/* --json: each upload or mark found, in the run's object as "items" */
+static json_object *items;
+
 static void report(void *arg, enum vmsnap_gc_kind kind, const char *key, uint64_t size, int64_t age,
                    bool act)
 {
     const bool *dry = arg;
+    if (items) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(
+            o, "kind", json_object_new_string(kind == VMSNAP_GC_UPLOAD ? "upload" : "push_mark"));
+        json_object_object_add(o, "url", json_object_new_string(key));
+        json_object_object_add(o, "age_seconds", age < 0 ? NULL : json_object_new_int64(age));
+        json_object_object_add(o, "action",
+                               json_object_new_string(!act                       ? "keep"
+                                                      : kind == VMSNAP_GC_UPLOAD ? "abort"
+                                                                                 : "clean"));
+        json_object_array_add(items, o);
+        return;
+    }
     char a[32];
     age_text(a, sizeof(a), age);
     const char *what = kind == VMSNAP_GC_UPLOAD ? "upload"
@@ -48,7 +65,8 @@ static void report(void *arg, enum vmsnap_gc_kind kind, const char *key, uint64_
 
 static const struct xfer_verb gc = {
     "gc",
-    "usage: vmsnap gc [--older-than DURATION] [--dry-run] [--max-size SIZE] [--endpoint URL] "
+    "usage: vmsnap gc [--json] [--older-than DURATION] [--dry-run] [--max-size SIZE] [--endpoint "
+    "URL] "
     "[--region R] [--path-style] [--retries N] URL\n"
     "  cleans what killed pushes left under URL, once it is at least DURATION old\n"
     "  (default 1h; 30m, 2h, 7d; 0: all, which also fails pushes running now):\n"
@@ -74,9 +92,23 @@ int cmd_gc(int argc, char **argv)
     struct vmsnap_gc_result res;
     struct vmsnap_gc_opts g = {
         .older_than = age, .dry_run = dry, .report = report, .report_arg = &dry};
-    if (cmd_xfer_end("gc", vmsnap_xfer_gc(argv[i], &g, &o, &res, &err), &err) != EXIT_OK)
-        return EXIT_FAIL;
-    if (!cli_quiet) {
+    json_object *j = cli_json ? cli_out() : NULL;
+    if (j) {
+        json_object_object_add(j, "dry_run", json_object_new_boolean(dry));
+        json_object_object_add(j, "older_than_seconds", json_object_new_int64(age));
+        json_object_object_add(j, "items", items = json_object_new_array());
+    }
+    rc = cmd_xfer_end("gc", vmsnap_xfer_gc(argv[i], &g, &o, &res, &err), &err);
+    items = NULL;
+    if (rc != EXIT_OK)
+        return rc;
+    if (j) {
+        json_object_object_add(j, "aborted_uploads", json_object_new_int64(res.aborted));
+        json_object_object_add(j, "cleaned_pushes", json_object_new_int64(res.pushes));
+        json_object_object_add(j, "objects", json_object_new_int64(res.objects));
+        json_object_object_add(j, "kept", json_object_new_int64(res.kept));
+        json_object_object_add(j, "unknown_age", json_object_new_int64(res.unknown_age));
+    } else if (!cli_quiet) {
         fprintf(stderr, "gc: %s %u unfinished upload%s", dry ? "would abort" : "aborted",
                 res.aborted, res.aborted == 1 ? "" : "s");
         if (res.pushes)

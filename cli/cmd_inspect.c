@@ -12,7 +12,7 @@ int cmd_inspect(int argc, char **argv)
     static const struct option lopts[] = {
         {"json", no_argument, NULL, 'J'},
         {"verify", no_argument, NULL, 'V'},
-        {"threads", required_argument, NULL, 'j'},
+        {"threads", required_argument, NULL, 'T'},
         {"max-size", required_argument, NULL, 'm'},
         {"help", no_argument, NULL, 'h'},
         CLI_COMMON_LONGOPTS,
@@ -24,17 +24,18 @@ int cmd_inspect(int argc, char **argv)
     unsigned long v;
     int c;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "j:hqv", lopts)) != -1) {
+    while ((c = cli_getopt(argc, argv, "j:T:hqv", lopts)) != -1) {
         switch (c) {
         case 'J':
-            json = true;
+            cli_json = true;
             break;
         case 'V':
             verify = true;
             break;
         case 'j':
-            if (cli_parse_uint(optarg, 1, 256, &v) < 0)
-                return cli_usage("inspect", "-j wants a thread count from 1 to 256");
+        case 'T':
+            if (cli_parse_uint(optarg, 0, 256, &v) < 0)
+                return cli_usage("inspect", "-T wants a thread count from 0 (all CPUs) to 256");
             threads = (unsigned)v;
             break;
         case 'm':
@@ -42,7 +43,7 @@ int cmd_inspect(int argc, char **argv)
                 return cli_usage("inspect", "--max-size wants a size like 64T, not '%s'", optarg);
             break;
         case 'h':
-            printf("usage: vmsnap inspect [--json] [--verify] [-j N] [--max-size SIZE] SRC\n");
+            printf("usage: vmsnap inspect [--json] [--verify] [-T N] [--max-size SIZE] SRC\n");
             cli_verb_description("inspect");
             return EXIT_OK;
         default:
@@ -52,6 +53,8 @@ int cmd_inspect(int argc, char **argv)
     if (argc - optind != 1)
         return cli_usage("inspect", "wants one SRC");
     const char *src = argv[optind];
+    cli_subject("path", src);
+    json = cli_json;
     struct vmsnap_err err = {0};
     struct vmsnap_image_stats st = {0};
     if (vmsnap_image_inspect(src, verify, threads, max_size, &st, &err) < 0)
@@ -68,23 +71,20 @@ int cmd_inspect(int argc, char **argv)
                                                      "checked where the frames carry them)")
                               : NULL;
     if (json) {
-        json_object *o = json_object_new_object();
-        json_object_object_add(o, "path", json_object_new_string(src));
+        json_object *o = cli_out();
         json_object_object_add(o, "format", json_object_new_string(format));
-        json_object_object_add(o, "logical_size", json_object_new_int64((int64_t)st.total_size));
-        json_object_object_add(o, "populated", json_object_new_int64((int64_t)st.populated));
-        json_object_object_add(o, "zero_elided",
+        json_object_object_add(o, "logical_bytes", json_object_new_int64((int64_t)st.total_size));
+        json_object_object_add(o, "populated_bytes", json_object_new_int64((int64_t)st.populated));
+        json_object_object_add(o, "zero_elided_bytes",
                                known ? json_object_new_int64((int64_t)st.zero_elided) : NULL);
         json_object_object_add(o, "frames", json_object_new_int64((int64_t)st.frames));
-        json_object_object_add(o, "frame_size",
+        json_object_object_add(o, "frame_bytes",
                                known ? json_object_new_int64((int64_t)st.frame_size) : NULL);
-        json_object_object_add(o, "object_size", json_object_new_int64((int64_t)st.object_size));
+        json_object_object_add(o, "object_bytes", json_object_new_int64((int64_t)st.object_size));
         char r[32];
         snprintf(r, sizeof(r), "%.4f", ratio);
         json_object_object_add(o, "ratio", json_object_new_double_s(ratio, r));
         json_object_object_add(o, "verified", json_object_new_boolean(checked != NULL));
-        cli_json_line(o);
-        json_object_put(o);
         return EXIT_OK;
     }
     static char name[CLI_PRINTABLE_MAX];

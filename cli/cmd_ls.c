@@ -9,14 +9,14 @@
 static int print_set(void *arg, const struct vmsnap_xfer_set *s)
 {
     json_object *arr = arg;
-    if (arr) { /* --json: exact numbers, one array printed at the end */
+    if (arr) { /* --json: exact numbers, in the run's object as "sets" */
         json_object *o = json_object_new_object();
         json_object_object_add(o, "url", json_object_new_string(s->url));
         json_object_object_add(o, "valid", json_object_new_boolean(s->valid));
         if (s->valid) {
             json_object_object_add(o, "files", json_object_new_int64((int64_t)s->files));
-            json_object_object_add(o, "logical_size", json_object_new_int64((int64_t)s->logical));
-            json_object_object_add(o, "object_size",
+            json_object_object_add(o, "logical_bytes", json_object_new_int64((int64_t)s->logical));
+            json_object_object_add(o, "object_bytes",
                                    json_object_new_int64((int64_t)s->object_bytes));
         }
         json_object_array_add(arr, o);
@@ -48,16 +48,13 @@ static const struct xfer_verb ls = {
 int cmd_ls(int argc, char **argv)
 {
     struct vmsnap_xfer_opts o = {0};
-    bool json = false;
-    int rc, i = cmd_xfer_args(&ls, argc, argv, &o, &(struct xfer_flags){.json = &json}, &rc);
+    int rc, i = cmd_xfer_args(&ls, argc, argv, &o, NULL, &rc);
     if (i < 0)
         return rc;
     struct vmsnap_err err = {0};
-    json_object *arr = json ? json_object_new_array() : NULL;
+    json_object *arr = NULL;
+    if (cli_json) /* what could be listed, also when the listing was incomplete (with "error") */
+        json_object_object_add(cli_out(), "sets", arr = json_object_new_array());
     rc = vmsnap_xfer_list(argv[i], &o, print_set, arr, &err);
-    if (arr) { /* what could be listed, also when the listing was incomplete */
-        cli_json_line(arr);
-        json_object_put(arr);
-    }
     return cmd_xfer_end("ls", rc, &err);
 }

@@ -3,14 +3,38 @@
 #include "cli.h"
 #include "vmsnap/image.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <json.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+/* --json: the summary in the run's object (zero pages elided: pack only, else null) */
+static void summary_json(bool pack, const struct vmsnap_image_stats *st, double wall, double cpu)
+{
+    json_object *o = cli_out();
+    json_object_object_add(o, "logical_bytes", json_object_new_int64((int64_t)st->total_size));
+    json_object_object_add(o, "populated_bytes", json_object_new_int64((int64_t)st->populated));
+    json_object_object_add(o, "zero_elided_bytes",
+                           pack ? json_object_new_int64((int64_t)st->zero_elided) : NULL);
+    json_object_object_add(o, "object_bytes", json_object_new_int64((int64_t)st->object_size));
+    json_object_object_add(o, "frames", json_object_new_int64((int64_t)st->frames));
+    double ratio = st->object_size ? (double)st->populated / (double)st->object_size : 0;
+    char r[32];
+    snprintf(r, sizeof(r), "%.4f", ratio);
+    json_object_object_add(o, "ratio", json_object_new_double_s(ratio, r));
+    json_object_object_add(o, "seconds", cli_json_seconds(wall));
+    json_object_object_add(o, "cpu_seconds", cli_json_seconds(cpu));
+}
 
 static void summary(const char *verb, const struct vmsnap_image_stats *st, double wall, double cpu)
 {
-    if (cli_quiet)
+    if (cli_json)
+        summary_json(!strcmp(verb, "pack"), st, wall, cpu);
+    if (cli_quiet || cli_json)
         return;
     char a[32], b[32], c[32], d[32], r[32];
     double ratio = st->object_size ? (double)st->populated / (double)st->object_size : 0;
@@ -28,31 +52,68 @@ static void summary(const char *verb, const struct vmsnap_image_stats *st, doubl
 struct run {
     struct cli_progress p;
     double t0, c0;
+    /* pack's progress: the populated bytes below the offset the encoder reached, by a walk of
+     * SRC's data extents (SEEK_DATA/SEEK_HOLE) that moves forward with it */
+    int fd;
+    uint64_t pos, data;
 };
 
-static void run_start(struct run *r, const char *verb)
+static uint64_t populated_below(void *arg, uint64_t off)
+{
+    struct run *r = arg;
+    while (r->pos < off) {
+        off_t d = lseek(r->fd, (off_t)r->pos, SEEK_DATA);
+        if (d < 0 || (uint64_t)d >= off) { /* a hole up to off (ENXIO: up to the end) */
+            r->pos = off;
+            break;
+        }
+        off_t h = lseek(r->fd, d, SEEK_HOLE);
+        uint64_t end = h < 0 || (uint64_t)h > off ? off : (uint64_t)h;
+        r->data += end - (uint64_t)d;
+        r->pos = end;
+    }
+    return r->data;
+}
+
+static void run_start(struct run *r, const char *verb, const char *src)
 {
     cli_progress_init(&r->p, verb);
     r->t0 = cli_now();
     r->c0 = cli_cpu_seconds();
+    r->fd = -1;
+    r->pos = r->data = 0;
+    struct stat st;
+    /* the total: one walk of the extents up front (as cheap as the encoder's own), then again
+     * from the start as the encoder goes */
+    if (src && r->p.active && (r->fd = open(src, O_RDONLY | O_CLOEXEC)) >= 0 &&
+        fstat(r->fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        r->p.map_total = populated_below(r, (uint64_t)st.st_size);
+        r->pos = r->data = 0;
+        r->p.map = populated_below;
+        r->p.map_arg = r;
+    }
 }
 
 static int run_end(struct run *r, const char *verb, int rc, const struct vmsnap_err *err,
                    const struct vmsnap_image_stats *st)
 {
     cli_progress_end(&r->p);
+    if (r->fd >= 0)
+        close(r->fd);
     if (rc < 0)
         return cli_fail(verb, err);
     summary(verb, st, cli_now() - r->t0, cli_cpu_seconds() - r->c0);
     return EXIT_OK;
 }
 
-/* -j N (optarg): -1 after the usage error. */
+/* -T N (or -j N, its older name) (optarg): 0 is all CPUs; -1 after the usage error. */
 static int threads_opt(const char *verb, unsigned *threads)
 {
     unsigned long v;
-    if (cli_parse_uint(optarg, 1, 256, &v) < 0)
-        return cli_usage(verb, "-j wants a thread count from 1 to 256, not '%s'", optarg), -1;
+    if (cli_parse_uint(optarg, 0, 256, &v) < 0)
+        return cli_usage(verb, "-T wants a thread count from 0 (all CPUs) to 256, not '%s'",
+                         optarg),
+               -1;
     *threads = (unsigned)v;
     return 0;
 }
@@ -60,27 +121,37 @@ static int threads_opt(const char *verb, unsigned *threads)
 int cmd_pack(int argc, char **argv)
 {
     static const struct option lopts[] = {
-        {"threads", required_argument, NULL, 'j'},
-        {"frame-size", required_argument, NULL, 'f'},
+        {"threads", required_argument, NULL, 'T'},
+        {"frame-size", required_argument, NULL, 'F'},
         {"level", required_argument, NULL, 'l'},
         {"keep-zero-pages", no_argument, NULL, 'z'},
         {"keep-cache", no_argument, NULL, 'k'},
         {"fsync", no_argument, NULL, 's'},
+        {"force", no_argument, NULL, 'f'},
+        {"json", no_argument, NULL, 'J'},
         {"help", no_argument, NULL, 'h'},
         CLI_COMMON_LONGOPTS,
         {0, 0, 0, 0},
     };
     struct vmsnap_pack_opts o = {0};
     unsigned long v;
+    bool force = false;
     int c;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "j:hqv", lopts)) != -1) {
+    while ((c = cli_getopt(argc, argv, "j:T:fhqv", lopts)) != -1) {
         switch (c) {
         case 'j':
+        case 'T':
             if (threads_opt("pack", &o.threads) < 0)
                 return EXIT_USAGE;
             break;
         case 'f':
+            force = true;
+            break;
+        case 'J':
+            cli_json = true;
+            break;
+        case 'F':
             if (cli_parse_size(optarg, &o.frame_size) < 0 || o.frame_size == 0)
                 return cli_usage("pack", "--frame-size wants a size like 64M, not '%s'", optarg);
             break;
@@ -100,8 +171,8 @@ int cmd_pack(int argc, char **argv)
             o.fsync = true;
             break;
         case 'h':
-            printf("usage: vmsnap pack [-j N] [--frame-size SIZE] [--level L] [--keep-zero-pages] "
-                   "[--keep-cache] [--fsync] SRC DST\n");
+            printf("usage: vmsnap pack [--json] [-f] [-T N] [--frame-size SIZE] [--level L]\n"
+                   "       [--keep-zero-pages] [--keep-cache] [--fsync] SRC DST\n");
             cli_verb_description("pack");
             return EXIT_OK;
         default:
@@ -119,8 +190,15 @@ int cmd_pack(int argc, char **argv)
                                  "extents: save the stream to a file, then pack it)");
     if (strcmp(dst, "-") == 0 && isatty(STDOUT_FILENO))
         return cli_usage("pack", "refusing to write an image to a terminal");
+    if (strcmp(dst, "-") == 0 && cli_json)
+        return cli_usage("pack", "--json with DST '-': the image and the JSON would share stdout");
+    cli_subject("source_path", src);
+    cli_subject("path", dst);
+    int rc = strcmp(dst, "-") ? cli_refuse_existing("pack", dst, force) : EXIT_OK;
+    if (rc != EXIT_OK)
+        return rc;
     struct run r;
-    run_start(&r, "pack");
+    run_start(&r, "pack", src);
     o.progress = cli_progress_cb;
     o.progress_arg = &r.p;
     struct vmsnap_err err = {0};
@@ -131,23 +209,32 @@ int cmd_pack(int argc, char **argv)
 int cmd_unpack(int argc, char **argv)
 {
     static const struct option lopts[] = {
-        {"threads", required_argument, NULL, 'j'},
+        {"threads", required_argument, NULL, 'T'},
         {"max-size", required_argument, NULL, 'm'},
         {"fsync", no_argument, NULL, 's'},
         {"drop-cache", no_argument, NULL, 'D'},
+        {"force", no_argument, NULL, 'f'},
+        {"json", no_argument, NULL, 'J'},
         {"help", no_argument, NULL, 'h'},
         CLI_COMMON_LONGOPTS,
         {0, 0, 0, 0},
     };
     struct vmsnap_unpack_opts o = {0};
-    bool drop_cache = false;
+    bool drop_cache = false, force = false;
     int c;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "j:hqv", lopts)) != -1) {
+    while ((c = cli_getopt(argc, argv, "j:T:fhqv", lopts)) != -1) {
         switch (c) {
         case 'j':
+        case 'T':
             if (threads_opt("unpack", &o.threads) < 0)
                 return EXIT_USAGE;
+            break;
+        case 'f':
+            force = true;
+            break;
+        case 'J':
+            cli_json = true;
             break;
         case 'm':
             if (cli_parse_size(optarg, &o.max_size) < 0 || o.max_size == 0)
@@ -160,8 +247,9 @@ int cmd_unpack(int argc, char **argv)
             drop_cache = true;
             break;
         case 'h':
-            printf(
-                "usage: vmsnap unpack [-j N] [--max-size SIZE] [--fsync] [--drop-cache] SRC DST\n");
+            printf("usage: vmsnap unpack [--json] [-f] [-T N] [--max-size SIZE] [--fsync] "
+                   "[--drop-cache] "
+                   "SRC DST\n");
             cli_verb_description("unpack");
             return EXIT_OK;
         default:
@@ -173,12 +261,17 @@ int cmd_unpack(int argc, char **argv)
     const char *src = argv[optind], *dst = argv[optind + 1];
     if (strcmp(dst, "-") == 0)
         return cli_usage("unpack", "DST must be a file path (the output is a sparse file)");
+    cli_subject("source_path", src);
+    cli_subject("path", dst);
+    int rc = cli_refuse_existing("unpack", dst, force);
+    if (rc != EXIT_OK)
+        return rc;
     struct run r;
-    run_start(&r, "unpack");
+    run_start(&r, "unpack", NULL);
     o.progress = cli_progress_cb;
     o.progress_arg = &r.p;
     struct vmsnap_err err = {0};
     struct vmsnap_image_stats st;
-    int rc = run_end(&r, "unpack", vmsnap_image_unpack(src, dst, &o, &st, &err), &err, &st);
+    rc = run_end(&r, "unpack", vmsnap_image_unpack(src, dst, &o, &st, &err), &err, &st);
     return rc == EXIT_OK && drop_cache ? cli_drop_cache("unpack", dst) : rc;
 }

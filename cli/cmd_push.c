@@ -7,7 +7,7 @@
 
 static const struct xfer_verb push = {
     "push",
-    "usage: vmsnap push [--json] [-j N] [--part-size SIZE] [--max-memory SIZE] [--threads N]\n"
+    "usage: vmsnap push [--json] [-j N] [-T N] [--part-size SIZE] [--max-memory SIZE]\n"
     "       [--frame-size SIZE] [--level L] [--endpoint URL] [--region R]\n"
     "       [--path-style] [--retries N] [--layout layered|reference]\n"
     "       [--parent URL] [--max-depth N] [--base URL] PATH URL\n"
@@ -24,12 +24,11 @@ static const struct xfer_verb push = {
 int cmd_push(int argc, char **argv)
 {
     struct vmsnap_xfer_opts o = {0};
-    bool json = false;
-    int rc, i = cmd_xfer_args(&push, argc, argv, &o, &(struct xfer_flags){.json = &json}, &rc);
+    int rc, i = cmd_xfer_args(&push, argc, argv, &o, &(struct xfer_flags){0}, &rc);
     if (i < 0)
         return rc;
     if (!strcmp(argv[i], "-"))
         return cli_usage("push", "PATH '-': push reads a file or a directory, not stdin (it walks "
                                  "the file's extents: save the stream to a file, then push it)");
-    return cmd_xfer_copy("push", vmsnap_xfer_push, argv[i], argv[i + 1], &o, json);
+    return cmd_xfer_copy("push", vmsnap_xfer_push, argv[i], argv[i + 1], &o);
 }

@@ -3,12 +3,14 @@
 #include "cli.h"
 #include "vmsnap/xfer.h"
 
+#include <json.h>
 #include <stdio.h>
 #include <string.h>
 
 static const struct xfer_verb rm = {
     "rm",
-    "usage: vmsnap rm [--force] [--max-size SIZE] [--endpoint URL] [--region R] [--path-style] "
+    "usage: vmsnap rm [--json] [-f|--force] [--max-size SIZE] [--endpoint URL] [--region R] "
+    "[--path-style] "
     "[--retries N] URL\n",
     1,
     "expected one URL",
@@ -24,10 +26,24 @@ int cmd_rm(int argc, char **argv)
         return rc;
     struct vmsnap_err err = {0};
     struct vmsnap_rm_result r;
-    if (cmd_xfer_end("rm", vmsnap_xfer_remove(argv[i], force, &o, &r, &err), &err) != EXIT_OK)
-        return EXIT_FAIL;
+    if ((rc = cmd_xfer_end("rm", vmsnap_xfer_remove(argv[i], force, &o, &r, &err), &err)) !=
+        EXIT_OK)
+        return rc;
+    if (cli_json) {
+        json_object *j = cli_out();
+        json_object_object_add(j, "removed",
+                               json_object_new_string(r.object      ? "object"
+                                                      : r.empty_dir ? "empty_dir"
+                                                      : r.set       ? "set"
+                                                                    : "incomplete_set"));
+        json_object_object_add(j, "objects", json_object_new_int64(r.object ? 1 : r.objects));
+        json_object_object_add(j, "uploads", json_object_new_int64(r.uploads));
+        json_object_object_add(j, "pushes", json_object_new_int64(r.pushes));
+        json_object_object_add(j, "kept", json_object_new_int64(r.kept));
+        json_object_object_add(j, "kept_url", r.kept ? json_object_new_string(r.kept_key) : NULL);
+    }
     /* what went, so that a user sees what a --force removed */
-    if (!cli_quiet) {
+    if (!cli_quiet && !cli_json) {
         static char u[CLI_PRINTABLE_MAX], k[CLI_PRINTABLE_MAX];
         const char *url = cli_printable(u, sizeof(u), argv[i]);
         if (r.object)

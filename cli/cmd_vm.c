@@ -24,7 +24,7 @@ static const char *const sub_usage =
     "       vm stop NAME [--rm]\n"
     "       vm console NAME [--send LINE] [--lines N]\n"
     "  common: [--state-dir DIR] [--ram-dir DIR] [--accel auto|kvm|tcg] [--qemu BIN]\n"
-    "          [--no-evict] [--json] [-j N] [-v]";
+    "          [--no-evict] [--json] [-j N] [-T N] [-q] [-v]";
 
 enum {
     OPT_KERNEL = 256,
@@ -72,7 +72,9 @@ static const struct option lopts[] = {
     {"asset-dir", required_argument, NULL, OPT_ASSET_DIR},
     {"force", no_argument, NULL, OPT_FORCE},
     {"ram-overcommit", no_argument, NULL, OPT_RAM_OVERCOMMIT},
+    {"threads", required_argument, NULL, 'T'},
     {"help", no_argument, NULL, 'h'},
+    CLI_COMMON_LONGOPTS,
     {NULL, 0, NULL, 0},
 };
 
@@ -94,7 +96,7 @@ static int parse(const char *verb, int argc, char **argv, struct args *a)
     int c;
     unsigned long v;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "hvj:", lopts, NULL)) != -1) {
+    while ((c = cli_getopt(argc, argv, "hj:T:", lopts)) != -1) {
         switch (c) {
         case OPT_KERNEL:
             a->run.kernel = optarg;
@@ -173,8 +175,10 @@ static int parse(const char *verb, int argc, char **argv, struct args *a)
                 return cli_usage(verb, "-j: '%s' is not in 1..256", optarg);
             a->x.connections = (unsigned)v;
             break;
-        case 'v':
-            cli_verbose++;
+        case 'T':
+            if (cli_parse_uint(optarg, 0, 256, &v) < 0)
+                return cli_usage(verb, "-T: '%s' is not in 0 (all CPUs)..256", optarg);
+            a->x.threads = (unsigned)v;
             break;
         case 'h':
             printf("usage: vmsnap %s\n", sub_usage);
@@ -194,14 +198,12 @@ static int parse(const char *verb, int argc, char **argv, struct args *a)
 static void report(const char *op, const char *name, const struct vmsnap_vm_timing *t, bool json)
 {
     if (json) {
-        json_object *o = json_object_new_object(), *steps = json_object_new_object();
-        json_object_object_add(o, "vm", json_object_new_string(name));
+        json_object *o = cli_out(), *steps = json_object_new_object();
         json_object_object_add(o, "op", json_object_new_string(op));
         for (unsigned i = 0; i < t->n; i++)
-            json_object_object_add(steps, t->step[i].name,
-                                   json_object_new_double(t->step[i].seconds));
+            json_object_object_add(steps, t->step[i].name, cli_json_seconds(t->step[i].seconds));
         json_object_object_add(o, "steps", steps);
-        json_object_object_add(o, "total", json_object_new_double(t->total));
+        json_object_object_add(o, "seconds", cli_json_seconds(t->total));
         if (t->object_bytes) {
             json_object_object_add(o, "object_bytes",
                                    json_object_new_int64((int64_t)t->object_bytes));
@@ -211,8 +213,6 @@ static void report(const char *op, const char *name, const struct vmsnap_vm_timi
             json_object_object_add(o, "cached_bytes",
                                    json_object_new_int64((int64_t)t->cached_bytes));
         }
-        cli_json_line(o);
-        json_object_put(o);
         return;
     }
     if (cli_quiet)
@@ -258,10 +258,10 @@ static int ls_cb(void *arg, const struct vmsnap_vm_info *in)
         json_object_object_add(o, "status", json_object_new_string(in->status));
         json_object_object_add(o, "pid", json_object_new_int64(in->pid));
         json_object_object_add(o, "accel", in->accel ? json_object_new_string(in->accel) : NULL);
-        json_object_object_add(o, "memory", json_object_new_int64((int64_t)in->mem));
+        json_object_object_add(o, "memory_bytes", json_object_new_int64((int64_t)in->mem));
         json_object_object_add(o, "checkpoint", json_object_new_boolean(in->checkpoint));
         json_object_object_add(o, "url", in->url ? json_object_new_string(in->url) : NULL);
-        json_object_object_add(o, "dir", json_object_new_string(in->dir));
+        json_object_object_add(o, "path", json_object_new_string(in->dir));
         if (in->busy_pid)
             json_object_object_add(o, "busy_pid", json_object_new_int64(in->busy_pid));
         json_object_array_add(l->arr, o);
@@ -291,18 +291,15 @@ static int console(const struct args *a, const char *name)
     if (vmsnap_vm_console_path(&a->o, name, path, sizeof(path), &e) < 0)
         return cli_fail("vm console", &e);
     FILE *f = fopen(path, "re");
-    if (!f) {
-        cli_error("vm console", "%s: %s", path, strerror(errno));
-        return EXIT_FAIL;
-    }
+    if (!f)
+        return cli_fail_code("vm console", errno, "%s: %s", path, strerror(errno));
     /* Print the log with the serial CRs removed; with --lines only the last N lines, kept in
      * a bounded ring. */
     unsigned long keep = a->lines;
     char **ring = keep ? calloc(keep, sizeof(char *)) : NULL;
     if (keep && !ring) {
         fclose(f);
-        cli_error("vm console", "out of memory");
-        return EXIT_FAIL;
+        return cli_fail_code("vm console", ENOMEM, "out of memory");
     }
     char *line = NULL;
     size_t cap = 0;
@@ -336,9 +333,9 @@ int cmd_vm(int argc, char **argv)
                                "console)");
     const char *sub = argv[1];
     static const char *const subs[] = {"run", "pause", "suspend", "resume",
-                                       "ls",  "stop",  "console"};
+                                       "ls",  "stop",  "console", NULL};
     bool known = false;
-    for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++)
+    for (size_t i = 0; subs[i]; i++)
         known = known || !strcmp(sub, subs[i]);
     if (!strcmp(sub, "--help") || !strcmp(sub, "-h")) {
         printf("usage: vmsnap vm run|pause|suspend|resume|ls|stop|console ... ('vmsnap vm run "
@@ -346,10 +343,7 @@ int cmd_vm(int argc, char **argv)
         return EXIT_OK;
     }
     if (!known)
-        return cli_usage("vm",
-                         "unknown subcommand '%s' (run, pause, suspend, resume, ls, stop, "
-                         "console)",
-                         sub);
+        return cli_unknown_sub("vm", sub, subs);
     char verb[32];
     snprintf(verb, sizeof(verb), "vm %s", sub);
     struct args a;
@@ -358,19 +352,23 @@ int cmd_vm(int argc, char **argv)
         return EXIT_OK;
     if (rc > 0)
         return rc;
+    a.json = a.json || cli_json;
+    cli_json = a.json;
+    if (a.npos >= 1 && strcmp(sub, "ls"))
+        cli_subject("name", a.pos[0]);
+    if (a.npos == 2 && (!strcmp(sub, "suspend") || !strcmp(sub, "resume")))
+        cli_subject("url", a.pos[1]);
     struct vmsnap_err e = {0};
     struct vmsnap_vm_timing t = {0};
     if (!strcmp(sub, "ls")) {
         if (a.npos)
             return cli_usage(verb, "no arguments expected");
         struct ls_ctx l = {.json = a.json, .arr = a.json ? json_object_new_array() : NULL};
+        if (l.arr) /* what could be listed, also when the listing failed (with "error") */
+            json_object_object_add(cli_out(), "vms", l.arr);
         rc = vmsnap_vm_list(&a.o, ls_cb, &l, &e);
         if (rc == 0)
             ls_header(&l); /* no VMs: the header alone */
-        if (a.json) {
-            cli_json_line(l.arr);
-            json_object_put(l.arr);
-        }
         return rc < 0 ? cli_fail(verb, &e) : EXIT_OK;
     }
     if (a.npos < 1)
@@ -403,7 +401,13 @@ int cmd_vm(int argc, char **argv)
         if (a.npos != 1)
             return cli_usage(verb, "expected NAME only");
         rc = vmsnap_vm_stop(&a.o, name, a.rm, &e);
-        return rc < 0 ? cli_fail(verb, &e) : EXIT_OK;
+        if (rc < 0)
+            return cli_fail(verb, &e);
+        if (a.json) {
+            json_object_object_add(cli_out(), "op", json_object_new_string("stop"));
+            json_object_object_add(cli_out(), "removed", json_object_new_boolean(a.rm));
+        }
+        return EXIT_OK;
     } else if (!strcmp(sub, "console")) {
         if (a.npos != 1)
             return cli_usage(verb, "expected NAME only");

@@ -14,29 +14,32 @@ static int cmd_version(int argc, char **argv);
 /* One row per verb; keep sorted by how often users need them. */
 static const struct cli_verb verbs[] = {
     {"pack", cmd_pack,
-     "pack [-j N] [--frame-size SIZE] [--level L] [--keep-zero-pages] [--keep-cache] [--fsync] "
-     "SRC DST",
+     "pack [--json] [-f] [-T N] [--frame-size SIZE] [--level L] [--keep-zero-pages] "
+     "[--keep-cache] [--fsync] SRC DST",
      "Encode the sparse file SRC (a guest memory image, a disk image) into DST ('-' = stdout):\n"
      "populated extents only, all-zero pages skipped, independent zstd frames per source range\n"
-     "(default 64M) compressed on N threads (default: all CPUs) at zstd --level L (default 1,\n"
-     "up to 22), and a seek table. The output is byte-identical for every N. DST appears only\n"
-     "when complete (mode 0600); --fsync makes it durable first (a filesystem that reports a\n"
-     "full disk only on writeback then fails the pack, not a later read)."},
-    {"unpack", cmd_unpack, "unpack [-j N] [--max-size SIZE] [--fsync] [--drop-cache] SRC DST",
+     "(default 64M) compressed on -T N threads (0, the default: all CPUs; -j N is the same) at\n"
+     "zstd --level L (default 1, up to 22), and a seek table. The output is byte-identical for\n"
+     "every N. DST appears only when complete (mode 0600); an existing DST is refused unless\n"
+     "-f/--force. --fsync makes it durable first (a filesystem that reports a full disk only on\n"
+     "writeback then fails the pack, not a later read)."},
+    {"unpack", cmd_unpack,
+     "unpack [--json] [-f] [-T N] [--max-size SIZE] [--fsync] [--drop-cache] SRC DST",
      "Decode SRC ('-' = stdin) into the sparse file DST: vmsnap images in parallel, reference\n"
      "single-stream images and plain zstd sequentially. Every field and checksum is validated;\n"
      "an image larger than --max-size (default 64T) is refused.\n"
-     "DST is written under a temporary name and renamed only on success (mode 0600).\n"
+     "DST is written under a temporary name and renamed only on success (mode 0600); an\n"
+     "existing DST is refused unless -f/--force. -T N: decoder threads (0: all CPUs).\n"
      "--drop-cache then drops DST's page cache (writeback started, retried for a few seconds),\n"
      "so a restored snapshot does not stay in memory next to the guest."},
-    {"inspect", cmd_inspect, "inspect [--json] [--verify] [-j N] [--max-size 64T] SRC",
+    {"inspect", cmd_inspect, "inspect [--json] [--verify] [-T N] [--max-size 64T] SRC",
      "Show an image's logical size, populated bytes, zero pages elided, frames, compressed size\n"
      "and ratio. --verify decodes everything and checks every checksum without writing. An image\n"
      "without a seek table (a reference stream, plain zstd) is always decoded; what only the\n"
      "table records (zero pages elided, frame size) is then n/a (null in --json)."},
     {"cache", cmd_cache,
-     "cache stat [--json] PATH... | cache evict [--staged] [--preserve PATH]... [--wait DURATION] "
-     "[--kick-writeback] PATH... | cache objects|trim ...",
+     "cache stat [--json] PATH... | cache evict [--json] [--staged] [--preserve PATH]... "
+     "[--wait DURATION] [--kick-writeback] PATH... | cache objects|trim ...",
      "stat: pages cached, dirty, under writeback, evicted and recently evicted per file and in\n"
      "total (cachestat; mincore where unavailable, marked). evict: drop clean pages of files that\n"
      "are never modified; with --staged, single-link files outside --preserve paths are\n"
@@ -50,17 +53,18 @@ static const struct cli_verb verbs[] = {
      "~/.cache/vmsnap; --cache-size: the cap, default $VMSNAP_CACHE_SIZE, else 8G."},
     {"disk", cmd_disk, "disk create|clone|info ... IMAGE",
      "Writable upper disks: sparse journal-less ext4 images made through libext2fs.\n"
-     "  disk create [--size 4G] [--inodes N] [--label L] [--uuid U] [--force] [--fsync]\n"
+     "  disk create [--json] [--size 4G] [--inodes N] [--label L] [--uuid U] [-f] [--fsync]\n"
      "              [--add SRC:DEST[:MODE[:UID:GID]]]... [--mkdir DEST[:MODE[:UID:GID]]]...\n"
      "              [--from-dir DIR] IMAGE\n"
-     "  disk clone [--link] [--new-uuid] [--force] [--direct] SRC DST  (FICLONE, else a\n"
+     "  disk clone [--json] [--link] [--new-uuid] [-f] [--direct] SRC DST  (FICLONE, else a\n"
      "      hole-keeping copy; --direct: O_DIRECT, nothing left in the page cache)\n"
      "  disk info [--json] IMAGE\n"
-     "IMAGE/DST appear only when complete; an existing one is refused unless --force. With\n"
+     "IMAGE/DST appear only when complete; an existing one is refused unless -f/--force. With\n"
      "--new-uuid, --force also adds metadata_csum_seed to an image whose metadata checksums lack\n"
      "it (kernel 4.4+); an image without metadata checksums needs no --force."},
     {"push", cmd_push,
-     "push [-j N] [--part-size SIZE] [--max-memory SIZE] [--base URL] ... PATH URL",
+     "push [--json] [-j N] [-T N] [--part-size SIZE] [--max-memory SIZE] [--parent URL] ... PATH "
+     "URL",
      "Encode and upload a file (one object at URL) or a snapshot-set directory. A set is\n"
      "layered by default: every regular file to a new object under\n"
      "URL/vmsnap-objects/<pushId>/, files and parts in parallel, then URL/manifest.json, the\n"
@@ -71,21 +75,23 @@ static const struct cli_verb verbs[] = {
      "URL: a path or file:///abs (local store), s3://bucket/key (--endpoint or AWS_ENDPOINT_URL,\n"
      "AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY[/AWS_SESSION_TOKEN], --path-style),\n"
      "gs://bucket/key (Cloud Storage XML API with HMAC keys). -j: connections (default 8);\n"
-     "--threads: encoder threads (default: all CPUs); --level: zstd level (default 1);\n"
+     "-T/--threads: encoder threads (0, the default: all CPUs); --level: zstd level (default 1);\n"
      "parts of 16M (--part-size); at most 256M of parts and encoder buffers (--max-memory; passed\n"
      "by about three frames of --frame-size, 64M, per file encoding; a set encodes two at once).\n"
      "--base URL: an earlier set (or object) in the same store; frames that did not change are\n"
      "copied there by the store (S3 UploadPartCopy) instead of being compressed and uploaded\n"
      "(the reference layout; for a layered set, --base is its --parent).\n"
-     "All options: [--json] [-j N] [--part-size SIZE] [--max-memory SIZE] [--threads N]\n"
+     "All options: [--json] [-j N] [--part-size SIZE] [--max-memory SIZE] [-T N]\n"
      "[--frame-size SIZE] [--level L] [--endpoint URL] [--region R] [--path-style]\n"
      "[--retries N] [--layout layered|reference] [--parent URL] [--max-depth N] [--base URL]."},
-    {"pull", cmd_pull, "pull [-j N] [--max-memory SIZE] [--drop-cache] ... URL PATH",
+    {"pull", cmd_pull,
+     "pull [--json] [-f] [-j N] [-T N] [--max-memory SIZE] [--drop-cache] ... URL PATH",
      "Download and decode a snapshot set (manifest first; names, sizes and digests verified) or\n"
      "one object, with ranged GETs of frame groups over N connections, decoded in parallel into\n"
      "sparse files. Files appear (mode 0600) only when all are complete and verified; other\n"
-     "files already in PATH are left as they are.\n"
-     "All options: [--json] [-j N] [--max-memory SIZE] [--threads N] [--max-size SIZE]\n"
+     "files already in PATH are left as they are. A file of the set's names already in PATH\n"
+     "(or PATH itself, for one object) is refused unless -f/--force replaces it.\n"
+     "All options: [--json] [-f] [-j N] [--max-memory SIZE] [-T N] [--max-size SIZE]\n"
      "[--no-fsync] "
      "[--drop-cache] [--no-cache] [--cache-dir DIR] [--endpoint URL] [--region R]\n"
      "[--path-style] [--retries N]. A layered set's files are each a chain of layers, checked\n"
@@ -101,15 +107,15 @@ static const struct cli_verb verbs[] = {
      "[--frame-size SIZE] [--level L] [--no-cache] [--endpoint URL] [--region R]\n"
      "[--path-style] [--retries N]."},
     {"ls", cmd_ls, "ls [--json] URL",
-     "List the snapshot sets under a prefix with their manifest summary (--json: an array\n"
-     "of {url, valid, files, logical_size, object_size})."},
-    {"rm", cmd_rm, "rm [--force] URL",
+     "List the snapshot sets under a prefix with their manifest summary (--json: \"sets\", an\n"
+     "array of {url, valid, files, logical_bytes, object_bytes})."},
+    {"rm", cmd_rm, "rm [--json] [-f|--force] URL",
      "Delete a snapshot set, manifest first (a layered set: its manifest only; gc removes the\n"
      "layers no set names), or one snapshot object (vmsnap, reference or zstd\n"
      "magic; anything else is refused). --force also deletes the *.zstd objects of an incomplete\n"
      "set (no manifest) that are vmsnap images, keeps the others (it names them), and aborts\n"
      "its unfinished uploads. Says what it removed; nothing to remove is an error."},
-    {"gc", cmd_gc, "gc [--older-than 1h] [--dry-run] URL",
+    {"gc", cmd_gc, "gc [--json] [--older-than 1h] [--dry-run] URL",
      "Clean what killed pushes left under a prefix once it is --older-than old (default 1h;\n"
      "0: all, which fails pushes running now): unfinished multipart uploads (the next push to\n"
      "the same key also aborts them) and the objects of set pushes that never committed their\n"
@@ -128,7 +134,8 @@ static const struct cli_verb verbs[] = {
      "  vm resume NAME [URL] [--on-demand] [--asset-dir DIR[:DIR...]] [--kernel K] [--initrd I]\n"
      "             [--force] [--ram-overcommit]   from the local checkpoint or a store\n"
      "  vm ls [--json] | vm stop NAME [--rm] | vm console NAME [--send LINE] [--lines N]\n"
-     "Common: --accel auto|kvm|tcg, --qemu BIN, --no-evict, --json, -j N. -v: step timings."},
+     "Common: --accel auto|kvm|tcg, --qemu BIN, --no-evict, --json, -j N (connections),\n"
+     "-T N (codec threads). -v: step timings."},
     {"help", cmd_help, "help [VERB]", "Show the verbs, or one verb's help."},
     {"version", cmd_version, "version", "Show the version (also --version)."},
 };
@@ -141,13 +148,29 @@ static const struct cli_verb *find_verb(const char *name)
     return NULL;
 }
 
+/* "vmsnap psuh: unknown verb; did you mean 'push'?" (a usage error) */
+static int unknown_verb(const char *name, const char *prefix)
+{
+    const char *names[sizeof(verbs) / sizeof(verbs[0]) + 1];
+    for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
+        names[i] = verbs[i].name;
+    names[sizeof(verbs) / sizeof(verbs[0])] = NULL;
+    const char *near = cli_did_you_mean(name, names);
+    if (near)
+        return cli_usage(prefix, "unknown verb; did you mean '%s'?", near);
+    return cli_usage(prefix, "unknown verb (the verbs: 'vmsnap help')");
+}
+
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: vmsnap [-q] [-v] VERB [ARGS]   (-q, -v: before or after the verb)\n\nverbs:\n");
+    fprintf(f, "usage: vmsnap [-q] [-v|-vv] VERB [ARGS]   (-q, -v, -vv: anywhere)\n\nverbs:\n");
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
         fprintf(f, "  %s\n", verbs[i].synopsis);
-    fprintf(f, "\nExit codes: 0 ok, 1 failure, 2 usage. 'vmsnap help VERB' for details.\n");
+    fprintf(f, "\nExit codes: 0 ok, 1 other failure, 2 usage, 3 not found, 4 access denied, 5 "
+               "unreachable or\nretryable, 6 corrupt or untrusted input, 7 local I/O, 130 "
+               "interrupted (143 SIGTERM).\n--json (every verb that reports): one JSON object on "
+               "stdout, failures included.\n'vmsnap help VERB' for details; docs/cli.md for the "
+               "contract.\n");
 }
 
 void cli_verb_description(const char *name)
@@ -164,8 +187,10 @@ static int cmd_help(int argc, char **argv)
         return EXIT_OK;
     }
     const struct cli_verb *v = find_verb(argv[1]);
-    if (!v)
-        return cli_usage("help", "unknown verb '%s'", argv[1]);
+    if (!v) {
+        cli_verb = ""; /* no "see 'vmsnap help help'" */
+        return unknown_verb(argv[1], argv[1]);
+    }
     printf("usage: vmsnap %s\n\n%s\n", v->synopsis, v->help);
     return EXIT_OK;
 }
@@ -190,9 +215,10 @@ static void log_stderr(void *arg, enum vmsnap_log_level level, const char *msg)
 /* The verbs that stop cleanly when cancelled (pack, unpack, inspect --verify, push, pull,
  * cache evict --wait, vm suspend and resume): SIGINT, SIGTERM and SIGHUP are taken by one thread
  * (blocked in every other, from before any is created); the first cancels what runs (it stops at
- * the next frame or part and cleans up, exit 1) and gives the signals their default action back, so
- * a second one ends the process at once. A signal inherited as ignored (nohup, a background job of
- * a script) stays ignored. Every other verb keeps the default: one signal ends it. */
+ * the next frame or part and cleans up, exit 128 + the signal: 130, 143, 129) and gives the signals
+ * their default action back, so a second one ends the process at once. A signal inherited as
+ * ignored (nohup, a background job of a script) stays ignored. Every other verb keeps the default:
+ * one signal ends it. */
 static sigset_t stop_sigs;
 
 static void *stop_main(void *arg)
@@ -211,8 +237,8 @@ static void *stop_main(void *arg)
     char msg[96];
     const char *name = sigabbrev_np(sig);
     int n = snprintf(msg, sizeof(msg),
-                     "vmsnap: SIG%s: stopping and cleaning up (again to quit at once)\n",
-                     name ? name : "?");
+                     "%svmsnap: SIG%s: stopping and cleaning up (again to quit at once)\n",
+                     isatty(STDERR_FILENO) ? "\r\033[K" : "", name ? name : "?");
     if (n > 0 && write(STDERR_FILENO, msg, (size_t)n) < 0)
         n = 0;
     for (;;)
@@ -280,37 +306,69 @@ void cli_common_flag(int c)
     set_log_level();
 }
 
-int main(int argc, char **argv)
+/* -q, --quiet, -v, --verbose, or a cluster of q and v ("-vv", "-qv"): taken (0), else -1. */
+static int common_flag(const char *a)
+{
+    if (!strcmp(a, "--quiet") || !strcmp(a, "--verbose")) {
+        cli_common_flag(a[2] == 'q' ? 'q' : 'v');
+        return 0;
+    }
+    if (a[0] != '-' || !a[1] || strspn(a + 1, "qv") != strlen(a + 1))
+        return -1;
+    for (const char *c = a + 1; *c; c++)
+        cli_common_flag(*c);
+    return 0;
+}
+
+/* --json anywhere in the verb's arguments (before "--"): a usage error is then JSON too. */
+static bool wants_json(int argc, char **argv)
+{
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+        if (!strcmp(argv[i], "--json"))
+            return true;
+    return false;
+}
+
+static int run(int argc, char **argv)
 {
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
-        if (!strcmp(argv[i], "-q") || !strcmp(argv[i], "--quiet"))
-            cli_quiet = true;
-        else if (!strcmp(argv[i], "-v") || !strcmp(argv[i], "--verbose"))
-            cli_verbose++;
-        else if (!strcmp(argv[i], "--version"))
+        if (common_flag(argv[i]) == 0)
+            continue;
+        if (!strcmp(argv[i], "--version"))
             return cmd_version(0, NULL);
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
             return EXIT_OK;
-        } else {
-            fprintf(stderr, "vmsnap: unknown option '%s'\n", argv[i]);
-            usage(stderr);
-            return EXIT_USAGE;
         }
+        if (!strcmp(argv[i], "--json"))
+            continue; /* taken by wants_json */
+        cli_usage("", "unknown option '%s' before the verb", argv[i]);
+        usage(stderr);
+        return EXIT_USAGE;
     }
     if (i >= argc) {
+        cli_usage("", "no verb given");
         usage(stderr);
         return EXIT_USAGE;
     }
     set_log_level();
     const struct cli_verb *v = find_verb(argv[i]);
-    if (!v) {
-        fprintf(stderr, "vmsnap: unknown verb '%s'\n", argv[i]);
-        usage(stderr);
-        return EXIT_USAGE;
+    if (!v)
+        return unknown_verb(argv[i], argv[i]);
+    cli_verb = v->name;
+    /* -q/-v between a verb and its sub-verb ("vm -q stop"): taken out here */
+    while (i + 1 < argc && common_flag(argv[i + 1]) == 0) {
+        memmove(&argv[i + 1], &argv[i + 2], sizeof(char *) * (size_t)(argc - i - 2));
+        argv[--argc] = NULL;
     }
     if (cancellable(argc - i, argv + i))
         handle_stop_signals();
     return v->run(argc - i, argv + i);
+}
+
+int main(int argc, char **argv)
+{
+    cli_json = wants_json(argc, argv);
+    return cli_finish(run(argc, argv));
 }

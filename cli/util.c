@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* CLI helpers: size parsing, error printing, the TTY progress line. */
+/* CLI helpers: size parsing, error printing and the exit classes, the one JSON object of a
+ * run, option errors with a did-you-mean, the TTY progress line. */
 #include "cli.h"
 #include "vmsnap/pcache.h"
 
@@ -8,6 +9,8 @@
 #include <getopt.h>
 #include <json.h>
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,12 +22,286 @@
 
 bool cli_quiet;
 int cli_verbose;
+bool cli_json;
+const char *cli_verb = "";
+
+/* The progress line is on the terminal (stderr) now: a message clears it first. Progress comes
+ * from the library's threads, messages from any thread: one lock. */
+static pthread_mutex_t term_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool progress_shown;
+
+/* The failure cli_finish puts in the JSON error object: the last message printed and its
+ * errno (0: none known). */
+static struct {
+    bool set;
+    int code;
+    char msg[2048];
+} last_err;
+
+static void record_error(int code, const char *msg)
+{
+    last_err.set = true;
+    last_err.code = code;
+    snprintf(last_err.msg, sizeof(last_err.msg), "%s", msg);
+}
+
+/* cli_getopt reported an option error: the verb's cli_usage("bad option") that follows is
+ * silent. */
+static bool opt_error_reported;
+
+int cli_exit_code(int err)
+{
+    if (err < 0)
+        err = -err;
+    int sig = vmsnap_cancelled();
+    if (sig != 0 || err == ECANCELED || err == EINTR)
+        return 128 + (sig > 0 ? sig : SIGINT);
+    switch (err) {
+    case 0:
+        return EXIT_FAIL;
+    case ENOENT:
+    case ENOTDIR: /* a component of the path is a file */
+    case ESRCH:   /* a VM without its QEMU */
+        return EXIT_NOT_FOUND;
+    case EACCES:
+    case EPERM:
+    case ENOKEY:
+    case EKEYREJECTED:
+    case EKEYEXPIRED:
+        return EXIT_ACCESS;
+    case ECONNREFUSED:
+    case ECONNRESET:
+    case ECONNABORTED:
+    case ENOTCONN:
+    case ETIMEDOUT:
+    case EHOSTUNREACH:
+    case EHOSTDOWN:
+    case ENETUNREACH:
+    case ENETDOWN:
+    case ENETRESET:
+    case EAGAIN: /* 5xx and throttling after the retries, "changed meanwhile: try again" */
+    case ESTALE: /* an object changed under the operation */
+        return EXIT_UNREACHABLE;
+    case EBADMSG: /* a damaged image, a bad manifest, a digest mismatch, a hostile name */
+    case EPROTO:  /* a malformed answer, a certificate that is not trusted */
+    case EILSEQ:
+    case EUCLEAN:
+    case EFBIG: /* input beyond a limit (--max-size, a manifest's cap) */
+        return EXIT_CORRUPT;
+    case ENOSPC:
+    case EDQUOT:
+    case EIO:
+    case EROFS:
+        return EXIT_LOCAL_IO;
+    default:
+        return EXIT_FAIL;
+    }
+}
+
+const char *cli_class_name(int rc)
+{
+    switch (rc) {
+    case EXIT_USAGE:
+        return "usage";
+    case EXIT_NOT_FOUND:
+        return "not_found";
+    case EXIT_ACCESS:
+        return "access_denied";
+    case EXIT_UNREACHABLE:
+        return "unreachable";
+    case EXIT_CORRUPT:
+        return "corrupt";
+    case EXIT_LOCAL_IO:
+        return "local_io";
+    default:
+        return rc > 128 ? "interrupted" : "other";
+    }
+}
+
+/* ---- the run's JSON object ---- */
+
+static json_object *out_obj;
+static bool out_streamed;
+static struct {
+    const char *key, *value;
+} subjects[4];
+static size_t nsubjects;
+
+json_object *cli_out(void)
+{
+    if (!out_obj)
+        out_obj = json_object_new_object();
+    return out_obj;
+}
+
+void cli_subject(const char *key, const char *value)
+{
+    if (nsubjects < sizeof(subjects) / sizeof(subjects[0]) && value)
+        subjects[nsubjects].key = key, subjects[nsubjects++].value = value;
+}
+
+void cli_out_stream_begin(void)
+{
+    out_streamed = true;
+    fputs("{\"schema\":1", stdout);
+}
+
+json_object *cli_json_seconds(double s)
+{
+    char b[32];
+    snprintf(b, sizeof(b), "%.3f", s);
+    return json_object_new_double_s(atof(b), b);
+}
+
+static void add_subjects(json_object *o)
+{
+    for (size_t i = 0; i < nsubjects; i++)
+        json_object_object_add(o, subjects[i].key, json_object_new_string(subjects[i].value));
+}
+
+static json_object *error_obj(int rc)
+{
+    json_object *e = json_object_new_object();
+    json_object_object_add(e, "code", json_object_new_int(rc));
+    json_object_object_add(e, "class", json_object_new_string(cli_class_name(rc)));
+    json_object_object_add(e, "message",
+                           json_object_new_string(last_err.set ? last_err.msg : "failed"));
+    const char *en = last_err.code ? strerrorname_np(last_err.code) : NULL;
+    json_object_object_add(e, "errno", en ? json_object_new_string(en) : NULL);
+    add_subjects(e);
+    return e;
+}
+
+int cli_finish(int rc)
+{
+    if (rc == EXIT_FAIL && last_err.code) /* a verb that said 1 for a failure it recorded */
+        rc = cli_exit_code(last_err.code);
+    if (rc != EXIT_OK && rc != EXIT_USAGE && vmsnap_cancelled() != 0)
+        rc = cli_exit_code(ECANCELED); /* whatever failed once the run was cancelled */
+    if (!cli_json)
+        goto out;
+    if (out_streamed) {
+        if (rc != EXIT_OK) {
+            json_object *e = error_obj(rc);
+            fputs(",\"error\":", stdout);
+            cli_json_write(stdout, e);
+            json_object_put(e);
+        }
+        fputs("}\n", stdout);
+        goto out;
+    }
+    /* a verb that reported nothing (--help) prints no object */
+    if (rc == EXIT_OK && !out_obj)
+        goto out;
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "schema", json_object_new_int(1));
+    if (rc == EXIT_OK)
+        add_subjects(o);
+    if (out_obj) {
+        json_object_object_foreach(out_obj, k, v) json_object_object_add(o, k, json_object_get(v));
+    }
+    if (rc != EXIT_OK)
+        json_object_object_add(o, "error", error_obj(rc));
+    cli_json_line(o);
+    json_object_put(o);
+out:
+    json_object_put(out_obj);
+    out_obj = NULL;
+    fflush(stdout);
+    return rc;
+}
+
+/* ---- options ---- */
+
+/* Optimal string alignment distance (Levenshtein plus swaps of neighbours: "psuh" is 1 from
+ * "push"), on words of up to 63 bytes. */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t n = strlen(a), m = strlen(b);
+    if (n > 63 || m > 63)
+        return SIZE_MAX;
+    size_t d[64][64];
+    for (size_t i = 0; i <= n; i++)
+        d[i][0] = i;
+    for (size_t j = 0; j <= m; j++)
+        d[0][j] = j;
+    for (size_t i = 1; i <= n; i++)
+        for (size_t j = 1; j <= m; j++) {
+            size_t v = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < v)
+                v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v)
+                v = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+                d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    return d[n][m];
+}
+
+const char *cli_did_you_mean(const char *word, const char *const *cands)
+{
+    /* within 1 for short words, 2 from 5 letters on: closer than that is another word */
+    size_t limit = strlen(word) >= 5 ? 2 : 1, best = SIZE_MAX;
+    const char *pick = NULL;
+    for (size_t i = 0; cands[i]; i++) {
+        size_t d = edit_distance(word, cands[i]);
+        if (d <= limit && d < best)
+            best = d, pick = cands[i];
+    }
+    return pick;
+}
+
+int cli_unknown_sub(const char *verb, const char *sub, const char *const *subs)
+{
+    char list[256] = "";
+    for (size_t i = 0, o = 0; subs[i] && o < sizeof(list); i++)
+        o += (size_t)snprintf(list + o, sizeof(list) - o, "%s%s", i ? ", " : "", subs[i]);
+    const char *near = cli_did_you_mean(sub, subs);
+    if (near)
+        return cli_usage(verb, "unknown subcommand '%s'; did you mean '%s'?", sub, near);
+    return cli_usage(verb, "unknown subcommand '%s' (expected %s)", sub, list);
+}
+
+/* The long option `arg` ("--jsn=x") is not one of `lopts`: the usage error, with the nearest. */
+static void unknown_long(const char *arg, const struct option *lopts)
+{
+    char word[64];
+    snprintf(word, sizeof(word), "%s", arg + 2);
+    word[strcspn(word, "=")] = '\0';
+    const char *cands[128];
+    size_t n = 0;
+    for (size_t i = 0; lopts && lopts[i].name && n < 127; i++)
+        cands[n++] = lopts[i].name;
+    cands[n] = NULL;
+    const char *near = cli_did_you_mean(word, cands);
+    if (near)
+        cli_usage(cli_verb, "unknown option '--%s'; did you mean '--%s'?", word, near);
+    else
+        cli_usage(cli_verb, "unknown option '%s'", arg);
+}
 
 int cli_getopt(int argc, char **argv, const char *shortopts, const struct option *lopts)
 {
+    char so[64];
+    /* ':' a missing argument, '?' an unknown one; -q and -v in every verb */
+    snprintf(so, sizeof(so), ":%sqv", shortopts);
+    opterr = 0;
     int c;
-    while ((c = getopt_long(argc, argv, shortopts, lopts, NULL)) == 'q' || c == 'v')
+    while ((c = getopt_long(argc, argv, so, lopts, NULL)) == 'q' || c == 'v')
         cli_common_flag(c);
+    if (c == ':' || c == '?') {
+        const char *arg = argv[optind - 1];
+        if (c == ':')
+            cli_usage(cli_verb, "option '%s' wants an argument", arg);
+        else if (!strncmp(arg, "--", 2))
+            unknown_long(arg, lopts);
+        else
+            cli_usage(cli_verb, "unknown option '-%c'", optopt ? optopt : '?');
+        opt_error_reported = true;
+        c = '?';
+    }
     return c;
 }
 
@@ -157,13 +434,24 @@ const char *cli_printable(char *out, size_t cap, const char *s)
     return out;
 }
 
+/* The progress line off the terminal (term_mu held). */
+static void progress_clear(void)
+{
+    if (progress_shown)
+        fputs("\r\033[K", stderr);
+    progress_shown = false;
+}
+
 void cli_eputs(const char *prefix, const char *msg)
 {
     size_t cap = 4 * strlen(msg) + 8; /* every byte as \xHH, whole */
     char small[1024], *out = cap <= sizeof(small) ? small : malloc(cap);
     if (!out) /* out of memory: what fits */
         out = small, cap = sizeof(small);
+    pthread_mutex_lock(&term_mu);
+    progress_clear();
     fprintf(stderr, "%s%s\n", prefix, cli_printable(out, cap, msg));
+    pthread_mutex_unlock(&term_mu);
     if (out != small)
         free(out);
 }
@@ -240,31 +528,58 @@ int cli_parse_duration(const char *s, int64_t *out)
 void cli_error(const char *verb, const char *fmt, ...)
 {
     char prefix[64];
-    snprintf(prefix, sizeof(prefix), "vmsnap %s: ", verb);
+    snprintf(prefix, sizeof(prefix), "vmsnap%s%s: ", *verb ? " " : "", verb);
     va_list ap;
     va_start(ap, fmt);
     char *msg = NULL;
     int n = vasprintf(&msg, fmt, ap);
     va_end(ap);
     cli_eputs(prefix, n >= 0 ? msg : "(out of memory)");
+    record_error(0, n >= 0 ? msg : "(out of memory)");
     if (n >= 0)
         free(msg);
 }
 
+int cli_fail_code(const char *verb, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *msg = NULL;
+    int n = vasprintf(&msg, fmt, ap);
+    va_end(ap);
+    cli_error(verb, "%s", n >= 0 ? msg : "(out of memory)");
+    if (n >= 0)
+        free(msg);
+    last_err.code = code < 0 ? -code : code;
+    return cli_exit_code(code);
+}
+
 int cli_fail(const char *verb, const struct vmsnap_err *err)
 {
-    cli_error(verb, "%s", err->msg);
-    return EXIT_FAIL;
+    return cli_fail_code(verb, err->code, "%s", err->msg);
 }
 
 int cli_usage(const char *verb, const char *fmt, ...)
 {
+    if (opt_error_reported) { /* cli_getopt said what was wrong */
+        opt_error_reported = false;
+        return EXIT_USAGE;
+    }
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "vmsnap %s: ", verb);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n(see 'vmsnap help %s')\n", verb);
+    char *msg = NULL;
+    int n = vasprintf(&msg, fmt, ap);
     va_end(ap);
+    const char *m = n >= 0 ? msg : "(out of memory)";
+    pthread_mutex_lock(&term_mu);
+    progress_clear();
+    fprintf(stderr, "vmsnap%s%s: %s\n", *verb ? " " : "", verb, m);
+    if (*cli_verb) /* the verb is known (not so for an unknown one, or an option before it) */
+        fprintf(stderr, "(see 'vmsnap help %s')\n", cli_verb);
+    pthread_mutex_unlock(&term_mu);
+    record_error(0, m);
+    if (n >= 0)
+        free(msg);
     return EXIT_USAGE;
 }
 
@@ -293,10 +608,21 @@ const char *cli_bytes(char *buf, size_t len, uint64_t bytes)
 
 void cli_progress_init(struct cli_progress *p, const char *label)
 {
+    memset(p, 0, sizeof(*p));
     p->label = label;
     p->t0 = cli_now();
-    p->last = 0;
     p->active = !cli_quiet && isatty(STDERR_FILENO);
+}
+
+/* "1h02m", "3m05s", "12s" */
+static void eta_text(char *b, size_t n, double s)
+{
+    if (s >= 3600)
+        snprintf(b, n, "%dh%02dm", (int)(s / 3600), (int)(s / 60) % 60);
+    else if (s >= 60)
+        snprintf(b, n, "%dm%02ds", (int)(s / 60), (int)s % 60);
+    else
+        snprintf(b, n, "%ds", (int)s);
 }
 
 void cli_progress_cb(void *arg, uint64_t done, uint64_t total)
@@ -304,31 +630,54 @@ void cli_progress_cb(void *arg, uint64_t done, uint64_t total)
     struct cli_progress *p = arg;
     if (!p->active)
         return;
+    pthread_mutex_lock(&term_mu);
+    if (p->first_total == 0)
+        p->first_total = total;
+    else if (total != p->first_total)
+        p->estimate = true; /* a set pull learns its total file by file */
+    if (p->map) {
+        done = p->map(p->map_arg, done);
+        total = p->map_total;
+    }
     double now = cli_now();
-    if (now - p->last < 0.2 && done < total)
+    if (now - p->last < 0.2 && done < total) {
+        pthread_mutex_unlock(&term_mu);
         return;
+    }
     p->last = now;
-    char a[32], b[32], r[32];
+    char a[32], b[32], r[32], eta[32] = "";
+    const char *approx = p->estimate ? "~" : "";
     double el = now - p->t0;
     uint64_t rate = el > 0 ? (uint64_t)((double)done / el) : 0;
-    fprintf(stderr, "\r%s: %s / %s (%s/s)   ", p->label, cli_bytes(a, sizeof(a), done),
-            cli_bytes(b, sizeof(b), total), cli_bytes(r, sizeof(r), rate));
+    if (rate && total > done) {
+        char t[24];
+        eta_text(t, sizeof(t), (double)(total - done) / (double)rate);
+        snprintf(eta, sizeof(eta), ", ETA %s%s", approx, t);
+    }
+    double pct = total ? 100.0 * (double)done / (double)total : 100.0;
+    fprintf(stderr, "\r\033[K%s: %s / %s%s (%s%.0f%%, %s/s%s)", p->label,
+            cli_bytes(a, sizeof(a), done), approx, cli_bytes(b, sizeof(b), total), approx,
+            pct > 100 ? 100 : pct, cli_bytes(r, sizeof(r), rate), eta);
+    progress_shown = true;
+    pthread_mutex_unlock(&term_mu);
 }
 
 void cli_progress_end(struct cli_progress *p)
 {
-    if (p->active && p->last > 0)
-        fputs("\r\033[K", stderr);
+    if (!p->active)
+        return;
+    pthread_mutex_lock(&term_mu);
+    progress_clear();
+    p->active = false;
+    pthread_mutex_unlock(&term_mu);
 }
 
 int cli_drop_cache(const char *verb, const char *path)
 {
     struct vmsnap_err err = {0};
     struct vmsnap_pcache_retrier *r = NULL;
-    if (vmsnap_pcache_retrier_new(NULL, 0, &r, &err) < 0) {
-        cli_error(verb, "--drop-cache: %s", err.msg);
-        return EXIT_FAIL;
-    }
+    if (vmsnap_pcache_retrier_new(NULL, 0, &r, &err) < 0)
+        return cli_fail_code(verb, err.code, "--drop-cache: %s", err.msg);
     struct vmsnap_pcache_report rep = {0};
     struct stat st;
     int rc;
@@ -345,10 +694,8 @@ int cli_drop_cache(const char *verb, const char *path)
     struct vmsnap_pcache_retrier_stats rs;
     vmsnap_pcache_retrier_get_stats(r, &rs);
     vmsnap_pcache_retrier_free(r);
-    if (rc < 0) {
-        cli_error(verb, "--drop-cache: %s", err.msg);
-        return EXIT_FAIL;
-    }
+    if (rc < 0)
+        return cli_fail_code(verb, err.code, "--drop-cache: %s", err.msg);
     if (!cli_quiet) {
         char a[32];
         fprintf(stderr,
@@ -359,4 +706,13 @@ int cli_drop_cache(const char *verb, const char *path)
                 (unsigned long long)rs.gave_up);
     }
     return EXIT_OK;
+}
+
+int cli_refuse_existing(const char *verb, const char *dst, bool force)
+{
+    struct stat st;
+    /* what is not a regular file the library never replaces, and says what it is */
+    if (force || lstat(dst, &st) < 0 || !S_ISREG(st.st_mode))
+        return EXIT_OK;
+    return cli_fail_code(verb, EEXIST, "%s exists: not replaced (-f/--force replaces it)", dst);
 }

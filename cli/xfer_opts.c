@@ -15,7 +15,7 @@ static const struct option lopts[] = {
     {"part-size", required_argument, NULL, 'p'},
     {"max-memory", required_argument, NULL, 'm'},
     {"threads", required_argument, NULL, 't'},
-    {"frame-size", required_argument, NULL, 'f'},
+    {"frame-size", required_argument, NULL, 'z'},
     {"level", required_argument, NULL, 'l'},
     {"max-size", required_argument, NULL, 's'},
     {"no-fsync", no_argument, NULL, 'n'},
@@ -53,7 +53,7 @@ static int for_this_verb(const char *verb, int c)
         {'p', " push export ", "--part-size", "push and export"},
         {'m', " push pull export ", "--max-memory", "push, pull and export"},
         {'t', " push pull export ", "--threads", "push, pull and export"},
-        {'f', " push export ", "--frame-size", "push and export"},
+        {'z', " push export ", "--frame-size", "push and export"},
         {'l', " push export ", "--level", "push and export"},
         {'n', " pull ", "--no-fsync", "pull"},
         {'L', " push ", "--layout", "push"},
@@ -81,7 +81,7 @@ static int count_opt(const char *verb, int c, struct vmsnap_xfer_opts *o)
         const char *want;
     } counts[] = {
         {'j', 1, 256, "-j wants a connection count from 1 to 256"},
-        {'t', 1, 256, "--threads wants 1 to 256"},
+        {'t', 0, 256, "-T/--threads wants 0 (all CPUs) to 256"},
         {'l', 1, 22, "--level wants a zstd level from 1 to 22"},
         {'R', 0, 100, "--retries wants 0 to 100"},
     };
@@ -110,7 +110,7 @@ static int size_opt(const char *verb, int c, struct vmsnap_xfer_opts *o)
         return cli_usage(verb, "%s wants a size like 16M, not '%s'",
                          c == 'p'   ? "--part-size"
                          : c == 'm' ? "--max-memory"
-                         : c == 'f' ? "--frame-size"
+                         : c == 'z' ? "--frame-size"
                                     : "--max-size",
                          optarg),
                -1;
@@ -118,7 +118,7 @@ static int size_opt(const char *verb, int c, struct vmsnap_xfer_opts *o)
         o->part_size = sz;
     else if (c == 'm')
         o->max_memory = sz;
-    else if (c == 'f')
+    else if (c == 'z')
         o->frame_size = sz;
     else
         o->max_size = sz;
@@ -132,7 +132,7 @@ static int verb_flag(const char *verb, int c, struct vmsnap_xfer_opts *o,
     switch (c) {
     case 'F':
         if (!f->force)
-            return cli_usage(verb, "--force is an option of rm only"), -1;
+            return cli_usage(verb, "-f/--force is an option of rm and pull only"), -1;
         *f->force = true;
         return 0;
     case 'N':
@@ -180,10 +180,8 @@ static int verb_flag(const char *verb, int c, struct vmsnap_xfer_opts *o,
     case 'Y':
         o->cache_dir = optarg;
         return 0;
-    case 'J':
-        if (!f->json)
-            return cli_usage(verb, "--json is an option of push, pull and ls only"), -1;
-        *f->json = true;
+    case 'J': /* every transfer verb reports (main saw it first: cli_json) */
+        cli_json = true;
         return 0;
     case 'D':
         if (!f->drop_cache)
@@ -206,7 +204,7 @@ static int one_opt(const char *verb, int c, struct vmsnap_xfer_opts *o, const st
         return count_opt(verb, c, o);
     case 'p':
     case 'm':
-    case 'f':
+    case 'z':
     case 's':
         return size_opt(verb, c, o);
     case 'n':
@@ -261,7 +259,11 @@ static int xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xf
         f = &none;
     int c;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "j:hqv", lopts)) != -1) {
+    while ((c = cli_getopt(argc, argv, "j:T:fhqv", lopts)) != -1) {
+        if (c == 'T') /* -T N: the codec's threads, as pack's */
+            c = 't';
+        else if (c == 'f')
+            c = 'F';
         int rc = for_this_verb(verb, c);
         if (rc == 0)
             rc = one_opt(verb, c, o, f);
@@ -305,27 +307,19 @@ static void summary(const char *verb, const struct vmsnap_xfer_stats *st, double
                 cli_bytes(a, sizeof(a), st->cached_bytes));
 }
 
-/* The summary as one JSON object on stdout (push/pull --json). */
-static void summary_json(const char *src, const char *dst, const struct vmsnap_xfer_stats *st,
-                         double wall)
+/* The summary in the run's JSON object (push/pull --json). */
+static void summary_json(const struct vmsnap_xfer_stats *st, double wall)
 {
-    json_object *o = json_object_new_object();
-    json_object_object_add(o, "source", json_object_new_string(src));
-    json_object_object_add(o, "destination", json_object_new_string(dst));
+    json_object *o = cli_out();
     json_object_object_add(o, "files", json_object_new_int64((int64_t)st->files));
-    json_object_object_add(o, "logical_size", json_object_new_int64((int64_t)st->logical));
-    json_object_object_add(o, "populated", json_object_new_int64((int64_t)st->populated));
-    json_object_object_add(o, "object_size", json_object_new_int64((int64_t)st->object_bytes));
+    json_object_object_add(o, "logical_bytes", json_object_new_int64((int64_t)st->logical));
+    json_object_object_add(o, "populated_bytes", json_object_new_int64((int64_t)st->populated));
+    json_object_object_add(o, "object_bytes", json_object_new_int64((int64_t)st->object_bytes));
     json_object_object_add(o, "copied_bytes", json_object_new_int64((int64_t)st->copied_bytes));
     json_object_object_add(o, "deltas", json_object_new_int64((int64_t)st->deltas));
     json_object_object_add(o, "cached_bytes", json_object_new_int64((int64_t)st->cached_bytes));
-    char ws[32], cs[32];
-    snprintf(ws, sizeof(ws), "%.3f", wall);
-    snprintf(cs, sizeof(cs), "%.3f", cli_cpu_seconds());
-    json_object_object_add(o, "seconds", json_object_new_double_s(wall, ws));
-    json_object_object_add(o, "cpu_seconds", json_object_new_double_s(atof(cs), cs));
-    cli_json_line(o);
-    json_object_put(o);
+    json_object_object_add(o, "seconds", cli_json_seconds(wall));
+    json_object_object_add(o, "cpu_seconds", cli_json_seconds(cli_cpu_seconds()));
 }
 
 int cmd_xfer_args(const struct xfer_verb *v, int argc, char **argv, struct vmsnap_xfer_opts *o,
@@ -347,6 +341,8 @@ int cmd_xfer_args(const struct xfer_verb *v, int argc, char **argv, struct vmsna
     }
     if (url_operand(v->name, argv[i + v->url]) < 0)
         return -1;
+    for (int k = 0; k < v->operands; k++) /* what the output and a failure name */
+        cli_subject(k == v->url ? "url" : "path", argv[i + k]);
     return i;
 }
 
@@ -357,10 +353,11 @@ int cmd_xfer_end(const char *verb, int rc, const struct vmsnap_err *err)
 }
 
 int cmd_xfer_copy(const char *verb, cmd_xfer_copy_fn fn, const char *from, const char *to,
-                  struct vmsnap_xfer_opts *o, bool json)
+                  struct vmsnap_xfer_opts *o)
 {
     struct cli_progress p;
     cli_progress_init(&p, verb);
+    p.estimate = !strcmp(verb, "push"); /* object bytes: known only once encoded */
     o->progress = cli_progress_cb;
     o->progress_arg = &p;
     struct vmsnap_xfer_stats st;
@@ -368,10 +365,10 @@ int cmd_xfer_copy(const char *verb, cmd_xfer_copy_fn fn, const char *from, const
     double t0 = cli_now();
     int rc = fn(from, to, o, &st, &err);
     cli_progress_end(&p);
-    if (cmd_xfer_end(verb, rc, &err) != EXIT_OK)
-        return EXIT_FAIL;
-    if (json)
-        summary_json(from, to, &st, cli_now() - t0);
+    if ((rc = cmd_xfer_end(verb, rc, &err)) != EXIT_OK)
+        return rc;
+    if (cli_json)
+        summary_json(&st, cli_now() - t0);
     else
         summary(verb, &st, cli_now() - t0);
     return EXIT_OK;

@@ -16,8 +16,9 @@
  *
  * Keys are relative to the store (S3: the object key; local: a path relative to the store root,
  * which is "/" for absolute URLs). Errors: -ENOENT for a missing object or upload, -EACCES for
- * denied credentials (the message names the bucket), -EIO/-ETIMEDOUT/-ECONNREFUSED for transport
- * failures after the retries, -EINVAL for bad URLs. Secrets never appear in any message.
+ * denied credentials (the message names the bucket), -ECONNREFUSED/-ETIMEDOUT/-EHOSTUNREACH/
+ * -ECONNRESET for transport failures and -EAGAIN for 5xx or throttling after the retries,
+ * -EREMOTEIO for another refusal of the store's, -EINVAL for bad URLs. Secrets never appear in any message.
  */
 #ifndef VMSNAP_STORE_H
 #define VMSNAP_STORE_H

@@ -239,6 +239,11 @@ out:
     json_object_put(root);
     if (rc < 0)
         manifest_fini(m);
+    if (rc == -EINVAL) { /* bytes that are not a manifest vmsnap takes: corrupt or hostile input */
+        rc = -EBADMSG;
+        if (err)
+            err->code = EBADMSG;
+    }
     return rc;
 }
 

@@ -268,7 +268,7 @@ int xfer_down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst,
     if (rc < 0)
         return rc;
     if (d->mf && d->mf->detail && d->mf->object_size != d->osize)
-        return vmsnap_err_set(err, EINVAL, "%s: %llu bytes, the manifest says %llu", d->url,
+        return vmsnap_err_set(err, EBADMSG, "%s: %llu bytes, the manifest says %llu", d->url,
                               (unsigned long long)d->osize, (unsigned long long)d->mf->object_size);
     if (!d->overlay) {
         if ((rc = sys_atomic_open_tagged(&d->af, dst, 0600, "pull", err)) < 0)
@@ -283,7 +283,7 @@ int xfer_down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst,
     if (rc < 0)
         return rc;
     if (rc == 0 && d->mf && d->mf->table_digest)
-        return vmsnap_err_set(err, EINVAL,
+        return vmsnap_err_set(err, EBADMSG,
                               "%s: the manifest has a seek-table digest but the object has no "
                               "seek table: refusing it",
                               d->url);
@@ -297,7 +297,7 @@ int xfer_down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst,
     if (d->mf && d->mf->detail &&
         (d->stats.total_size != d->mf->size || d->stats.populated != d->mf->populated))
         return vmsnap_err_set(
-            err, EINVAL,
+            err, EBADMSG,
             "%s: image holds %llu bytes (%llu populated), the manifest says "
             "%llu (%llu)",
             d->url, (unsigned long long)d->stats.total_size, (unsigned long long)d->stats.populated,
@@ -311,7 +311,7 @@ int xfer_down_open(struct down *d, struct vmsnap_store_conn *c, const char *dst,
         if ((rc = xfer_table_sha256(d->img, hx, err)) < 0)
             return rc;
         if (strcmp(hx, d->mf->sha256))
-            return vmsnap_err_set(err, EINVAL,
+            return vmsnap_err_set(err, EBADMSG,
                                   "%s: tableSha256 %s does not match the manifest (%s): refusing "
                                   "it",
                                   d->url, hx, d->mf->sha256);
@@ -394,7 +394,7 @@ int xfer_down_finish(struct down *d, int rc, struct vmsnap_err *err)
             *err = d->err;
     }
     if (rc == 0 && d->hashed != d->osize)
-        rc = vmsnap_err_set(err, EIO, "%s: received %llu of %llu bytes", d->url,
+        rc = vmsnap_err_set(err, ECONNRESET, "%s: received %llu of %llu bytes", d->url,
                             (unsigned long long)d->hashed, (unsigned long long)d->osize);
     if (rc == 0 && d->mf && d->mf->detail && !d->mf->table_digest) {
         unsigned char md[32];
@@ -403,7 +403,7 @@ int xfer_down_finish(struct down *d, int rc, struct vmsnap_err *err)
         EVP_DigestFinal_ex(d->sha, md, &mdl);
         xfer_hex32(md, hx);
         if (strcmp(hx, d->mf->sha256))
-            rc = vmsnap_err_set(err, EINVAL,
+            rc = vmsnap_err_set(err, EBADMSG,
                                 "%s: %s %s does not match the manifest (%s): refusing it", d->url,
                                 d->mf->table_digest ? "tableSha256" : "sha256", hx, d->mf->sha256);
     }

@@ -257,6 +257,7 @@ def push_matrix(kind, c, A, B, dA, dB, layout="layered"):
 
 def pull_matrix(kind, c, A, B, dA, dB):
     dB = {**dA, **dB}  # a pull replaces the set's names and keeps the directory's other files
+    # (-f: a pull over files of the set's names is refused without it)
     if kind == "local":
         env = None
         base = os.path.join(W, "pstore")
@@ -270,12 +271,12 @@ def pull_matrix(kind, c, A, B, dA, dB):
     full = None
     for k in range(args.kills):
         dest = os.path.join(W, f"dest{k}")
-        run(VMSNAP, "-q", "pull", ua, dest, env=env)
+        run(VMSNAP, "-q", "pull", "-f", ua, dest, env=env)
         if full is None:  # the same pull over the same files, uninterrupted
-            run(VMSNAP, "-q", "pull", ua, dest + "-timing", env=env)
-            full = timed([VMSNAP, "-q", "pull", ub, dest + "-timing"], env)
+            run(VMSNAP, "-q", "pull", "-f", ua, dest + "-timing", env=env)
+            full = timed([VMSNAP, "-q", "pull", "-f", ub, dest + "-timing"], env)
         delay = rng.uniform(0, full * 1.1)
-        kill_at([VMSNAP, "-q", "pull", ub, dest], delay, env)
+        kill_at([VMSNAP, "-q", "pull", "-f", ub, dest], delay, env)
         c.kills += 1
         what = f"kill {k} at {delay:.3f} s of {full:.3f}"
         got = digest(dest)
@@ -288,7 +289,7 @@ def pull_matrix(kind, c, A, B, dA, dB):
                          f"({sum(1 for n in got if got[n] == dA.get(n))} old files, "
                          f"{sum(1 for n in got if got[n] == dB.get(n))} new)")
             continue
-        p = run(VMSNAP, "-q", "pull", ub, dest, env=env, check=False)
+        p = run(VMSNAP, "-q", "pull", "-f", ub, dest, env=env, check=False)
         if p.returncode != 0:
             c.bad.append(f"{what}: the next pull failed: {p.stderr.strip()[-300:]}")
             continue

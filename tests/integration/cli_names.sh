@@ -71,42 +71,42 @@ mkdir -p "$T/set" && head -c 100000 /dev/urandom >"$T/set/memory" && echo x >"$T
 # pull's refusal of a name a manifest gives: the name is escaped (it was echoed byte for byte)
 cp -r "$S/good" "$S/h1"
 printf '{"snapshotFiles":["\\u001b]0;T\\u0007\\u001b[2J"]}' >"$S/h1/manifest.json"
-run pull-refused 1 -- "$VMSNAP" pull "$S/h1" "$T/h1.out"
+run pull-refused 6 -- "$VMSNAP" pull "$S/h1" "$T/h1.out"
 shows pull-refused err "$OSC_T"
 # a name holding U+009B (an 8-bit CSI), its object missing
 cp -r "$S/good" "$S/h2"
 printf '{"snapshotFiles":["a\\u009bb"]}' >"$S/h2/manifest.json"
-run pull-c1 1 -- "$VMSNAP" pull "$S/h2" "$T/h2.out"
+run pull-c1 3 -- "$VMSNAP" pull "$S/h2" "$T/h2.out"
 shows pull-c1 err "a${CSI_T}b"
 
-# sets whose names hold such bytes: push and pull --json (source, destination), ls, rm
+# sets whose names hold such bytes: push and pull --json (path, url), ls, rm
 mkdir -p "$T/src$BAD" && cp "$T/set/"* "$T/src$BAD/" && echo h >"$T/src$BAD/.hid$CLR"
 run push-json 0 json -- "$VMSNAP" push --json "$T/src$BAD" "$S/s$CLR"
-[ "$(jfield push-json 'j["source"].endswith("srca" + chr(92) + "xffb")')" = True ] ||
-    fail "push --json source: $(cat "$T/push-json.out")"
-[ "$(jfield push-json 'j["destination"].endswith("s\x1b[2Jc")')" = True ] ||
-    fail "push --json destination: $(cat "$T/push-json.out")"
+[ "$(jfield push-json 'j["path"].endswith("srca" + chr(92) + "xffb")')" = True ] ||
+    fail "push --json path: $(cat "$T/push-json.out")"
+[ "$(jfield push-json 'j["url"].endswith("s\x1b[2Jc")')" = True ] ||
+    fail "push --json url: $(cat "$T/push-json.out")"
 shows push-json err ".hid$CLR_T" # the library's warning about the hidden file, logged
 run push-text 0 -- "$VMSNAP" push "$T/src$BAD" "$S/s$BAD"
 run push-c1 0 -- "$VMSNAP" -q push "$T/set" "$S/s$CSI"
 run pull-json 0 json -- "$VMSNAP" pull --json "$S/s$BAD" "$T/dst$OSC"
-[ "$(jfield pull-json 'j["destination"].endswith("dst\x1b]0;T\x07\x1b[2J")')" = True ] ||
-    fail "pull --json destination: $(cat "$T/pull-json.out")"
+[ "$(jfield pull-json 'j["path"].endswith("dst\x1b]0;T\x07\x1b[2J")')" = True ] ||
+    fail "pull --json path: $(cat "$T/pull-json.out")"
 run ls-text 0 -- "$VMSNAP" ls "$S"
 shows ls-text out "s$BAD_T"
 shows ls-text out "s$CLR_T"
 shows ls-text out "s$CSI_T"
 run ls-json 0 json -- "$VMSNAP" ls --json "$S"
-[ "$(jfield ls-json 'sorted(s["url"].rsplit("/", 1)[1] for s in j)')" = \
+[ "$(jfield ls-json 'sorted(s["url"].rsplit("/", 1)[1] for s in j["sets"])')" = \
     "['good', 'h1', 'h2', 's\x1b[2Jc', 'sa\\\\xffb', 's\x9b']" ] ||
-    fail "ls --json urls: $(jfield ls-json 'sorted(s["url"].rsplit("/", 1)[1] for s in j)')"
+    fail "ls --json urls: $(jfield ls-json 'sorted(s["url"].rsplit("/", 1)[1] for s in j["sets"])')"
 run rm-set 0 -- "$VMSNAP" rm "$S/s$CLR"
 shows rm-set err "s$CLR_T"
 # rm --force of an incomplete set names the first object it kept (a key from the store)
 mkdir -p "$S/inc" && echo junk >"$S/inc/k$CLR.zstd" && "$VMSNAP" -q pack "$T/set/base-id" "$S/inc/base-id.zstd"
 run rm-kept 0 -- "$VMSNAP" rm --force "$S/inc"
 shows rm-kept err "k$CLR_T.zstd"
-run rm-missing 1 -- "$VMSNAP" rm "$S/none$OSC"
+run rm-missing 3 -- "$VMSNAP" rm "$S/none$OSC"
 shows rm-missing err "none$OSC_T"
 # gc lists what a killed push left (its mark) under a prefix named with escapes
 mkdir -p "$S/g$CLR" && id=0123456789abcdef0123456789abcdef
@@ -124,11 +124,11 @@ shows inspect-text out "i$CLR_T.vs"
 run inspect-json 0 json -- "$VMSNAP" inspect --json "$T/i$BAD.vs"
 [ "$(jfield inspect-json 'j["path"].endswith("ia" + chr(92) + "xffb.vs")')" = True ] ||
     fail "inspect --json path: $(cat "$T/inspect-json.out")"
-run inspect-missing 1 -- "$VMSNAP" inspect "$T/none$OSC"
+run inspect-missing 3 -- "$VMSNAP" inspect "$T/none$OSC"
 shows inspect-missing err "none$OSC_T"
-run unpack-missing 1 -- "$VMSNAP" unpack "$T/none$CLR" "$T/o"
+run unpack-missing 3 -- "$VMSNAP" unpack "$T/none$CLR" "$T/o"
 shows unpack-missing err "none$CLR_T"
-run pack-missing 1 -- "$VMSNAP" pack "$T/none$BAD" "$T/o"
+run pack-missing 3 -- "$VMSNAP" pack "$T/none$BAD" "$T/o"
 shows pack-missing err "none$BAD_T"
 
 # ---- page cache ----
@@ -142,9 +142,9 @@ run cache-dir 0 -- "$VMSNAP" cache stat "$T/c"
 shows cache-dir out "$BAD_T"
 shows cache-dir out "$CSI_T"
 run cache-dir-json 0 json -- "$VMSNAP" cache stat --json "$T/c"
-run cache-missing 1 -- "$VMSNAP" cache stat "$T/none$OSC"
+run cache-missing 3 -- "$VMSNAP" cache stat "$T/none$OSC"
 shows cache-missing err "none$OSC_T"
-run evict-missing 1 -- "$VMSNAP" cache evict "$T/none$OSC"
+run evict-missing 3 -- "$VMSNAP" cache evict "$T/none$OSC"
 shows evict-missing err "none$OSC_T"
 
 # ---- disks ----
@@ -163,11 +163,11 @@ run disk-label-json 0 json -- "$VMSNAP" disk info --json "$T/lab.img"
     fail "disk info --json label: $(cat "$T/disk-label-json.out")"
 run disk-label 0 -- "$VMSNAP" disk info "$T/lab.img"
 shows disk-label out "l$CLR_T"
-run disk-add-missing 1 -- "$VMSNAP" disk create --size 8M --add "$T/none$OSC:/x" "$T/e.img"
+run disk-add-missing 3 -- "$VMSNAP" disk create --size 8M --add "$T/none$OSC:/x" "$T/e.img"
 shows disk-add-missing err "none$OSC_T"
 run disk-clone-v 0 -- "$VMSNAP" disk clone -v "$T/d$CLR.img" "$T/e$BAD.img"
 shows disk-clone-v err "e$BAD_T.img"
-run disk-info-missing 1 -- "$VMSNAP" disk info "$T/none$CSI"
+run disk-info-missing 3 -- "$VMSNAP" disk info "$T/none$CSI"
 shows disk-info-missing err "none$CSI_T"
 
 # ---- VM records (no VM runs: a record read from the state directory) ----
@@ -178,9 +178,9 @@ printf '{"name":"k","status":"stopped","url":"s3://b/%s","accel":"tcg%s","mem":5
 run vm-ls 0 -- env VMSNAP_RAM_DIR=/dev/shm "$VMSNAP" vm ls --state-dir "$SD"
 shows vm-ls out "s3://b/$CSI_T"
 run vm-ls-json 0 json -- env VMSNAP_RAM_DIR=/dev/shm "$VMSNAP" vm ls --json --state-dir "$SD"
-[ "$(jfield vm-ls-json 'j[0]["dir"].endswith("a" + chr(92) + "xffb\x1b[2Jc/vms/k")')" = True ] ||
-    fail "vm ls --json dir: $(cat "$T/vm-ls-json.out")"
-run vm-console 1 -- env VMSNAP_RAM_DIR=/dev/shm "$VMSNAP" vm console k --state-dir "$SD"
+[ "$(jfield vm-ls-json 'j["vms"][0]["path"].endswith("a" + chr(92) + "xffb\x1b[2Jc/vms/k")')" = True ] ||
+    fail "vm ls --json path: $(cat "$T/vm-ls-json.out")"
+run vm-console 3 -- env VMSNAP_RAM_DIR=/dev/shm "$VMSNAP" vm console k --state-dir "$SD"
 shows vm-console err "$BAD_T$CLR_T"
 
 done_tests

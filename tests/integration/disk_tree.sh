@@ -36,7 +36,7 @@ need = {"extent", "64bit", "flex_bg", "huge_file", "dir_nlink", "extra_isize", "
         "metadata_csum_seed", "dir_index"}
 assert need <= feats, need - feats
 assert "has_journal" not in feats
-assert j["clean"] is True and j["virtual_size"] == 4 << 30 and j["inodes_used"] == 11, j
+assert j["clean"] is True and j["logical_bytes"] == 4 << 30 and j["inodes_used"] == 11, j
 PYEOF
 dumpe2fs "$T/empty.img" >"$T/dump" 2>/dev/null
 groups=$(grep -c '^Group [0-9]' "$T/dump")

@@ -19,12 +19,13 @@ cmp -s "$T/img" "$T/img2" || fail "stdout image differs from the file image"
 "$VMSNAP" -q unpack - "$T/out2" < "$T/img" || fail "unpack from stdin"
 cmp -s "$T/src" "$T/out2" || fail "stdin round trip differs"
 
-# the source as its own destination is refused, and left as it was (pack X X replaced it)
+# the source as its own destination is refused, and left as it was (pack X X replaced it),
+# also with --force (without it, any existing file is)
 cp "$T/src" "$T/self" && cp "$T/img" "$T/selfimg"
-expect_fail "pack to itself" "$VMSNAP" pack "$T/self" "$T/self"
+expect_fail "pack to itself" "$VMSNAP" pack -f "$T/self" "$T/self"
 grep -q "$T/self: the destination is the source" "$T/err" || fail "pack to itself: $(cat "$T/err")"
-expect_fail "unpack to itself" "$VMSNAP" unpack "$T/selfimg" "$T/selfimg"
-expect_fail "unpack from stdin to itself" sh -c "'$VMSNAP' unpack - '$T/selfimg' < '$T/selfimg'"
+expect_fail "unpack to itself" "$VMSNAP" unpack -f "$T/selfimg" "$T/selfimg"
+expect_fail "unpack from stdin to itself" sh -c "'$VMSNAP' unpack -f - '$T/selfimg' < '$T/selfimg'"
 grep -q "$T/selfimg: the destination is the source" "$T/err" || fail "unpack to itself: $(cat "$T/err")"
 expect_fail "pack to stdout appended to the source" sh -c "'$VMSNAP' pack '$T/self' - >>'$T/self'"
 cmp -s "$T/src" "$T/self" && cmp -s "$T/img" "$T/selfimg" || fail "a refused pack or unpack changed its source"
@@ -35,9 +36,9 @@ cmp -s "$T/src" "$T/self" && cmp -s "$T/img" "$T/selfimg" || fail "a refused pac
 mknod "$T/dev" c 1 3 && mkfifo "$T/fifo" && ln -s "$T/keep-target" "$T/lnk" && echo t >"$T/keep-target" &&
     mkdir "$T/adir" || fail "test setup: special files"
 for d in dev fifo lnk adir; do
-    expect_fail "pack to a $d" timeout 30 "$VMSNAP" pack "$T/src" "$T/$d"
+    expect_fail "pack to a $d" timeout 30 "$VMSNAP" pack -f "$T/src" "$T/$d"
     grep -q "$T/$d is a .*, not a file: not replaced" "$T/err" || fail "pack to a $d: $(cat "$T/err")"
-    expect_fail "unpack to a $d" timeout 30 "$VMSNAP" unpack "$T/img" "$T/$d"
+    expect_fail "unpack to a $d" timeout 30 "$VMSNAP" unpack --force "$T/img" "$T/$d"
     grep -q "$T/$d is a .*, not a file: not replaced" "$T/err" || fail "unpack to a $d: $(cat "$T/err")"
 done
 [ -c "$T/dev" ] && [ -p "$T/fifo" ] && [ -L "$T/lnk" ] && [ "$(cat "$T/keep-target")" = t ] && [ -d "$T/adir" ] ||
@@ -60,7 +61,7 @@ import sys
 d = open(sys.argv[1], "rb").read()
 print(sum(len(d[i:i + 65536]) for i in range(0, len(d), 65536) if d[i:i + 65536].strip(b"\0")))' "$T/src")
 "$VMSNAP" inspect --json "$T/plain.zst" >"$T/jp" || fail "inspect plain zstd"
-grep -q "\"populated\":$want,\"zero_elided\":null,\"frames\":1,\"frame_size\":null," "$T/jp" ||
+grep -q "\"populated_bytes\":$want,\"zero_elided_bytes\":null,\"frames\":1,\"frame_bytes\":null," "$T/jp" ||
     fail "inspect of plain zstd (want populated $want): $(cat "$T/jp")"
 # ... skippable frames around it are not counted as frames
 { printf '\x50\x2a\x4d\x18\x04\x00\x00\x00abcd'; cat "$T/plain.zst"; printf '\x51\x2a\x4d\x18\x00\x00\x00\x00'; } >"$T/skp.zst"
@@ -73,12 +74,12 @@ expect_fail "inspect over --max-size" "$VMSNAP" inspect --max-size 1M "$T/plain.
 # options change the output the way they say
 "$VMSNAP" -q pack --level 9 --frame-size 4M "$T/src" "$T/img9" || fail "pack --level 9"
 "$VMSNAP" inspect --json "$T/img9" > "$T/j9" || fail "inspect --json"
-grep -q '"frames":3,"frame_size":4194304,' "$T/j9" ||
+grep -q '"frames":3,"frame_bytes":4194304,' "$T/j9" ||
     fail "4M frames: data lies in ranges 0, 1 and 3: $(cat "$T/j9")"
 "$VMSNAP" inspect --json "$T/img" > "$T/j1"
-grep -q '"frames":1,"frame_size":67108864,' "$T/j1" ||
+grep -q '"frames":1,"frame_bytes":67108864,' "$T/j1" ||
     fail "64M frames: all data in range 0: $(cat "$T/j1")"
-grep -q '"logical_size":20971520' "$T/j1" || fail "logical size in --json"
+grep -q '"logical_bytes":20971520' "$T/j1" || fail "logical size in --json"
 # a stream on stdin (a pipe: read in order) reports what the file does (its seek table comes
 # last and gives zero_elided and frame_size)
 cat "$T/img9" | "$VMSNAP" inspect --json - | sed 's/"path":"-"/"path":"X"/' >"$T/j9p"
@@ -86,10 +87,10 @@ sed 's/"path":"[^"]*"/"path":"X"/' "$T/j9" | cmp -s - "$T/j9p" || fail "inspect 
 "$VMSNAP" inspect --verify "$T/img" > "$T/iv" || fail "inspect --verify"
 grep -q "all checksums match" "$T/iv" || fail "inspect --verify output"
 
-# a failed unpack never touches an existing destination
+# a failed unpack never touches an existing destination (one --force lets it replace)
 echo "precious" > "$T/keep"
 head -c 1000 "$T/img" > "$T/cut"
-expect_fail "unpack of a truncated image" "$VMSNAP" unpack "$T/cut" "$T/keep"
+expect_fail "unpack of a truncated image" "$VMSNAP" unpack -f "$T/cut" "$T/keep"
 [ "$(cat "$T/keep")" = precious ] || fail "existing destination was modified by a failed unpack"
 grep -q "truncated" "$T/err" || fail "truncation message: $(cat "$T/err")"
 ls -a "$T" | grep -q '^\.keep\.' && fail "temporary file left behind"
@@ -101,14 +102,14 @@ grep -q "$T/nope" "$T/err" || fail "error does not name the missing file"
 expect_fail "unpack into a missing directory" "$VMSNAP" unpack "$T/img" "$T/no/such/dir/out"
 
 # usage errors exit 2
-rc=0; "$VMSNAP" pack -j 0 "$T/src" "$T/x" 2>/dev/null || rc=$?
-[ "$rc" = 2 ] || fail "-j 0: exit $rc, want 2"
+rc=0; "$VMSNAP" pack -T 257 "$T/src" "$T/x" 2>/dev/null || rc=$?
+[ "$rc" = 2 ] || fail "-T 257: exit $rc, want 2"
 # a size is decimal with an optional K/M/G/T[iB] (strtod also took nan, inf and 0x1p20)
 for v in nan inf 0x1p20 -1M 1Q; do
     rc=0; "$VMSNAP" pack --frame-size "$v" "$T/src" "$T/x" 2>"$T/err" || rc=$?
     [ "$rc" = 2 ] || fail "--frame-size $v: exit $rc, want 2"
 done
-# a frame size the encoder does not take is a usage error too, as --level 0 and -j 0 are
+# a frame size the encoder does not take is a usage error too, as --level 0 and -T 257 are
 # (it exited 1), and 0 is not taken as the default (it was)
 for v in 1000 0 4095 2G; do
     rc=0; "$VMSNAP" pack --frame-size "$v" "$T/src" "$T/x" 2>"$T/err" || rc=$?
@@ -165,7 +166,7 @@ out=$("$VMSNAP" -q pack "$T/src" "$T/img3" 2>&1)
 "$VMSNAP" -q pack --fsync "$T/src" "$T/img3s" || fail "pack --fsync"
 cmp -s "$T/img3" "$T/img3s" || fail "pack --fsync wrote other bytes"
 
-# interrupted (SIGTERM) while waiting on a pipe that has sent half an object: exit 1 saying so,
+# interrupted (SIGTERM) while waiting on a pipe that has sent half an object: exit 143 saying so,
 # nothing at the destination, no temporary file
 "$VMSNAP" -q pack "$T/src" "$T/img4"
 { head -c $(($(stat -c %s "$T/img4") / 2)) "$T/img4"; sleep 5; } |
@@ -174,7 +175,7 @@ pid=$!
 sleep 1
 kill -TERM "$pid"
 rc=0 && wait "$pid" || rc=$?
-[ "$rc" = 1 ] || fail "interrupted unpack: exit $rc ($(cat "$T/err"))"
+[ "$rc" = 143 ] || fail "interrupted unpack: exit $rc ($(cat "$T/err"))"
 grep -q "interrupted (SIGTERM)" "$T/err" || fail "interrupted unpack: message: $(cat "$T/err")"
 [ -e "$T/uint" ] && fail "the interrupted unpack left its destination"
 ls -A "$T" | grep -q '^\.uint' && fail "the interrupted unpack left a temporary file"
@@ -187,7 +188,7 @@ sleep 1
 kill -TERM "$pid"
 rc=0 && wait "$pid" || rc=$?
 exec 3<&-
-[ "$rc" = 1 ] || fail "pack to a stalled pipe, interrupted: exit $rc ($(cat "$T/err"))"
+[ "$rc" = 143 ] || fail "pack to a stalled pipe, interrupted: exit $rc ($(cat "$T/err"))"
 grep -q "interrupted (SIGTERM)" "$T/err" || fail "pack to a stalled pipe: message: $(cat "$T/err")"
 # ... and a pack inside one long frame (--level 19: 32 MiB of base64 text takes tens of
 # seconds): the signal stops the compression, it does not wait for the frame (it did, then
@@ -198,7 +199,7 @@ pid=$!
 sleep 2
 kill -TERM "$pid"
 rc=0 && wait "$pid" || rc=$?
-[ "$rc" = 1 ] && grep -q "interrupted (SIGTERM)" "$T/err" && [ ! -e "$T/slow.img" ] ||
+[ "$rc" = 143 ] && grep -q "interrupted (SIGTERM)" "$T/err" && [ ! -e "$T/slow.img" ] ||
     fail "pack --level 19, interrupted inside a frame: exit $rc ($(cat "$T/err"))"
 rm -f "$T/slow"
 # ... and a signal inherited as ignored (nohup, a script's background job) stays ignored

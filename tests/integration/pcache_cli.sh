@@ -29,7 +29,7 @@ sync "$T/a.img"
 cat "$T/a.img" >/dev/null
 "$VMSNAP" cache stat --json "$T/a.img" >"$T/s.json"
 [ "$(jget "$T/s.json" 'j["total"]["cached"]')" = 2048 ] || fail "read fully: not all 2048 pages cached: $(cat "$T/s.json")"
-[ "$(jget "$T/s.json" 'j["files"][0]["source"]')" = cachestat ] || fail "stat source not cachestat"
+[ "$(jget "$T/s.json" 'j["files"][0]["method"]')" = cachestat ] || fail "stat method not cachestat"
 "$VMSNAP" cache evict "$T/a.img" >"$T/ev.out"
 grep -q '^dropped: 2048 pages' "$T/ev.out" || fail "evict report: $(cat "$T/ev.out")"
 "$VMSNAP" cache stat --json "$T" >"$T/s.json"

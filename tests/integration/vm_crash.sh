@@ -107,7 +107,7 @@ VMSNAP_FAILPOINT=checkpoint-before-swap:stop "$VMSNAP" vm pause golden --state-d
 pid=$!
 wait_stopped $pid 60 || fail "the pause did not stop at its failpoint"
 vmc "$S" ls | grep -Eq '^golden +busy ' || fail "vm ls during a pause: $(vmc "$S" ls)"
-[ "$(vmc "$S" ls --json | jget - '[v.get("busy_pid") for v in j if v["name"] == "golden"]')" = "[$pid]" ] ||
+[ "$(vmc "$S" ls --json | jget - '[v.get("busy_pid") for v in j["vms"] if v["name"] == "golden"]')" = "[$pid]" ] ||
     fail "vm ls --json during a pause: $(vmc "$S" ls --json)"
 expect_fail "resume during a pause" vmc "$S" resume golden
 grep -q "busy" "$T/err" || fail "resume during a pause: $(cat "$T/err")"

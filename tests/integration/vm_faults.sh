@@ -55,7 +55,7 @@ export VMSNAP_QMP_TIMEOUT=2
 rc=0 && vmc "$S" resume golden >/dev/null 2>"$T/err" || rc=$?
 unset VMSNAP_QMP_TIMEOUT
 kill -CONT "$pid"
-[ "$rc" = 1 ] || fail "resume of a VM whose QEMU does not answer: exit $rc ($(cat "$T/err"))"
+[ "$rc" = 5 ] || fail "resume of a VM whose QEMU does not answer: exit $rc ($(cat "$T/err"))"
 grep -q "cannot tell whether its QEMU still runs the guest" "$T/err" ||
     fail "resume of a VM whose QEMU does not answer: $(cat "$T/err")"
 [ -e "$ram" ] || fail "resume of a VM whose QEMU does not answer removed its RAM file"

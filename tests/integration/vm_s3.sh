@@ -78,7 +78,7 @@ start_proxy "m2+:delay5000,c2+:delay5000"
 sleep 1
 AWS_ENDPOINT_URL=$PEP interrupt INT 2.5 "$VMSNAP" vm suspend golden "s3://$BUCKET/int" --state-dir "$B"
 stop_proxy
-[ "$irc" = 1 ] || fail "interrupted suspend: exit $irc ($(cat "$T/err"))"
+[ "$irc" = 130 ] || fail "interrupted suspend: exit $irc ($(cat "$T/err"))"
 grep -q "kept locally.*interrupted (SIGINT)" "$T/err" || fail "interrupted suspend: $(cat "$T/err")"
 [ "$(head_code int/manifest.json)" = 404 ] || fail "the interrupted suspend stored a manifest"
 OUT=$T/int.xml s3curl GET "$BUCKET/?prefix=int/" >/dev/null

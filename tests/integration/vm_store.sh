@@ -47,7 +47,7 @@ for mode in eager on-demand on-demand eager; do
     done
     # frames sized to the guest ($VM_MEM / 64, at least 8 MiB), not the codec's 64 MiB default
     "$VMSNAP" inspect --json "$url/memory-ranges.zstd" >"$T/insp.json" 2>&1 &&
-        grep -q '"frame_size":8388608,' "$T/insp.json" ||
+        grep -q '"frame_bytes":8388608,' "$T/insp.json" ||
         fail "cycle $i: memory image frames: $(cat "$T/insp.json")"
     [ ! -e "$here/vms/golden/checkpoint" ] && [ ! -e "$here/vms/golden/disk-vda.ext4" ] ||
         fail "cycle $i: local checkpoint or disk left after a successful suspend"

@@ -49,21 +49,23 @@ rc=0 && "$VMSNAP" push - st/x 2>/dev/null || rc=$?
 [ $rc = 2 ] || fail "push -: exit $rc"
 rc=0 && "$VMSNAP" pull st/x - 2>/dev/null || rc=$?
 [ $rc = 2 ] && [ ! -e ./- ] || fail "pull URL -: exit $rc"
-# --json: one object per push/pull, one array for ls, on stdout, with exact numbers
+# --json: one object per push, pull and ls on stdout (schema 1), with exact numbers
 mkdir -p js && echo abc >js/a && head -c 5000 /dev/urandom >js/b
 "$VMSNAP" push --json js st/js >push.json && "$VMSNAP" pull --json st/js js.out >pull.json &&
     "$VMSNAP" ls --json st >ls.json || fail "push/pull/ls --json"
 python3 - "$T/st/js" <<'PYEOF' || fail "--json output: $(cat push.json pull.json ls.json)"
 import json, sys
 p, q, l = (json.load(open(f)) for f in ("push.json", "pull.json", "ls.json"))
-assert p["source"] == "js" and p["destination"] == "st/js" and p["files"] == 2, p
-assert p["logical_size"] == 5004 and p["populated"] == 5004 and p["object_size"] > 5004, p
-assert q["files"] == 2 and q["logical_size"] == 5004 and q["destination"] == "js.out", q
+assert p["schema"] == q["schema"] == l["schema"] == 1, (p, q, l)
+assert p["path"] == "js" and p["url"] == "st/js" and p["files"] == 2, p
+assert p["logical_bytes"] == 5004 and p["populated_bytes"] == 5004 and p["object_bytes"] > 5004, p
+assert q["files"] == 2 and q["logical_bytes"] == 5004 and q["path"] == "js.out", q
 assert isinstance(p["seconds"], float) and isinstance(p["cpu_seconds"], float), p
-assert l == [{"url": sys.argv[1], "valid": True, "files": 2, "logical_size": 5004,
-              "object_size": l[0]["object_size"]}], l
+s = l["sets"]
+assert s == [{"url": sys.argv[1], "valid": True, "files": 2, "logical_bytes": 5004,
+              "object_bytes": s[0]["object_bytes"]}], l
 # the same set's object bytes, whoever counts them (push counted the manifest too)
-assert p["object_size"] == q["object_size"] == l[0]["object_size"], (p, q, l)
+assert p["object_bytes"] == q["object_bytes"] == s[0]["object_bytes"], (p, q, l)
 PYEOF
 rm -rf js js.out st push.json pull.json ls.json
 # a set under a long path (1.5 KB): ls shows its whole URL (1200-byte buffers cut it short)
@@ -241,18 +243,18 @@ diff -r "$T/set" "$T/setout" >/dev/null || fail "set round trip differs"
 # with a directory and left the old set behind it); into "." as well (refused); under a parent
 # this user cannot write, file by file (refused: no room for the directory built beside it)
 mkdir -p "$T/real" && echo OLD >"$T/real/state.json" && echo mine >"$T/real/mine" && ln -s real "$T/lnk"
-"$VMSNAP" -q pull "$S/sets/a" "$T/lnk/" 2>"$T/err" || fail "pull through a symlink: $(cat "$T/err")"
+"$VMSNAP" -q pull -f "$S/sets/a" "$T/lnk/" 2>"$T/err" || fail "pull through a symlink: $(cat "$T/err")"
 [ -L "$T/lnk" ] || fail "a pull through a symlink replaced the link"
 diff -r "$T/set" "$T/real" 2>&1 | grep -qv '^Only in .*real: mine' && fail "pull through a symlink: $(diff -r "$T/set" "$T/real")"
 [ "$(cat "$T/real/mine")" = mine ] || fail "pull through a symlink lost the directory's other file"
 [ -z "$(ls -A "$T" | grep 'vmsnap-swap')" ] || fail "pull through a symlink left: $(ls -A "$T")"
-(cd "$T/real" && echo OLD >state.json && "$VMSNAP" -q pull "$S/sets/a" .) 2>"$T/err" || fail "pull into '.': $(cat "$T/err")"
+(cd "$T/real" && echo OLD >state.json && "$VMSNAP" -q pull -f "$S/sets/a" .) 2>"$T/err" || fail "pull into '.': $(cat "$T/err")"
 cmp -s "$T/set/state.json" "$T/real/state.json" || fail "pull into '.' did not replace state.json"
 rm -rf "$T/real" "$T/lnk"
 mkdir -p "$T/ro/dest" && echo OLD >"$T/ro/dest/state.json" && chown -R nobody "$T/ro/dest" && chmod 755 "$T/ro" "$T"
 cp -r "$S/sets/a" "$T/ro/set" && chmod -R a+rX "$T/ro/set"
 if command -v setpriv >/dev/null && setpriv --reuid=nobody --regid=nogroup --clear-groups true 2>/dev/null; then
-    setpriv --reuid=nobody --regid=nogroup --clear-groups "$VMSNAP" -q pull "$T/ro/set" "$T/ro/dest" 2>"$T/err" ||
+    setpriv --reuid=nobody --regid=nogroup --clear-groups "$VMSNAP" -q pull -f "$T/ro/set" "$T/ro/dest" 2>"$T/err" ||
         fail "pull under a parent this user cannot write: $(cat "$T/err")"
     cmp -s "$T/set/state.json" "$T/ro/dest/state.json" || fail "pull under a read-only parent did not replace state.json"
 fi
@@ -380,7 +382,7 @@ rm -f "$S/devnode"
 # file is replaced (not half one set and half the other)
 rm -rf "$T/mix" && mkdir -p "$T/mix/memory-ranges"
 for n in state.json config.json base-id; do echo OLD >"$T/mix/$n"; done
-expect_fail "pull over a directory in a file's place" "$VMSNAP" pull "$S/sets/a" "$T/mix"
+expect_fail "pull over a directory in a file's place" "$VMSNAP" pull -f "$S/sets/a" "$T/mix"
 grep -q "memory-ranges is a directory" "$T/err" || fail "dir in the way: message: $(cat "$T/err")"
 for n in state.json config.json base-id; do
     [ "$(cat "$T/mix/$n")" = OLD ] || fail "dir in the way: $n was replaced before the failure"
@@ -392,7 +394,7 @@ rm -rf "$T/mix"
 mkdir -p "$T/mix"
 for n in base-id config.json memory-ranges state.json; do echo OLD >"$T/mix/$n"; done
 if chattr +i "$T/mix/state.json" 2>/dev/null; then
-    expect_fail "pull whose last rename fails" "$VMSNAP" pull "$S/sets/a" "$T/mix"
+    expect_fail "pull whose last rename fails" "$VMSNAP" pull -f "$S/sets/a" "$T/mix"
     chattr -i "$T/mix/state.json"
     grep -q "rename .* to $T/mix/state.json: Operation not permitted" "$T/err" ||
         fail "failed rename: message: $(cat "$T/err")"
@@ -405,7 +407,7 @@ if chattr +i "$T/mix/state.json" 2>/dev/null; then
     dead=$!
     wait "$dead"
     ln "$T/mix/config.json" "$T/mix/.vmsnap-old.$dead.7"
-    "$VMSNAP" -q pull "$S/sets/a" "$T/mix" || fail "pull over the old files"
+    "$VMSNAP" -q pull -f "$S/sets/a" "$T/mix" || fail "pull over the old files"
     [ -e "$T/mix/.vmsnap-old.$dead.7" ] && fail "a dead pull's link was left: $(ls -A "$T/mix")"
 else
     echo "note: chattr +i unsupported under $T: the failed-rename case is not run" >&2
@@ -461,10 +463,10 @@ echo x >"$f"
 flock "$f" sleep 3 &
 hold=$!
 sleep 0.5
-"$VMSNAP" -q pull "$S/sets/a" "$T/kp" || fail "pull beside a locked temporary"
+"$VMSNAP" -q pull -f "$S/sets/a" "$T/kp" || fail "pull beside a locked temporary"
 [ -e "$f" ] || fail "a pull removed a temporary that a live pull holds locked"
 wait "$hold"
-"$VMSNAP" -q pull "$S/sets/a" "$T/kp" || fail "pull beside an unlocked stale temporary"
+"$VMSNAP" -q pull -f "$S/sets/a" "$T/kp" || fail "pull beside an unlocked stale temporary"
 [ -e "$f" ] && fail "a stale, unlocked temporary of a dead pid was not removed"
 # a set deeper than the listing goes (32 levels) is said, and ls exits 1 (it was silently left
 # out, and so was what gc should have removed there)
@@ -705,7 +707,7 @@ rm "$T/nrb/m" "$T/nrb/s.json" # push B then fails after its un-commit, before it
 # (an object it stored over one of A's would break A's set anyway: the layout has one key per name)
 kill -CONT $nrpid
 rc=0 && wait $nrpid || rc=$?
-[ $rc = 1 ] || fail "push B: exit $rc: $(cat "$T/nrerr")"
+[ $rc = 3 ] || fail "push B: exit $rc: $(cat "$T/nrerr")"
 "$VMSNAP" -q pull "$S/nrs/nr" "$T/nrout" && diff -r "$T/nra" "$T/nrout" ||
     fail "the set push A stored did not survive push B: $(ls -A "$S/nrs/nr"; cat "$T/nrerr")"
 # ... and a destination whose manifest the store will not read (here a symbolic link, refused)
@@ -741,7 +743,7 @@ wait_stopped $cpid 10 || fail "the interrupted push did not stop in its clean-up
 "$VMSNAP" -q push "$T/kset" "$S/sets/cl" || fail "push beside a failing push's clean-up"
 kill -CONT $cpid
 rc=0 && wait $cpid || rc=$?
-[ $rc = 1 ] || fail "the interrupted push: exit $rc: $(cat "$T/cerr")"
+[ $rc = 130 ] || fail "the interrupted push: exit $rc: $(cat "$T/cerr")"
 rm -rf "$T/kout" && "$VMSNAP" -q pull "$S/sets/cl" "$T/kout" ||
     fail "a failed push's clean-up broke the set pushed meanwhile: $(ls -A "$S/sets/cl")"
 cmp -s "$T/kbig" "$T/kout/memory-ranges" || fail "the set pushed beside a clean-up differs"
@@ -756,7 +758,7 @@ cp "$S/sets/in/manifest.json" "$T/in.manifest"
 mkdir -p "$T/iset2" && mk "$T/iset2/memory-ranges" $((32 * 1024 * 1024)) &&
     echo s2 >"$T/iset2/state.json" && echo n >"$T/iset2/new-name"
 interrupt_push_mid_upload "$T/iset2" "$S/sets/in"
-[ $irc = 1 ] || fail "the interrupted push over a set: exit $irc: $(cat "$T/ierr")"
+[ $irc = 130 ] || fail "the interrupted push over a set: exit $irc: $(cat "$T/ierr")"
 grep -q "the set this push was replacing is in place again" "$T/ierr" && fail "an interrupted push un-committed the set: $(cat "$T/ierr")"
 cmp -s "$T/in.manifest" "$S/sets/in/manifest.json" || fail "the interrupted push changed the old manifest"
 rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset" "$T/iout" >/dev/null ||
@@ -770,7 +772,7 @@ VMSNAP_FAILPOINT=push-marked "$VMSNAP" -q push "$T/iset2" "$S/sets/in" 2>/dev/nu
 ls "$S"/sets/in/vmsnap-push-*.json >/dev/null 2>&1 || fail "the killed push left no mark"
 touch -d '2 hours ago' "$S"/sets/in/vmsnap-push-*.json # a younger one may be a push running now
 interrupt_push_mid_upload "$T/iset2" "$S/sets/in"
-[ $irc = 1 ] || fail "interrupted push over a set beside an old mark: exit $irc: $(cat "$T/ierr")"
+[ $irc = 130 ] || fail "interrupted push over a set beside an old mark: exit $irc: $(cat "$T/ierr")"
 cmp -s "$T/in.manifest" "$S/sets/in/manifest.json" || fail "the interrupted push (beside an old mark) changed the old manifest"
 rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset" "$T/iout" >/dev/null ||
     fail "the set an interrupted push was replacing (beside an old mark) does not pull back"
@@ -784,7 +786,7 @@ wait_stopped $upid 60 || fail "the push with an unchanged file did not stop befo
 rm -f "$S"/sets/in/.*.mpu-*
 kill -CONT $upid
 rc=0 && wait $upid || rc=$?
-[ $rc = 1 ] && grep -q "the set this push was replacing is in place again" "$T/uerr" ||
+[ $rc = 3 ] && grep -q "the set this push was replacing is in place again" "$T/uerr" ||
     fail "uploads gone, one file unchanged: exit $rc: $(cat "$T/uerr")"
 rm -rf "$T/iout" && "$VMSNAP" -q pull "$S/sets/in" "$T/iout" && diff -r "$T/iset" "$T/iout" >/dev/null ||
     fail "the set whose replacing push lost its uploads (one file unchanged) does not pull back"
@@ -896,7 +898,7 @@ pid=$!
 wait_stopped $pid 10 || fail "the push did not stop after its mark: $(cat "$T/rerr")"
 kill -INT $pid && kill -CONT $pid
 rc=0 && wait $pid || rc=$?
-[ $rc = 1 ] || fail "the interrupted push: exit $rc: $(cat "$T/rerr")"
+[ $rc = 130 ] || fail "the interrupted push: exit $rc: $(cat "$T/rerr")"
 [ "$(ls "$S/sets/rp" | tr '\n' ' ')" = "a.zstd b.zstd manifest.json " ] || fail "an interrupted push left: $(ls -A "$S/sets/rp")"
 mk "$T/rb/big" $((32 * 1024 * 1024))
 kill_push_mid_upload "$T/rb" "$S/sets/rp"
@@ -923,11 +925,11 @@ if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
     printf '{"vmsnapPush":1,"pushId":"%s","started":%s,"files":["extra"]}' $id1 $old >"$T/ns/b/vmsnap-push-$id1.json"
     cp "$T/ns/b/memory-ranges.zstd" "$T/ns/b/extra.zstd" && chown -R 65534:65534 "$T/ns/b"
     rc=0 && asnobody "$VMSNAP" ls "$T/ns" >"$T/out" 2>"$T/err" || rc=$?
-    [ $rc = 1 ] && grep -q "cannot list $T/ns/aa_private: Permission denied (skipped)" "$T/err" &&
+    [ $rc = 4 ] && grep -q "cannot list $T/ns/aa_private: Permission denied (skipped)" "$T/err" &&
         grep -q "some directories under it could not be read" "$T/err" || fail "ls with an unreadable directory: exit $rc: $(cat "$T/err")"
     grep -q "$T/ns/a" "$T/out" && grep -q "$T/ns/b" "$T/out" || fail "ls with an unreadable directory listed: $(cat "$T/out")"
     rc=0 && asnobody "$VMSNAP" gc --older-than 0 "$T/ns" 2>"$T/err" || rc=$?
-    [ $rc = 1 ] && grep -q "some directories under $T/ns could not be read" "$T/err" || fail "gc with an unreadable directory: exit $rc: $(cat "$T/err")"
+    [ $rc = 4 ] && grep -q "some directories under $T/ns could not be read" "$T/err" || fail "gc with an unreadable directory: exit $rc: $(cat "$T/err")"
     [ -e "$T/ns/b/extra.zstd" ] && fail "gc with an unreadable directory left what a killed push left elsewhere"
     rm -rf "$T/ns" "$T/nset" "$T/ns1"
     chmod o-x "$T"

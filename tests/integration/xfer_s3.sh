@@ -91,10 +91,10 @@ grep -q "no such bucket" "$T/err" || fail "rm in a missing bucket: $(cat "$T/err
 [ "$(head_code sets/one/manifest.json)" = 404 ] || fail "rm left the manifest"
 [ "$(head_code sets/one/memory-ranges.zstd)" = 404 ] || fail "rm left an object"
 
-# wrong secret: access denied naming the bucket, exit 1, nothing written locally
+# wrong secret: access denied naming the bucket, exit 4 (access denied), nothing written locally
 rc=0
 AWS_SECRET_ACCESS_KEY=not-the-secret "$VMSNAP" pull "s3://$BUCKET/obj/z1" "$T/denied" 2>"$T/err" || rc=$?
-[ "$rc" = 1 ] || fail "wrong secret: exit $rc"
+[ "$rc" = 4 ] || fail "wrong secret: exit $rc"
 grep -q "access denied" "$T/err" && grep -q "$BUCKET" "$T/err" || fail "wrong secret: message: $(cat "$T/err")"
 grep -q "not-the-secret" "$T/err" && fail "the secret appears in the error"
 [ -e "$T/denied" ] && fail "wrong secret: a file was written"

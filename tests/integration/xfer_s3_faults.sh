@@ -109,13 +109,13 @@ grep -q "gave up after 2 attempts" "$T/err" || fail "base push, server gone: not
 # exit 1 saying so. The delays keep each mid-way when the signal comes.
 start_proxy "m3+:delay5000"
 interrupt INT 1.5 "$VMSNAP" push -j 2 --part-size 5M --endpoint "$PEP" "$T/r" "s3://$BUCKET/int"
-[ "$irc" = 1 ] || fail "interrupted push: exit $irc ($(cat "$T/err"))"
+[ "$irc" = 130 ] || fail "interrupted push: exit $irc ($(cat "$T/err"))"
 grep -q "interrupted (SIGINT)" "$T/err" || fail "interrupted push: message: $(cat "$T/err")"
 [ "$(head_code int)" = 404 ] || fail "an object is visible after the interrupted push"
 [ "$(uploads_left)" = 0 ] || fail "the interrupted push left its multipart upload"
 start_proxy "3+:delay5000"
 interrupt TERM 1.5 "$VMSNAP" pull -j 2 --endpoint "$PEP" "s3://$BUCKET/f" "$T/pint"
-[ "$irc" = 1 ] || fail "interrupted pull: exit $irc ($(cat "$T/err"))"
+[ "$irc" = 143 ] || fail "interrupted pull: exit $irc ($(cat "$T/err"))"
 grep -q "interrupted (SIGTERM)" "$T/err" || fail "interrupted pull: message: $(cat "$T/err")"
 [ -e "$T/pint" ] && fail "the interrupted pull left its destination"
 ls -A "$T" | grep -q '^\.pint' && fail "the interrupted pull left a temporary file"
@@ -146,7 +146,7 @@ mkdir -p "$T/cm2" && head -c $((17 * M)) /dev/urandom >"$T/cm2/memory-ranges" &&
 start_proxy "m3+:delay5000"
 interrupt INT 1.5 "$VMSNAP" push -j 2 --part-size 5M --endpoint "$PEP" "$T/cm2" "s3://$BUCKET/ov"
 stop_proxy
-[ "$irc" = 1 ] || fail "interrupted push over a set: exit $irc ($(cat "$T/err"))"
+[ "$irc" = 130 ] || fail "interrupted push over a set: exit $irc ($(cat "$T/err"))"
 raw_get ov/manifest.json "$T/ov.manifest2"
 cmp -s "$T/ov.manifest" "$T/ov.manifest2" || fail "the interrupted push changed the old manifest: $(cat "$T/err")"
 rm -rf "$T/ov.out" && "$VMSNAP" -q pull "s3://$BUCKET/ov" "$T/ov.out" && diff -r "$T/cm" "$T/ov.out" >/dev/null ||
@@ -170,7 +170,7 @@ wait_for 10 grep -q 'partNumber=2' "$T/proxy.log" ||
     fail "the push over og did not reach its 2nd part: $(cat "$T/err")"
 stop_proxy
 rc=0 && wait $opid || rc=$?
-[ "$rc" = 1 ] || fail "push with the store gone mid-upload: exit $rc: $(cat "$T/err")"
+[ "$rc" = 5 ] || fail "push with the store gone mid-upload: exit $rc: $(cat "$T/err")"
 # (its clean-up's listings are retried too, each line saying why: they said "()")
 grep -q "s3: retry .*GET .*Couldn't connect to server (endpoint" "$T/err" ||
     fail "no retry of the clean-up's requests logged with its reason: $(grep 's3: retry' "$T/err")"
@@ -238,7 +238,7 @@ for fp in push-completion push-completing; do
         echo u3 >"$T/cc/state" # the next round replaces this set
         cp -a "$T/cc.out" "$T/cc.before"
     else
-        [ $rc = 1 ] && diff -r "$T/cc.before" "$T/cc.out" >/dev/null ||
+        [ $rc = 130 ] && diff -r "$T/cc.before" "$T/cc.out" >/dev/null ||
             fail "Ctrl-C before the completions: exit $rc, old set not back: $(cat "$T/err")"
     fi
 done

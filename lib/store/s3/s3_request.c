@@ -297,6 +297,14 @@ static int curl_errno(CURLcode c)
     case CURLE_PEER_FAILED_VERIFICATION:
     case CURLE_SSL_CACERT_BADFILE:
         return EPROTO;
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+        return ECONNRESET; /* the connection broke: not a local I/O error (EIO) */
     default:
         return EIO;
     }
@@ -329,14 +337,17 @@ static int http_error(const struct s3_config *cfg, struct req *r, struct vmsnap_
                                   r->method, where);
         return vmsnap_err_set(err, ENOENT, "%s %s: no such object", r->method, where);
     }
-    if (r->status == 416)
-        return vmsnap_err_set(err, EIO, "%s %s: range %llu+%llu outside the object", r->method,
+    if (r->status == 416) /* shorter than its own table or the manifest says */
+        return vmsnap_err_set(err, EBADMSG, "%s %s: range %llu+%llu outside the object", r->method,
                               where, (unsigned long long)r->range_off,
                               (unsigned long long)r->range_len);
     if (r->status == 400 && !strcmp(code, "EntityTooSmall"))
         return vmsnap_err_set(err, EINVAL, "%s %s: part too small (%s)", r->method, where, detail);
-    return vmsnap_err_set(err, r->status >= 500 ? EAGAIN : EIO, "%s %s: HTTP %ld %s%s%s", r->method,
-                          where, r->status, detail, msg[0] ? ": " : "", msg);
+    /* 5xx and throttling: retryable (EAGAIN); any other answer is the store's refusal (EREMOTEIO),
+     * not a local I/O error */
+    return vmsnap_err_set(err, r->status >= 500 || r->status == 429 ? EAGAIN : EREMOTEIO,
+                          "%s %s: HTTP %ld %s%s%s", r->method, where, r->status, detail,
+                          msg[0] ? ": " : "", msg);
 }
 
 static unsigned env_uint(const char *name, unsigned def)
@@ -637,11 +648,7 @@ int s3_perform(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err *er
             break;
         if (a >= (c->one_attempt ? 1 : cfg->max_attempts)) {
             vmsnap_err_wrap(err, "gave up after %u attempts: ", a);
-            rc = -err_code_or(err, EIO);
-            if (rc == -EAGAIN)
-                rc = -EIO;
-            if (err && err->code == EAGAIN)
-                err->code = EIO;
+            rc = -err_code_or(err, EIO); /* 5xx to the end stays EAGAIN: retryable later */
             break;
         }
         /* full jitter in [delay/2, delay] */
