@@ -464,7 +464,7 @@ static int objects_cb(void *arg, const struct vmsnap_objcache_entry *e)
     if (o->json) {
         json_object *j = json_object_new_object();
         json_object_object_add(j, "key", json_object_new_string(e->key));
-        json_object_object_add(j, "size", json_object_new_int64((int64_t)e->size));
+        json_object_object_add(j, "bytes", json_object_new_int64((int64_t)e->size));
         json_object_object_add(j, "last_used", json_object_new_int64(e->last_used));
         json_object_object_add(j, "last_used_utc", json_object_new_string(t));
         printf("%s\n    ", o->first ? "" : ",");
@@ -478,13 +478,6 @@ static int objects_cb(void *arg, const struct vmsnap_objcache_entry *e)
     return 0;
 }
 
-static json_object *objcache_json(const struct vmsnap_objcache *c)
-{
-    json_object *j = json_object_new_object();
-    json_object_object_add(j, "dir", json_object_new_string(vmsnap_objcache_dir(c)));
-    return j;
-}
-
 static int cache_objects(struct vmsnap_objcache *c, bool json)
 {
     struct vmsnap_err err = {0};
@@ -493,11 +486,12 @@ static int cache_objects(struct vmsnap_objcache *c, bool json)
     if (vmsnap_objcache_stat(c, NULL, NULL, &cap, &err) < 0)
         return cli_fail("cache", &err);
     if (json) { /* what is known before the listing, then the entries as they come */
+        cli_out_stream_begin();
         json_object *d = json_object_new_string(vmsnap_objcache_dir(c));
-        printf("{\"dir\": ");
+        printf(",\"path\":");
         cli_json_write(stdout, d);
         json_object_put(d);
-        printf(", \"cap\": %llu,\n  \"entries\": [", (unsigned long long)cap);
+        printf(",\"cap_bytes\":%llu,\n  \"entries\":[", (unsigned long long)cap);
     } else
         printf("%12s  %-20s  %s\n", "SIZE", "LAST USED (UTC)", "KEY");
     int rc = vmsnap_objcache_list(c, objects_cb, &o, &err);
@@ -505,10 +499,9 @@ static int cache_objects(struct vmsnap_objcache *c, bool json)
         json_object *t = json_object_new_object();
         json_object_object_add(t, "entries", json_object_new_int64((int64_t)o.entries));
         json_object_object_add(t, "bytes", json_object_new_int64((int64_t)o.bytes));
-        printf("\n  ],\n  \"total\": ");
+        printf("\n  ],\n  \"total\":");
         cli_json_write(stdout, t);
-        printf("\n}\n");
-        json_object_put(t);
+        json_object_put(t); /* cli_finish closes the object */
     } else {
         char b[32], cp[32];
         static char d[CLI_PRINTABLE_MAX];
@@ -530,15 +523,14 @@ static int cache_trim(struct vmsnap_objcache *c, const struct objcache_args *a)
         vmsnap_objcache_stat(c, &entries, &bytes, NULL, &err) < 0)
         return cli_fail("cache", &err);
     if (a->json) {
-        json_object *j = objcache_json(c);
-        json_object_object_add(j, "max_size", json_object_new_int64((int64_t)target));
+        json_object *j = cli_out();
+        json_object_object_add(j, "path", json_object_new_string(vmsnap_objcache_dir(c)));
+        json_object_object_add(j, "max_bytes", json_object_new_int64((int64_t)target));
         json_object_object_add(j, "evicted", json_object_new_int64((int64_t)evicted));
-        json_object_object_add(j, "freed", json_object_new_int64((int64_t)freed));
+        json_object_object_add(j, "freed_bytes", json_object_new_int64((int64_t)freed));
         json_object_object_add(j, "entries", json_object_new_int64((int64_t)entries));
         json_object_object_add(j, "bytes", json_object_new_int64((int64_t)bytes));
-        json_object_object_add(j, "cap", json_object_new_int64((int64_t)cap));
-        cli_json_line(j);
-        json_object_put(j);
+        json_object_object_add(j, "cap_bytes", json_object_new_int64((int64_t)cap));
     } else if (!cli_quiet) {
         char f[32], b[32], t[32];
         printf("evicted: %llu entries (%s)\nleft: %llu entries, %s (at most %s)\n",

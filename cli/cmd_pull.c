@@ -21,8 +21,9 @@ static const struct xfer_verb pull = {
     0,
 };
 
-/* The first of the manifest's snapshotFiles (`mf`, `len` bytes) that exists in the directory
- * `dir`, into `hit`; false when none does (or the manifest does not parse: the pull says why). */
+/* The first of the manifest's file names (`mf`, `len` bytes: snapshotFiles, or the keys of
+ * "files" in a layered set's) that exists in the directory `dir`, into `hit`; false when none
+ * does (or the manifest does not parse: the pull says why). */
 static bool set_name_exists(const char *mf, size_t len, const char *dir, char *hit, size_t cap)
 {
     json_tokener *tok = json_tokener_new();
@@ -36,6 +37,19 @@ static bool set_name_exists(const char *mf, size_t len, const char *dir, char *h
             snprintf(hit, cap, "%s/%s", dir, n ? n : "");
             found = n && *n && lstat(hit, &st) == 0;
         }
+    else if (root && json_object_object_get_ex(root, "files", &names) &&
+             json_object_is_type(names, json_type_object)) {
+        json_object_object_foreach(names, n, v)
+        {
+            (void)v;
+            struct stat st;
+            snprintf(hit, cap, "%s/%s", dir, n);
+            if (!found && *n && lstat(hit, &st) == 0)
+                found = true;
+            if (found)
+                break;
+        }
+    }
     json_object_put(root);
     if (tok)
         json_tokener_free(tok);

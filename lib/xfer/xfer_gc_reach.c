@@ -8,10 +8,11 @@
  * Where the manifests are read from (the mark root): the whole bucket on S3 (a set may name
  * layers of a parent anywhere in its bucket), the gc's own URL on a local store (the directory
  * that holds every set sharing layers: docs/transfer.md). Objects are swept only under the gc's
- * URL. Any manifest that cannot be read stops the sweep (an unreadable manifest may name
- * anything). Before deleting, the manifests are listed again and any new or rewritten one is
- * read too: a push that committed meanwhile keeps what it names (what remains is one request's
- * window between that listing and the DELETEs, as for every other sweep of gc).
+ * URL. A manifest the store does not hand over stops the sweep (it may name anything); one
+ * that is damaged (does not parse) is warned about: its set cannot be pulled anyway. Before
+ * deleting, the manifests are listed again and any new or rewritten one is read too: a push that
+ * committed meanwhile keeps what it names (what remains is one request's window between that
+ * listing and the DELETEs, as for every other sweep of gc).
  */
 #include "xfer_int.h"
 
@@ -100,6 +101,13 @@ static int mark_manifest(struct reach *r, const char *mkey, struct vmsnap_err *e
     int rc = xfer_read_manifest(r->c, mkey, murl, UINT64_MAX, &m, err);
     if (rc == -ENOENT) /* removed since the listing: it names nothing any more */
         return 0;
+    if (rc == -EBADMSG || rc == -EINVAL) {
+        /* damaged (it does not parse): its set cannot be pulled, so what it may name is lost
+         * with it; a manifest the store does not hand over (an error) stops the sweep */
+        vlog(VMSNAP_LOG_WARN, "%s (what it names is not kept)", err ? err->msg : murl);
+        vmsnap_err_clear(err);
+        return 0;
+    }
     if (rc < 0) {
         vmsnap_err_wrap(err,
                         "the manifest %s cannot be read, so what it names cannot be told "

@@ -45,23 +45,23 @@ j = json.load(open(sys.argv[1]))
 now = int(sys.argv[3])
 want = {"t-a": (1024, now - 300), "t-b": (2048, now - 500), "t-c": (3072, now - 200),
         "t-d": (4096, now - 400)}
-got = {e["key"]: (e["size"], e["last_used"]) for e in j["entries"]}
+got = {e["key"]: (e["bytes"], e["last_used"]) for e in j["entries"]}
 assert got == want, got
 for e in j["entries"]:
     import time
     assert e["last_used_utc"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(e["last_used"]))
 assert j["total"] == {"entries": 4, "bytes": 10240}, j["total"]
-assert j["cap"] == 1048576 and j["dir"] == sys.argv[2], j
+assert j["cap_bytes"] == 1048576 and j["path"] == sys.argv[2], j
 EOF
 
 # the environment, and the option over it
 VMSNAP_CACHE_DIR="$C" VMSNAP_CACHE_SIZE=2M "$VMSNAP" cache objects --json >"$T/e.json" ||
     fail "objects from the environment"
-[ "$(jget "$T/e.json" '(j["cap"], j["total"]["entries"], j["dir"])')" = "(2097152, 4, '$C')" ] ||
+[ "$(jget "$T/e.json" '(j["cap_bytes"], j["total"]["entries"], j["path"])')" = "(2097152, 4, '$C')" ] ||
     fail "environment: $(cat "$T/e.json")"
 VMSNAP_CACHE_DIR="$T/elsewhere" VMSNAP_CACHE_SIZE=2M "$VMSNAP" cache objects --json \
     --cache-dir "$C" --cache-size 3M >"$T/e.json" || fail "objects with options and env"
-[ "$(jget "$T/e.json" '(j["cap"], j["dir"])')" = "(3145728, '$C')" ] ||
+[ "$(jget "$T/e.json" '(j["cap_bytes"], j["path"])')" = "(3145728, '$C')" ] ||
     fail "options over the environment: $(cat "$T/e.json")"
 [ ! -e "$T/elsewhere" ] || fail "VMSNAP_CACHE_DIR used despite --cache-dir"
 VMSNAP_CACHE_SIZE=lots expect_fail "bad VMSNAP_CACHE_SIZE" "$VMSNAP" cache objects --cache-dir "$C"
@@ -76,15 +76,15 @@ grep -q '^left: 2 entries, 4.00 KiB (at most 5.00 KiB)$' "$T/t.txt" || fail "tri
 [ -e "$C/objects/README" ] || fail "trim removed a file that is not an entry"
 # without --max-size: to the cap (--cache-size, else VMSNAP_CACHE_SIZE)
 "$VMSNAP" cache trim --json --cache-dir "$C" >"$T/t.json" || fail "trim --json"
-[ "$(jget "$T/t.json" '(j["evicted"], j["freed"], j["entries"], j["bytes"], j["max_size"])')" = \
+[ "$(jget "$T/t.json" '(j["evicted"], j["freed_bytes"], j["entries"], j["bytes"], j["max_bytes"])')" = \
     "(0, 0, 2, 4096, 8589934592)" ] || fail "trim to the default cap: $(cat "$T/t.json")"
 VMSNAP_CACHE_SIZE=3K "$VMSNAP" cache trim --json --cache-dir "$C" >"$T/t.json" || fail "trim env"
-[ "$(jget "$T/t.json" '(j["evicted"], j["freed"], j["entries"], j["max_size"], j["cap"])')" = \
+[ "$(jget "$T/t.json" '(j["evicted"], j["freed_bytes"], j["entries"], j["max_bytes"], j["cap_bytes"])')" = \
     "(1, 1024, 1, 3072, 3072)" ] || fail "trim to VMSNAP_CACHE_SIZE: $(cat "$T/t.json")"
 [ -e "$C/objects/t-c" ] && [ ! -e "$C/objects/t-a" ] || fail "trim to the cap evicted not a"
 "$VMSNAP" cache trim --json --cache-dir "$C" --cache-size 1K --max-size 0 >"$T/t.json" ||
     fail "trim to 0"
-[ "$(jget "$T/t.json" '(j["evicted"], j["entries"], j["bytes"], j["cap"])')" = "(1, 0, 0, 1024)" ] ||
+[ "$(jget "$T/t.json" '(j["evicted"], j["entries"], j["bytes"], j["cap_bytes"])')" = "(1, 0, 0, 1024)" ] ||
     fail "trim to 0: $(cat "$T/t.json")"
 "$VMSNAP" -q cache trim --cache-dir "$C" --max-size 0 >"$T/t.txt" && [ ! -s "$T/t.txt" ] ||
     fail "-q trim printed: $(cat "$T/t.txt")"

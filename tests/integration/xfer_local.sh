@@ -4,6 +4,9 @@
 # byte-identical objects for any -j / part size and equal to `vmsnap pack`, refusal of incomplete
 # and hostile sets, a killed push, and a full disk on pull.
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/lib.sh"
+# This script is the contract of the reference layout (push --layout reference); the layered
+# layout (the default) has its own, tests/integration/xfer_layers.sh.
+export VMSNAP_LAYOUT=reference
 S=$T/store
 mkdir -p "$S"
 

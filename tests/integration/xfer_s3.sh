@@ -3,6 +3,9 @@
 # push/pull/ls/rm against a real Ceph RGW: part-size edges, byte-identical objects for -j1/-j8 and
 # equal to the local store's, a 1 GiB sparse image, sets, wrong credentials, a killed push.
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/lib.sh"
+# This script is the contract of the reference layout (push --layout reference); the layered
+# layout (the default) has its own, tests/integration/xfer_layers.sh.
+export VMSNAP_LAYOUT=reference
 . "$VMSNAP_SRC/tests/integration/xfer_s3_lib.sh"
 M=$((1024 * 1024))
 

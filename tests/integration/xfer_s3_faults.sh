@@ -4,6 +4,9 @@
 # requests are retried and the result is byte-identical; a server that goes away mid-push or
 # mid-pull gives an error after bounded retries with no object, upload or file left behind.
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/lib.sh"
+# This script is the contract of the reference layout (push --layout reference); the layered
+# layout (the default) has its own, tests/integration/xfer_layers.sh.
+export VMSNAP_LAYOUT=reference
 . "$VMSNAP_SRC/tests/integration/xfer_s3_lib.sh"
 M=$((1024 * 1024))
 export VMSNAP_S3_STALL_SECONDS=1 # a 1.5 s stall counts as a timeout and is retried
