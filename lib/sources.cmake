@@ -73,6 +73,7 @@ set(VMSNAP_XFER_SOURCES
     lib/xfer/xfer_export.c
     lib/xfer/xfer_gc.c
     lib/xfer/xfer_gc_reach.c
+    lib/xfer/xfer_layers_need.c
     lib/xfer/xfer_layers_pull.c
     lib/xfer/xfer_layers_push.c
     lib/xfer/xfer_leftover.c

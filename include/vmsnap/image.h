@@ -237,6 +237,10 @@ struct vmsnap_unpack_opts {
      * the destination starts empty). The file's size is not set (the newest layer's is the
      * caller's ftruncate). Not with overlay. */
     struct vmsnap_pagemask *under;
+    /* decode_parallel: when set, data frames it returns false for are skipped (never read):
+     * a chain applied newest first whose newer layers hold every page a frame could give */
+    bool (*want_frame)(void *arg, const struct vmsnap_frame_info *fi);
+    void *want_arg;
 };
 
 /* Decode file `src` ("-" = stdin, sequential) into a new sparse file `dst` (mode 0600), written

@@ -557,7 +557,10 @@ static void *pdec_main(void *arg)
         pthread_mutex_unlock(&p->mu);
         uint64_t ext = 0;
         int rc = cancel_check(&err);
-        if (rc == 0)
+        const bool data = i > 0 && i + 1 < p->img->n; /* header and sentinel always */
+        const bool skip =
+            data && p->opts->want_frame && !p->opts->want_frame(p->opts->want_arg, &p->img->f[i]);
+        if (rc == 0 && !skip)
             rc = decode_frame(p->img, i, p->src, 0, p->fd, dec, &ext, &err);
         pthread_mutex_lock(&p->mu);
         if (rc < 0 && !p->failed) {

@@ -34,8 +34,10 @@ void manifest_fini(struct manifest *m)
     for (size_t i = 0; i < m->n; i++) {
         struct mf_file *f = &m->files[i];
         free(f->name);
-        for (size_t j = 0; j < f->nlayers; j++)
+        for (size_t j = 0; j < f->nlayers; j++) {
             free(f->layers[j].key);
+            free(f->layers[j].pages_key);
+        }
         free(f->layers);
         free(f->pages.key);
     }

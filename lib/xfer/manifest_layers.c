@@ -118,6 +118,18 @@ static int read_layers(json_object *d, struct mf_file *f, const char *where, uin
                                   "objectSize, size, populated, tableSha256 and delta",
                                   where, i, f->name);
         l->delta = json_object_get_boolean(dl);
+        json_object *lp;
+        if (json_object_object_get_ex(e, "pages", &lp)) {
+            bool pok = json_object_is_type(lp, json_type_object) && get_key(lp, &l->pages_key) &&
+                       mf_get_u64(lp, "objectSize", &l->pages_size) &&
+                       get_hex(lp, "sha256", l->pages_sha256) && l->pages_size > 0 &&
+                       l->pages_size <= (l->size / VMSNAP_PAGE_SIZE + 1) * 16 + 4096;
+            if (!pok)
+                return vmsnap_err_set(err, EINVAL,
+                                      "%s: the \"pages\" of layer %zu of '%s' need a key of a "
+                                      "layer object, a plausible objectSize and sha256",
+                                      where, i, f->name);
+        }
         if (l->size > max_size)
             return vmsnap_err_set(err, EFBIG,
                                   "%s: layer %zu of '%s' is %llu bytes, over the cap of %llu "
@@ -266,6 +278,18 @@ static json_object *build_file(const struct mf_file *f)
         json_object_object_add(e, "populated", json_object_new_int64((int64_t)l->populated));
         json_object_object_add(e, "tableSha256", json_object_new_string(l->sha256));
         json_object_object_add(e, "delta", json_object_new_boolean(l->delta));
+        if (l->pages_key) {
+            json_object *lp = json_object_new_object();
+            if (!lp) {
+                json_object_put(e);
+                json_object_put(d);
+                return NULL;
+            }
+            json_object_object_add(lp, "key", json_object_new_string(l->pages_key));
+            json_object_object_add(lp, "objectSize", json_object_new_int64((int64_t)l->pages_size));
+            json_object_object_add(lp, "sha256", json_object_new_string(l->pages_sha256));
+            json_object_object_add(e, "pages", lp);
+        }
         json_object_array_add(ls, e);
     }
     if (f->pages.key) {

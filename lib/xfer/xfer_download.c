@@ -90,6 +90,9 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
                 break;
             struct vmsnap_frame_info fi;
             vmsnap_image_frame(d->img, i, &fi);
+            if (d->want_frame && i > 0 && i + 1 < vmsnap_image_frame_count(d->img) &&
+                !d->want_frame(d->want_arg, &fi))
+                continue; /* no page of it is wanted (a newer layer has them) */
             rc = vmsnap_image_decode_frame_mem(d->img, i, buf + (fi.offset - g->off), fi.csize,
                                                d->overlay ? d->ofd : d->af.fd, fd, NULL, &e);
         }

@@ -121,8 +121,11 @@ static int mark_manifest(struct reach *r, const char *mkey, struct vmsnap_err *e
         rc = -ENOMEM;
     for (size_t i = 0; rc == 0 && i < m.n; i++) {
         const struct mf_file *f = &m.files[i];
-        for (size_t j = 0; rc == 0 && j < f->nlayers; j++)
+        for (size_t j = 0; rc == 0 && j < f->nlayers; j++) {
             rc = add_str(&r->live, &r->nl, &r->cl, f->layers[j].key);
+            if (rc == 0 && f->layers[j].pages_key)
+                rc = add_str(&r->live, &r->nl, &r->cl, f->layers[j].pages_key);
+        }
         if (rc == 0 && f->pages.key)
             rc = add_str(&r->live, &r->nl, &r->cl, f->pages.key);
         if (rc == 0 && m.format_version != 3) { /* the fixed names of the old layout */

@@ -111,6 +111,11 @@ struct mf_layer {
     uint64_t populated; /* bytes in the image's records */
     char sha256[65];    /* tableSha256 */
     bool delta;
+    /* the page table of the file as this layer leaves it (key NULL: not known): a pull reads
+     * the chain's tables to skip what newer layers replace */
+    char *pages_key;
+    uint64_t pages_size;
+    char pages_sha256[65];
 };
 
 /* The page table of the file as its last layer leaves it (a ".pages" object: sha256 of the
@@ -371,6 +376,9 @@ struct down {
     /* a chain applied newest first: pages already there are skipped (vmsnap_unpack_opts.under);
      * the file's size is not set */
     struct vmsnap_pagemask *under;
+    /* data frames it returns false for are fetched but not decoded (vmsnap_unpack_opts) */
+    bool (*want_frame)(void *arg, const struct vmsnap_frame_info *fi);
+    void *want_arg;
 };
 
 /* A set's file opened on a pool thread (xfer_down_open), reported back through d->opened. */
@@ -512,6 +520,23 @@ int xfer_push_layered(struct xfer *x, struct vmsnap_store_conn *ctl, const char 
 struct down;
 int xfer_pull_layered(struct xfer *x, struct vmsnap_store_conn *ctl, const struct manifest *m,
                       const char *dir, struct down *ds, struct vmsnap_err *err);
+
+/* xfer_layers_need.c: which layer of a chain gives which page (from the chain's page tables) */
+struct layer_need {
+    size_t n;        /* layers */
+    uint64_t npages; /* the file's pages */
+    uint64_t **bits; /* per layer: the pages it gives */
+    uint64_t *pages; /* per layer: how many */
+};
+struct need_ref {
+    const struct layer_need *need;
+    size_t layer;
+};
+struct vmsnap_objcache;
+int xfer_need(struct xfer *x, struct vmsnap_objcache *oc, struct vmsnap_store_conn *c,
+              const struct mf_file *f, struct layer_need *n, struct vmsnap_err *err);
+void xfer_need_free(struct layer_need *n);
+bool xfer_need_frame(void *arg, const struct vmsnap_frame_info *fi);
 
 /* xfer_push.c */
 int xfer_layout_layered(const struct xfer *x, bool *layered, struct vmsnap_err *err);

@@ -38,10 +38,15 @@ static void layer_entry(const struct mf_file *f, const struct mf_layer *l, struc
  * `fill_fd` > 0 the object's bytes are written there too (a cache entry). */
 static int fetch_layer(struct xfer *x, struct vmsnap_store_conn *ctl, struct down *file,
                        struct down *d, const struct mf_file *le, const char *key, const char *dst,
-                       int fill_fd, struct vmsnap_pagemask *under, struct vmsnap_err *err)
+                       int fill_fd, struct vmsnap_pagemask *under, struct need_ref *want,
+                       struct vmsnap_err *err)
 {
     bool first = d == file;
     d->mf = le;
+    if (want) {
+        d->want_frame = xfer_need_frame;
+        d->want_arg = want;
+    }
     d->key = strdup(key);
     if (!d->key)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
@@ -64,7 +69,8 @@ static int fetch_layer(struct xfer *x, struct vmsnap_store_conn *ctl, struct dow
  * digest, sizes), then decoded in parallel into the file's temporary (created for layer 0). */
 static int layer_from_entry(struct xfer *x, int cfd, struct down *file, bool first,
                             const struct mf_file *le, const char *url, const char *dst,
-                            struct vmsnap_pagemask *under, struct vmsnap_err *err)
+                            struct vmsnap_pagemask *under, struct need_ref *want,
+                            struct vmsnap_err *err)
 {
     char name[URL_BUF + 32];
     snprintf(name, sizeof(name), "the cached copy of %s", url);
@@ -94,7 +100,9 @@ static int layer_from_entry(struct xfer *x, int cfd, struct down *file, bool fir
         struct vmsnap_unpack_opts uo = {.threads = x->o.threads,
                                         .max_size = x->o.max_size,
                                         .dst_name = file->af.path,
-                                        .under = under};
+                                        .under = under,
+                                        .want_frame = want ? xfer_need_frame : NULL,
+                                        .want_arg = want};
         rc = vmsnap_image_decode_parallel(img, &src, file->af.fd, &uo, &st, err);
     }
     vmsnap_image_free(img);
@@ -113,7 +121,8 @@ static bool corrupt(int rc)
 static int cached_layer(struct xfer *x, struct vmsnap_objcache *oc, struct vmsnap_store_conn *ctl,
                         struct down *file, struct down *d, const struct mf_file *le,
                         const char *key, const char *url, const char *dst,
-                        struct vmsnap_pagemask *under, struct vmsnap_err *err)
+                        struct vmsnap_pagemask *under, struct need_ref *want,
+                        struct vmsnap_err *err)
 {
     bool first = d == file;
     char ck[80];
@@ -127,7 +136,8 @@ static int cached_layer(struct xfer *x, struct vmsnap_objcache *oc, struct vmsna
         if (rc < 0)
             return rc;
         if (f) { /* ours to fill */
-            rc = fetch_layer(x, ctl, file, d, le, key, dst, vmsnap_objcache_fill_fd(f), under, err);
+            rc = fetch_layer(x, ctl, file, d, le, key, dst, vmsnap_objcache_fill_fd(f), under, want,
+                             err);
             struct vmsnap_err ce = {0};
             if (rc == 0 && vmsnap_objcache_fill_commit(f, &ce) < 0) /* pulled, only not kept */
                 vlog(VMSNAP_LOG_WARN, "%s: not kept in the node's cache: %s", url, ce.msg);
@@ -136,7 +146,7 @@ static int cached_layer(struct xfer *x, struct vmsnap_objcache *oc, struct vmsna
             vmsnap_objcache_fill_abort(f);
             return rc;
         }
-        rc = layer_from_entry(x, cfd, file, first, le, url, dst, under, err);
+        rc = layer_from_entry(x, cfd, file, first, le, url, dst, under, want, err);
         vmsnap_objcache_put(oc, cfd);
         if (rc == 0) {
             pthread_mutex_lock(&x->mu);
@@ -167,16 +177,24 @@ static int pull_file(struct xfer *x, struct vmsnap_objcache *oc, struct vmsnap_s
     uint64_t osize = 0;
     struct vmsnap_pagemask *under = NULL;
     int rc = f->nlayers > 1 ? vmsnap_pagemask_new(f->size, &under, err) : 0;
+    struct layer_need need = {0};
+    int known = rc == 0 ? xfer_need(x, oc, ctl, f, &need, err) : 0;
+    if (known < 0)
+        rc = known;
     file->x = x; /* started: the caller frees it */
     for (size_t n = 0; rc == 0 && n < f->nlayers; n++) {
         size_t j = f->nlayers - 1 - n; /* newest first */
+        if (known == 1 && n > 0 && need.pages[j] == 0)
+            continue; /* newer layers replaced every page it had: not read at all */
+        struct need_ref ref = {&need, j}, *want = known == 1 ? &ref : NULL;
         struct mf_file le;
         layer_entry(f, &f->layers[j], &le);
         struct down over = {0}, *d = n == 0 ? file : &over;
         char url[URL_BUF];
         vmsnap_store_url(x->st, f->layers[j].key, url, sizeof(url));
-        rc = oc ? cached_layer(x, oc, ctl, file, d, &le, f->layers[j].key, url, dst, under, err)
-                : fetch_layer(x, ctl, file, d, &le, f->layers[j].key, dst, 0, under, err);
+        rc = oc ? cached_layer(x, oc, ctl, file, d, &le, f->layers[j].key, url, dst, under, want,
+                               err)
+                : fetch_layer(x, ctl, file, d, &le, f->layers[j].key, dst, 0, under, want, err);
         if (rc < 0 && err)
             vmsnap_err_wrap(err, "%s, layer %zu of %zu: ", f->name, j + 1, f->nlayers);
         osize += d->osize;
@@ -188,6 +206,7 @@ static int pull_file(struct xfer *x, struct vmsnap_objcache *oc, struct vmsnap_s
     if (rc == 0 && under && ftruncate(file->af.fd, (off_t)f->size) < 0)
         rc = err_sys(err, "set size of %s to %llu", file->af.path, (unsigned long long)f->size);
     vmsnap_pagemask_free(under);
+    xfer_need_free(&need);
     if (rc == 0) {
         file->stats.total_size = f->size;
         file->stats.populated = f->populated;

@@ -197,10 +197,22 @@ static int make_chain(struct mf_file *f, const struct mf_file *pf, const char *k
     if (!(f->layers = calloc(n, sizeof(*f->layers))))
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     for (size_t j = 0; j + 1 < n; j++) {
-        f->layers[j] = pf->layers[j];
-        if (!(f->layers[j].key = strdup(pf->layers[j].key)))
+        const struct mf_layer *pl = &pf->layers[j];
+        f->layers[j] = *pl;
+        f->layers[j].pages_key = NULL;
+        if (!(f->layers[j].key = strdup(pl->key)))
             return vmsnap_err_set(err, ENOMEM, "out of memory");
         f->nlayers++;
+        /* the parent's last layer's table is the parent file's */
+        const char *pk = pl->pages_key ? pl->pages_key : j + 2 == n ? pf->pages.key : NULL;
+        if (pk) {
+            if (!(f->layers[j].pages_key = strdup(pk)))
+                return vmsnap_err_set(err, ENOMEM, "out of memory");
+            if (!pl->pages_key) {
+                f->layers[j].pages_size = pf->pages.object_size;
+                memcpy(f->layers[j].pages_sha256, pf->pages.sha256, 65);
+            }
+        }
     }
     struct mf_layer *l = &f->layers[n - 1];
     if (!(l->key = strdup(key)))
@@ -211,6 +223,12 @@ static int make_chain(struct mf_file *f, const struct mf_file *pf, const char *k
     l->populated = f->populated;
     l->delta = delta;
     memcpy(l->sha256, f->sha256, sizeof(l->sha256));
+    if (f->pages.key) {
+        if (!(l->pages_key = strdup(f->pages.key)))
+            return vmsnap_err_set(err, ENOMEM, "out of memory");
+        l->pages_size = f->pages.object_size;
+        memcpy(l->pages_sha256, f->pages.sha256, sizeof(l->pages_sha256));
+    }
     if (delta && f->pages_out) { /* the file's populated bytes, as its pages say */
         uint64_t b = f->pages_out->populated * VMSNAP_PAGE_SIZE;
         f->populated = b < f->size ? b : f->size;

@@ -125,6 +125,7 @@ def needed_keys(m, set_key):
     if m.get("formatVersion") == 3:
         for f in m["files"].values():
             need |= {l["key"] for l in f["layers"]}
+            need |= {l["pages"]["key"] for l in f["layers"] if "pages" in l}
             if "pages" in f:
                 need.add(f["pages"]["key"])
     else:

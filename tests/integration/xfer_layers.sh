@@ -233,6 +233,27 @@ done
 cp -a "$T/d1" "$T/chk" && for n in 2 3 4 5 6 7; do change "$T/chk" "$n"; done
 "$VMSNAP" -q pull "$U/d7" "$T/pd7" && same_set "$T/chk" "$T/pd7" || fail "pull of a chain of 8"
 "$VMSNAP" -q pull "$U/d9" "$T/pd9" && same_set "$T/dn" "$T/pd9" || fail "pull d9"
+# deltas that rewrite the same pages: a pull reads only the newest of them (the chain's page
+# tables say which layer gives which page) and the golden's frames it still needs
+cp -a "$T/a" "$T/rw"
+"$VMSNAP" -q push "$T/rw" "$U/rw0" || fail "push rw0"
+for n in 1 2 3; do
+    head -c 65536 /dev/urandom | dd of="$T/rw/memory" bs=4096 seek=500 conv=notrunc status=none
+    "$VMSNAP" -q push --parent "$U/rw$((n - 1))" "$T/rw" "$U/rw$n" || fail "push rw$n"
+done
+[ "$(layers "$U/rw3")" = "False,True,True,True" ] || fail "rw3's chain: $(layers "$U/rw3")"
+rm -rf "$T/prw"
+"$VMSNAP" pull --json --no-cache "$U/rw3" "$T/prw" >"$T/prw.json" || fail "pull rw3"
+same_set "$T/rw" "$T/prw" || fail "pull of rw3 differs"
+man_get "$U/rw3" "$T/rw3m.json"
+python3 - "$T/rw3m.json" "$T/prw.json" <<'PYEOF' || fail "rw3: the replaced deltas were read: $(cat "$T/prw.json")"
+import json, sys
+m, p = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+# of every file, the full image and the newest delta: memory's older deltas rewrote the pages
+# the newest rewrote again, the other files' deltas changed nothing
+need = sum(f["layers"][0]["objectSize"] + f["layers"][-1]["objectSize"] for f in m["files"].values())
+assert p["object_bytes"] == need, (p["object_bytes"], need)
+PYEOF
 # more than half of the pages changed: a full layer
 cp -a "$T/a" "$T/big" && head -c 4194304 /dev/urandom | dd of="$T/big/memory" bs=4096 seek=3 conv=notrunc status=none
 "$VMSNAP" -q push --parent "$U/gold" "$T/big" "$U/big" || fail "push big"
