@@ -18,7 +18,8 @@
  * which is "/" for absolute URLs). Errors: -ENOENT for a missing object or upload, -EACCES for
  * denied credentials (the message names the bucket), -ECONNREFUSED/-ETIMEDOUT/-EHOSTUNREACH/
  * -ECONNRESET for transport failures and -EAGAIN for 5xx or throttling after the retries,
- * -EREMOTEIO for another refusal of the store's, -EINVAL for bad URLs. Secrets never appear in any message.
+ * -EREMOTEIO for another refusal of the store's, -EINVAL for bad URLs. Secrets never appear in any
+ * message.
  */
 #ifndef VMSNAP_STORE_H
 #define VMSNAP_STORE_H

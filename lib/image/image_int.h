@@ -138,7 +138,7 @@ struct rec_parser {
     uint64_t lo, hi;   /* the frame's source range */
     uint64_t pos;      /* decoded bytes consumed, for messages */
     uint64_t extents, populated;
-    bool overlay;     /* punch all-zero aligned pages of records instead of writing them */
+    bool overlay; /* punch all-zero aligned pages of records instead of writing them */
     struct vmsnap_pagemask *under; /* newest-first: skip pages set, set pages covered */
     uint8_t *pg;      /* overlay: a page whose bytes arrive in several pieces (IMG_PAGE bytes) */
     unsigned pg_fill; /* bytes of it gathered */
