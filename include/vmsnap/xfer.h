@@ -69,8 +69,9 @@ struct vmsnap_xfer_opts {
     /* layered set push: URL of a layered set in the same store whose files this push's files
      * are stored as deltas over (only the 4 KiB pages that differ, found through the parent's
      * page tables, without reading its images). A file the parent does not have, or whose
-     * chain would get deeper than max_depth, or whose delta would store more than
-     * delta_max_pct of its populated pages, gets a full layer. A parent that is missing or not
+     * chain would get deeper than max_depth, gets a full layer; so does one whose delta comes
+     * out larger than delta_max_pct of the chain's full image (it is encoded again, whole). A
+     * parent that is missing or not
      * layered is a warning (an info when parent_implicit) and every file gets a full layer. */
     const char *parent;
     bool parent_implicit;

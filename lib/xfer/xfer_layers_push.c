@@ -114,11 +114,12 @@ static int fetch_pages(struct lpush *p, struct vmsnap_store_conn *c, const struc
     return rc;
 }
 
-/* Delta or full: the parent's file is usable (it has a page table, its chain is short enough)
- * and the delta would store at most delta_max_pct of the file's populated pages. Sets
- * f->delta_parent (owned by the caller, in *ptab) for a delta. */
-static int choose_layer(struct lpush *p, struct vmsnap_store_conn *c, int fd, const char *path,
-                        struct mf_file *f, const struct mf_file *pf, struct vmsnap_pages **ptab,
+/* A delta when the parent's file is usable (it has a page table, its chain is short enough):
+ * sets f->delta_parent (owned by the caller, in *ptab). Whether the delta is worth it is told
+ * by its size once encoded (push_one): a pass over the file to count changed pages first cost
+ * every suspend a read of the guest's RAM. */
+static int choose_layer(struct lpush *p, struct vmsnap_store_conn *c, struct mf_file *f,
+                        const struct mf_file *pf, struct vmsnap_pages **ptab,
                         struct vmsnap_err *err)
 {
     *ptab = NULL;
@@ -130,10 +131,7 @@ static int choose_layer(struct lpush *p, struct vmsnap_store_conn *c, int fd, co
         return 0;
     }
     struct vmsnap_err e = {0};
-    struct vmsnap_pages *cur = NULL;
     int rc = fetch_pages(p, c, pf, ptab, &e);
-    if (rc == 0)
-        rc = vmsnap_pages_hash_fd(fd, path, p->x->o.threads, false, &cur, &e);
     if (rc < 0) {
         vmsnap_pages_free(*ptab);
         *ptab = NULL;
@@ -145,20 +143,23 @@ static int choose_layer(struct lpush *p, struct vmsnap_store_conn *c, int fd, co
         vlog(VMSNAP_LOG_WARN, "%s: a full layer (the parent's page table: %s)", f->name, e.msg);
         return 0;
     }
-    uint64_t holes = 0, changed = vmsnap_pages_diff(*ptab, cur, &holes);
-    uint64_t pop = cur->populated ? cur->populated : 1;
-    vmsnap_pages_free(cur);
-    if (changed * 100 > pop * p->delta_max_pct) {
-        vlog(VMSNAP_LOG_INFO, "%s: a full layer (%llu of %llu pages changed, over %u%%)", f->name,
-             (unsigned long long)changed, (unsigned long long)pop, p->delta_max_pct);
-        vmsnap_pages_free(*ptab);
-        *ptab = NULL;
-        return 0;
-    }
-    vlog(VMSNAP_LOG_DEBUG, "%s: a delta of %llu pages (%llu became holes) over %zu layers", f->name,
-         (unsigned long long)changed, (unsigned long long)holes, pf->nlayers);
     f->delta_parent = *ptab;
     return 0;
+}
+
+/* A delta larger than delta_max_pct of the chain's full image is not worth its chain (a resume
+ * reads both): the file goes again as a full layer, over the same key (no manifest names it
+ * yet). 1 when it should. */
+static bool delta_too_big(const struct lpush *p, const struct mf_file *f, const struct mf_file *pf)
+{
+    uint64_t full = pf->layers[0].object_size;
+    if (f->object_size * 100 <= full * p->delta_max_pct)
+        return false;
+    vlog(VMSNAP_LOG_INFO,
+         "%s: a full layer (the delta is %llu bytes, over %u%% of the %llu of the "
+         "chain's full image)",
+         f->name, (unsigned long long)f->object_size, p->delta_max_pct, (unsigned long long)full);
+    return true;
 }
 
 /* The file's page table as a ".pages" object beside its image. */
@@ -249,11 +250,18 @@ static int push_one(struct lpush *p, struct vmsnap_store_conn *c, struct mf_file
     const struct mf_file *pf = parent_file(p, f->name);
     struct vmsnap_pages *ptab = NULL;
     if (rc == 0)
-        rc = choose_layer(p, c, fd, path, f, pf, &ptab, err);
+        rc = choose_layer(p, c, f, pf, &ptab, err);
     bool delta = f->delta_parent != NULL;
     f->want_pages = true;
     if (rc == 0 && (rc = xfer_push_fd(p->x, c, fd, path, key, NULL, f, NULL, err)) == 0)
         note_stored(p, key);
+    if (rc == 0 && delta && delta_too_big(p, f, pf)) {
+        f->delta_parent = NULL;
+        delta = false;
+        vmsnap_pages_free(f->pages_out);
+        f->pages_out = NULL;
+        rc = xfer_push_fd(p->x, c, fd, path, key, NULL, f, NULL, err);
+    }
     if (rc == 0)
         rc = put_pages(p, c, f, err);
     if (rc == 0)
