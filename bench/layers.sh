@@ -92,7 +92,7 @@ timed() {
     read -r cu cs <<<"$(tail -n1 "$W/cpu")"
     python3 -c 'import json,sys
 d = json.load(open(sys.argv[1])); m, w = sys.argv[2], sys.argv[3]
-print("%s\t%s.seconds\t%.3f" % (m, w, d["total"]))
+print("%s\t%s.seconds\t%.3f" % (m, w, d["seconds"]))
 print("%s\t%s.client-cpu\t%s" % (m, w, sys.argv[4]))
 print("%s\t%s.server-cpu\t%s" % (m, w, sys.argv[5]))
 ob = d.get("object_bytes", 0); cb = d.get("cached_bytes", 0)
@@ -142,7 +142,7 @@ if [[ " $MODES " == *" layers "* ]]; then
             python3 -c 'import json,sys; print(len(json.load(sys.stdin)["files"]["memory-ranges"]["layers"]))')
         export VMSNAP_CACHE_DIR=$W/cache-depth-$c
         vm resume "d$c" "s3://$BUCKET/layers/c$c" --json >"$W/jd"
-        printf 'depth\t%s\t%s\n' "$depth" "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["total"])' "$W/jd")" >>"$RES"
+        printf 'depth\t%s\t%s\n' "$depth" "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["seconds"])' "$W/jd")" >>"$RES"
         vm stop --rm "d$c" >/dev/null 2>&1 || true
     done
 fi

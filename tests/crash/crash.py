@@ -360,7 +360,7 @@ class Vm:
         p = self.vm("ls", "--json", check=False)
         import json
         try:
-            return {v["name"]: v["status"] for v in json.loads(p.stdout)}.get("v", "none")
+            return {v["name"]: v["status"] for v in json.loads(p.stdout)["vms"]}.get("v", "none")
         except ValueError:
             return "unknown"
 
@@ -439,7 +439,9 @@ def vm_matrix(op, kind, c):
         if v.status() != "running":
             v.vm("resume", "v", *([] if v.status() == "paused" else [url]), check=False)
         v.vm("suspend", "v", url, check=False)
-        p = run(VMSNAP, "-q", "pull", url, os.path.join(W, "vmfinal"), env=v.env, check=False)
+        final = os.path.join(W, f"vmfinal-{op}-{kind}")
+        shutil.rmtree(final, ignore_errors=True)
+        p = run(VMSNAP, "-q", "pull", url, final, env=v.env, check=False)
         if p.returncode != 0:
             c.bad.append(f"after gc the set does not pull: {p.stderr.strip()[-300:]}")
     finally:

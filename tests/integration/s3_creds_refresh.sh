@@ -61,7 +61,7 @@ wait_for 30 refused "$RC_AK" "$RC_SK" || fail "control: RGW still takes the revo
 rc=0
 wait "$PUSH_PID" || rc=$?
 PUSH_PID=
-[ "$rc" = 1 ] || fail "control: a push whose key was revoked mid-way exited $rc, not 1"
+[ "$rc" = 4 ] || fail "control: a push whose key was revoked mid-way exited $rc, not 4 (access denied)"
 grep -q "access denied" "$L/control.err" || fail "control: $(tail -c 300 "$L/control.err")"
 
 # ---- the refresh: A for TTL seconds, then B; A revoked after its expiry, mid-push

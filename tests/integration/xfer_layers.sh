@@ -320,7 +320,7 @@ if [ "${LAYERS_STORE:-local}" = s3 ]; then
     "$VMSNAP" pull --json "$U/g" "$T/g1" >"$T/g1.json" || fail "pull g (cold)"
     [ "$(jget "$T/g1.json" 'j["cached_bytes"]')" = 0 ] || fail "a cold pull read the cache: $(cat "$T/g1.json")"
     "$VMSNAP" pull --json "$U/g" "$T/g2" >"$T/g2.json" || fail "pull g (warm)"
-    [ "$(jget "$T/g2.json" 'j["cached_bytes"] == j["object_size"] > 0')" = True ] ||
+    [ "$(jget "$T/g2.json" 'j["cached_bytes"] == j["object_bytes"] > 0')" = True ] ||
         fail "a warm pull fetched again: $(cat "$T/g2.json")"
     same_set "$T/a" "$T/g2" || fail "pull from the cache differs"
     "$VMSNAP" cache objects --json >"$T/co.json" || fail "cache objects"
@@ -338,9 +338,9 @@ if [ "${LAYERS_STORE:-local}" = s3 ]; then
     rm -rf "$VMSNAP_CACHE_DIR"
     for n in 1 2 3; do "$VMSNAP" pull --json "$U/g" "$T/gc$n" >"$T/gc$n.json" & done
     wait || fail "concurrent pulls"
-    fetched=$(python3 -c 'import json,sys; print(sum(json.load(open(f))["object_size"] - json.load(open(f))["cached_bytes"] for f in sys.argv[1:]))' "$T"/gc[123].json)
-    [ "$fetched" = "$(jget "$T/g1.json" 'j["object_size"]')" ] ||
-        fail "3 pulls at once fetched $fetched bytes, the set has $(jget "$T/g1.json" 'j["object_size"]')"
+    fetched=$(python3 -c 'import json,sys; print(sum(json.load(open(f))["object_bytes"] - json.load(open(f))["cached_bytes"] for f in sys.argv[1:]))' "$T"/gc[123].json)
+    [ "$fetched" = "$(jget "$T/g1.json" 'j["object_bytes"]')" ] ||
+        fail "3 pulls at once fetched $fetched bytes, the set has $(jget "$T/g1.json" 'j["object_bytes"]')"
     for n in 1 2 3; do same_set "$T/a" "$T/gc$n" || fail "concurrent pull $n differs"; done
     # --no-cache: fetched, the cache not touched
     "$VMSNAP" pull --no-cache --json "$U/g" "$T/g4" >"$T/g4.json" || fail "pull --no-cache"

@@ -44,12 +44,12 @@ static void expect_reject(const char *what, const uint8_t *data, size_t len, boo
     const char *dst = t_path("dst");
     const char *errf = t_path("stderr");
     write_file(bad, data, len);
-    int rc = via_stdin ? t_sh("'%s' unpack %s - '%s' < '%s' 2>'%s'", bin, extra, dst, bad, errf)
-                       : t_sh("'%s' unpack %s '%s' '%s' 2>'%s'", bin, extra, bad, dst, errf);
+    int rc = via_stdin ? t_sh("'%s' unpack -f %s - '%s' < '%s' 2>'%s'", bin, extra, dst, bad, errf)
+                       : t_sh("'%s' unpack -f %s '%s' '%s' 2>'%s'", bin, extra, bad, dst, errf);
     size_t el = 0;
     uint8_t *msg = t_read_file(errf, &el);
     cases++;
-    CHECKF(rc == 1, "%s: exit %d, want 1 (%.*s)", what, rc, (int)el, msg ? (char *)msg : "");
+    CHECKF(rc == 6, "%s: exit %d, want 6, corrupt (%.*s)", what, rc, (int)el, msg ? (char *)msg : "");
     CHECKF(el > 0, "%s: no error message", what);
     if (msg && el > 0 && want_msg)
         CHECKF(memmem(msg, el, want_msg, strlen(want_msg)) != NULL, "%s: message lacks '%s': %.*s",
@@ -175,7 +175,7 @@ int main(void)
         struct gen_extent ext[12];
         size_t n = gen_random_layout(&rng, size, ext, 12, o == 1);
         gen_file(src, size, ext, n, t_rand(&rng));
-        REQUIRE(t_sh("'%s' -q pack --frame-size 1M '%s' '%s'", bin, src, obj) == 0);
+        REQUIRE(t_sh("'%s' -q pack -f --frame-size 1M '%s' '%s'", bin, src, obj) == 0);
         size_t len;
         uint8_t *data = t_read_file(obj, &len);
         REQUIRE(data != NULL);
@@ -294,7 +294,7 @@ int main(void)
     {
         struct gen_extent ext[] = {{0, 8192, FILL_RANDOM}};
         gen_file(src, 16 * MiB, ext, 1, 98);
-        REQUIRE(t_sh("'%s' -q pack --frame-size 1M '%s' '%s'", bin, src, obj) == 0);
+        REQUIRE(t_sh("'%s' -q pack -f --frame-size 1M '%s' '%s'", bin, src, obj) == 0);
         size_t len;
         uint8_t *o = t_read_file(obj, &len);
         REQUIRE(o != NULL);
@@ -314,7 +314,7 @@ int main(void)
     {
         struct gen_extent ext[] = {{0, 8192, FILL_RANDOM}, {MiB - 8192, 8192, FILL_RANDOM}};
         gen_file(src, 2 * MiB, ext, 2, 99);
-        REQUIRE(t_sh("'%s' -q pack --frame-size 1M '%s' '%s'", bin, src, obj) == 0);
+        REQUIRE(t_sh("'%s' -q pack -f --frame-size 1M '%s' '%s'", bin, src, obj) == 0);
         size_t len;
         uint8_t *data = t_read_file(obj, &len);
         REQUIRE(data != NULL);

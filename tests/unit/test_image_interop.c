@@ -173,7 +173,7 @@ int main(int argc, char **argv)
                    (unsigned long long)t_allocated(out));
         }
         /* through stdin with the CLI too */
-        CHECK(t_sh("'%s' -q unpack - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0);
+        CHECK(t_sh("'%s' -q unpack -f - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0);
         CHECK(t_files_equal(src, out));
 
         /* skippable frames of others, with the magics vmsnap uses too (0x184D2A5E is also
@@ -206,7 +206,7 @@ int main(int argc, char **argv)
         struct vmsnap_image_stats st;
         CHECKF(unpack(obj, out, &st), "reference object with others' skippable frames refused");
         CHECK(t_files_equal(src, out));
-        CHECK(t_sh("'%s' -q unpack - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0);
+        CHECK(t_sh("'%s' -q unpack -f - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0);
         CHECK(t_files_equal(src, out));
         /* another writer's skippable frame of an info frame's size (24 bytes) and magic
          * (0x184D2A5D) right after the header, holding anything but "VMSNINFO": not vmsnap's
@@ -223,7 +223,7 @@ int main(int argc, char **argv)
                    "reference object with another writer's 24-byte 0x184D2A5D frame refused");
             CHECK(t_files_equal(src, out));
             CHECKF(!st.has_seek_table && !st.plain_zstd, "misdetected");
-            CHECKF(t_sh("'%s' -q unpack - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0,
+            CHECKF(t_sh("'%s' -q unpack -f - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0,
                    "the same through stdin refused");
             CHECK(t_files_equal(src, out));
         }
@@ -274,7 +274,7 @@ int main(int argc, char **argv)
             write_file(obj, z, zl);
             CHECKF(unpack(obj, out, &st), "plain zstd of %llu bytes", (unsigned long long)len);
             CHECK(t_files_equal(src, out));
-            CHECK(t_sh("'%s' -q unpack - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0);
+            CHECK(t_sh("'%s' -q unpack -f - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0);
             CHECK(t_files_equal(src, out));
             free(z);
             free(raw);
@@ -291,7 +291,7 @@ int main(int argc, char **argv)
                "a 0-byte object did not give an empty file");
         CHECK(st.plain_zstd && st.total_size == 0 && st.populated == 0 && st.object_size == 0);
         write_file(out, "old", 3);
-        CHECKF(t_sh("'%s' -q unpack - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0,
+        CHECKF(t_sh("'%s' -q unpack -f - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0,
                "a 0-byte stdin refused");
         CHECKF(stat(out, &sb) == 0 && sb.st_size == 0, "a 0-byte stdin did not give an empty file");
         struct vmsnap_err ierr = {0};
@@ -303,7 +303,7 @@ int main(int argc, char **argv)
         CHECK(t_sh("zstd -q -T0 -f '%s' -o '%s'", src, obj) == 0);
         CHECK(unpack(obj, out, &st));
         CHECK(t_files_equal(src, out));
-        CHECK(t_sh("'%s' -q unpack - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0);
+        CHECK(t_sh("'%s' -q unpack -f - '%s' < '%s'", getenv("VMSNAP_BIN"), out, obj) == 0);
         CHECK(t_files_equal(src, out));
     }
     free(src);
