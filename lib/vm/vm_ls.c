@@ -76,7 +76,7 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
         n++;
     }
     closedir(d);
-    if (rc == 0)
+    if (rc == 0 && n) /* qsort of NULL is undefined, also for 0 elements (UBSan) */
         qsort(names, n, sizeof(*names), cmp_str);
     for (size_t i = 0; rc == 0 && i < n; i++) {
         struct vmctx vc;
