@@ -49,7 +49,8 @@ static void expect_reject(const char *what, const uint8_t *data, size_t len, boo
     size_t el = 0;
     uint8_t *msg = t_read_file(errf, &el);
     cases++;
-    CHECKF(rc == 6, "%s: exit %d, want 6, corrupt (%.*s)", what, rc, (int)el, msg ? (char *)msg : "");
+    CHECKF(rc == 6, "%s: exit %d, want 6, corrupt (%.*s)", what, rc, (int)el,
+           msg ? (char *)msg : "");
     CHECKF(el > 0, "%s: no error message", what);
     if (msg && el > 0 && want_msg)
         CHECKF(memmem(msg, el, want_msg, strlen(want_msg)) != NULL, "%s: message lacks '%s': %.*s",
