@@ -12,10 +12,13 @@
  */
 #include "xfer_int.h"
 
+#include "vmsnap/objcache.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #define GROUP_TARGET (16ull << 20)
 
@@ -85,14 +88,25 @@ static void grp_run(struct xtask *t, struct vmsnap_store_conn *c)
         int wr = rc == 0 && d->fill_fd > 0 ? sys_pwrite_full(d->fill_fd, buf, g->len, g->off) : 0;
         if (wr < 0)
             rc = err_code(&e, -wr, "write the cache entry of %s", d->url);
+        else if (rc == 0 && d->fill) /* written out and dropped now: a golden's fill stays
+                                      * bounded by the groups in flight (docs/pcache.md) */
+            (void)vmsnap_objcache_fill_written(d->fill, g->off, g->len, NULL);
         for (uint32_t i = g->f0; i <= g->f1 && rc == 0; i++) {
             if ((rc = cancel_check(&e)) < 0) /* a group waited for its turn to decode */
                 break;
             struct vmsnap_frame_info fi;
             vmsnap_image_frame(d->img, i, &fi);
             if (d->want_frame && i > 0 && i + 1 < vmsnap_image_frame_count(d->img) &&
-                !d->want_frame(d->want_arg, &fi))
-                continue; /* no page of it is wanted (a newer layer has them) */
+                !d->want_frame(d->want_arg, &fi)) {
+                /* no page of it is wanted (a newer layer has them); its bytes are checked all
+                 * the same when they go into a cache entry, which is published only whole */
+                if (d->fill_fd > 0 && XXH64(buf + (fi.offset - g->off), fi.csize, 0) != fi.ccheck)
+                    rc = vmsnap_err_set(&e, EBADMSG,
+                                        "%s: frame %u at byte %llu: compressed bytes checksum "
+                                        "mismatch",
+                                        d->url, i, (unsigned long long)fi.offset);
+                continue;
+            }
             rc = vmsnap_image_decode_frame_mem(d->img, i, buf + (fi.offset - g->off), fi.csize,
                                                d->overlay ? d->ofd : d->af.fd, fd, NULL, &e);
         }

@@ -17,6 +17,11 @@
 #include "xfer_int.h"
 
 #include <errno.h>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <json-c/json.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -65,6 +70,18 @@ static int add_str(char ***v, size_t *n, size_t *cap, const char *s)
     return 0;
 }
 
+/* The key as the local store's file system knows it (symlinked parents resolved: a set pushed
+ * through /store/link and collected through /store/real names one object two ways), so that
+ * named and listed keys compare; S3 keys as they are. In `out` (PATH_MAX). */
+static const char *canon(const struct reach *r, const char *key, char *out)
+{
+    char p[PATH_MAX + 2];
+    if (vmsnap_store_kind(r->x->st) != VMSNAP_STORE_LOCAL ||
+        snprintf(p, sizeof(p), "/%s", key) >= (int)sizeof(p) || sys_canon_path(p, out) < 0)
+        return key;
+    return out[0] == '/' ? out + 1 : out;
+}
+
 static bool is_manifest(const char *key)
 {
     return !strcmp(xfer_key_base(key), VMSNAP_XFER_MANIFEST);
@@ -92,6 +109,35 @@ static bool in_sorted(char **v, size_t n, const char *s)
     return n && bsearch(&s, v, n, sizeof(*v), cmp_str) != NULL;
 }
 
+/* Could the manifest at `mkey`, which vmsnap cannot use, name layers: JSON whose
+ * "formatVersion" is 3 or more (a newer writer's, or one this version refuses)? Read again,
+ * raw. True also when it cannot be read. */
+static bool may_name_layers(struct reach *r, const char *mkey)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    bool too_large = false, two = false;
+    if (xfer_read_small(r->c, mkey, mkey, "manifest", &buf, &len, &too_large, &two, NULL) < 0)
+        return true;
+    json_tokener *tok = json_tokener_new();
+    json_object *root = tok ? json_tokener_parse_ex(tok, buf, (int)len) : NULL, *fv;
+    bool may = !tok || (root && (!json_object_is_type(root, json_type_object) ||
+                                 !json_object_object_get_ex(root, "formatVersion", &fv) ||
+                                 !json_object_is_type(fv, json_type_int) ||
+                                 json_object_get_int64(fv) >= 3));
+    /* a JSON object without formatVersion, or one below 3: the reference layout */
+    if (root && json_object_is_type(root, json_type_object) &&
+        !json_object_object_get_ex(root, "formatVersion", &fv))
+        may = json_object_object_get_ex(root, "files", &fv) &&
+              json_object_is_type(fv, json_type_object) &&
+              !json_object_object_get_ex(root, "snapshotFiles", &fv);
+    json_object_put(root);
+    if (tok)
+        json_tokener_free(tok);
+    free(buf);
+    return may;
+}
+
 /* Mark what one manifest names. */
 static int mark_manifest(struct reach *r, const char *mkey, struct vmsnap_err *err)
 {
@@ -101,10 +147,10 @@ static int mark_manifest(struct reach *r, const char *mkey, struct vmsnap_err *e
     int rc = xfer_read_manifest(r->c, mkey, murl, UINT64_MAX, &m, err);
     if (rc == -ENOENT) /* removed since the listing: it names nothing any more */
         return 0;
-    if (rc == -EBADMSG || rc == -EINVAL) {
-        /* damaged (it does not parse): its set cannot be pulled, so what it may name is lost
-         * with it; a manifest the store does not hand over (an error) stops the sweep */
-        vlog(VMSNAP_LOG_WARN, "%s (what it names is not kept)", err ? err->msg : murl);
+    if ((rc == -EBADMSG || rc == -EINVAL) && !may_name_layers(r, mkey)) {
+        /* not JSON, or a reference-layout manifest (it names only <set>/<name>.zstd, which
+         * are never candidates where it is): its set cannot be pulled; nothing it names goes */
+        vlog(VMSNAP_LOG_WARN, "%s (it names no layer: the sweep goes on)", err ? err->msg : murl);
         vmsnap_err_clear(err);
         return 0;
     }
@@ -121,21 +167,23 @@ static int mark_manifest(struct reach *r, const char *mkey, struct vmsnap_err *e
         rc = -ENOMEM;
     for (size_t i = 0; rc == 0 && i < m.n; i++) {
         const struct mf_file *f = &m.files[i];
+        char cb[PATH_MAX];
         for (size_t j = 0; rc == 0 && j < f->nlayers; j++) {
-            rc = add_str(&r->live, &r->nl, &r->cl, f->layers[j].key);
+            rc = add_str(&r->live, &r->nl, &r->cl, canon(r, f->layers[j].key, cb));
             if (rc == 0 && f->layers[j].pages_key)
-                rc = add_str(&r->live, &r->nl, &r->cl, f->layers[j].pages_key);
+                rc = add_str(&r->live, &r->nl, &r->cl, canon(r, f->layers[j].pages_key, cb));
         }
         if (rc == 0 && f->pages.key)
-            rc = add_str(&r->live, &r->nl, &r->cl, f->pages.key);
+            rc = add_str(&r->live, &r->nl, &r->cl, canon(r, f->pages.key, cb));
         if (rc == 0 && m.format_version != 3) { /* the fixed names of the old layout */
             char *k = xfer_object_key(dir, f->name);
-            rc = k ? add_str(&r->live, &r->nl, &r->cl, k) : -ENOMEM;
+            rc = k ? add_str(&r->live, &r->nl, &r->cl, canon(r, k, cb)) : -ENOMEM;
             free(k);
         }
     }
     if (rc == 0 && m.format_version == 3) {
-        char *lp = xfer_join_key(dir, "");
+        char cb[PATH_MAX];
+        char *lp = xfer_join_key(canon(r, dir, cb), "");
         rc = lp ? add_str(&r->layered, &r->nlp, &r->clp, lp) : -ENOMEM;
         free(lp);
     }
@@ -147,8 +195,10 @@ static int mark_manifest(struct reach *r, const char *mkey, struct vmsnap_err *e
 /* Is this candidate dead: no manifest names it, and it is a layered push's object or an old
  * object directly in a set that is layered now (anything else may be an old-layout push in
  * flight, or a single object pushed there). */
-static bool dead(const struct reach *r, const char *key)
+static bool dead(const struct reach *r, const char *lkey)
 {
+    char cb[PATH_MAX];
+    const char *key = canon(r, lkey, cb);
     if (in_sorted(r->live, r->nl, key))
         return false;
     if (layer_key_ok(key))
@@ -217,6 +267,52 @@ static void tidy_up(struct vmsnap_store_conn *c, const char *key)
     free(dir);
 }
 
+/* Local store: the temporaries (".<name>.XXXXXX") a killed push's PUT left in its
+ * vmsnap-objects/<pushId>/ directory, never listed as objects, older than the grace period. */
+static struct leftover_ctx *tmp_l;
+static int tmp_visit(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+{
+    const char *base = path + ftw->base;
+    if (type != FTW_F || base[0] != '.' || !S_ISREG(sb->st_mode) || sb->st_uid != geteuid())
+        return 0;
+    /* .../vmsnap-objects/<hex>/.<name> */
+    char dir[PATH_MAX];
+    size_t dl = (size_t)ftw->base;
+    if (dl < 2 || dl >= sizeof(dir))
+        return 0;
+    memcpy(dir, path, dl - 1);
+    dir[dl - 1] = '\0';
+    char *id = strrchr(dir, '/');
+    if (!id || strspn(id + 1, "0123456789abcdef") != strlen(id + 1) || !id[1])
+        return 0;
+    *id = '\0';
+    const char *ld = strrchr(dir, '/');
+    if (!ld || strcmp(ld + 1, LAYER_DIR))
+        return 0;
+    int64_t age = xfer_age_of(tmp_l, (int64_t)sb->st_mtime);
+    bool act = xfer_old_enough(tmp_l->gc, age);
+    xfer_gc_report(tmp_l, VMSNAP_GC_OBJECT, path + 1, (uint64_t)sb->st_size, age, act);
+    if (act && (tmp_l->gc->dry_run || unlink(path) == 0)) {
+        tmp_l->unreachable++;
+        tmp_l->unreachable_bytes += (uint64_t)sb->st_size;
+    }
+    return 0;
+}
+
+static void sweep_local_tmp(const struct xfer *x, const char *under, struct leftover_ctx *l)
+{
+    char p[PATH_MAX + 2];
+    if (vmsnap_store_kind(x->st) != VMSNAP_STORE_LOCAL ||
+        snprintf(p, sizeof(p), "/%s", under) >= (int)sizeof(p))
+        return;
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&mu); /* nftw passes no argument: one sweep at a time per process */
+    tmp_l = l;
+    (void)nftw(p, tmp_visit, 16, FTW_PHYS);
+    tmp_l = NULL;
+    pthread_mutex_unlock(&mu);
+}
+
 int xfer_gc_layers(struct xfer *x, struct vmsnap_store_conn *c, const char *key,
                    struct leftover_ctx *l, struct vmsnap_err *err)
 {
@@ -229,6 +325,11 @@ int xfer_gc_layers(struct xfer *x, struct vmsnap_store_conn *c, const char *key,
     int rc = vmsnap_store_list(c, root, see, &r, err);
     if (rc < 0 && (!err || !err->code))
         rc = err_code(err, -rc, "list %s", *root ? root : "the bucket");
+    if (rc == 0 && vmsnap_store_conn_list_skipped(c))
+        rc = vmsnap_err_set(err, EACCES,
+                            "some directories under %s could not be listed: a manifest there may "
+                            "name any layer, so no layer is removed",
+                            *root ? root : "the bucket");
     for (size_t i = 0; rc == 0 && i < r.nm; i++)
         rc = mark_manifest(&r, r.mans[i].key, err);
     if (rc == 0) {
@@ -262,6 +363,8 @@ int xfer_gc_layers(struct xfer *x, struct vmsnap_store_conn *c, const char *key,
         if (!l->gc->dry_run)
             tidy_up(c, o->key);
     }
+    if (rc == 0)
+        sweep_local_tmp(x, under, l);
     reach_free(&r);
     free(under);
     return rc;

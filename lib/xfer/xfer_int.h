@@ -373,6 +373,7 @@ struct down {
     int ofd;
     const char *oname;
     int fill_fd; /* > 0: the object's bytes are also written here (a cache entry being filled) */
+    struct vmsnap_objcache_fill *fill; /* that entry: each group written out of the page cache */
     /* a chain applied newest first: pages already there are skipped (vmsnap_unpack_opts.under);
      * the file's size is not set */
     struct vmsnap_pagemask *under;

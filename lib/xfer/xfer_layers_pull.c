@@ -35,11 +35,11 @@ static void layer_entry(const struct mf_file *f, const struct mf_layer *l, struc
 
 /* One layer from the store: layer 0 into a new temporary beside `dst` (d is the file's own
  * download, which the publish then uses), a later one overlaid onto that temporary. With
- * `fill_fd` > 0 the object's bytes are written there too (a cache entry). */
+ * `fill` the object's bytes are written into that cache entry too. */
 static int fetch_layer(struct xfer *x, struct vmsnap_store_conn *ctl, struct down *file,
                        struct down *d, const struct mf_file *le, const char *key, const char *dst,
-                       int fill_fd, struct vmsnap_pagemask *under, struct need_ref *want,
-                       struct vmsnap_err *err)
+                       struct vmsnap_objcache_fill *fill, struct vmsnap_pagemask *under,
+                       struct need_ref *want, struct vmsnap_err *err)
 {
     bool first = d == file;
     d->mf = le;
@@ -52,7 +52,8 @@ static int fetch_layer(struct xfer *x, struct vmsnap_store_conn *ctl, struct dow
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     xfer_down_init(d);
     d->x = x;
-    d->fill_fd = fill_fd;
+    d->fill = fill;
+    d->fill_fd = fill ? vmsnap_objcache_fill_fd(fill) : 0;
     d->under = under;
     if (!first) {
         d->overlay = true;
@@ -136,8 +137,7 @@ static int cached_layer(struct xfer *x, struct vmsnap_objcache *oc, struct vmsna
         if (rc < 0)
             return rc;
         if (f) { /* ours to fill */
-            rc = fetch_layer(x, ctl, file, d, le, key, dst, vmsnap_objcache_fill_fd(f), under, want,
-                             err);
+            rc = fetch_layer(x, ctl, file, d, le, key, dst, f, under, want, err);
             struct vmsnap_err ce = {0};
             if (rc == 0 && vmsnap_objcache_fill_commit(f, &ce) < 0) /* pulled, only not kept */
                 vlog(VMSNAP_LOG_WARN, "%s: not kept in the node's cache: %s", url, ce.msg);
@@ -164,7 +164,26 @@ static int cached_layer(struct xfer *x, struct vmsnap_objcache *oc, struct vmsna
         if (first && file->af_open) { /* the fetch makes its own temporary */
             sys_atomic_abort(&file->af);
             file->af_open = false;
+            /* and the pages the damaged attempt marked are in it no more */
+            if (under)
+                memset(under->bits, 0, (size_t)(under->npages / 64 + 1) * sizeof(uint64_t));
         }
+    }
+}
+
+/* After layer `l` (read or skipped), newest first: the pages past its end were holes in the
+ * file as it left it, so no older layer gives them (a file that shrank, then grew again:
+ * the older data must not come back in the grown part). */
+static void mark_past_end(struct vmsnap_pagemask *m, const struct mf_layer *l)
+{
+    uint64_t p = (l->size + VMSNAP_PAGE_SIZE - 1) / VMSNAP_PAGE_SIZE;
+    for (; p < m->npages; p++) {
+        if (p % 64 == 0 && p + 64 <= m->npages) {
+            m->bits[p / 64] = ~0ull;
+            p += 63;
+            continue;
+        }
+        m->bits[p / 64] |= 1ull << (p % 64);
     }
 }
 
@@ -184,8 +203,10 @@ static int pull_file(struct xfer *x, struct vmsnap_objcache *oc, struct vmsnap_s
     file->x = x; /* started: the caller frees it */
     for (size_t n = 0; rc == 0 && n < f->nlayers; n++) {
         size_t j = f->nlayers - 1 - n; /* newest first */
-        if (known == 1 && n > 0 && need.pages[j] == 0)
+        if (known == 1 && n > 0 && need.pages[j] == 0) {
+            mark_past_end(under, &f->layers[j]);
             continue; /* newer layers replaced every page it had: not read at all */
+        }
         struct need_ref ref = {&need, j}, *want = known == 1 ? &ref : NULL;
         struct mf_file le;
         layer_entry(f, &f->layers[j], &le);
@@ -194,10 +215,12 @@ static int pull_file(struct xfer *x, struct vmsnap_objcache *oc, struct vmsnap_s
         vmsnap_store_url(x->st, f->layers[j].key, url, sizeof(url));
         rc = oc ? cached_layer(x, oc, ctl, file, d, &le, f->layers[j].key, url, dst, under, want,
                                err)
-                : fetch_layer(x, ctl, file, d, &le, f->layers[j].key, dst, 0, under, want, err);
+                : fetch_layer(x, ctl, file, d, &le, f->layers[j].key, dst, NULL, under, want, err);
         if (rc < 0 && err)
             vmsnap_err_wrap(err, "%s, layer %zu of %zu: ", f->name, j + 1, f->nlayers);
         osize += d->osize;
+        if (rc == 0 && under)
+            mark_past_end(under, &f->layers[j]);
         if (d != file)
             xfer_down_free(d, false);
         else

@@ -37,6 +37,7 @@ struct lpush {
     pthread_mutex_t mu;
     int rc;
     struct vmsnap_err err;
+    bool put_sent; /* a commit was sent and its outcome is unknown: nothing is undone */
     char **stored; /* keys this push stored (removed again when it fails) */
     size_t nstored, cap;
 };
@@ -432,6 +433,10 @@ static int parents_there(struct lpush *p, struct vmsnap_err *err)
             int rc = vmsnap_store_head(p->ctl, f->layers[j].key, &sz, err);
             if (rc == 0 && sz != f->layers[j].object_size)
                 rc = -ESTALE;
+            if (rc == 0 && f->layers[j].pages_key &&
+                (rc = vmsnap_store_head(p->ctl, f->layers[j].pages_key, &sz, err)) == 0 &&
+                sz != f->layers[j].pages_size)
+                rc = -ESTALE;
             if (rc < 0) {
                 char u[URL_BUF];
                 vmsnap_store_url(p->x->st, f->layers[j].key, u, sizeof(u));
@@ -440,6 +445,25 @@ static int parents_there(struct lpush *p, struct vmsnap_err *err)
                                       "was replaced and collected meanwhile?): push again",
                                       f->name, u);
             }
+        }
+    }
+    return 0;
+}
+
+/* This push's own objects are still there: one that ran longer than gc's grace period
+ * (--older-than, 1 h by default) may have had them collected (they are no manifest's yet). */
+static int own_there(struct lpush *p, struct vmsnap_err *err)
+{
+    for (size_t i = 0; i < p->nstored; i++) {
+        uint64_t sz = 0;
+        int rc = vmsnap_store_head(p->ctl, p->stored[i], &sz, err);
+        if (rc < 0) {
+            char u[URL_BUF];
+            vmsnap_store_url(p->x->st, p->stored[i], u, sizeof(u));
+            return vmsnap_err_set(err, rc == -ENOENT ? ESTALE : -rc,
+                                  "%s: this push's object %s is gone before its commit (a gc "
+                                  "with a grace period shorter than the push?): push again",
+                                  p->url, u);
         }
     }
     return 0;
@@ -457,13 +481,24 @@ static int commit(struct lpush *p, struct vmsnap_err *err)
     if (!json)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     sys_failpoint("layered-uploaded"); /* every object stored, the manifest not yet */
-    int rc = parents_there(p, err);
+    int rc = 0;
+    if (strlen(json) > VMSNAP_XFER_MANIFEST_MAX) /* a pull (and gc) would refuse it */
+        rc = vmsnap_err_set(err, EFBIG,
+                            "%s: its manifest would be %zu bytes, over the %u a pull takes (%zu "
+                            "files): push fewer files, or a shorter chain (--max-depth)",
+                            p->url, strlen(json), VMSNAP_XFER_MANIFEST_MAX, p->n);
+    if (rc == 0)
+        rc = parents_there(p, err);
+    if (rc == 0)
+        rc = own_there(p, err);
     if (rc == 0)
         rc = cancel_check(err);
     if (rc == 0) {
         cancel_hold();
+        p->put_sent = true;
         rc = vmsnap_store_put(p->ctl, p->mkey, json, strlen(json), err);
-        if (rc < 0 && xfer_manifest_is(p->x, p->ctl, p->mkey, p->push_id) == 1) {
+        int is = rc < 0 ? xfer_manifest_is(p->x, p->ctl, p->mkey, p->push_id) : 1;
+        if (rc < 0 && is == 1) {
             vlog(VMSNAP_LOG_WARN,
                  "%s: the commit's answer was lost, but the manifest there is "
                  "this push's",
@@ -471,8 +506,15 @@ static int commit(struct lpush *p, struct vmsnap_err *err)
             vmsnap_err_clear(err);
             rc = 0;
         }
+        /* not there, and another manifest or none there: this push's objects are nobody's */
+        p->put_sent = is < 0;
         if (rc < 0)
             vmsnap_err_wrap(err, "commit %s/%s: ", p->url, VMSNAP_XFER_MANIFEST);
+        if (rc < 0 && is < 0)
+            vlog(VMSNAP_LOG_WARN,
+                 "%s: whether the commit was carried out cannot be told: this push's objects "
+                 "stay (a manifest may name them; 'vmsnap gc' removes them if none does)",
+                 p->url);
         cancel_release();
     }
     if (rc == 0)
@@ -482,9 +524,12 @@ static int commit(struct lpush *p, struct vmsnap_err *err)
 }
 
 /* A failed push: what it stored is nobody's (no manifest names a key of its push id), so it
- * goes without any check; what cannot be removed is gc's. */
+ * goes without any check; what cannot be removed is gc's. Not once a commit was sent whose
+ * outcome is unknown (its manifest may be there, naming them). */
 static void undo(struct lpush *p)
 {
+    if (p->put_sent)
+        return;
     unsigned left = 0;
     for (size_t i = 0; i < p->nstored; i++)
         if (vmsnap_store_delete(p->ctl, p->stored[i], NULL) < 0)

@@ -259,6 +259,17 @@ need = sum(f["layers"][0]["objectSize"] + (f["layers"][-1]["objectSize"] if len(
            for f in m["files"].values())
 assert p["object_bytes"] == need, (p["object_bytes"], need)
 PYEOF
+# a file that shrinks in one layer and grows again in a later one: the grown part is zeros,
+# not the older layers' bytes
+mkdir -p "$T/sg" && head -c 40960 /dev/urandom >"$T/sg/mem"
+"$VMSNAP" -q push "$T/sg" "$U/sg0" || fail "push sg0"
+truncate -s 20480 "$T/sg/mem" && head -c 4096 /dev/urandom | dd of="$T/sg/mem" conv=notrunc status=none
+"$VMSNAP" -q push --parent "$U/sg0" "$T/sg" "$U/sg1" || fail "push sg1"
+truncate -s 40960 "$T/sg/mem" && head -c 4096 /dev/urandom | dd of="$T/sg/mem" bs=4096 seek=1 conv=notrunc status=none
+"$VMSNAP" -q push --parent "$U/sg1" "$T/sg" "$U/sg2" || fail "push sg2"
+rm -rf "$T/psg"
+"$VMSNAP" -q pull --no-cache "$U/sg2" "$T/psg" && same_set "$T/sg" "$T/psg" ||
+    fail "shrink then grow: the pulled file differs (old bytes came back?)"
 # more than half of the pages changed: a full layer
 cp -a "$T/a" "$T/big" && head -c 4194304 /dev/urandom | dd of="$T/big/memory" bs=4096 seek=3 conv=notrunc status=none
 "$VMSNAP" -q push --parent "$U/gold" "$T/big" "$U/big" || fail "push big"
@@ -296,6 +307,36 @@ man_put "$U/d2" "$T/d2m.json"
 "$VMSNAP" push --parent "$U/d2" "$T/dn" "$U/d2x" 2>"$T/d2x.err" || fail "push over a bad page table"
 grep -q "does not match" "$T/d2x.err" || fail "the bad page table not said: $(cat "$T/d2x.err")"
 [ "$(layers "$U/d2x")" = "False" ] || fail "d2x: $(layers "$U/d2x")"
+
+# ---- gc: the same store under another spelling, unreadable directories, newer manifests ----
+if [ -n "$ROOT" ]; then
+    ln -s "$ROOT" "$T/link"
+    "$VMSNAP" -q push "$T/a" "$T/link/sl0" && cp -a "$T/a" "$T/sl" && change "$T/sl" 41 &&
+        "$VMSNAP" -q push --parent "$T/link/sl0" "$T/sl" "$T/link/sl1" || fail "push through a symlink"
+    "$VMSNAP" -q gc --older-than 0 "$ROOT" || fail "gc through the real path"
+    "$VMSNAP" -q pull "$T/link/sl1" "$T/psl" && same_set "$T/sl" "$T/psl" ||
+        fail "gc through another spelling of the store removed named layers"
+    # a directory gc cannot list (as nobody): nothing of the layers is removed
+    if command -v setpriv >/dev/null; then
+        mkdir -p "$T/g2" && chmod 755 "$T" "$T/g2"
+        "$VMSNAP" -q push "$T/a" "$T/g2/gold" && "$VMSNAP" -q push --parent "$T/g2/gold" "$T/d1" "$T/g2/priv/kid" &&
+            "$VMSNAP" -q push "$T/b" "$T/g2/gold" || fail "push g2"
+        chmod 700 "$T/g2/priv" && chown -R nobody "$T/g2" && chown root "$T/g2/priv"
+        setpriv --reuid=nobody --regid=nogroup --clear-groups "$VMSNAP" gc --older-than 0 "$T/g2" 2>"$T/g2.err" &&
+            fail "gc with an unreadable directory succeeded"
+        chown -R root "$T/g2"
+        "$VMSNAP" -q pull "$T/g2/priv/kid" "$T/pkid" || fail "gc past an unreadable directory removed its layers: $(cat "$T/g2.err")"
+    fi
+fi
+# a manifest of a newer format (or one this version refuses) stops the sweep: it may name layers
+"$VMSNAP" -q push "$T/a" "$U/nv0" && "$VMSNAP" -q push --parent "$U/nv0" "$T/d1" "$U/nv1" &&
+    "$VMSNAP" -q push "$T/b" "$U/nv0" || fail "push nv"
+man_get "$U/nv1" "$T/nv1.json"
+sed 's/"formatVersion":3/"formatVersion":4/' "$T/nv1.json" >"$T/nv1b.json" && man_put "$U/nv1" "$T/nv1b.json"
+"$VMSNAP" gc --older-than 0 "$U" 2>"$T/nv.err" && fail "gc past a formatVersion 4 manifest succeeded"
+grep -q "nothing swept" "$T/nv.err" || fail "the newer manifest not named: $(cat "$T/nv.err")"
+man_put "$U/nv1" "$T/nv1.json"
+"$VMSNAP" -q pull "$U/nv1" "$T/pnv" || fail "a gc past a newer manifest removed its layers"
 
 # ---- export: the reference layout, read by a reader that knows only the reference format ----
 "$VMSNAP" -q push "$T/a" "$U/ex" || fail "push ex"
@@ -342,6 +383,27 @@ if [ "${LAYERS_STORE:-local}" = s3 ]; then
     [ "$fetched" = "$(jget "$T/g1.json" 'j["object_bytes"]')" ] ||
         fail "3 pulls at once fetched $fetched bytes, the set has $(jget "$T/g1.json" 'j["object_bytes"]')"
     for n in 1 2 3; do same_set "$T/a" "$T/gc$n" || fail "concurrent pull $n differs"; done
+    # a chain whose newest layer's cached copy is damaged mid-way (several frames), and whose
+    # page table's cached copy is damaged: both dropped and fetched again, the file whole
+    rm -rf "$VMSNAP_CACHE_DIR"
+    mkdir -p "$T/dm" && head -c $((8 << 20)) /dev/urandom >"$T/dm/mem"
+    "$VMSNAP" -q push --frame-size 1M "$T/dm" "$U/dm0" || fail "push dm0"
+    head -c 4096 /dev/urandom | dd of="$T/dm/mem" bs=4096 seek=3 conv=notrunc status=none
+    head -c 4096 /dev/urandom | dd of="$T/dm/mem" bs=4096 seek=1793 conv=notrunc status=none
+    "$VMSNAP" -q push --frame-size 1M --parent "$U/dm0" "$T/dm" "$U/dm1" || fail "push dm1"
+    "$VMSNAP" -q pull "$U/dm1" "$T/pdm0" || fail "pull dm1 (fills the cache)"
+    man_get "$U/dm1" "$T/dm1m.json"
+    dk=t-$(jget "$T/dm1m.json" 'j["files"]["mem"]["layers"][1]["tableSha256"]')
+    pk=s-$(jget "$T/dm1m.json" 'j["files"]["mem"]["layers"][0]["pages"]["sha256"]')
+    for e in "$dk" "$pk"; do
+        chmod u+w "$VMSNAP_CACHE_DIR/objects/$e"
+        sz=$(stat -c %s "$VMSNAP_CACHE_DIR/objects/$e")
+        printf 'X' | dd of="$VMSNAP_CACHE_DIR/objects/$e" bs=1 seek=$((sz * 2 / 3)) conv=notrunc status=none
+    done
+    rm -rf "$T/pdm"
+    "$VMSNAP" pull -T 1 "$U/dm1" "$T/pdm" 2>"$T/pdm.err" || fail "pull over damaged entries: $(cat "$T/pdm.err")"
+    [ "$(grep -c damaged "$T/pdm.err")" -ge 2 ] || fail "damaged entries not said: $(cat "$T/pdm.err")"
+    same_set "$T/dm" "$T/pdm" || fail "a pull over a damaged cached layer built a wrong file"
     # --no-cache: fetched, the cache not touched
     "$VMSNAP" pull --no-cache --json "$U/g" "$T/g4" >"$T/g4.json" || fail "pull --no-cache"
     [ "$(jget "$T/g4.json" 'j["cached_bytes"]')" = 0 ] || fail "--no-cache read the cache"
