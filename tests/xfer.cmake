@@ -34,6 +34,13 @@ foreach(t IN ITEMS xfer_s3 xfer_s3_faults crash_short xfer_layers_s3)
                "VMSNAP_RGW_STATE=${VMSNAP_RGW_STATE};VMSNAP_FAULTPROXY=$<TARGET_FILE:vmsnap_faultproxy>")
 endforeach()
 
+# Every advising message of the CLI, the stores and the transfer: provoked, and the command it
+# advises run (tests/integration/advice.sh); local store first, then the same RGW.
+vmsnap_sh_test(advice tests/integration/advice.sh TIMEOUT 600 LABELS xfer)
+set_tests_properties(advice PROPERTIES FIXTURES_REQUIRED xfer_rgw RESOURCE_LOCK xfer_rgw_server)
+set_property(TEST advice APPEND PROPERTY ENVIRONMENT
+             "VMSNAP_RGW_STATE=${VMSNAP_RGW_STATE};VMSNAP_FAULTPROXY=$<TARGET_FILE:vmsnap_faultproxy>")
+
 # The S3 credential chain and TLS against the same RGW, with the credential endpoints (IMDSv2,
 # container, STS) and a TLS terminator played by python3 servers on loopback (tests/servers/).
 foreach(t IN ITEMS s3_creds_profile s3_creds_providers s3_creds_refresh s3_creds_tls)

@@ -104,6 +104,13 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* (qsort wants a non-NULL array even for no element: an empty list is NULL here) */
+static void sort_strs(char **v, size_t n)
+{
+    if (n)
+        qsort(v, n, sizeof(*v), cmp_str);
+}
+
 static bool in_sorted(char **v, size_t n, const char *s)
 {
     return n && bsearch(&s, v, n, sizeof(*v), cmp_str) != NULL;
@@ -245,8 +252,8 @@ static int remark(struct reach *r, const char *root, struct vmsnap_err *err)
     }
     reach_free(&again);
     if (rc == 0) {
-        qsort(r->live, r->nl, sizeof(*r->live), cmp_str);
-        qsort(r->layered, r->nlp, sizeof(*r->layered), cmp_str);
+        sort_strs(r->live, r->nl);
+        sort_strs(r->layered, r->nlp);
     }
     return rc;
 }
@@ -333,8 +340,8 @@ int xfer_gc_layers(struct xfer *x, struct vmsnap_store_conn *c, const char *key,
     for (size_t i = 0; rc == 0 && i < r.nm; i++)
         rc = mark_manifest(&r, r.mans[i].key, err);
     if (rc == 0) {
-        qsort(r.live, r.nl, sizeof(*r.live), cmp_str);
-        qsort(r.layered, r.nlp, sizeof(*r.layered), cmp_str);
+        sort_strs(r.live, r.nl);
+        sort_strs(r.layered, r.nlp);
     }
     bool any = false;
     for (size_t i = 0; rc == 0 && i < r.no && !any; i++)

@@ -103,6 +103,21 @@ static int set_at(struct vmsnap_store_conn *ctl, const char *dir, struct vmsnap_
     return rc;
 }
 
+/* A local store's set directory holding layer objects (LAYER_DIR): an rm of the set
+ * leaves them, and so the directory, until a gc; a file cannot be pushed there before. */
+static bool layers_in_dir(const struct xfer *x, const char *key)
+{
+    if (vmsnap_store_kind(x->st) != VMSNAP_STORE_LOCAL)
+        return false;
+    char *k = xfer_join_key(key, LAYER_DIR);
+    char *p = k ? vmsnap_store_local_path(x->st, k) : NULL;
+    struct stat sb;
+    bool there = p && lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+    free(p);
+    free(k);
+    return there;
+}
+
 /* No file is pushed inside a committed set (KEY's parent holds a manifest): it would replace
  * one of its objects or its manifest (a set was destroyed so). A set below a set is another
  * matter: its objects are in its own directory. */
@@ -200,7 +215,15 @@ int vmsnap_xfer_push(const char *path, const char *url, const struct vmsnap_xfer
         }
         /* a set under KEY/ would shadow this object: pull KEY prefers the set */
         rc = set_at(ctl, key, err);
-        if (rc > 0)
+        if (rc > 0 && layers_in_dir(&x, key))
+            rc = vmsnap_err_set(err, EEXIST,
+                                "%s holds a snapshot set (%s/%s): a file pushed there would be "
+                                "hidden by it, and its layers keep the directory: remove the set "
+                                "('vmsnap rm %s'), its layers once gc's grace period is past "
+                                "('vmsnap gc %s'), then the emptied directory "
+                                "('vmsnap rm --force %s'); or push elsewhere",
+                                url, url, VMSNAP_XFER_MANIFEST, url, url, url);
+        else if (rc > 0)
             rc = vmsnap_err_set(err, EEXIST,
                                 "%s holds a snapshot set (%s/%s): a file pushed there would be "
                                 "hidden by it; remove the set first ('vmsnap rm %s') or push "

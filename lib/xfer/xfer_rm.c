@@ -300,8 +300,8 @@ int vmsnap_xfer_remove(const char *url, bool force, const struct vmsnap_xfer_opt
     /* a layered set's objects may be layers of other sets: gc removes those nobody names */
     if (r.m.format_version == 3)
         vlog(VMSNAP_LOG_INFO,
-             "%s: its layer objects stay until 'vmsnap gc' finds no set naming "
-             "them",
+             "%s: its layer objects stay until a 'vmsnap gc' past its grace period "
+             "(--older-than) finds no set naming them",
              url);
     else
         rc = rm_set_objects(&r, err);
