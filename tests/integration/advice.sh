@@ -194,7 +194,7 @@ if stop_at layered-uploaded "$VMSNAP" push "$T/set2" "$S/l"; then
     immutable "$S/l" "$pdir"
     go_on
     mutable "$S/l" "$pdir"
-    [ "$grc" = 1 ] || fail "layered push refused its commit: exit $grc: $(cat "$T/err")"
+    is_failure "$grc" || fail "layered push refused its commit: exit $grc: $(cat "$T/err")"
     c=$(advised "$T/err" "vmsnap gc") && {
         u=$(sed -n "s/^vmsnap: warning: \(.*\): [0-9]* objects of this push could not be removed.*/\1/p" "$T/err")
         [ "$u" = "$S/l" ] || fail "the layered push's clean-up warning names '$u'"
@@ -218,7 +218,7 @@ if wait_for 30 in_upload; then
     immutable "$udir"
     go_on
     mutable "$udir"
-    [ "$grc" = 1 ] || fail "push whose upload the store refused: exit $grc: $(cat "$T/err")"
+    is_failure "$grc" || fail "push whose upload the store refused: exit $grc: $(cat "$T/err")"
     c=$(advised "$T/err" "vmsnap gc") && {
         grep -q "cannot abort the upload of .*memory-ranges.zstd (run 'vmsnap gc')" "$T/err" ||
             fail "the upload's abort: $(cat "$T/err")"
@@ -244,7 +244,7 @@ if stop_at push-completing "$VMSNAP" push "$T/rb" "$S/h"; then
     immutable "$S/h"
     go_on
     mutable "$S/h"
-    [ "$grc" = 1 ] || fail "push whose completions the store refused: exit $grc: $(cat "$T/err")"
+    is_failure "$grc" || fail "push whose completions the store refused: exit $grc: $(cat "$T/err")"
     grep -q "cannot abort the upload of .*/h/a.zstd (run 'vmsnap gc')" "$T/err" ||
         fail "held upload's abort: $(cat "$T/err")"
     c=$(advised "$T/err" "vmsnap gc") && grep -q "$S/h: this push's mark stays for 'vmsnap gc' to finish" "$T/err" && {
@@ -329,7 +329,7 @@ if [ -n "$k" ]; then
     start_proxy "$k+:reset"
     rc=0 && VMSNAP_S3_ATTEMPTS=2 "$VMSNAP" push -j 1 --layout reference --endpoint "$PEP" "$T/rb" "$B/r" 2>"$T/err" || rc=$?
     stop_proxy
-    [ $rc = 1 ] || fail "push whose un-commit was refused: exit $rc: $(cat "$T/err")"
+    is_failure "$rc" || fail "push whose un-commit was refused: exit $rc: $(cat "$T/err")"
     c=$(advised "$T/err" "vmsnap gc") && grep -q "$B/r: cannot tell whether the set there is still committed" "$T/err" && {
         run_advised "un-commit refused" "$c $B/r" && grep -q "kept" "$T/adv.err" ||
             fail "'$c $B/r' did not find the mark: $(cat "$T/adv.err")"

@@ -157,3 +157,5 @@ placeholder() {
     out=${out# }
     echo "${out% }"
 }
+# is_failure RC: a failure's exit code (1, or 3-7 by its class: docs/cli.md)
+is_failure() { case $1 in 1 | [3-7]) return 0 ;; esac; return 1; }

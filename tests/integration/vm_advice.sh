@@ -140,7 +140,7 @@ if stop_at pause-taken "$A" pause golden; then
     immutable "$V/checkpoint.new"
     go_on
     r0=$(ram_now "$A" golden)
-    [ "$grc" = 1 ] && c1=$(advised "$T/err" "vmsnap vm resume") && grep -q "VM stopped; the state it took is kept in $V/checkpoint.new" "$T/err" ||
+    is_failure "$grc" && c1=$(advised "$T/err" "vmsnap vm resume") && grep -q "VM stopped; the state it took is kept in $V/checkpoint.new" "$T/err" ||
         fail "pause refused its checkpoint: exit $grc: $(cat "$T/err")"
     vmc "$A" stop golden 2>"$T/err" || fail "stop of a VM with an unfinished checkpoint: $(cat "$T/err")"
     c2=$(advised "$T/err" "vmsnap vm resume") && grep -q "completes it once that is fixed" "$T/err" ||
@@ -162,7 +162,7 @@ if stop_at suspend-taken "$A" suspend golden "$ST/st"; then
     go_on
     mutable "$stage"
     r0=$(ram_now "$A" golden)
-    [ "$grc" = 1 ] && c=$(advised "$T/err" "vmsnap vm resume") && grep -q "the VM is stopped; the state it took is kept in $stage" "$T/err" &&
+    is_failure "$grc" && c=$(advised "$T/err" "vmsnap vm resume") && grep -q "the VM is stopped; the state it took is kept in $stage" "$T/err" &&
         runs "$A" golden "$c" "$r0" && advice_seen suspend_taken || fail "suspend whose stage refused the RAM: $(cat "$T/err")"
 fi
 
@@ -177,7 +177,7 @@ if stop_at suspend-taken "$A" suspend golden "$ST/si"; then
     mutable "$V"
     mv "$T/disk.away" "$V/disk-vda.ext4"
     r0=$(ram_now "$A" golden)
-    [ "$grc" = 1 ] && c=$(advised "$T/err" "vmsnap vm resume") && grep -q "incomplete (no rootfs-disk-vda.ext4)" "$T/err" &&
+    is_failure "$grc" && c=$(advised "$T/err" "vmsnap vm resume") && grep -q "incomplete (no rootfs-disk-vda.ext4)" "$T/err" &&
         runs "$A" golden "$c" "$r0" && advice_seen stage_incomplete || fail "suspend with an incomplete stage: $(cat "$T/err")"
 fi
 
@@ -264,7 +264,7 @@ if wait_stopped "$SPID" 60; then
     immutable "$W"
     go_on
     mutable "$W"
-    [ "$grc" = 1 ] && c=$(advised "$T/err" "vmsnap vm suspend") && grep -q "again to store it" "$T/err" &&
+    is_failure "$grc" && c=$(advised "$T/err" "vmsnap vm suspend") && grep -q "again to store it" "$T/err" &&
         run_in "$C" "$(placeholder URL "$B/vm-c" "$c")" && [ "$(head_code vm-c/manifest.json)" = 200 ] &&
         runs "$C" golden "vmsnap vm resume golden" "$r0" && advice_seen stage_kept ||
         fail "suspend with S3 down and no room for a checkpoint: exit $grc: $(cat "$T/err")"
