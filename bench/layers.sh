@@ -96,7 +96,7 @@ print("%s\t%s.seconds\t%.3f" % (m, w, d["seconds"]))
 print("%s\t%s.client-cpu\t%s" % (m, w, sys.argv[4]))
 print("%s\t%s.server-cpu\t%s" % (m, w, sys.argv[5]))
 ob = d.get("object_bytes", 0); cb = d.get("cached_bytes", 0)
-if w.endswith("suspend"): print("%s\tsuspend.up-MiB\t%.2f" % (m, ob / 1048576))
+if w.endswith("suspend"): print("%s\t%s.up-MiB\t%.2f" % (m, w, ob / 1048576))
 else: print("%s\tresume.down-MiB\t%.2f" % (m, (ob - cb) / 1048576))' \
         "$W/j" "$mode" "$what" "$(echo "$cu + $cs" | bc)" "$(echo "$s1 - $s0" | bc)" >>"$RES"
 }

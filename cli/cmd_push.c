@@ -14,7 +14,7 @@ static const struct xfer_verb push = {
     "  a set (a directory) is stored layered by default: immutable objects and a\n"
     "  manifest that is replaced in one PUT; --parent stores each file as a delta\n"
     "  over the parent set's (only the changed 4 KiB pages), a full layer when the\n"
-    "  chain would pass --max-depth (8) or the delta is over half the full image;\n"
+    "  chain would pass --max-depth (8) or the delta is over 3/4 of the full image;\n"
     "  --layout reference writes the reference system's layout (<name>.zstd)\n",
     2,
     "expected PATH and URL",

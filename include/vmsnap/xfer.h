@@ -61,7 +61,7 @@ enum vmsnap_xfer_layout {
 };
 
 #define VMSNAP_XFER_DEFAULT_MAX_DEPTH 8u
-#define VMSNAP_XFER_DEFAULT_DELTA_MAX_PCT 50u
+#define VMSNAP_XFER_DEFAULT_DELTA_MAX_PCT 75u
 
 /* Options; zeroed means defaults. */
 struct vmsnap_xfer_opts {
@@ -76,7 +76,7 @@ struct vmsnap_xfer_opts {
     const char *parent;
     bool parent_implicit;
     unsigned max_depth;     /* layers in a chain at most; 0: 8 */
-    unsigned delta_max_pct; /* 0: 50 */
+    unsigned delta_max_pct; /* 0: 75 */
     /* pull of a layered set from a remote store: the node-local object cache
      * (include/vmsnap/objcache.h): NULL/0 its defaults; no_cache: fetch everything */
     const char *cache_dir;
