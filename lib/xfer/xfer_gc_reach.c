@@ -116,9 +116,11 @@ static bool in_sorted(char **v, size_t n, const char *s)
     return n && bsearch(&s, v, n, sizeof(*v), cmp_str) != NULL;
 }
 
-/* Could the manifest at `mkey`, which vmsnap cannot use, name layers: JSON whose
- * "formatVersion" is 3 or more (a newer writer's, or one this version refuses)? Read again,
- * raw. True also when it cannot be read. */
+/* Could the manifest at `mkey`, which vmsnap cannot use, name layers: not JSON (a layered
+ * manifest cut short or damaged), or JSON whose "formatVersion" is 3 or more (a newer writer's,
+ * or one this version refuses)? False only for the reference layout's (it names only
+ * <set>/<name>.zstd, never candidates where it is). Read again, raw. True when it cannot be
+ * read. */
 static bool may_name_layers(struct reach *r, const char *mkey)
 {
     char *buf = NULL;
@@ -128,10 +130,11 @@ static bool may_name_layers(struct reach *r, const char *mkey)
         return true;
     json_tokener *tok = json_tokener_new();
     json_object *root = tok ? json_tokener_parse_ex(tok, buf, (int)len) : NULL, *fv;
-    bool may = !tok || (root && (!json_object_is_type(root, json_type_object) ||
-                                 !json_object_object_get_ex(root, "formatVersion", &fv) ||
-                                 !json_object_is_type(fv, json_type_int) ||
-                                 json_object_get_int64(fv) >= 3));
+    bool may =
+        !tok || !root ||
+        (root && (!json_object_is_type(root, json_type_object) ||
+                  !json_object_object_get_ex(root, "formatVersion", &fv) ||
+                  !json_object_is_type(fv, json_type_int) || json_object_get_int64(fv) >= 3));
     /* a JSON object without formatVersion, or one below 3: the reference layout */
     if (root && json_object_is_type(root, json_type_object) &&
         !json_object_object_get_ex(root, "formatVersion", &fv))
@@ -155,8 +158,8 @@ static int mark_manifest(struct reach *r, const char *mkey, struct vmsnap_err *e
     if (rc == -ENOENT) /* removed since the listing: it names nothing any more */
         return 0;
     if ((rc == -EBADMSG || rc == -EINVAL) && !may_name_layers(r, mkey)) {
-        /* not JSON, or a reference-layout manifest (it names only <set>/<name>.zstd, which
-         * are never candidates where it is): its set cannot be pulled; nothing it names goes */
+        /* a reference-layout manifest vmsnap refuses (hostile names): its set cannot be
+         * pulled, and it names no layer */
         vlog(VMSNAP_LOG_WARN, "%s (it names no layer: the sweep goes on)", err ? err->msg : murl);
         vmsnap_err_clear(err);
         return 0;
@@ -332,11 +335,14 @@ int xfer_gc_layers(struct xfer *x, struct vmsnap_store_conn *c, const char *key,
     int rc = vmsnap_store_list(c, root, see, &r, err);
     if (rc < 0 && (!err || !err->code))
         rc = err_code(err, -rc, "list %s", *root ? root : "the bucket");
-    if (rc == 0 && vmsnap_store_conn_list_skipped(c))
+    if (rc == 0 && vmsnap_store_conn_list_skipped(c)) {
+        char u[URL_BUF];
         rc = vmsnap_err_set(err, EACCES,
-                            "some directories under %s could not be listed: a manifest there may "
-                            "name any layer, so no layer is removed",
-                            *root ? root : "the bucket");
+                            "some directories under %s could not be read (skipped: see the "
+                            "warnings above): a manifest there may name any layer, so no layer "
+                            "object is removed",
+                            *root ? vmsnap_store_url(x->st, key, u, sizeof(u)) : "the bucket");
+    }
     for (size_t i = 0; rc == 0 && i < r.nm; i++)
         rc = mark_manifest(&r, r.mans[i].key, err);
     if (rc == 0) {
