@@ -357,3 +357,17 @@ int xfer_read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char
 {
     return xfer_read_manifest_x(c, mkey, murl, max_size, m, NULL, NULL, NULL, err);
 }
+
+int xfer_sha256_hex(const void *buf, size_t len, char hex[65], struct vmsnap_err *err)
+{
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    unsigned char md[32];
+    unsigned mdl = 0;
+    bool ok = c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) && EVP_DigestUpdate(c, buf, len) &&
+              EVP_DigestFinal_ex(c, md, &mdl);
+    EVP_MD_CTX_free(c);
+    if (!ok)
+        return vmsnap_err_set(err, ENOMEM, "sha256");
+    xfer_hex32(md, hex);
+    return 0;
+}

@@ -438,6 +438,8 @@ int xfer_delete_once(struct vmsnap_store_conn *c, const char *key, struct vmsnap
 #define GUARDED_ATTEMPTS 4
 void xfer_guarded_backoff(unsigned *delay_ms);
 void xfer_hex32(const unsigned char *md, char out[65]);
+/* The SHA-256 of a buffer, in hex. */
+int xfer_sha256_hex(const void *buf, size_t len, char hex[65], struct vmsnap_err *err);
 int xfer_tail_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err);
 int xfer_read_manifest(struct vmsnap_store_conn *c, const char *mkey, const char *murl,
                        uint64_t max_size, struct manifest *m, struct vmsnap_err *err);

@@ -18,21 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The SHA-256 of a buffer, in hex. */
-static int sha256_hex(const void *buf, size_t len, char hex[65], struct vmsnap_err *err)
-{
-    EVP_MD_CTX *c = EVP_MD_CTX_new();
-    unsigned char md[32];
-    unsigned mdl = 0;
-    bool ok = c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) && EVP_DigestUpdate(c, buf, len) &&
-              EVP_DigestFinal_ex(c, md, &mdl);
-    EVP_MD_CTX_free(c);
-    if (!ok)
-        return vmsnap_err_set(err, ENOMEM, "sha256");
-    xfer_hex32(md, hex);
-    return 0;
-}
-
 /* Read a table's bytes from the cache entry `ck` into `buf` (0), or -ENOENT. */
 static int from_entry(struct vmsnap_objcache *oc, const char *ck, uint8_t *buf, size_t len)
 {
@@ -58,14 +43,15 @@ static int load_table(struct xfer *x, struct vmsnap_objcache *oc, struct vmsnap_
     if (!buf)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     int rc = from_entry(oc, ck, buf, len);
-    if (rc == 0 && (sha256_hex(buf, len, hx, NULL) < 0 || strcmp(hx, l->pages_sha256))) {
+    if (rc == 0 && (xfer_sha256_hex(buf, len, hx, NULL) < 0 || strcmp(hx, l->pages_sha256))) {
         vlog(VMSNAP_LOG_WARN, "%s: the node's cached copy is damaged: dropped, fetching it", url);
         vmsnap_objcache_drop(oc, ck, NULL);
         rc = -ENOENT;
     }
     if (rc < 0) {
         rc = vmsnap_store_get(c, l->pages_key, 0, len, buf, err);
-        if (rc == 0 && (rc = sha256_hex(buf, len, hx, err)) == 0 && strcmp(hx, l->pages_sha256))
+        if (rc == 0 && (rc = xfer_sha256_hex(buf, len, hx, err)) == 0 &&
+            strcmp(hx, l->pages_sha256))
             rc = vmsnap_err_set(err, EBADMSG, "%s: sha256 %s, the manifest says %s: refusing it",
                                 url, hx, l->pages_sha256);
         struct vmsnap_objcache_fill *f = NULL;

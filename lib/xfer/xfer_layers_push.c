@@ -42,21 +42,6 @@ struct lpush {
     size_t nstored, cap;
 };
 
-/* The SHA-256 of a buffer, in hex. */
-static int sha256_hex(const void *buf, size_t len, char hex[65], struct vmsnap_err *err)
-{
-    EVP_MD_CTX *c = EVP_MD_CTX_new();
-    unsigned char md[32];
-    unsigned mdl = 0;
-    bool ok = c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) && EVP_DigestUpdate(c, buf, len) &&
-              EVP_DigestFinal_ex(c, md, &mdl);
-    EVP_MD_CTX_free(c);
-    if (!ok)
-        return vmsnap_err_set(err, ENOMEM, "sha256");
-    xfer_hex32(md, hex);
-    return 0;
-}
-
 /* "<prefix>/vmsnap-objects/<id>/<name><suffix>" */
 static char *layer_object_key(const char *prefix, const char *id, const char *name,
                               const char *suffix)
@@ -102,7 +87,7 @@ static int fetch_pages(struct lpush *p, struct vmsnap_store_conn *c, const struc
     int rc = vmsnap_store_get(c, pf->pages.key, 0, len, buf, err);
     char hx[65];
     if (rc == 0)
-        rc = sha256_hex(buf, len, hx, err);
+        rc = xfer_sha256_hex(buf, len, hx, err);
     if (rc == 0) {
         if (strcmp(hx, pf->pages.sha256))
             rc = vmsnap_err_set(err, EINVAL,
@@ -174,7 +159,7 @@ static int put_pages(struct lpush *p, struct vmsnap_store_conn *c, struct mf_fil
     int rc = vmsnap_pages_encode(f->pages_out, &buf, &len, err);
     char hx[65];
     if (rc == 0)
-        rc = sha256_hex(buf, len, hx, err);
+        rc = xfer_sha256_hex(buf, len, hx, err);
     char *key = rc == 0 ? layer_object_key(p->prefix, p->push_id, f->name, PAGES_SUFFIX) : NULL;
     if (rc == 0 && !key)
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
