@@ -29,6 +29,9 @@ static void finish_taken(struct vmctx *c, const char *dir, bool link_disk)
     struct vmsnap_err e = {0};
     if (vm_pjoin(p, dir, "config.json", NULL) < 0 || vm_cfg_load(p, &ck, NULL) < 0 ||
         vm_pjoin(p, dir, "state", NULL) < 0 || !vm_exists(p)) {
+        /* said, not only refused: the error that follows names this (it said "see the log
+         * above" over an empty log) */
+        vmsnap_err_set(&c->rerr, ENOENT, "%s has no readable config.json or no device state", dir);
         json_object_put(ck);
         return;
     }

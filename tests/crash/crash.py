@@ -431,7 +431,7 @@ def vm_matrix(op, kind, c):
                 if p.returncode != 0:
                     p = v.vm("resume", "v", url, check=False)
                 if p.returncode != 0:
-                    c.bad.append(f"{what}: no resume without --force ({st}): {p.stderr.strip()[-300:]}")
+                    c.bad.append(f"{what}: no resume without --force ({st}): {p.stderr.strip()[-1500:]}")
                     break
             if not v.blob_ok():
                 c.bad.append(f"{what}: the guest's RAM blob changed (or the guest is not answering)")
