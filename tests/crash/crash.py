@@ -423,8 +423,16 @@ def vm_matrix(op, kind, c):
                 # checkpoint): the documented way on is a pause (it checkpoints that state)
                 p = v.vm("pause", "v", check=False)
                 if p.returncode != 0:
-                    c.bad.append(f"{what}: a frozen VM does not pause: {p.stderr.strip()[-300:]}")
-                    break
+                    # the other way the message gives: stop, and resume what the node or the
+                    # store has (the old state); counted, a pause that cannot take the state
+                    # of a QEMU that already migrated it is a known gap (#22)
+                    c.lost += 1
+                    print(f"  {op}-{kind}: {what}: pause refused ({p.stderr.strip()[-160:]}); "
+                          f"stop and resume instead", flush=True)
+                    p = v.vm("stop", "v", check=False)
+                    if p.returncode != 0:
+                        c.bad.append(f"{what}: a frozen VM does not stop: {p.stderr.strip()[-300:]}")
+                        break
                 st = v.status()
             if st != "running":
                 p = v.vm("resume", "v", check=False)
