@@ -81,8 +81,12 @@ vmc "$B" console golden --send "dirty 2" || fail "dirty"
 sleep 2
 suspend_checked "$B" golden "$S/c2" || done_tests
 [ "$(chain "$S/c2" memory-ranges)" = "False,True,True" ] || fail "c2 chain: $(chain "$S/c2" memory-ranges)"
-[ "$(chain "$S/c2" rootfs-disk-vda.ext4)" = "False,True,True" ] ||
-    fail "the upper disk's chain: $(chain "$S/c2" rootfs-disk-vda.ext4)"
+# the upper disk is layered the same way (a delta, unless its few KiB of change come out over
+# 3/4 of its full image: then whole)
+case "$(chain "$S/c2" rootfs-disk-vda.ext4)" in
+*True*) ;;
+*) fail "the upper disk has no delta: $(chain "$S/c2" rootfs-disk-vda.ext4)" ;;
+esac
 read -r r d <<<"$(last_counter "$B" golden)"
 
 # on node A with an empty cache, on demand: every layer fetched, the guest goes on
