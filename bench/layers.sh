@@ -19,6 +19,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$here/build}
+. "$here/bench/lib.sh" # server_cpu
 VMSNAP=$BUILD/vmsnap
 CYCLES=${CYCLES:-10}
 MODES=${MODES:-layers full-base full-nobase}
@@ -58,13 +59,6 @@ store_bytes() { # PREFIX: bytes of every object under it
     local body
     body=$(s3 GET "$BUCKET/?list-type=2&max-keys=1000&prefix=$1%2F")
     echo "$body" | grep -o '<Size>[0-9]*</Size>' | sed 's/[^0-9]//g' | awk '{s+=$1} END {print s+0}'
-}
-server_cpu() {
-    local t=0 p
-    for p in $(pgrep -f 'radosgw|ceph-osd|ceph-mon'); do
-        t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
-    done
-    echo "scale=2; $t / $(getconf CLK_TCK)" | bc
 }
 con() { echo "$S/vms/$1/console.log"; }
 lines() { wc -l <"$(con "$1")"; }

@@ -24,3 +24,12 @@ machine_line() {
     echo "$(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'))," \
          "$(free -g | awk '/Mem:/{print $2}') GiB RAM, kernel $(uname -r)"
 }
+
+# CPU seconds used so far by the RGW's processes (radosgw, ceph-osd, ceph-mon)
+server_cpu() {
+    local t=0 p
+    for p in $(pgrep -f 'radosgw|ceph-osd|ceph-mon'); do
+        t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+    done
+    echo "scale=2; $t / $(getconf CLK_TCK)" | bc
+}

@@ -17,6 +17,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$here/build}
+. "$here/bench/lib.sh" # server_cpu
 VMSNAP=$BUILD/vmsnap
 CYCLES=${CYCLES:-20}
 OPS=${OPS:-pause local rgw rgw-nobase}
@@ -81,14 +82,6 @@ wait_line() { # wait_line FROM REGEX
 vm() { in_cg "$VMSNAP" vm "$@" --state-dir "$S"; }
 
 # ---- RGW ----
-# CPU seconds used so far by the RGW's processes (radosgw, ceph-osd, ceph-mon)
-server_cpu() {
-    local t=0 p
-    for p in $(pgrep -f 'radosgw|ceph-osd|ceph-mon'); do
-        t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
-    done
-    echo "scale=2; $t / $(getconf CLK_TCK)" | bc
-}
 if [[ " $OPS " == *" rgw"* ]]; then
     if command -v radosgw >/dev/null; then
         RGW=$W/rgw
