@@ -234,6 +234,16 @@ void vmsnap_pagemask_free(struct vmsnap_pagemask *m)
     free(m);
 }
 
+static int under_flush(const struct rec_parser *rp, const uint8_t *buf, size_t n, uint64_t off,
+                       struct vmsnap_err *err)
+{
+    int rc = n ? sys_pwrite_full(rp->fd, buf, n, off) : 0;
+    if (rc < 0)
+        return err_code(err, -rc, "%s: write %zu bytes at offset %llu",
+                        rp->dst_name ? rp->dst_name : "destination", n, ULL(off));
+    return 0;
+}
+
 /* Newest-first (rp->under): `n` bytes of the record being read, at rp->data_off. A page that a
  * newer layer holds (its bit set), or that lies past the newest layer's end (the mask's pages),
  * is skipped; the rest is written, an all-zero whole page left a hole (the destination starts
@@ -246,30 +256,40 @@ static int under_write(struct rec_parser *rp, const uint8_t *buf, size_t n, stru
     struct vmsnap_pagemask *m = rp->under;
     const uint64_t rec_end = rp->data_off + rp->data_left;
     uint64_t off = rp->data_off;
+    /* pages to write are gathered into runs: one pwrite per run, not per page (a chain's
+     * masks leave runs of many pages; per page, a 260 MiB image took 63,000 writes) */
+    const uint8_t *run = buf;
+    uint64_t run_off = off;
+    size_t run_len = 0;
     while (n > 0) {
         const uint64_t pg = off / IMG_PAGE, pend = (pg + 1) * IMG_PAGE;
         size_t k = (size_t)VMSNAP_MIN((uint64_t)n, pend - off);
         if (pg >= m->npages)
-            return 0; /* past the newest layer's end: dropped */
+            break; /* past the newest layer's end: dropped */
         uint64_t bit = 1ull << (pg % 64);
         bool set = __atomic_load_n(&m->bits[pg / 64], __ATOMIC_RELAXED) & bit;
         bool whole = off % IMG_PAGE == 0 && (k == IMG_PAGE || off + k == rp->total ||
                                              (off + k == rec_end && rec_end == rp->total));
-        if (!set) {
-            if (!(whole && img_all_zero(buf, k))) {
-                int rc = sys_pwrite_full(rp->fd, buf, k, off);
-                if (rc < 0)
-                    return err_code(err, -rc, "%s: write %zu bytes at offset %llu",
-                                    rp->dst_name ? rp->dst_name : "destination", k, ULL(off));
-            }
-            if (whole)
-                __atomic_fetch_or(&m->bits[pg / 64], bit, __ATOMIC_RELAXED);
+        bool write = !set && !(whole && img_all_zero(buf, k));
+        if (write && run_len == 0) {
+            run = buf;
+            run_off = off;
         }
+        if (write)
+            run_len += k;
+        else if (run_len) {
+            int rc = under_flush(rp, run, run_len, run_off, err);
+            if (rc < 0)
+                return rc;
+            run_len = 0;
+        }
+        if (!set && whole)
+            __atomic_fetch_or(&m->bits[pg / 64], bit, __ATOMIC_RELAXED);
         off += k;
         buf += k;
         n -= k;
     }
-    return 0;
+    return under_flush(rp, run, run_len, run_off, err);
 }
 
 int rec_feed(struct rec_parser *rp, const uint8_t *buf, size_t len, struct vmsnap_err *err)
