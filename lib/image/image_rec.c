@@ -247,30 +247,72 @@ static int under_flush(const struct rec_parser *rp, const uint8_t *buf, size_t n
 /* Newest-first (rp->under): `n` bytes of the record being read, at rp->data_off. A page that a
  * newer layer holds (its bit set), or that lies past the newest layer's end (the mask's pages),
  * is skipped; the rest is written, an all-zero whole page left a hole (the destination starts
- * empty), and every page covered whole (or up to the file's end) marked. A page only partly
- * covered (a full image's unaligned extent: it is the oldest layer) is written unmarked. The
- * frames of one layer cover disjoint pages, so a bit is set by one thread; the words are
- * shared, hence the atomics. */
+ * empty), and every page covered whole (or up to the file's end) marked. A whole page whose
+ * bytes arrive in two pieces of input (the decoder's output is cut every 2 MiB, and a record's
+ * data starts after its 16 header bytes, so a long record has one such page per piece) is
+ * gathered in rp->pg first and then treated as whole: written unmarked, an older layer would
+ * write its own version over it. A page only partly covered (a full image's unaligned extent:
+ * it is the oldest layer) is written unmarked. The frames of one layer cover disjoint pages,
+ * so a bit is set by one thread; the words are shared, hence the atomics. Pages to write are
+ * gathered into runs: one pwrite per run (per page, a 260 MiB chain took 63,000 writes). */
+static bool under_page(struct vmsnap_pagemask *m, uint64_t pg, const uint8_t *buf, size_t k,
+                       bool whole)
+{
+    const uint64_t bit = 1ull << (pg % 64);
+    if (__atomic_load_n(&m->bits[pg / 64], __ATOMIC_RELAXED) & bit)
+        return false; /* a newer layer's */
+    if (whole)
+        __atomic_fetch_or(&m->bits[pg / 64], bit, __ATOMIC_RELAXED);
+    return !(whole && img_all_zero(buf, k));
+}
+
 static int under_write(struct rec_parser *rp, const uint8_t *buf, size_t n, struct vmsnap_err *err)
 {
     struct vmsnap_pagemask *m = rp->under;
     const uint64_t rec_end = rp->data_off + rp->data_left;
     uint64_t off = rp->data_off;
-    /* pages to write are gathered into runs: one pwrite per run, not per page (a chain's
-     * masks leave runs of many pages; per page, a 260 MiB image took 63,000 writes) */
     const uint8_t *run = buf;
     uint64_t run_off = off;
     size_t run_len = 0;
-    while (n > 0) {
-        const uint64_t pg = off / IMG_PAGE, pend = (pg + 1) * IMG_PAGE;
-        size_t k = (size_t)VMSNAP_MIN((uint64_t)n, pend - off);
+    int rc = 0;
+    while (rc == 0 && n > 0) {
+        size_t k;
+        if (rp->pg_fill) { /* the rest of a gathered page: then it is whole */
+            k = VMSNAP_MIN(n, (size_t)(rp->pg_len - rp->pg_fill));
+            memcpy(rp->pg + rp->pg_fill, buf, k);
+            rp->pg_fill += (unsigned)k;
+            if (rp->pg_fill == rp->pg_len) {
+                rp->pg_fill = 0;
+                if (under_page(m, rp->pg_off / IMG_PAGE, rp->pg, rp->pg_len, true))
+                    rc = under_flush(rp, rp->pg, rp->pg_len, rp->pg_off, err);
+            }
+            off += k;
+            buf += k;
+            n -= k;
+            run = buf;
+            run_off = off;
+            continue;
+        }
+        const uint64_t pg = off / IMG_PAGE;
         if (pg >= m->npages)
-            break; /* past the newest layer's end: dropped */
-        uint64_t bit = 1ull << (pg % 64);
-        bool set = __atomic_load_n(&m->bits[pg / 64], __ATOMIC_RELAXED) & bit;
-        bool whole = off % IMG_PAGE == 0 && (k == IMG_PAGE || off + k == rp->total ||
-                                             (off + k == rec_end && rec_end == rp->total));
-        bool write = !set && !(whole && img_all_zero(buf, k));
+            break;                                     /* past the newest layer's end: dropped */
+        const uint64_t pl = ov_page(rp, off, rec_end); /* a whole page (or the file's last) */
+        k = (size_t)VMSNAP_MIN((uint64_t)n, (pg + 1) * IMG_PAGE - off);
+        bool write;
+        if (pl && n < pl) { /* its bytes continue in the next piece: gathered */
+            if (run_len && (rc = under_flush(rp, run, run_len, run_off, err)) < 0)
+                break;
+            run_len = 0;
+            memcpy(rp->pg, buf, n);
+            rp->pg_off = off;
+            rp->pg_len = (unsigned)pl;
+            rp->pg_fill = (unsigned)n;
+            off += n;
+            buf += n;
+            n = 0;
+            continue;
+        }
+        write = under_page(m, pg, buf, k, pl != 0);
         if (write && run_len == 0) {
             run = buf;
             run_off = off;
@@ -278,18 +320,16 @@ static int under_write(struct rec_parser *rp, const uint8_t *buf, size_t n, stru
         if (write)
             run_len += k;
         else if (run_len) {
-            int rc = under_flush(rp, run, run_len, run_off, err);
-            if (rc < 0)
-                return rc;
+            rc = under_flush(rp, run, run_len, run_off, err);
             run_len = 0;
         }
-        if (!set && whole)
-            __atomic_fetch_or(&m->bits[pg / 64], bit, __ATOMIC_RELAXED);
         off += k;
         buf += k;
         n -= k;
     }
-    return under_flush(rp, run, run_len, run_off, err);
+    if (rc == 0)
+        rc = under_flush(rp, run, run_len, run_off, err);
+    return rc;
 }
 
 int rec_feed(struct rec_parser *rp, const uint8_t *buf, size_t len, struct vmsnap_err *err)
