@@ -72,6 +72,9 @@ static const struct cli_verb verbs[] = {
      "--parent URL: each file a delta over the parent set's (the 4 KiB pages that differ);\n"
      "--max-depth N (8) layers at most; --layout reference: URL/<name>.zstd and a manifest the\n"
      "reference system reads (its replace is a transaction of held uploads).\n"
+     "--write-cache: a layered set's objects also go into the node's object cache as they are\n"
+     "uploaded (S3, GCS; --cache-dir, VMSNAP_CACHE_DIR), so a pull of it here fetches nothing\n"
+     "(vm suspend always does this).\n"
      "URL: a path or file:///abs (local store), s3://bucket/key (--endpoint or AWS_ENDPOINT_URL,\n"
      "AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY[/AWS_SESSION_TOKEN], --path-style),\n"
      "gs://bucket/key (Cloud Storage XML API with HMAC keys). -j: connections (default 8);\n"
@@ -83,7 +86,8 @@ static const struct cli_verb verbs[] = {
      "(the reference layout; for a layered set, --base is its --parent).\n"
      "All options: [--json] [-j N] [--part-size SIZE] [--max-memory SIZE] [-T N]\n"
      "[--frame-size SIZE] [--level L] [--endpoint URL] [--region R] [--path-style]\n"
-     "[--retries N] [--layout layered|reference] [--parent URL] [--max-depth N] [--base URL]."},
+     "[--retries N] [--layout layered|reference] [--parent URL] [--max-depth N] [--base URL]\n"
+     "[--write-cache] [--cache-dir DIR]."},
     {"pull", cmd_pull,
      "pull [--json] [-f] [-j N] [-T N] [--max-memory SIZE] [--drop-cache] ... URL PATH",
      "Download and decode a snapshot set (manifest first; names, sizes and digests verified) or\n"

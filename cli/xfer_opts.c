@@ -34,6 +34,7 @@ static const struct option lopts[] = {
     {"max-depth", required_argument, NULL, 'H'},
     {"no-cache", no_argument, NULL, 'X'},
     {"cache-dir", required_argument, NULL, 'Y'},
+    {"write-cache", no_argument, NULL, 'W'},
     {"dry-run", no_argument, NULL, 'N'},
     {"older-than", required_argument, NULL, 'O'},
     {"help", no_argument, NULL, 'h'},
@@ -60,7 +61,8 @@ static int for_this_verb(const char *verb, int c)
         {'K', " push ", "--parent", "push"},
         {'H', " push ", "--max-depth", "push"},
         {'X', " pull export ", "--no-cache", "pull and export"},
-        {'Y', " pull export ", "--cache-dir", "pull and export"},
+        {'Y', " push pull export ", "--cache-dir", "push, pull and export"},
+        {'W', " push ", "--write-cache", "push"},
     };
     char w[16]; /* " verb ", as only[].verbs lists them */
     snprintf(w, sizeof(w), " %s ", verb);
@@ -179,6 +181,9 @@ static int verb_flag(const char *verb, int c, struct vmsnap_xfer_opts *o,
         return 0;
     case 'Y':
         o->cache_dir = optarg;
+        return 0;
+    case 'W':
+        o->write_cache = true;
         return 0;
     case 'J': /* every transfer verb reports (main saw it first: cli_json) */
         cli_json = true;

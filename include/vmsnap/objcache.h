@@ -86,9 +86,11 @@ VMSNAP_API int vmsnap_objcache_fill_begin(struct vmsnap_objcache *c, const char 
                                           struct vmsnap_err *err);
 /* The fill's file descriptor (owned by the fill: do not close it). */
 VMSNAP_API int vmsnap_objcache_fill_fd(const struct vmsnap_objcache_fill *f);
-/* Optional, after writing [off, off + len) (len 0: to the end): write that range out now and
- * drop it from the page cache, so a large fill's dirty pages stay bounded by what is in flight
- * (as the local store does with parts). Returns 0 or -errno. */
+/* Optional, after writing [off, off + len) (len 0: to the end): start writing that range out,
+ * and wait for the range handed in the call before (by this or another thread) to be written
+ * and drop it from the page cache; so a large fill's dirty pages stay bounded by what is in
+ * flight (as the local store does with parts) without the writer stalling on what it just
+ * wrote. The commit writes out and drops the rest. Returns 0 or -errno. */
 VMSNAP_API int vmsnap_objcache_fill_written(struct vmsnap_objcache_fill *f, uint64_t off,
                                             uint64_t len, struct vmsnap_err *err);
 /* The content is complete and verified by the caller: make it durable (fsync), drop it from
@@ -97,6 +99,20 @@ VMSNAP_API int vmsnap_objcache_fill_written(struct vmsnap_objcache_fill *f, uint
  * filled; an eviction failure is logged, not returned). A file grown past `size` is refused
  * (-EINVAL). Frees `f` whatever the result; on failure nothing is published. */
 VMSNAP_API int vmsnap_objcache_fill_commit(struct vmsnap_objcache_fill *f, struct vmsnap_err *err);
+/* A fill whose key and size are known only once it is written (an object a push is encoding,
+ * named by its digest at the end): a temporary (empty, growing as written), no lock held
+ * while it is written. Write it with pwrite (and vmsnap_objcache_fill_written()), then commit
+ * it with vmsnap_objcache_fill_commit_as() or abort it. Returns 0 with *f, or -errno. */
+VMSNAP_API int vmsnap_objcache_fill_begin_unnamed(struct vmsnap_objcache *c,
+                                                  struct vmsnap_objcache_fill **f,
+                                                  struct vmsnap_err *err);
+/* Name an unnamed fill `key` and commit it (as vmsnap_objcache_fill_commit(); the file must be
+ * `size` bytes). The key's lock is only tried: when another fill holds it, or the entry is
+ * there already, ours is dropped and 0 returned (the entry is, or is about to be, there).
+ * Returns 1 when this fill became the entry, 0 as said, -errno on a failure (nothing
+ * published). Frees `f` whatever the result. */
+VMSNAP_API int vmsnap_objcache_fill_commit_as(struct vmsnap_objcache_fill *f, const char *key,
+                                              uint64_t size, struct vmsnap_err *err);
 /* Give up: remove the temporary, release the lock, free `f` (NULL accepted). */
 VMSNAP_API void vmsnap_objcache_fill_abort(struct vmsnap_objcache_fill *f);
 

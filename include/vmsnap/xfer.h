@@ -82,6 +82,10 @@ struct vmsnap_xfer_opts {
     const char *cache_dir;
     uint64_t cache_size;
     bool no_cache;
+    /* layered set push to a remote store: also keep every object it stores in that cache
+     * (written through as it is uploaded), so a pull of the set on this node fetches nothing
+     * (`vm suspend` sets it: the node that suspended a VM is the likeliest to resume it) */
+    bool write_cache;
     unsigned connections; /* parallel streams (-j); 0: 8 */
     uint64_t part_size;   /* upload part size; 0: 16 MiB (>= 5 MiB for S3) */
     uint64_t max_memory;  /* cap on buffered parts/frame groups and a push's encoder buffers;

@@ -89,6 +89,25 @@ void vmsnap_objcache_put(struct vmsnap_objcache *c, int fd)
     close(fd);
 }
 
+static struct vmsnap_objcache_fill *fill_new(struct vmsnap_objcache *c, uint64_t size)
+{
+    struct vmsnap_objcache_fill *f = calloc(1, sizeof(*f));
+    if (!f)
+        return NULL;
+    f->c = c;
+    f->size = size;
+    f->fd = -1;
+    f->lock = -1;
+    pthread_mutex_init(&f->mu, NULL);
+    return f;
+}
+
+static void fill_free(struct vmsnap_objcache_fill *f)
+{
+    pthread_mutex_destroy(&f->mu);
+    free(f);
+}
+
 /* Create the fill's temporary "<key>.<random>" in tmp/, flocked, `size` bytes long. */
 static int create_tmp(struct vmsnap_objcache_fill *f, struct vmsnap_err *err)
 {
@@ -132,28 +151,25 @@ int vmsnap_objcache_fill_begin(struct vmsnap_objcache *c, const char *key, uint6
     if (size > (uint64_t)INT64_MAX)
         return vmsnap_err_set(err, EFBIG, "object cache: %s: size %llu too large", key,
                               (unsigned long long)size);
-    struct vmsnap_objcache_fill *f = calloc(1, sizeof(*f));
+    struct vmsnap_objcache_fill *f = fill_new(c, size);
     if (!f)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
-    f->c = c;
-    f->size = size;
-    f->fd = -1;
     memcpy(f->key, key, strlen(key) + 1);
     if ((rc = objcache_lock(c, key, true, &f->lock, err)) < 0) {
-        free(f);
+        fill_free(f);
         return rc;
     }
     /* filled by another while we waited, or before */
     rc = open_entry(c, key, size, fd, err);
     if (rc != -ENOENT) {
         objcache_unlock(c, key, f->lock);
-        free(f);
+        fill_free(f);
         return rc;
     }
     vmsnap_err_clear(err);
     if ((rc = create_tmp(f, err)) < 0) {
         objcache_unlock(c, key, f->lock);
-        free(f);
+        fill_free(f);
         return rc;
     }
     *out = f;
@@ -165,14 +181,29 @@ int vmsnap_objcache_fill_fd(const struct vmsnap_objcache_fill *f)
     return f->fd;
 }
 
+/* The range handed in is only started on its way to the disk; the one handed in before it
+ * (by now mostly written) is waited for and dropped. So a writer does not stall on the range
+ * it just wrote (a pull decoding as it fills, a push's write-through), while the fill's dirty
+ * pages stay bounded by two ranges per writer; the commit's fsync waits for the rest. */
 int vmsnap_objcache_fill_written(struct vmsnap_objcache_fill *f, uint64_t off, uint64_t len,
                                  struct vmsnap_err *err)
 {
-    if (sync_file_range(f->fd, (off64_t)off, (off64_t)len,
+    if (sync_file_range(f->fd, (off64_t)off, (off64_t)len, SYNC_FILE_RANGE_WRITE) < 0)
+        return err_sys(err, "object cache: write out %s at %llu", f->key, (unsigned long long)off);
+    pthread_mutex_lock(&f->mu);
+    bool prev = f->pend;
+    uint64_t po = f->pend_off, pl = f->pend_len;
+    f->pend = true;
+    f->pend_off = off;
+    f->pend_len = len;
+    pthread_mutex_unlock(&f->mu);
+    if (!prev)
+        return 0;
+    if (sync_file_range(f->fd, (off64_t)po, (off64_t)pl,
                         SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
                             SYNC_FILE_RANGE_WAIT_AFTER) < 0)
-        return err_sys(err, "object cache: write out %s at %llu", f->key, (unsigned long long)off);
-    (void)posix_fadvise(f->fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+        return err_sys(err, "object cache: write out %s at %llu", f->key, (unsigned long long)po);
+    (void)posix_fadvise(f->fd, (off_t)po, (off_t)pl, POSIX_FADV_DONTNEED);
     return 0;
 }
 
@@ -215,7 +246,7 @@ int vmsnap_objcache_fill_commit(struct vmsnap_objcache_fill *f, struct vmsnap_er
     memcpy(key, f->key, sizeof(key));
     close(f->fd);
     objcache_unlock(c, key, f->lock);
-    free(f);
+    fill_free(f);
     uint64_t evicted = 0, freed = 0;
     struct vmsnap_err e2 = {0};
     if (objcache_evict(c, c->cap, key, &evicted, &freed, &e2) < 0)
@@ -229,6 +260,59 @@ int vmsnap_objcache_fill_commit(struct vmsnap_objcache_fill *f, struct vmsnap_er
     return 0;
 }
 
+int vmsnap_objcache_fill_begin_unnamed(struct vmsnap_objcache *c, struct vmsnap_objcache_fill **out,
+                                       struct vmsnap_err *err)
+{
+    *out = NULL;
+    struct vmsnap_objcache_fill *f = fill_new(c, 0);
+    if (!f)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    f->unnamed = true;
+    memcpy(f->key, "unnamed", sizeof("unnamed")); /* the temporary's name until the commit */
+    int rc = create_tmp(f, err);
+    if (rc < 0) {
+        fill_free(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
+int vmsnap_objcache_fill_commit_as(struct vmsnap_objcache_fill *f, const char *key, uint64_t size,
+                                   struct vmsnap_err *err)
+{
+    int rc = objcache_check_key(key, err);
+    if (rc == 0 && !f->unnamed)
+        rc = vmsnap_err_set(err, EINVAL, "object cache: %s: not an unnamed fill", f->key);
+    if (rc == 0 && size > (uint64_t)INT64_MAX)
+        rc = vmsnap_err_set(err, EFBIG, "object cache: %s: size %llu too large", key,
+                            (unsigned long long)size);
+    if (rc < 0) {
+        vmsnap_objcache_fill_abort(f);
+        return rc;
+    }
+    memcpy(f->key, key, strlen(key) + 1);
+    f->size = size;
+    /* another fill of the key under way, or the entry there already: ours is not needed */
+    rc = objcache_lock(f->c, key, false, &f->lock, err);
+    int efd = -1;
+    if (rc == 0 && open_entry(f->c, key, size, &efd, NULL) == 0) {
+        close(efd);
+        rc = -EEXIST;
+    }
+    if (rc == -EBUSY || rc == -EEXIST) {
+        vmsnap_err_clear(err);
+        vmsnap_objcache_fill_abort(f);
+        return 0;
+    }
+    if (rc < 0) {
+        vmsnap_objcache_fill_abort(f);
+        return rc;
+    }
+    rc = vmsnap_objcache_fill_commit(f, err);
+    return rc < 0 ? rc : 1;
+}
+
 void vmsnap_objcache_fill_abort(struct vmsnap_objcache_fill *f)
 {
     if (!f)
@@ -240,7 +324,7 @@ void vmsnap_objcache_fill_abort(struct vmsnap_objcache_fill *f)
         close(f->fd);
     }
     objcache_unlock(f->c, f->key, f->lock);
-    free(f);
+    fill_free(f);
 }
 
 int vmsnap_objcache_drop(struct vmsnap_objcache *c, const char *key, struct vmsnap_err *err)

@@ -8,6 +8,7 @@
 #include "vmsnap/objcache.h"
 #include "util/util.h"
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -24,8 +25,13 @@ struct vmsnap_objcache {
 struct vmsnap_objcache_fill {
     struct vmsnap_objcache *c;
     uint64_t size;
-    int fd;   /* the temporary, flocked */
-    int lock; /* the key's lock */
+    int fd;       /* the temporary, flocked */
+    int lock;     /* the key's lock (-1 for an unnamed fill until its commit) */
+    bool unnamed; /* vmsnap_objcache_fill_begin_unnamed(): key and size come at the commit */
+    /* fill_written(): the range whose write-out was started last, waited for at the next */
+    pthread_mutex_t mu;
+    uint64_t pend_off, pend_len;
+    bool pend;
     char key[VMSNAP_OBJCACHE_KEY_MAX + 1];
     char tmp[VMSNAP_OBJCACHE_KEY_MAX + 32]; /* its name in tmp/ */
 };

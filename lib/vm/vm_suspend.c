@@ -246,7 +246,8 @@ static bool same_bucket(const char *a, const char *b)
 
 /* The push options of a suspend to `url`: frames sized to the guest, and the store URL the VM
  * last came from or went to as the base when it is in the same bucket (frames that did not
- * change since are copied by the store instead of uploaded). */
+ * change since are copied by the store instead of uploaded); the layers it stores written
+ * through into the node's object cache. */
 static struct vmsnap_xfer_opts suspend_push_opts(const struct vmsnap_vm_opts *o, json_object *cfg,
                                                  const char *url)
 {
@@ -255,6 +256,7 @@ static struct vmsnap_xfer_opts suspend_push_opts(const struct vmsnap_vm_opts *o,
     if (!x.base && !(o && o->no_base) && prev && same_bucket(prev, url))
         x.base = prev;
     x.base_implicit = true;
+    x.write_cache = true; /* this node is the likeliest to resume it: keep its layers */
     return x;
 }
 

@@ -136,7 +136,11 @@ struct mf_file {
     const struct vmsnap_pages *delta_parent;
     struct vmsnap_pages *pages_out;
     bool want_pages; /* ask the encoder for pages_out */
-    bool detail;     /* the fields below are known */
+    /* layered push only: the node-cache fill the object is written through into (NULL: none);
+     * tee_bad when a write to it failed (the caller aborts it) */
+    struct vmsnap_objcache_fill *tee;
+    bool tee_bad;
+    bool detail; /* the fields below are known */
     uint64_t size;
     uint64_t populated;
     uint64_t object_size;
@@ -536,6 +540,9 @@ struct need_ref {
     size_t layer;
 };
 struct vmsnap_objcache;
+/* The node's object cache for layered sets of a remote store (NULL: none, or not usable: a
+ * warning), xfer_layers_pull.c. */
+struct vmsnap_objcache *xfer_open_cache(const struct xfer *x);
 int xfer_need(struct xfer *x, struct vmsnap_objcache *oc, struct vmsnap_store_conn *c,
               const struct mf_file *f, struct layer_need *n, struct vmsnap_err *err);
 void xfer_need_free(struct layer_need *n);

@@ -239,7 +239,7 @@ static int pull_file(struct xfer *x, struct vmsnap_objcache *oc, struct vmsnap_s
 }
 
 /* The node's cache, for a remote store: a cache that cannot be opened is a warning. */
-static struct vmsnap_objcache *open_cache(const struct xfer *x)
+struct vmsnap_objcache *xfer_open_cache(const struct xfer *x)
 {
     if (x->o.no_cache || vmsnap_store_kind(x->st) != VMSNAP_STORE_S3)
         return NULL;
@@ -256,7 +256,7 @@ static struct vmsnap_objcache *open_cache(const struct xfer *x)
 int xfer_pull_layered(struct xfer *x, struct vmsnap_store_conn *ctl, const struct manifest *m,
                       const char *dir, struct down *ds, struct vmsnap_err *err)
 {
-    struct vmsnap_objcache *oc = open_cache(x);
+    struct vmsnap_objcache *oc = xfer_open_cache(x);
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < m->n; i++)
         rc = pull_file(x, oc, ctl, &m->files[i], dir, &ds[i], err);

@@ -9,6 +9,8 @@
  */
 #include "xfer_int.h"
 
+#include "vmsnap/objcache.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -40,6 +42,7 @@ struct lpush {
     bool put_sent; /* a commit was sent and its outcome is unknown: nothing is undone */
     char **stored; /* keys this push stored (removed again when it fails) */
     size_t nstored, cap;
+    struct vmsnap_objcache *oc; /* write_cache: the node's cache its objects go into too */
 };
 
 /* "<prefix>/vmsnap-objects/<id>/<name><suffix>" */
@@ -148,6 +151,62 @@ static bool delta_too_big(const struct lpush *p, const struct mf_file *f, const 
     return true;
 }
 
+/* write_cache: the page table into the node's cache (as a pull keeps it: "s-<sha256>"); a
+ * failure only costs the next pull a fetch. */
+static void keep_table(struct lpush *p, const char *hx, const void *buf, size_t len)
+{
+    if (!p->oc)
+        return;
+    char ck[80];
+    snprintf(ck, sizeof(ck), "s-%s", hx);
+    struct vmsnap_objcache_fill *f = NULL;
+    int efd = -1;
+    struct vmsnap_err e = {0};
+    int rc = vmsnap_objcache_fill_begin(p->oc, ck, len, &f, &efd, &e);
+    if (rc == 1) { /* ours to fill (0: the entry is there) */
+        rc = sys_pwrite_full(vmsnap_objcache_fill_fd(f), buf, len, 0);
+        if (rc < 0) {
+            vmsnap_err_set(&e, -rc, "write: %s", strerror(-rc));
+            vmsnap_objcache_fill_abort(f);
+        } else {
+            rc = vmsnap_objcache_fill_commit(f, &e);
+        }
+    }
+    vmsnap_objcache_put(p->oc, efd);
+    if (rc < 0)
+        vlog(VMSNAP_LOG_WARN, "a page table not kept in the node's cache: %s", e.msg);
+}
+
+/* write_cache: a fill for the object push_one is about to encode (f->tee; none when the cache
+ * cannot take one: a warning). */
+static void tee_begin(struct lpush *p, struct mf_file *f)
+{
+    f->tee = NULL;
+    f->tee_bad = false;
+    struct vmsnap_err e = {0};
+    if (p->oc && vmsnap_objcache_fill_begin_unnamed(p->oc, &f->tee, &e) < 0)
+        vlog(VMSNAP_LOG_WARN, "%s: not kept in the node's cache: %s", f->name, e.msg);
+}
+
+/* The object is stored (rc 0): its fill becomes the cache entry "t-<tableSha256>", as a pull
+ * would have kept it; else it is dropped. */
+static void tee_end(struct mf_file *f, int rc)
+{
+    if (!f->tee)
+        return;
+    struct vmsnap_objcache_fill *t = f->tee;
+    f->tee = NULL;
+    if (rc < 0 || f->tee_bad || !f->table_digest) {
+        vmsnap_objcache_fill_abort(t);
+        return;
+    }
+    char ck[80];
+    snprintf(ck, sizeof(ck), "t-%s", f->sha256);
+    struct vmsnap_err e = {0};
+    if (vmsnap_objcache_fill_commit_as(t, ck, f->object_size, &e) < 0)
+        vlog(VMSNAP_LOG_WARN, "%s: not kept in the node's cache: %s", f->name, e.msg);
+}
+
 /* The file's page table as a ".pages" object beside its image. */
 static int put_pages(struct lpush *p, struct vmsnap_store_conn *c, struct mf_file *f,
                      struct vmsnap_err *err)
@@ -170,6 +229,7 @@ static int put_pages(struct lpush *p, struct vmsnap_store_conn *c, struct mf_fil
         key = NULL;
         f->pages.object_size = len;
         memcpy(f->pages.sha256, hx, sizeof(hx));
+        keep_table(p, hx, buf, len);
     }
     free(key);
     free(buf);
@@ -239,6 +299,8 @@ static int push_one(struct lpush *p, struct vmsnap_store_conn *c, struct mf_file
         rc = choose_layer(p, c, f, pf, &ptab, err);
     bool delta = f->delta_parent != NULL;
     f->want_pages = true;
+    if (rc == 0)
+        tee_begin(p, f);
     if (rc == 0 && (rc = xfer_push_fd(p->x, c, fd, path, key, NULL, f, NULL, err)) == 0)
         note_stored(p, key);
     if (rc == 0 && delta && delta_too_big(p, f, pf)) {
@@ -246,8 +308,11 @@ static int push_one(struct lpush *p, struct vmsnap_store_conn *c, struct mf_file
         delta = false;
         vmsnap_pages_free(f->pages_out);
         f->pages_out = NULL;
+        tee_end(f, -1); /* the delta's bytes: not the object stored in the end */
+        tee_begin(p, f);
         rc = xfer_push_fd(p->x, c, fd, path, key, NULL, f, NULL, err);
     }
+    tee_end(f, rc);
     if (rc == 0)
         rc = put_pages(p, c, f, err);
     if (rc == 0)
@@ -536,6 +601,8 @@ int xfer_push_layered(struct xfer *x, struct vmsnap_store_conn *ctl, const char 
         p.max_depth = MAX_LAYERS;
     p.delta_max_pct = x->o.delta_max_pct ? x->o.delta_max_pct : VMSNAP_XFER_DEFAULT_DELTA_MAX_PCT;
     int rc = ready(&p, err);
+    if (rc == 0 && x->o.write_cache)
+        p.oc = xfer_open_cache(x);
     if (rc == 0)
         rc = read_parent(&p, err);
     if (rc == 0)
@@ -564,5 +631,6 @@ int xfer_push_layered(struct xfer *x, struct vmsnap_store_conn *ctl, const char 
     free(p.stored);
     free(p.order);
     free(p.mkey);
+    vmsnap_objcache_close(p.oc);
     return rc;
 }

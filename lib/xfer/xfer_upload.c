@@ -14,6 +14,8 @@
  */
 #include "xfer_int.h"
 
+#include "vmsnap/objcache.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -54,7 +56,13 @@ struct up {
     uint64_t fetched; /* reused bytes that had to be fetched (runs under 5 MiB) */
     uint8_t *carry;   /* part_extra() bytes carried from a full part buffer to the next */
     bool copy_failed; /* a copy part failed: the push may go again without the base */
+    /* write-through (mf_file.tee): the object's bytes also go into this node-cache fill, its
+     * write-out started every TEE_WINDOW bytes (vmsnap_objcache_fill_written) */
+    struct mf_file *tee_mf;
+    uint64_t tee_kicked;
 };
+
+#define TEE_WINDOW (32ull << 20)
 
 /* One part for the pool: `len` bytes from `buf`, or, when buf is NULL, a copy of `len` bytes at
  * `src_off` of the base object. */
@@ -329,6 +337,28 @@ static int up_check(struct up *u, struct vmsnap_err *err)
     return urc;
 }
 
+/* The object's next `len` bytes into the write-through fill. A failure (the cache's disk full)
+ * only ends the write-through: the push goes on, its caller drops the fill. */
+static void tee_write(struct up *u, const void *buf, size_t len)
+{
+    struct mf_file *mf = u->tee_mf;
+    int fd = vmsnap_objcache_fill_fd(mf->tee);
+    struct vmsnap_err e = {0};
+    int rc = sys_pwrite_full(fd, buf, len, u->total);
+    if (rc < 0)
+        vmsnap_err_set(&e, -rc, "write: %s", strerror(-rc));
+    if (rc == 0 && u->total + len - u->tee_kicked >= TEE_WINDOW) {
+        rc = vmsnap_objcache_fill_written(mf->tee, u->tee_kicked, u->total + len - u->tee_kicked,
+                                          &e);
+        u->tee_kicked = u->total + len;
+    }
+    if (rc < 0) {
+        vlog(VMSNAP_LOG_WARN, "%s: not kept in the node's cache: %s", u->key, e.msg);
+        mf->tee_bad = true;
+        u->tee_mf = NULL;
+    }
+}
+
 static int sink_write(void *arg, const void *buf, size_t len, struct vmsnap_err *err)
 {
     struct up *u = arg;
@@ -346,6 +376,8 @@ static int sink_write(void *arg, const void *buf, size_t len, struct vmsnap_err 
         EVP_DigestUpdate(u->sha, buf, len);
         u->table_seen = true;
     }
+    if (u->tee_mf)
+        tee_write(u, buf, len);
     u->total += len;
     return append_bytes(u, buf, len, err);
 }
@@ -361,6 +393,10 @@ static int sink_copy(void *arg, const struct vmsnap_frame_info *f, struct vmsnap
         const struct vmsnap_frame_info *l = &u->run[u->run_n - 1];
         if (l->offset + l->csize != f->offset && (rc = place_run(u, err)) < 0)
             return rc;
+    }
+    if (u->tee_mf) { /* its bytes are not ours to write: no write-through */
+        u->tee_mf->tee_bad = true;
+        u->tee_mf = NULL;
     }
     if (grow_array(&u->run, &u->run_cap, u->run_n + 1, sizeof(*u->run), 64) < 0)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
@@ -578,6 +614,8 @@ static int push_fd_once(struct xfer *x, struct vmsnap_store_conn *ctl, int fd, c
                         struct deferred *def, struct vmsnap_err *err)
 {
     struct up u = {.x = x, .ctl = ctl, .key = key, .base_key = base_key, .base_etag = base_etag};
+    if (mf && mf->tee && !mf->tee_bad)
+        u.tee_mf = mf;
     pthread_mutex_init(&u.mu, NULL);
     pthread_cond_init(&u.cv, NULL);
     u.sha = EVP_MD_CTX_new();

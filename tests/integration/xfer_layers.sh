@@ -270,6 +270,16 @@ truncate -s 40960 "$T/sg/mem" && head -c 4096 /dev/urandom | dd of="$T/sg/mem" b
 rm -rf "$T/psg"
 "$VMSNAP" -q pull --no-cache "$U/sg2" "$T/psg" && same_set "$T/sg" "$T/psg" ||
     fail "shrink then grow: the pulled file differs (old bytes came back?)"
+# a delta that rewrites 3 MiB in one run: its records outlast the decoder's 2 MiB pieces of
+# output, so whole pages arrive split in two; each must come from the delta, not the golden
+mkdir -p "$T/lr" && head -c $((16 << 20)) /dev/urandom >"$T/lr/memory"
+"$VMSNAP" -q push "$T/lr" "$U/lr1" || fail "push lr1"
+head -c $((3 << 20)) /dev/urandom | dd of="$T/lr/memory" bs=1M seek=4 conv=notrunc status=none
+"$VMSNAP" -q push --parent "$U/lr1" "$T/lr" "$U/lr2" || fail "push lr2"
+[ "$(layers "$U/lr2")" = "False,True" ] || fail "lr2 not a delta: $(layers "$U/lr2")"
+rm -rf "$T/plr"
+"$VMSNAP" -q pull --no-cache "$U/lr2" "$T/plr" && same_set "$T/lr" "$T/plr" ||
+    fail "a delta's long run: the pulled file differs (pages of the golden at its 2 MiB seams?)"
 # more than half of the pages changed: a full layer
 cp -a "$T/a" "$T/big" && head -c 4194304 /dev/urandom | dd of="$T/big/memory" bs=4096 seek=3 conv=notrunc status=none
 "$VMSNAP" -q push --parent "$U/gold" "$T/big" "$U/big" || fail "push big"
@@ -404,6 +414,21 @@ if [ "${LAYERS_STORE:-local}" = s3 ]; then
     "$VMSNAP" pull -T 1 "$U/dm1" "$T/pdm" 2>"$T/pdm.err" || fail "pull over damaged entries: $(cat "$T/pdm.err")"
     [ "$(grep -c damaged "$T/pdm.err")" -ge 2 ] || fail "damaged entries not said: $(cat "$T/pdm.err")"
     same_set "$T/dm" "$T/pdm" || fail "a pull over a damaged cached layer built a wrong file"
+    # --write-cache: a push keeps what it stores (layers, page tables) in the node's cache, so
+    # a pull of the set, and of a delta over it, fetches nothing; no page cache left behind
+    rm -rf "$VMSNAP_CACHE_DIR"
+    "$VMSNAP" -q push --write-cache "$T/lr" "$U/wc0" || fail "push --write-cache wc0"
+    head -c $((3 << 20)) /dev/urandom | dd of="$T/lr/memory" bs=1M seek=9 conv=notrunc status=none
+    "$VMSNAP" -q push --write-cache --parent "$U/wc0" "$T/lr" "$U/wc1" || fail "push wc1"
+    [ "$(cached_pages "$VMSNAP_CACHE_DIR/objects")" = 0 ] || fail "written-through entries left in the page cache"
+    [ -z "$(ls "$VMSNAP_CACHE_DIR/tmp")" ] || fail "write-through temporaries left: $(ls "$VMSNAP_CACHE_DIR/tmp")"
+    "$VMSNAP" pull --json "$U/wc1" "$T/pwc1" >"$T/wc1.json" || fail "pull wc1"
+    [ "$(jget "$T/wc1.json" 'j["cached_bytes"] == j["object_bytes"] > 0')" = True ] ||
+        fail "a pull after --write-cache fetched: $(cat "$T/wc1.json")"
+    same_set "$T/lr" "$T/pwc1" || fail "a pull of written-through layers differs"
+    "$VMSNAP" cache objects --json >"$T/wco.json" || fail "cache objects"
+    # two layers and their two page tables (the pull fetched no table either)
+    [ "$(jget "$T/wco.json" 'len(j["entries"])')" = 4 ] || fail "written-through entries: $(cat "$T/wco.json")"
     # --no-cache: fetched, the cache not touched
     "$VMSNAP" pull --no-cache --json "$U/g" "$T/g4" >"$T/g4.json" || fail "pull --no-cache"
     [ "$(jget "$T/g4.json" 'j["cached_bytes"]')" = 0 ] || fail "--no-cache read the cache"

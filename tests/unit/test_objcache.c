@@ -564,15 +564,64 @@ static void test_page_cache(void)
     CHECKF(pages_cached(p) == 0, "after put: %llu pages cached",
            (unsigned long long)pages_cached(p));
 
-    /* fill_written: a range written out and dropped during the fill */
+    /* fill_written: a range's write-out started; at the next call it is waited for and
+     * dropped (the writer does not stall on what it just wrote) */
     REQUIRE(vmsnap_objcache_fill_begin(c, "t-pc2", size, &f, &fd, &err) == 1);
     write_content(vmsnap_objcache_fill_fd(f), 6, size);
     CHECK(vmsnap_objcache_fill_written(f, 0, size / 2, &err) == 0);
+    CHECK(vmsnap_objcache_fill_written(f, size / 2, 0, &err) == 0);
     REQUIRE(vmsnap_pcache_stat_fd(vmsnap_objcache_fill_fd(f), &st, &err) == 0);
-    CHECKF(st.cached <= size / PAGE / 2 + 1, "after fill_written of half: %llu pages",
+    CHECKF(st.cached <= size / PAGE / 2 + 1, "after fill_written of both halves: %llu pages",
            (unsigned long long)st.cached);
     CHECK(vmsnap_objcache_fill_commit(f, &err) == 0);
     CHECK(cached(c, "t-pc2", size, 6));
+    vmsnap_objcache_close(c);
+}
+
+/* ---- unnamed fills (a push's write-through: the key is its digest, known at the end) ---- */
+
+static void test_unnamed(void)
+{
+    const char *dir = t_path("unnamed");
+    struct vmsnap_objcache *c = open_cache(dir, 0);
+    struct vmsnap_err err = {0};
+    struct vmsnap_objcache_fill *f = NULL;
+    /* written, then named: the entry, nothing left in tmp/ or locks/ */
+    REQUIRE(vmsnap_objcache_fill_begin_unnamed(c, &f, &err) == 0 && f);
+    write_content(vmsnap_objcache_fill_fd(f), 11, 300000);
+    CHECK(vmsnap_objcache_fill_written(f, 0, 100000, &err) == 0);
+    CHECKF(vmsnap_objcache_fill_commit_as(f, "t-u1", 300000, &err) == 1, "commit_as: %s", err.msg);
+    CHECK(cached(c, "t-u1", 300000, 11));
+    CHECK(count_dir(dir, "tmp") == 0 && count_dir(dir, "locks") == 0);
+    /* the wrong size: refused, nothing published */
+    REQUIRE(vmsnap_objcache_fill_begin_unnamed(c, &f, &err) == 0);
+    write_content(vmsnap_objcache_fill_fd(f), 12, 5000);
+    CHECK(vmsnap_objcache_fill_commit_as(f, "t-u2", 6000, &err) == -EINVAL);
+    int fd = -1;
+    CHECK(vmsnap_objcache_get(c, "t-u2", 6000, &fd, &err) == -ENOENT);
+    CHECK(count_dir(dir, "tmp") == 0);
+    /* the entry there already: ours dropped (0), the entry kept as it was */
+    REQUIRE(vmsnap_objcache_fill_begin_unnamed(c, &f, &err) == 0);
+    write_content(vmsnap_objcache_fill_fd(f), 13, 300000);
+    CHECK(vmsnap_objcache_fill_commit_as(f, "t-u1", 300000, &err) == 0);
+    CHECK(cached(c, "t-u1", 300000, 11));
+    CHECK(count_dir(dir, "tmp") == 0);
+    /* another fill of the key under way: ours dropped (0) without waiting, theirs published */
+    struct vmsnap_objcache_fill *g = NULL;
+    REQUIRE(vmsnap_objcache_fill_begin(c, "t-u3", 4096, &g, &fd, &err) == 1);
+    REQUIRE(vmsnap_objcache_fill_begin_unnamed(c, &f, &err) == 0);
+    write_content(vmsnap_objcache_fill_fd(f), 14, 4096);
+    CHECK(vmsnap_objcache_fill_commit_as(f, "t-u3", 4096, &err) == 0);
+    write_content(vmsnap_objcache_fill_fd(g), 15, 4096);
+    CHECK(vmsnap_objcache_fill_commit(g, &err) == 0);
+    CHECK(cached(c, "t-u3", 4096, 15));
+    /* a bad key: refused, the fill freed (ASan: no leak) */
+    REQUIRE(vmsnap_objcache_fill_begin_unnamed(c, &f, &err) == 0);
+    CHECK(vmsnap_objcache_fill_commit_as(f, "../x", 0, &err) == -EINVAL);
+    /* aborted: nothing left */
+    REQUIRE(vmsnap_objcache_fill_begin_unnamed(c, &f, &err) == 0);
+    vmsnap_objcache_fill_abort(f);
+    CHECK(count_dir(dir, "tmp") == 0 && count_dir(dir, "locks") == 0);
     vmsnap_objcache_close(c);
 }
 
@@ -669,6 +718,7 @@ int main(void)
     test_lru();
     test_many();
     test_page_cache();
+    test_unnamed();
     test_dir_checks();
     test_env();
     return t_done();
