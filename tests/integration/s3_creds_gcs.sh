@@ -62,7 +62,7 @@ issued_n() { # LOG: tokens handed out
     echo "${n:-0}"
 }
 lines() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
-# refused_since LOG N WHAT: no request after line N of a front door log was refused
+# none_refused LOG N WHAT: no request after line N of a front door log was refused
 none_refused() {
     if tail -n +$(($2 + 1)) "$1" | grep -q refused=; then
         fail "$3: the front door refused requests: $(tail -n +$(($2 + 1)) "$1" | grep refused= | sort | uniq -c | head -5)"
@@ -140,7 +140,7 @@ rm -f "$T/home/.config/gcloud/application_default_credentials.json"
 # ---- the GCE metadata server: push, ls, pull, rm
 ME=("${G[@]}" NO_GCE_CHECK=false GCE_METADATA_HOST="127.0.0.1:$META")
 n=$(lines "$L/front.log")
-vok md-push "${ME[@]}" -- -v push "$T/set" "$U/md"
+vok md-push "${ME[@]}" -- -v -v push "$T/set" "$U/md"
 grep -q "credentials from the GCE metadata server, valid for" "$L/md-push.err" || fail "metadata: not the source used"
 vok md-ls "${ME[@]}" -- ls "$U/"
 grep -q "$U/md" "$L/md-ls.out" || fail "metadata: ls does not list the set"
@@ -243,7 +243,7 @@ slow_push() {
     none_refused "$L/front-$name.log" 0 "$name"
     grep -q ' late' "$L/front-$name.log" ||
         fail "$name: the push ended before the first token expired: it cannot show the refresh"
-    grep -q ' tok=1\b' "$L/front-$name.log" && grep -q ' tok=[2-9]' "$L/front-$name.log" ||
+    grep -q ' tok=1\b' "$L/front-$name.log" && grep -Eq ' tok=([2-9]|[1-9][0-9]+)\b' "$L/front-$name.log" ||
         fail "$name: the requests did not carry both the first token and a later one"
     # the first token, expired: the front door refuses it (so the push needed the refresh)
     first=$(python3 -c 'import json,sys; print([k for k, v in json.load(open(sys.argv[1])).items() if v["n"] == 1][0])' "$tokens")
