@@ -436,15 +436,14 @@ static int bearer_headers(const struct s3_cred *cr, const struct req *r, const s
         hl = curl_slist_append(hl, line);
     }
     char *auth = NULL;
-    if (asprintf(&auth, "Authorization: Bearer %s", cr->token) < 0)
-        auth = NULL;
-    if (auth) {
+    const bool made = asprintf(&auth, "Authorization: Bearer %s", cr->token) >= 0;
+    if (made) {
         hl = curl_slist_append(hl, auth);
         explicit_bzero(auth, strlen(auth));
         free(auth);
     }
     hl = common_headers(hl, r);
-    if (!hl || !auth) {
+    if (!hl || !made) {
         curl_slist_free_all(hl);
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     }
