@@ -34,6 +34,8 @@ set(VMSNAP_STORE_SOURCES
     lib/store/s3/s3_creds.c
     lib/store/s3/s3_curl.c
     lib/store/s3/s3_fetch.c
+    lib/store/s3/s3_gcs_jwt.c
+    lib/store/s3/s3_gcs_token.c
     lib/store/s3/s3_list.c
     lib/store/s3/s3_profile.c
     lib/store/s3/s3_providers.c

@@ -42,8 +42,10 @@ set_property(TEST advice APPEND PROPERTY ENVIRONMENT
              "VMSNAP_RGW_STATE=${VMSNAP_RGW_STATE};VMSNAP_FAULTPROXY=$<TARGET_FILE:vmsnap_faultproxy>")
 
 # The S3 credential chain and TLS against the same RGW, with the credential endpoints (IMDSv2,
-# container, STS) and a TLS terminator played by python3 servers on loopback (tests/servers/).
-foreach(t IN ITEMS s3_creds_profile s3_creds_providers s3_creds_refresh s3_creds_tls)
+# container, STS) and a TLS terminator played by python3 servers on loopback (tests/servers/);
+# s3_creds_gcs: gs:// with Google OAuth tokens (a token endpoint, the GCE metadata server, and
+# Cloud Storage's front door in front of RGW).
+foreach(t IN ITEMS s3_creds_profile s3_creds_providers s3_creds_refresh s3_creds_tls s3_creds_gcs)
   vmsnap_sh_test(${t} tests/integration/${t}.sh TIMEOUT 600 LABELS store)
   set_tests_properties(${t} PROPERTIES FIXTURES_REQUIRED xfer_rgw RESOURCE_LOCK xfer_rgw_server)
   set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT

@@ -43,8 +43,9 @@ mktoken() {
     printf -v "$1" %s "$t"
 }
 
-# The environment vmsnap (and aws) runs in: nothing of the caller's AWS settings, a home of its
-# own (no ~/.aws but the test's), instance metadata off unless a test turns it on.
+# The environment vmsnap (and aws) runs in: nothing of the caller's AWS or Google settings, a
+# home of its own (no ~/.aws or ~/.config/gcloud but the test's), instance metadata and the GCE
+# metadata server off unless a test turns them on.
 CLEAN=(-u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_ENDPOINT_URL
     -u AWS_ENDPOINT_URL_S3 -u AWS_ENDPOINT_URL_STS -u AWS_REGION -u AWS_DEFAULT_REGION -u AWS_PROFILE
     -u AWS_DEFAULT_PROFILE -u AWS_CONFIG_FILE -u AWS_SHARED_CREDENTIALS_FILE -u AWS_CA_BUNDLE
@@ -53,7 +54,9 @@ CLEAN=(-u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS
     -u AWS_CONTAINER_AUTHORIZATION_TOKEN -u AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE
     -u AWS_EC2_METADATA_SERVICE_ENDPOINT -u SSL_CERT_FILE -u SSL_CERT_DIR -u CURL_CA_BUNDLE
     -u AWS_MAX_ATTEMPTS -u AWS_S3_USE_PATH_STYLE -u VMSNAP_S3_ATTEMPTS -u GS_ACCESS_KEY_ID
-    -u GS_SECRET_ACCESS_KEY HOME="$T/home" AWS_EC2_METADATA_DISABLED=true)
+    -u GS_SECRET_ACCESS_KEY -u GOOGLE_APPLICATION_CREDENTIALS -u CLOUDSDK_CONFIG -u GCE_METADATA_HOST
+    -u GCE_METADATA_TIMEOUT -u VMSNAP_GS_ENDPOINT HOME="$T/home" AWS_EC2_METADATA_DISABLED=true
+    NO_GCE_CHECK=true)
 # vrun NAME [VAR=VALUE...] -- ARGS...: vmsnap ARGS in the clean environment plus the VARs;
 # stdout and stderr in $L/NAME.out and $L/NAME.err; its exit status is vrun's.
 vrun() {

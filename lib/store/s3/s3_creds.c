@@ -14,7 +14,16 @@
  * The first that gives credentials wins, and a source that is configured but fails stops the
  * chain with its error (a wrong role is not papered over by another identity); instance
  * metadata, which every host is "configured" for, only adds its failure to the list the "no
- * credentials" error names. gs:// (HMAC keys) uses 1 and 3 only.
+ * credentials" error names.
+ *
+ * gs:// uses 1 and 3 (HMAC keys, signed with SigV4), then Google's Application Default
+ * Credentials in their order (OAuth 2.0 access tokens, sent as a bearer token):
+ *
+ *   6. GOOGLE_APPLICATION_CREDENTIALS: a service-account key or authorized-user file;
+ *   7. gcloud's file: $CLOUDSDK_CONFIG/application_default_credentials.json, else
+ *      ~/.config/gcloud/application_default_credentials.json, when it exists;
+ *   8. the GCE metadata server (GCE_METADATA_HOST, else 169.254.169.254), unless
+ *      NO_GCE_CHECK=true; like instance metadata, its failure only joins the list.
  *
  * Refresh: the current set is a reference-counted immutable struct s3_cred. A set with an
  * Expiration is due refresh_window seconds before it (VMSNAP_CREDS_REFRESH_SECONDS, default
@@ -34,11 +43,29 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
-enum src { SRC_ENV, SRC_WEBID, SRC_PROFILE, SRC_PROCESS, SRC_CONTAINER, SRC_IMDS, SRC_COUNT };
-static const char *const src_name[SRC_COUNT] = {
-    "environment",        "web identity",       "profile",
-    "credential_process", "container endpoint", "instance metadata"};
+enum src {
+    SRC_ENV,
+    SRC_WEBID,
+    SRC_PROFILE,
+    SRC_PROCESS,
+    SRC_CONTAINER,
+    SRC_IMDS,
+    SRC_GAC,
+    SRC_GCLOUD,
+    SRC_GCE,
+    SRC_COUNT
+};
+static const char *const src_name[SRC_COUNT] = {"environment",
+                                                "web identity",
+                                                "profile",
+                                                "credential_process",
+                                                "container endpoint",
+                                                "instance metadata",
+                                                "GOOGLE_APPLICATION_CREDENTIALS file",
+                                                "gcloud credentials file",
+                                                "GCE metadata server"};
 
 #define RETRY_AFTER_FAIL 5
 
@@ -93,6 +120,22 @@ static void wipe_free(char *s)
     }
 }
 
+struct s3_cred *s3_cred_new_bearer(const char *token, time_t expires)
+{
+    struct s3_cred *c = calloc(1, sizeof(*c));
+    if (!c)
+        return NULL;
+    atomic_init(&c->refs, 1);
+    c->bearer = true;
+    c->token = strdup(token);
+    c->expires = expires;
+    if (!c->token) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
 void s3_cred_put(struct s3_cred *c)
 {
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1)
@@ -116,7 +159,7 @@ static int num_setting(const char *envname, const struct s3_profile *p, const ch
                        long hi, long def, long *out, struct vmsnap_err *err)
 {
     const char *v = env(envname), *from = envname;
-    if (!v && (v = s3_profile_get(p, key)))
+    if (!v && key && (v = s3_profile_get(p, key)))
         from = key;
     *out = def;
     if (!v)
@@ -279,6 +322,32 @@ static void cfg_fini(struct s3_chain_cfg *c)
     wipe_free(c->ct_auth);
     free(c->ct_auth_file);
     free(c->imds_endpoint);
+    free(c->gcs_file);
+    free(c->gce_url);
+}
+
+/* The GCE metadata server's address: GCE_METADATA_HOST ("HOST[:PORT]", as Google's libraries
+ * take it), else 169.254.169.254 (no DNS lookup of metadata.google.internal: a node elsewhere
+ * fails at once); GCE_METADATA_TIMEOUT seconds to connect (default 1). */
+static int gce_cfg(struct s3_chain_cfg *c, struct vmsnap_err *err)
+{
+    const char *h = env("GCE_METADATA_HOST");
+    if (!h)
+        h = "169.254.169.254";
+    for (const char *p = h; *p; p++)
+        if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:[]", *p))
+            return vmsnap_err_set(err, EINVAL,
+                                  "GCE_METADATA_HOST '%s': expected HOST[:PORT] (no scheme, no "
+                                  "path)",
+                                  h);
+    if (asprintf(&c->gce_url, "http://%s", h) < 0) {
+        c->gce_url = NULL;
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    }
+    long t = 1;
+    int rc = num_setting("GCE_METADATA_TIMEOUT", NULL, NULL, 1, 60, 1, &t, err);
+    c->gce_timeout_ms = t * 1000;
+    return rc;
 }
 
 /* ---- the chain ------------------------------------------------------------------------------ */
@@ -294,6 +363,11 @@ static int fetch(struct s3_creds *cs, enum src s, struct s3_cred **out, struct v
         return s3_src_container(&cs->cfg, out, err);
     case SRC_IMDS:
         return s3_src_imds(&cs->cfg, out, err);
+    case SRC_GAC:
+    case SRC_GCLOUD:
+        return s3_src_gcs_file(&cs->cfg, out, err);
+    case SRC_GCE:
+        return s3_src_gce_metadata(&cs->cfg, out, err);
     default:
         return vmsnap_err_set(err, EINVAL, "credentials from the %s cannot be refreshed",
                               src_name[s]);
@@ -330,7 +404,8 @@ static int src_env(struct s3_creds *cs, const struct s3_profile *p, struct s3_cr
                       cs->cfg.gs ? NULL : env("AWS_SESSION_TOKEN"), "AWS_ACCESS_KEY_ID",
                       "AWS_SECRET_ACCESS_KEY", out, err);
     if (rc == 1)
-        snprintf(note, nlen, "AWS_ACCESS_KEY_ID not set");
+        snprintf(note, nlen, "%sAWS_ACCESS_KEY_ID not set",
+                 cs->cfg.gs ? "GS_ACCESS_KEY_ID and " : "");
     return rc;
 }
 
@@ -392,6 +467,66 @@ static void tried(char *list, size_t len, const char *name, const char *why)
         snprintf(list + o + (size_t)n, len - o - (size_t)n, "%.*s)", (int)(len / 2), why);
 }
 
+/* Append a metadata server's failure to the list: its message starts "NAME (ADDRESS): ...",
+ * listed as "NAME (ADDRESS: ...)". */
+static void tried_failed(char *list, size_t len, const char *name, const char *msg)
+{
+    char note[600], pre[64];
+    snprintf(pre, sizeof(pre), "%s (", name);
+    const char *m = strncmp(msg, pre, strlen(pre)) ? msg : msg + strlen(pre);
+    snprintf(note, sizeof(note), "%.*s", (int)strcspn(m, ")"), m);
+    const char *after = strchr(m, ')');
+    if (after && after[1] == ':')
+        snprintf(note + strlen(note), sizeof(note) - strlen(note), ":%s", after + 2);
+    tried(list, len, name, note);
+}
+
+/* gs://, after the HMAC keys: Google's Application Default Credentials. A credentials file
+ * named or present is used and its failure stops the chain; the metadata server's joins the
+ * list. 1: none gave a token. */
+static int walk_google(struct s3_creds *cs, char *list, size_t llen, struct s3_cred **out,
+                       enum src *used, struct vmsnap_err *err)
+{
+    struct s3_chain_cfg *c = &cs->cfg;
+    const char *gac = env("GOOGLE_APPLICATION_CREDENTIALS"), *dir = env("CLOUDSDK_CONFIG");
+    char path[4200], note[4300];
+    if (gac) {
+        *used = SRC_GAC;
+        c->gcs_file_what = "GOOGLE_APPLICATION_CREDENTIALS";
+        snprintf(path, sizeof(path), "%s", gac);
+    } else {
+        tried(list, llen, "GOOGLE_APPLICATION_CREDENTIALS", "not set");
+        *used = SRC_GCLOUD;
+        c->gcs_file_what = "gcloud credentials";
+        if (dir)
+            snprintf(path, sizeof(path), "%s/application_default_credentials.json", dir);
+        else
+            snprintf(path, sizeof(path), "%s/.config/gcloud/application_default_credentials.json",
+                     env("HOME") ? env("HOME") : "");
+    }
+    if (gac || access(path, F_OK) == 0) {
+        if (dup_opt(&c->gcs_file, path) < 0)
+            return vmsnap_err_set(err, ENOMEM, "out of memory");
+        return fetch(cs, *used, out, err);
+    }
+    snprintf(note, sizeof(note), "no %s", path);
+    tried(list, llen, "gcloud credentials", note);
+    *used = SRC_GCE;
+    if (truthy(env("NO_GCE_CHECK"))) {
+        tried(list, llen, "GCE metadata server", "NO_GCE_CHECK=true");
+        return 1;
+    }
+    int rc = gce_cfg(c, err);
+    if (rc < 0)
+        return rc;
+    struct vmsnap_err gerr = {0};
+    rc = fetch(cs, SRC_GCE, out, &gerr);
+    if (rc == 0)
+        return 0;
+    tried_failed(list, llen, "GCE metadata server", gerr.msg);
+    return 1;
+}
+
 /* Walk the chain: 0 with *out and *used, <0 with err. */
 static int walk(struct s3_creds *cs, const struct s3_profile *p, struct s3_cred **out,
                 enum src *used, struct vmsnap_err *err)
@@ -433,15 +568,11 @@ static int walk(struct s3_creds *cs, const struct s3_profile *p, struct s3_cred 
             rc = fetch(cs, SRC_IMDS, out, &ierr);
             if (rc == 0)
                 return 0;
-            /* its message starts "instance metadata (": keep what is inside */
-            const char *m = strncmp(ierr.msg, "instance metadata (", 19) ? ierr.msg : ierr.msg + 19;
-            snprintf(note, sizeof(note), "%.*s", (int)strcspn(m, ")"), m);
-            const char *after = strchr(m, ')');
-            if (after && after[1] == ':')
-                snprintf(note + strlen(note), sizeof(note) - strlen(note), ":%s", after + 2);
-            tried(list, sizeof(list), "instance metadata", note);
+            tried_failed(list, sizeof(list), "instance metadata", ierr.msg);
         }
     }
+    if (cs->cfg.gs && (rc = walk_google(cs, list, sizeof(list), out, used, err)) != 1)
+        return rc;
     return vmsnap_err_set(err, EACCES, "%s: no credentials: tried %s", cs->cfg.url, list);
 }
 

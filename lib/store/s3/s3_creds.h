@@ -8,8 +8,12 @@
  *     short timeouts, the store's TLS settings and User-Agent).
  *   - s3_providers.c: the sources that hand out temporary credentials (web identity through
  *     STS, container endpoint, instance metadata IMDSv2, credential_process).
- *   - s3_creds.c: the chain in the order the AWS SDKs use, and the current credentials of a
- *     store, refreshed before they expire.
+ *   - s3_gcs_token.c: gs:// OAuth 2.0 access tokens (a Google credentials file: service-account
+ *     key or gcloud's authorized user; the GCE metadata server); s3_gcs_jwt.c signs the
+ *     service account's JWT (RS256, libcrypto loaded on first use).
+ *   - s3_creds.c: the chain in the order the AWS SDKs use (for gs://, then Google's Application
+ *     Default Credentials), and the current credentials of a store, refreshed before they
+ *     expire.
  *
  * Secrets (keys, tokens, the providers' answers) are never put in a message or a log line, and
  * are wiped when freed.
@@ -68,11 +72,15 @@ struct s3_cred {
     atomic_uint refs;
     char *access_key, *secret_key, *token; /* token NULL if none */
     time_t expires;                        /* 0: does not expire */
+    bool bearer; /* an OAuth 2.0 access token (gs://): `token` is sent as "Authorization: Bearer",
+                  * nothing is signed; access_key and secret_key are NULL */
 };
 
 /* A new credential set from copies of the strings (token and expires optional); NULL when out
  * of memory. s3_cred_put drops a reference (NULL allowed), wiping the secrets with the last. */
 struct s3_cred *s3_cred_new(const char *ak, const char *sk, const char *token, time_t expires);
+/* An OAuth 2.0 access token valid until `expires`; NULL when out of memory. */
+struct s3_cred *s3_cred_new_bearer(const char *token, time_t expires);
 void s3_cred_put(struct s3_cred *c);
 
 /* The TLS settings of a store, for S3's requests and the providers'. */
@@ -100,6 +108,12 @@ struct s3_fetch_req {
     long connect_timeout_ms, timeout_ms;
     unsigned attempts;
     const struct s3_tls *tls;
+    /* optional: a response header to capture (its name, e.g. "Metadata-Flavor"); its value,
+     * blanks cut, lands in resp_header_val (resp_header_len bytes, "" when absent; the final
+     * response's) */
+    const char *resp_header;
+    char *resp_header_val;
+    size_t resp_header_len;
 };
 int s3_fetch(const struct s3_fetch_req *f, struct dbuf *resp, long *status, struct vmsnap_err *err);
 /* "scheme://host[:port]" of a URL (no user info, no path: a path may be a capability). */
@@ -107,7 +121,7 @@ void s3_url_origin(const char *url, char *out, size_t len);
 
 /* Everything the providers need, frozen when the store is opened (s3_creds.c fills it). */
 struct s3_chain_cfg {
-    bool gs; /* gs://: HMAC keys only (environment, profile) */
+    bool gs; /* gs://: HMAC keys (environment, profile), then Google's OAuth 2.0 sources */
     const char *url;
     char *region;
     struct s3_tls tls;
@@ -122,6 +136,12 @@ struct s3_chain_cfg {
     bool imds_disabled;
     long imds_timeout_ms;
     unsigned imds_attempts;
+    /* gs://: a Google credentials file (GOOGLE_APPLICATION_CREDENTIALS, or gcloud's), the GCE
+     * metadata server ("http://HOST[:PORT]") */
+    char *gcs_file;
+    const char *gcs_file_what; /* "GOOGLE_APPLICATION_CREDENTIALS" or "gcloud credentials" */
+    char *gce_url;
+    long gce_timeout_ms;
 };
 
 /* The providers (s3_providers.c): each returns 0 with *out (a new reference), or <0 with err
@@ -130,13 +150,30 @@ int s3_src_web_identity(const struct s3_chain_cfg *c, struct s3_cred **out, stru
 int s3_src_container(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsnap_err *err);
 int s3_src_imds(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsnap_err *err);
 int s3_src_process(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsnap_err *err);
+/* gs:// (s3_gcs_token.c): an access token from the Google credentials file c->gcs_file (a
+ * service account's key, whose JWT is exchanged at its token_uri, or gcloud's authorized user,
+ * whose refresh token is), or from the GCE metadata server c->gce_url. Errors as above; a token
+ * endpoint's refusal (a bad signature, a revoked key) is -EACCES. */
+int s3_src_gcs_file(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsnap_err *err);
+int s3_src_gce_metadata(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsnap_err *err);
+
+/* The signed JWT a service account sends to its token endpoint (s3_gcs_jwt.c): header
+ * {"alg":"RS256","typ":"JWT"[,"kid"]}, claims iss, scope, aud, iat = now, exp = now + 3600,
+ * signed with the PEM private key (RSA, unencrypted) through libcrypto. 0 with *out (malloc'd:
+ * free it); <0 with a message naming `what` (the key file), never the key: -EACCES for a key
+ * that cannot be used. */
+int s3_gcs_jwt(const char *what, const char *pem, const char *kid, const char *iss,
+               const char *scope, const char *aud, time_t now, char **out, struct vmsnap_err *err);
+
 /* An ISO 8601 UTC time ("2026-05-01T12:00:00Z", fractions allowed) as Unix seconds; -1 if bad. */
 time_t s3_parse_iso8601(const char *s);
 
 /* A store's credentials: the chain resolved, and the current set refreshed when due. */
 struct s3_creds;
 
-/* Resolve the chain for a store: the first source that gives credentials wins. When none does,
+/* Resolve the chain for a store (s3_creds.c's header lists it; gs:// ends with Google's
+ * sources, whose access tokens are s3_cred.bearer): the first source that gives credentials
+ * wins. When none does,
  * -EACCES with a message naming each source tried and why it gave none; a source that is
  * configured but fails (an STS error, a token file missing) fails at once, naming it. `p` is the
  * loaded profile; `url` names the store in messages. */

@@ -50,6 +50,25 @@ static size_t fetch_write(char *buf, size_t size, size_t n, void *arg)
     return s3_dbuf_add(b, buf, size * n) < 0 ? 0 : size * n;
 }
 
+/* The one response header a request asked for (s3_fetch_req.resp_header): its value, blanks
+ * cut; cleared at each status line, so an interim response's does not count. */
+static size_t fetch_header(char *buf, size_t size, size_t n, void *arg)
+{
+    const struct s3_fetch_req *f = arg;
+    const size_t len = size * n, nl = strlen(f->resp_header);
+    if (len >= 5 && !strncmp(buf, "HTTP/", 5)) {
+        f->resp_header_val[0] = '\0';
+    } else if (len > nl && buf[nl] == ':' && !strncasecmp(buf, f->resp_header, nl)) {
+        const char *v = buf + nl + 1, *e = buf + len;
+        while (v < e && (*v == ' ' || *v == '\t'))
+            v++;
+        while (e > v && strchr(" \t\r\n", e[-1]))
+            e--;
+        snprintf(f->resp_header_val, f->resp_header_len, "%.*s", (int)(e - v), v);
+    }
+    return len;
+}
+
 static void fetch_setup(CURL *h, const struct s3_fetch_req *f, struct curl_slist *hl,
                         struct dbuf *resp)
 {
@@ -63,6 +82,11 @@ static void fetch_setup(CURL *h, const struct s3_fetch_req *f, struct curl_slist
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, fetch_write);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, resp);
     s3_curl_common(h, f->tls);
+    if (f->resp_header && f->resp_header_val && f->resp_header_len) {
+        f->resp_header_val[0] = '\0';
+        curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, fetch_header);
+        curl_easy_setopt(h, CURLOPT_HEADERDATA, (void *)f);
+    }
     if (!strcmp(f->method, "POST") || !strcmp(f->method, "PUT")) {
         curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)f->body_len);
         curl_easy_setopt(h, CURLOPT_POSTFIELDS, f->body ? f->body : "");

@@ -2,9 +2,10 @@
 /*
  * The S3 request engine: one CURL easy handle per connection, reset (which keeps its live
  * connection) and reconfigured for every request, so a parallel stream keeps one TCP
- * connection. Every request is signed with our SigV4 signer (sigv4.c) and retried with
- * exponential backoff and jitter on transport errors, 5xx, 429 and RequestTimeout, up to
- * max_attempts per request. A streaming GET is retried only until its first byte was delivered.
+ * connection. Every request is signed with our SigV4 signer (sigv4.c) (a gs:// store with an
+ * OAuth 2.0 access token sends it as a bearer token instead) and retried with exponential
+ * backoff and jitter on transport errors, 5xx, 429 and RequestTimeout, up to max_attempts per
+ * request. A streaming GET is retried only until its first byte was delivered.
  *
  * Secrets: the Authorization header is built here and handed to curl only; the -v trace logs
  * method, bucket/key, query, status and time, never headers. curl's own verbose mode is never on.
@@ -398,6 +399,58 @@ static int attempt_target(const struct s3_config *cfg, const struct req *r, stru
     return 0;
 }
 
+/* The headers every request carries after its authorization: Expect (none), Range, the body's
+ * Content-Type. */
+static struct curl_slist *common_headers(struct curl_slist *hl, const struct req *r)
+{
+    char line[128];
+    hl = curl_slist_append(hl, "Expect:");
+    if (r->range_len && r->suffix) {
+        snprintf(line, sizeof(line), "Range: bytes=-%llu", (unsigned long long)r->range_len);
+        hl = curl_slist_append(hl, line);
+    } else if (r->range_len) {
+        snprintf(line, sizeof(line), "Range: bytes=%llu-%llu", (unsigned long long)r->range_off,
+                 (unsigned long long)(r->range_off + r->range_len - 1));
+        hl = curl_slist_append(hl, line);
+    }
+    if (r->has_body)
+        hl = curl_slist_append(hl, "Content-Type: application/octet-stream");
+    return hl;
+}
+
+/* A gs:// request with an OAuth 2.0 access token: "Authorization: Bearer", nothing signed, no
+ * x-amz-date / x-amz-content-sha256; the extra x-amz-* headers under the XML API's own x-goog-*
+ * names (Cloud Storage takes x-amz-* only with HMAC keys). *out for the caller to free. */
+static int bearer_headers(const struct s3_cred *cr, const struct req *r, const struct target *t,
+                          struct curl_slist **out, struct vmsnap_err *err)
+{
+    char line[4096];
+    struct curl_slist *hl = NULL;
+    snprintf(line, sizeof(line), "Host: %s", t->host);
+    hl = curl_slist_append(hl, line);
+    for (size_t i = 0; i < r->nxh && i < REQ_MAX_XH; i++) {
+        const char *n = r->xh[i].name;
+        bool amz = !strncmp(n, "x-amz-", 6);
+        snprintf(line, sizeof(line), "%s%s: %s", amz ? "x-goog-" : "", amz ? n + 6 : n,
+                 r->xh[i].value);
+        hl = curl_slist_append(hl, line);
+    }
+    char *auth = NULL;
+    const bool made = asprintf(&auth, "Authorization: Bearer %s", cr->token) >= 0;
+    if (made) {
+        hl = curl_slist_append(hl, auth);
+        explicit_bzero(auth, strlen(auth));
+        free(auth);
+    }
+    hl = common_headers(hl, r);
+    if (!hl || !made) {
+        curl_slist_free_all(hl);
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    }
+    *out = hl;
+    return 0;
+}
+
 /* The request's headers, signed (SigV4): *out for the caller to free. */
 static int signed_headers(const struct s3_config *cfg, const struct s3_cred *cr,
                           const struct req *r, const struct target *t, struct curl_slist **out,
@@ -450,17 +503,7 @@ static int signed_headers(const struct s3_config *cfg, const struct s3_cred *cr,
     hl = curl_slist_append(hl, line);
     explicit_bzero(line, sizeof(line));
     explicit_bzero(auth, sizeof(auth));
-    hl = curl_slist_append(hl, "Expect:");
-    if (r->range_len && r->suffix) {
-        snprintf(line, sizeof(line), "Range: bytes=-%llu", (unsigned long long)r->range_len);
-        hl = curl_slist_append(hl, line);
-    } else if (r->range_len) {
-        snprintf(line, sizeof(line), "Range: bytes=%llu-%llu", (unsigned long long)r->range_off,
-                 (unsigned long long)(r->range_off + r->range_len - 1));
-        hl = curl_slist_append(hl, line);
-    }
-    if (r->has_body)
-        hl = curl_slist_append(hl, "Content-Type: application/octet-stream");
+    hl = common_headers(hl, r);
     if (!hl)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     *out = hl;
@@ -610,7 +653,9 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
     int rc = attempt_target(cfg, r, &t, err);
     if (rc == 0)
         rc = s3_creds_get(cfg->creds, &cr, err); /* refreshed here when due */
-    if (rc == 0)
+    if (rc == 0 && cr->bearer)
+        rc = bearer_headers(cr, r, &t, &hl, err);
+    else if (rc == 0)
         rc = signed_headers(cfg, cr, r, &t, &hl, err);
     s3_cred_put(cr);
     if (rc < 0)

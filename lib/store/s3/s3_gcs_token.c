@@ -1,0 +1,391 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * OAuth 2.0 access tokens for gs:// stores, from the sources of Google's Application Default
+ * Credentials; the Cloud Storage XML API takes them as "Authorization: Bearer TOKEN".
+ *
+ *   - A Google credentials file (GOOGLE_APPLICATION_CREDENTIALS, or gcloud's
+ *     application_default_credentials.json), JSON:
+ *       "type": "service_account": a JWT (s3_gcs_jwt.c) signed with its private_key, iss its
+ *         client_email, aud its token_uri, scope devstorage.read_write, POSTed to token_uri as
+ *         grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer (RFC 7523);
+ *       "type": "authorized_user" (what `gcloud auth application-default login` writes): its
+ *         refresh_token, client_id and client_secret POSTed as grant_type=refresh_token.
+ *     The file is read again at every fetch (a rotated key is picked up at the next refresh).
+ *     token_uri must be https, or http to a loopback address (the JWT is a bearer assertion).
+ *   - The GCE metadata server (GCE, GKE with Workload Identity, Cloud Run): GET
+ *     /computeMetadata/v1/instance/service-accounts/default/token with "Metadata-Flavor:
+ *     Google"; the answer must carry the same header, or it is not a metadata server (on EC2,
+ *     169.254.169.254 is AWS's instance metadata). Short timeouts: a node elsewhere falls
+ *     through fast.
+ *
+ * Both answer {"access_token", "expires_in", "token_type": "Bearer"}; expires_in makes the
+ * Expiration that s3_creds.c refreshes by. Nothing of a file's secrets, an assertion or an
+ * answer is put in a message (an error's "error" and "error_description" are, cut to
+ * printable text: Google's say what was wrong, never a secret); buffers that held them are
+ * wiped.
+ */
+#include "s3_creds.h"
+
+#include "util/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#define FILE_CAP (64u << 10)
+#define ANSWER_CAP (64u << 10)
+#define TOKEN_MAX 8192
+#define GCS_SCOPE "https://www.googleapis.com/auth/devstorage.read_write"
+#define GOOGLE_TOKEN_URI "https://oauth2.googleapis.com/token"
+#define JWT_GRANT "urn:ietf:params:oauth:grant-type:jwt-bearer"
+
+static void wipe_dbuf(struct dbuf *b)
+{
+    if (b->p) {
+        explicit_bzero(b->p, b->cap);
+        free(b->p);
+    }
+    b->p = NULL;
+    b->len = b->cap = 0;
+}
+
+/* A string that held a secret, wiped and freed. */
+static void wipe_str(char *s)
+{
+    if (s) {
+        explicit_bzero(s, strlen(s));
+        free(s);
+    }
+}
+
+/* The credentials file, whole, into b (capped). */
+static int read_file(const char *what, const char *path, struct dbuf *b, struct vmsnap_err *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
+        return err_sys(err, "%s: open %s", what, path);
+    char chunk[4096];
+    int rc = 0;
+    for (;;) {
+        ssize_t n = read(fd, chunk, sizeof(chunk));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = err_sys(err, "%s: read %s", what, path);
+            break;
+        }
+        if (n == 0)
+            break;
+        if (s3_dbuf_add(b, chunk, (size_t)n) < 0) {
+            rc = vmsnap_err_set(err, EFBIG, "%s: %s is larger than %u bytes", what, path, FILE_CAP);
+            break;
+        }
+    }
+    close(fd);
+    explicit_bzero(chunk, sizeof(chunk));
+    return rc;
+}
+
+/* A whole JSON object from len bytes; NULL if the text is anything else. */
+static json_object *parse_object(const char *p, size_t len)
+{
+    json_tokener *tok = json_tokener_new_ex(16);
+    if (!tok)
+        return NULL;
+    json_object *o = json_tokener_parse_ex(tok, p ? p : "", (int)len);
+    bool whole = json_tokener_get_error(tok) == json_tokener_success &&
+                 (size_t)json_tokener_get_parse_end(tok) == len;
+    json_tokener_free(tok);
+    if (o && (!whole || !json_object_is_type(o, json_type_object))) {
+        json_object_put(o);
+        o = NULL;
+    }
+    return o;
+}
+
+static const char *jstr(json_object *o, const char *key)
+{
+    json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) || !json_object_is_type(v, json_type_string))
+        return NULL;
+    const char *s = json_object_get_string(v);
+    return s && *s ? s : NULL;
+}
+
+/* A secret string member wiped in place before the object is freed (json-c does not). */
+static void jwipe(json_object *o, const char *key)
+{
+    const char *s = jstr(o, key);
+    if (s)
+        explicit_bzero((char *)s, strlen(s));
+}
+
+/* Printable text of an untrusted string for a message: at most 200 characters, others '?'. */
+static void printable(const char *s, char *out, size_t len)
+{
+    size_t i = 0;
+    for (; s && s[i] && i < 200 && i + 1 < len; i++)
+        out[i] = s[i] >= 0x20 && s[i] < 0x7f ? s[i] : '?';
+    out[i] = '\0';
+}
+
+/* The token of an answer: {"access_token", "expires_in" (seconds), "token_type": "Bearer"}. */
+static int token_answer(const char *what, const char *origin, const struct dbuf *b,
+                        struct s3_cred **out, struct vmsnap_err *err)
+{
+    json_object *o = parse_object(b->p, b->len), *ex = NULL;
+    if (!o)
+        return vmsnap_err_set(err, EPROTO, "%s (%s): the answer is not a JSON object", what,
+                              origin);
+    const char *tok = jstr(o, "access_token"), *type = jstr(o, "token_type");
+    int64_t secs = 0;
+    if (json_object_object_get_ex(o, "expires_in", &ex) && json_object_is_type(ex, json_type_int))
+        secs = json_object_get_int64(ex);
+    bool tok_ok = tok && strlen(tok) <= TOKEN_MAX;
+    for (const char *p = tok; tok_ok && *p; p++)
+        tok_ok = *p > 0x20 && *p < 0x7f; /* it becomes a header: no blank, no CR/LF */
+    int rc = 0;
+    if (!tok_ok)
+        rc = vmsnap_err_set(err, EPROTO, "%s (%s): no usable access_token in the answer", what,
+                            origin);
+    else if (type && strcasecmp(type, "Bearer"))
+        rc = vmsnap_err_set(err, EPROTO, "%s (%s): token_type is not Bearer", what, origin);
+    else if (secs < 1 || secs > 7 * 86400)
+        rc = vmsnap_err_set(err, EPROTO, "%s (%s): no expires_in (1 s to 7 days) in the answer",
+                            what, origin);
+    else if (!(*out = s3_cred_new_bearer(tok, time(NULL) + (time_t)secs)))
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    jwipe(o, "access_token");
+    jwipe(o, "id_token");
+    jwipe(o, "refresh_token");
+    json_object_put(o);
+    return rc;
+}
+
+/* The refusal of a token endpoint: HTTP status and its {"error", "error_description"}. */
+static int token_refused(const char *what, const char *who, const char *origin, long status,
+                         const struct dbuf *b, struct vmsnap_err *err)
+{
+    char code[256] = "", desc[256] = "";
+    json_object *o = parse_object(b->p, b->len);
+    if (o) {
+        printable(jstr(o, "error"), code, sizeof(code));
+        printable(jstr(o, "error_description"), desc, sizeof(desc));
+        json_object_put(o);
+    }
+    int e = status >= 500 || status == 429 ? EAGAIN : status >= 400 ? EACCES : EPROTO;
+    return vmsnap_err_set(err, e, "%s: the token endpoint %s refused %s: HTTP %ld %s%s%s", what,
+                          origin, who, status, code[0] ? code : "(no error code)",
+                          desc[0] ? ": " : "", desc);
+}
+
+/* token_uri must be https, or plain http to loopback only (tests, a local proxy). */
+static int token_uri_ok(const char *what, const char *uri, struct vmsnap_err *err)
+{
+    if (!strncasecmp(uri, "https://", 8))
+        return 0;
+    char origin[300];
+    s3_url_origin(uri, origin, sizeof(origin));
+    if (!strncasecmp(uri, "http://", 7)) {
+        const char *h = origin + 7;
+        size_t hl = h[0] == '[' ? strcspn(h, "]") + 1 : strcspn(h, ":");
+        if ((hl == 9 && !strncasecmp(h, "localhost", 9)) || !strncmp(h, "127.", 4) ||
+            (hl == 5 && !strncmp(h, "[::1]", 5)))
+            return 0;
+    }
+    return vmsnap_err_set(err, EACCES,
+                          "%s: token_uri %s: expected https:// (plain http only to a loopback "
+                          "address)",
+                          what, origin);
+}
+
+/* POST a form to the token endpoint and take the token from its answer. */
+static int token_post(const struct s3_chain_cfg *c, const char *what, const char *who,
+                      const char *uri, const char *form, struct s3_cred **out,
+                      struct vmsnap_err *err)
+{
+    char origin[300];
+    s3_url_origin(uri, origin, sizeof(origin));
+    const char *hdr[] = {"Accept: application/json",
+                         "Content-Type: application/x-www-form-urlencoded"};
+    struct s3_fetch_req f = {.what = what,
+                             .method = "POST",
+                             .url = uri,
+                             .headers = hdr,
+                             .nheaders = 2,
+                             .body = form,
+                             .body_len = strlen(form),
+                             .connect_timeout_ms = 5000,
+                             .timeout_ms = 30000,
+                             .attempts = 3,
+                             .tls = &c->tls};
+    struct dbuf resp = {.max = ANSWER_CAP};
+    long status = 0;
+    int rc = s3_fetch(&f, &resp, &status, err);
+    if (rc == 0 && status != 200)
+        rc = token_refused(what, who, origin, status, &resp, err);
+    else if (rc == 0)
+        rc = token_answer(what, origin, &resp, out, err);
+    wipe_dbuf(&resp);
+    return rc;
+}
+
+/* "name=value&..." of n pairs, each value percent-encoded; malloc'd, NULL if out of memory. */
+static char *form_encode(const char *const *kv, size_t n)
+{
+    size_t cap = 1;
+    for (size_t i = 0; i < n; i++)
+        cap += strlen(kv[2 * i]) + 3 * strlen(kv[2 * i + 1]) + 2;
+    char *out = malloc(cap);
+    if (!out)
+        return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        o += (size_t)snprintf(out + o, cap - o, "%s%s=", i ? "&" : "", kv[2 * i]);
+        int k = sigv4_uri_encode(kv[2 * i + 1], false, out + o, cap - o);
+        if (k < 0) {
+            wipe_str(out);
+            return NULL;
+        }
+        o += (size_t)k;
+    }
+    return out;
+}
+
+/* A service account: its JWT exchanged at its token_uri. */
+static int from_service_account(const struct s3_chain_cfg *c, const char *what, json_object *o,
+                                struct s3_cred **out, struct vmsnap_err *err)
+{
+    const char *email = jstr(o, "client_email"), *pem = jstr(o, "private_key");
+    const char *uri = jstr(o, "token_uri");
+    if (!email || !pem)
+        return vmsnap_err_set(err, EACCES, "%s: a service_account without %s", what,
+                              email ? "private_key" : "client_email");
+    if (!uri)
+        uri = GOOGLE_TOKEN_URI;
+    int rc = token_uri_ok(what, uri, err);
+    char *jwt = NULL;
+    if (rc == 0)
+        rc = s3_gcs_jwt(what, pem, jstr(o, "private_key_id"), email, GCS_SCOPE, uri, time(NULL),
+                        &jwt, err);
+    if (rc < 0)
+        return rc;
+    const char *kv[] = {"grant_type", JWT_GRANT, "assertion", jwt};
+    char *form = form_encode(kv, 2);
+    char who[400];
+    snprintf(who, sizeof(who), "the JWT of %.300s", email);
+    if (!form)
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    else
+        rc = token_post(c, what, who, uri, form, out, err);
+    wipe_str(jwt);
+    wipe_str(form);
+    return rc;
+}
+
+/* gcloud's authorized user: its refresh token exchanged at the token endpoint. */
+static int from_authorized_user(const struct s3_chain_cfg *c, const char *what, json_object *o,
+                                struct s3_cred **out, struct vmsnap_err *err)
+{
+    const char *id = jstr(o, "client_id"), *secret = jstr(o, "client_secret");
+    const char *refresh = jstr(o, "refresh_token"), *uri = jstr(o, "token_uri");
+    if (!id || !secret || !refresh)
+        return vmsnap_err_set(err, EACCES,
+                              "%s: an authorized_user without client_id, client_secret or "
+                              "refresh_token (run 'gcloud auth application-default login')",
+                              what);
+    if (!uri)
+        uri = GOOGLE_TOKEN_URI;
+    int rc = token_uri_ok(what, uri, err);
+    if (rc < 0)
+        return rc;
+    const char *kv[] = {"grant_type",    "refresh_token", "client_id",     id,
+                        "client_secret", secret,          "refresh_token", refresh};
+    char *form = form_encode(kv, 4);
+    if (!form)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    rc = token_post(c, what, "the refresh token", uri, form, out, err);
+    wipe_str(form);
+    return rc;
+}
+
+int s3_src_gcs_file(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsnap_err *err)
+{
+    char what[1200];
+    snprintf(what, sizeof(what), "%s %s", c->gcs_file_what, c->gcs_file);
+    struct dbuf b = {.max = FILE_CAP};
+    int rc = read_file(what, c->gcs_file, &b, err);
+    json_object *o = rc == 0 ? parse_object(b.p, b.len) : NULL;
+    wipe_dbuf(&b);
+    if (rc < 0)
+        return rc;
+    if (!o)
+        return vmsnap_err_set(err, EACCES, "%s: not a JSON object (a Google credentials file)",
+                              what);
+    const char *type = jstr(o, "type");
+    char t[64];
+    printable(type, t, sizeof(t));
+    if (type && !strcmp(type, "service_account"))
+        rc = from_service_account(c, what, o, out, err);
+    else if (type && !strcmp(type, "authorized_user"))
+        rc = from_authorized_user(c, what, o, out, err);
+    else if (type && !strcmp(type, "external_account"))
+        rc = vmsnap_err_set(err, ENOTSUP,
+                            "%s: external_account (workload identity federation) is not "
+                            "supported: use a service account key, or run on GCE/GKE",
+                            what);
+    else
+        rc = vmsnap_err_set(err, EACCES,
+                            "%s: \"type\" is %s%s%s, expected service_account or authorized_user",
+                            what, type ? "'" : "missing", t, type ? "'" : "");
+    jwipe(o, "private_key");
+    jwipe(o, "client_secret");
+    jwipe(o, "refresh_token");
+    json_object_put(o);
+    return rc;
+}
+
+int s3_src_gce_metadata(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsnap_err *err)
+{
+    const char *what = "GCE metadata server";
+    char url[1200], flavor[64] = "";
+    snprintf(url, sizeof(url), "%s/computeMetadata/v1/instance/service-accounts/default/token",
+             c->gce_url);
+    const char *hdr[] = {"Metadata-Flavor: Google"};
+    struct s3_fetch_req f = {.what = what,
+                             .method = "GET",
+                             .url = url,
+                             .headers = hdr,
+                             .nheaders = 1,
+                             .connect_timeout_ms = c->gce_timeout_ms,
+                             .timeout_ms = c->gce_timeout_ms + 10000,
+                             .attempts = 2,
+                             .tls = &c->tls,
+                             .resp_header = "Metadata-Flavor",
+                             .resp_header_val = flavor,
+                             .resp_header_len = sizeof(flavor)};
+    struct dbuf resp = {.max = ANSWER_CAP};
+    long status = 0;
+    int rc = s3_fetch(&f, &resp, &status, err);
+    if (rc == 0 && strcmp(flavor, "Google"))
+        rc = vmsnap_err_set(err, EPROTO,
+                            "%s (%s): the answer (HTTP %ld) lacks 'Metadata-Flavor: Google': "
+                            "not a GCE metadata server",
+                            what, c->gce_url, status);
+    else if (rc == 0 && status == 404)
+        rc = vmsnap_err_set(err, ENOENT, "%s (%s): no service account on this instance (HTTP 404)",
+                            what, c->gce_url);
+    else if (rc == 0 && status != 200)
+        rc = vmsnap_err_set(err, status == 401 || status == 403 ? EACCES : EIO,
+                            "%s (%s): HTTP %ld for the default service account's token", what,
+                            c->gce_url, status);
+    else if (rc == 0)
+        rc = token_answer(what, c->gce_url, &resp, out, err);
+    wipe_dbuf(&resp);
+    return rc;
+}
