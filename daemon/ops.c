@@ -185,9 +185,9 @@ static void finish(struct d_ctx *c, struct d_op *op, int rc)
         json_object_object_foreach(steps, k, v)
             d_metrics_step(c->metrics, k, json_object_get_double(v));
     }
-    d_log(rc == 0 ? VMSNAP_LOG_INFO : VMSNAP_LOG_WARN, op->req_id, "operation %s %s %s: %s%s",
+    d_log(rc == 0 ? VMSNAP_LOG_INFO : VMSNAP_LOG_WARN, op->req_id, "operation %s %s %s: %s%s%s",
           op->id, op->kind, op->target,
-          rc == 0 ? "done" : (op->cancel_asked ? "cancelled" : "failed"),
+          rc == 0 ? "done" : (op->cancel_asked ? "cancelled" : "failed"), rc == 0 ? "" : ": ",
           rc == 0 ? "" : op->err.msg);
 }
 

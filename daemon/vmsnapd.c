@@ -36,6 +36,7 @@ static int parse_args(int argc, char **argv, struct d_config *cfg, int *level,
         {"config", required_argument, NULL, 'c'},
         {"set", required_argument, NULL, 'S'},
         {"help", no_argument, NULL, 'h'},
+        {"list-routes", no_argument, NULL, 'R'},
         {0},
     };
     /* the file first, so that the flags override it */
@@ -83,6 +84,13 @@ static int parse_args(int argc, char **argv, struct d_config *cfg, int *level,
         case 'h':
             fputs(usage, stdout);
             exit(0);
+        case 'R': /* the route table, for the test that holds it against docs/openapi.yaml */
+            for (size_t i = 0;; i++) {
+                const char *m, *p = d_route_pattern(i, &m);
+                if (!p)
+                    exit(0);
+                printf("%s %s\n", m, p);
+            }
         default:
             return vmsnap_err_set(err, EINVAL, "bad arguments (--help)");
         }
