@@ -8,7 +8,7 @@ set -euo pipefail
 build_pkgs="cmake ninja-build gcc clang libclang-rt-14-dev clang-format pkg-config
   libzstd-dev libxxhash-dev libext2fs-dev comerr-dev e2fsprogs libcurl4-openssl-dev libssl-dev
   libjson-c-dev libseccomp-dev liburing-dev zstd xxd python3 util-linux coreutils
-  xfsprogs btrfs-progs"
+  xfsprogs btrfs-progs libmicrohttpd-dev libsystemd-dev python3-yaml"
 s3_pkgs="ceph-mon ceph-osd radosgw ceph-common uuid-runtime bc curl openssl"
 vm_pkgs="qemu-system-x86 busybox-static cpio xz-utils kmod"
 bench_pkgs="rclone vmtouch time awscli"

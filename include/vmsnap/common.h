@@ -49,8 +49,27 @@ VMSNAP_API void vmsnap_err_clear(struct vmsnap_err *err);
  * a suspend's checkpoint kept locally. `sig` names the cause in the message (a signal number, or
  * -1); 0 clears it. Async-signal-safe: the CLI calls it on SIGINT, SIGTERM and SIGHUP. */
 VMSNAP_API void vmsnap_cancel(int sig);
-/* What vmsnap_cancel() was given (0: not cancelled). */
+/* What vmsnap_cancel() was given, else what this thread's scope was cancelled with (0: not
+ * cancelled). */
 VMSNAP_API int vmsnap_cancelled(void);
+
+/* A cancellation scope, for a process running several operations at once (the node daemon):
+ * vmsnap_cancel() cancels every operation of the process; vmsnap_scope_cancel() only those that
+ * run under the scope, i.e. on a thread that entered it with vmsnap_scope_enter() and on every
+ * thread the library starts on that thread's behalf while it is entered (codec workers, the
+ * transfer pool, disk copy threads; not the page cache's shared retrier). A cancelled operation
+ * fails and cleans up exactly as after vmsnap_cancel(sig). `arg` is the caller's (e.g. the
+ * operation's id, for its log callback: vmsnap_scope_arg() on any of those threads).
+ * vmsnap_scope_new() returns NULL when out of memory. The scope must outlive the calls made
+ * under it (they join their threads before returning); free it after. vmsnap_scope_enter(NULL)
+ * leaves the thread's scope. Cancel and arg are thread-safe; enter affects the calling thread. */
+struct vmsnap_scope;
+VMSNAP_API struct vmsnap_scope *vmsnap_scope_new(void *arg);
+VMSNAP_API void vmsnap_scope_free(struct vmsnap_scope *s);
+VMSNAP_API void vmsnap_scope_enter(struct vmsnap_scope *s);
+VMSNAP_API void vmsnap_scope_cancel(struct vmsnap_scope *s, int sig);
+/* The `arg` of the calling thread's scope, or NULL when it has none. */
+VMSNAP_API void *vmsnap_scope_arg(void);
 
 enum vmsnap_log_level {
     VMSNAP_LOG_ERROR = 0,

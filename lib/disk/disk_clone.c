@@ -209,7 +209,7 @@ static int run_direct(struct direct_io *d)
     unsigned started = 0;
     unsigned want = d->n < DIRECT_THREADS ? (unsigned)d->n : DIRECT_THREADS;
     for (unsigned i = 1; i < want; i++) {
-        if (pthread_create(&th[started], NULL, direct_worker, d) != 0)
+        if (thread_start(&th[started], direct_worker, d) != 0)
             break;
         started++;
     }

@@ -599,7 +599,7 @@ int vmsnap_image_decode_parallel(const struct vmsnap_image *img, const struct vm
     unsigned started = 0;
     if (tids) {
         for (; started < threads; started++)
-            if (pthread_create(&tids[started], NULL, pdec_main, &p) != 0)
+            if (thread_start(&tids[started], pdec_main, &p) != 0)
                 break;
     }
     if (started == 0)

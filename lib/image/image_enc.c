@@ -162,7 +162,7 @@ static int start_workers(struct worker *ws, pthread_t *tids, unsigned threads, u
     for (; *started < threads; (*started)++) {
         unsigned i = *started;
         ws[i].cctx = ZSTD_createCCtx();
-        if (!ws[i].cctx || pthread_create(&tids[i], NULL, img_worker_main, &ws[i]) != 0) {
+        if (!ws[i].cctx || thread_start(&tids[i], img_worker_main, &ws[i]) != 0) {
             ZSTD_freeCCtx(ws[i].cctx);
             return vmsnap_err_set(err, EAGAIN, "cannot start encoder thread %u", i);
         }

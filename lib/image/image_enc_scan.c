@@ -103,7 +103,7 @@ int img_prescan(struct enc *e, struct worker *ws, unsigned threads, struct vmsna
     for (unsigned i = 0; i < threads; i++) {
         sc[i] = (struct scan){e, &ws[i], &mu, &next, &rc, err};
         if (i > 0 && up)
-            up[i] = pthread_create(&tid[i], NULL, scan_main, &sc[i]) == 0;
+            up[i] = thread_start(&tid[i], scan_main, &sc[i]) == 0;
     }
     scan_main(&sc[0]);
     for (unsigned i = 1; up && i < threads; i++)

@@ -212,7 +212,7 @@ static void hash_run(struct hash_job *j, unsigned threads)
     pthread_t *tid = threads > 1 ? calloc(threads - 1, sizeof(*tid)) : NULL;
     unsigned started = 0;
     for (; tid && started < threads - 1; started++)
-        if (pthread_create(&tid[started], NULL, hash_main, j) != 0)
+        if (thread_start(&tid[started], hash_main, j) != 0)
             break;
     hash_main(j);
     for (unsigned i = 0; i < started; i++)

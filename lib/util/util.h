@@ -5,6 +5,7 @@
 
 #include "vmsnap/common.h"
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -35,6 +36,10 @@ bool cancel_pending(void);
  * transfer (its requests must still run), and a push past its commit. Nested. */
 void cancel_hold(void);
 void cancel_release(void);
+/* pthread_create() for the library's worker threads: the new thread runs under the calling
+ * thread's cancellation scope (vmsnap_scope_enter). Returns 0 or a positive errno, as
+ * pthread_create. */
+int thread_start(pthread_t *t, void *(*fn)(void *), void *arg);
 
 #define VMSNAP_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define VMSNAP_MAX(a, b) ((a) > (b) ? (a) : (b))

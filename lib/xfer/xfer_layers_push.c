@@ -362,7 +362,7 @@ static int upload_all(struct lpush *p, struct vmsnap_err *err)
     pthread_t tids[MAX_PRODUCERS];
     unsigned started = 0;
     for (; started < np; started++)
-        if (pthread_create(&tids[started], NULL, producer, p) != 0)
+        if (thread_start(&tids[started], producer, p) != 0)
             break;
     if (started == 0)
         producer(p);

@@ -70,7 +70,7 @@ int xpool_init(struct xpool *p, struct vmsnap_store *st, unsigned n, uint64_t me
     /* hold the lock so workers see every tid before looking up their own */
     pthread_mutex_lock(&p->mu);
     for (unsigned i = 0; i < n; i++) {
-        int rc = pthread_create(&p->tids[i], NULL, worker, p);
+        int rc = thread_start(&p->tids[i], worker, p);
         if (rc != 0) {
             pthread_mutex_unlock(&p->mu);
             xpool_fini(p);

@@ -587,7 +587,7 @@ static int upload_files(struct set_push *s, struct vmsnap_err *err)
     pthread_t tids[MAX_PRODUCERS];
     unsigned started = 0;
     for (; started < np; started++)
-        if (pthread_create(&tids[started], NULL, producer, s) != 0)
+        if (thread_start(&tids[started], producer, s) != 0)
             break;
     if (started == 0)
         producer(s);

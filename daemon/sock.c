@@ -1,0 +1,99 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The listening unix socket, bound by the daemon itself (then handed to libmicrohttpd), so that
+ * its mode and group are set before anyone can connect: bound under umask 0177, then chmod and
+ * chown to the configured mode and group, then listen. A socket file already at the path is
+ * tried: one that accepts belongs to a live daemon (refused); one that refuses is stale
+ * (unlinked and replaced). Anything else at the path is never removed. */
+#include "daemon.h"
+
+#include <errno.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+static int fill(struct sockaddr_un *sa, const char *path, struct vmsnap_err *err)
+{
+    *sa = (struct sockaddr_un){.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(sa->sun_path))
+        return vmsnap_err_set(err, ENAMETOOLONG, "socket %s: longer than %zu bytes", path,
+                              sizeof(sa->sun_path) - 1);
+    memcpy(sa->sun_path, path, strlen(path) + 1);
+    return 0;
+}
+
+static int clear_stale(const char *path, const struct sockaddr_un *sa, struct vmsnap_err *err)
+{
+    struct stat st;
+    if (lstat(path, &st) < 0)
+        return errno == ENOENT ? 0
+                               : vmsnap_err_set(err, errno, "socket %s: %s", path, strerror(errno));
+    if (!S_ISSOCK(st.st_mode))
+        return vmsnap_err_set(err, EEXIST, "socket %s: exists and is not a socket: not replaced",
+                              path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return vmsnap_err_set(err, errno, "socket: %s", strerror(errno));
+    int rc = connect(fd, (const struct sockaddr *)sa, sizeof(*sa));
+    int e = errno;
+    close(fd);
+    if (rc == 0)
+        return vmsnap_err_set(err, EADDRINUSE,
+                              "socket %s: another daemon is listening there (stop it first)", path);
+    if (e != ECONNREFUSED)
+        return vmsnap_err_set(err, e, "socket %s: cannot tell whether it is in use: %s", path,
+                              strerror(e));
+    if (unlink(path) < 0 && errno != ENOENT)
+        return vmsnap_err_set(err, errno, "socket %s: remove the stale socket: %s", path,
+                              strerror(errno));
+    return 0;
+}
+
+int d_sock_listen(const char *path, unsigned mode, const char *group, struct vmsnap_err *err)
+{
+    struct sockaddr_un sa;
+    int rc = fill(&sa, path, err);
+    if (rc < 0 || (rc = clear_stale(path, &sa, err)) < 0)
+        return rc;
+    gid_t gid = (gid_t)-1;
+    if (group) {
+        char buf[4096];
+        struct group gr, *res = NULL;
+        char *end;
+        unsigned long n = strtoul(group, &end, 10);
+        if (*group && !*end)
+            gid = (gid_t)n;
+        else if (getgrnam_r(group, &gr, buf, sizeof(buf), &res) == 0 && res)
+            gid = res->gr_gid;
+        else
+            return vmsnap_err_set(err, ENOENT, "socket group %s: no such group", group);
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return vmsnap_err_set(err, errno, "socket: %s", strerror(errno));
+    mode_t old = umask(0177);
+    rc = bind(fd, (const struct sockaddr *)&sa, sizeof(sa));
+    int e = errno;
+    umask(old);
+    if (rc < 0) {
+        close(fd);
+        return vmsnap_err_set(err, e, "bind %s: %s", path, strerror(e));
+    }
+    if ((gid != (gid_t)-1 && chown(path, (uid_t)-1, gid) < 0) || chmod(path, mode) < 0) {
+        e = errno;
+        unlink(path);
+        close(fd);
+        return vmsnap_err_set(err, e, "socket %s: set its group and mode: %s", path, strerror(e));
+    }
+    if (listen(fd, 128) < 0) {
+        e = errno;
+        unlink(path);
+        close(fd);
+        return vmsnap_err_set(err, e, "listen %s: %s", path, strerror(e));
+    }
+    return fd;
+}

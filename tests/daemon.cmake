@@ -1,0 +1,25 @@
+# SPDX-License-Identifier: Apache-2.0
+# vmsnapd, the node daemon (docs/daemon.md): a real daemon on a unix socket in each test.
+#   daemon_api       docs/openapi.yaml against the route table and every documented example
+#   daemon_security  every refusal of docs/daemon.md's Security section
+#   daemon_ops       admission (409, 503 + Retry-After), priorities, cancel, metrics, SIGTERM
+# and the request-handling fuzz target's corpus replayed (fuzz_replay_daemon_request).
+if(TARGET vmsnapd)
+  foreach(t api security ops)
+    add_test(NAME daemon_${t} COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/daemon/${t}.py)
+    set_tests_properties(daemon_${t} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS daemon
+      ENVIRONMENT "VMSNAP_BIN=$<TARGET_FILE:vmsnap_cli>;VMSNAP_SRC=${CMAKE_SOURCE_DIR};VMSNAP_BUILD=${CMAKE_BINARY_DIR};${VMSNAP_TEST_AWS_ENV}")
+  endforeach()
+  add_executable(replay_daemon_request ${CMAKE_SOURCE_DIR}/tests/fuzz/fuzz_daemon_request.c
+                                       ${CMAKE_SOURCE_DIR}/tests/fuzz/replay.c)
+  target_link_libraries(replay_daemon_request PRIVATE vmsnapd_core)
+  add_test(NAME fuzz_replay_daemon_request COMMAND replay_daemon_request
+           ${CMAKE_SOURCE_DIR}/tests/fuzz/corpus/daemon_request)
+  set_tests_properties(fuzz_replay_daemon_request PROPERTIES LABELS "fuzz;daemon" TIMEOUT 300)
+  if(VMSNAP_FUZZ AND CMAKE_C_COMPILER_ID STREQUAL "Clang")
+    add_executable(fuzz_daemon_request ${CMAKE_SOURCE_DIR}/tests/fuzz/fuzz_daemon_request.c)
+    target_compile_options(fuzz_daemon_request PRIVATE -fsanitize=fuzzer)
+    target_link_options(fuzz_daemon_request PRIVATE -fsanitize=fuzzer)
+    target_link_libraries(fuzz_daemon_request PRIVATE vmsnapd_core)
+  endif()
+endif()
