@@ -9,6 +9,7 @@
  * arguments, operands) to know what the word under the cursor is. */
 #include "cli.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -40,7 +41,14 @@ static bool row_used(const struct cli_verb *v, const struct cli_sub *s, const st
 
 #define FOR_ROWS(o, t) for (const struct cli_opt *o = (t); o && (o->name || o->letter); o++)
 
+/* what every parser takes without a row (cli_getopt); a verb without a table (help, version)
+ * only what main takes out after it: -q and -v */
 static const char *const common[] = {"-h", "--help", "-q", "--quiet", "-v", "--verbose", NULL};
+
+static const char *const *common_of(const struct cli_opt *t)
+{
+    return t ? common : common + 2;
+}
 
 static const char *kind_word(enum cli_kind k)
 {
@@ -159,11 +167,12 @@ static void options_one(void *arg, const struct cli_verb *v, const struct cli_su
         if (o->name)
             snprintf(sp[k++], sizeof(sp[0]), "--%s", o->name);
         for (int i = 0; i < k; i++)
-            printf("%s\t%s\t%s\t%s\t%s%s%s\t%s\n", v->name, sub, sp[i], o->arg ? o->arg : "-",
-                   kind_word(o->kind), o->choices ? ":" : "", o->choices ? o->choices : "", use);
+            printf("%s\t%s\t%s\t%s\t%s%s%s\t%s\t%s\n", v->name, sub, sp[i], o->arg ? o->arg : "-",
+                   kind_word(o->kind), o->choices ? ":" : "", o->choices ? o->choices : "", use,
+                   v->page);
     }
-    for (size_t i = 0; common[i]; i++)
-        printf("%s\t%s\t%s\t-\tnone\tcommon\n", v->name, sub, common[i]);
+    for (const char *const *c = common_of(table_of(v, s)); *c; c++)
+        printf("%s\t%s\t%s\t-\tnone\tcommon\t%s\n", v->name, sub, *c, v->page);
 }
 
 int cli_doc_options(int argc, char **argv)
@@ -173,12 +182,12 @@ int cli_doc_options(int argc, char **argv)
         return cli_usage("help", "--options takes no argument");
     if (cli_doc_check() < 0)
         return EXIT_FAIL;
-    printf("# verb\tsub-verb\toption\targument\tkind\tuse\n");
+    printf("# verb\tsub-verb\toption\targument\tkind\tuse\tpage\n");
     FOR_ROWS(o, cli_global_opts)
     {
         if (o->letter)
-            printf("-\t-\t-%c\t-\tnone\tglobal\n", o->letter);
-        printf("-\t-\t--%s\t-\tnone\tglobal\n", o->name);
+            printf("-\t-\t-%c\t-\tnone\tglobal\tvmsnap\n", o->letter);
+        printf("-\t-\t--%s\t-\tnone\tglobal\tvmsnap\n", o->name);
     }
     each_parser(options_one, NULL);
     return EXIT_OK;
@@ -199,8 +208,8 @@ static void spellings(FILE *f, const struct cli_verb *v, const struct cli_sub *s
         if (o->name)
             fprintf(f, "%s--%s", sep, o->name), sep = " ";
     }
-    for (size_t i = 0; !with_arg && common[i]; i++)
-        fprintf(f, "%s%s", sep, common[i]), sep = " ";
+    for (const char *const *c = common_of(table_of(v, s)); !with_arg && *c; c++)
+        fprintf(f, "%s%s", sep, *c), sep = " ";
 }
 
 static void bash_spec(void *arg, const struct cli_verb *v, const struct cli_sub *s)
@@ -371,23 +380,34 @@ static void bash(FILE *f)
 
 /* ---- zsh ---- */
 
-/* `s` inside a single-quoted zsh word, and inside an _arguments [description] */
-static void zq(FILE *f, const char *s)
+/* `s` inside a single-quoted zsh word; `special` the characters _arguments wants escaped
+ * there: "[]" in a [description], ":" in a message or a value */
+static void zqs(FILE *f, const char *s, const char *special)
 {
     for (; *s; s++) {
         if (*s == '\'')
             fputs("'\\''", f);
-        else if (*s == '[' || *s == ']' || *s == ':' || *s == '\\')
+        else if (*s == '\\' || strchr(special, *s))
             fprintf(f, "\\%c", *s);
         else
             fputc(*s, f);
     }
 }
 
+static void zq(FILE *f, const char *s)
+{
+    zqs(f, s, "[]");
+}
+
+static void zqm(FILE *f, const char *s)
+{
+    zqs(f, s, ":");
+}
+
 static void zsh_action(FILE *f, const char *msg, enum cli_kind k, const char *choices)
 {
     fputc(':', f);
-    zq(f, msg);
+    zqm(f, msg);
     switch (k) {
     case CLI_K_FILE:
     case CLI_K_URL:
@@ -398,7 +418,7 @@ static void zsh_action(FILE *f, const char *msg, enum cli_kind k, const char *ch
         break;
     case CLI_K_CHOICE:
         fputs(":(", f);
-        zq(f, choices);
+        zqm(f, choices);
         fputc(')', f);
         break;
     default:
@@ -435,9 +455,11 @@ static void zsh_parser(void *arg, const struct cli_verb *v, const struct cli_sub
         if (row_used(v, s, o))
             zsh_opt(f, o);
     }
-    fputs(" \\\n    '(- *)'{-h,--help}'[the usage]' \\\n    '*'{-q,--quiet}'[errors only]' \\\n"
-          "    '*'{-v,--verbose}'[more (twice: debug)]'",
-          f);
+    for (const char *const *c = common_of(table_of(v, s)); *c; c++)
+        fprintf(f, " \\\n    '%s%s[%s]'", (*c)[strspn(*c, "-")] == 'h' ? "(- *)" : "*", *c,
+                (*c)[strspn(*c, "-")] == 'h'   ? "the usage"
+                : (*c)[strspn(*c, "-")] == 'q' ? "errors only"
+                                               : "more (twice: debug)");
     /* the operands */
     const char *ops = s ? s->operands : v->operands;
     int pos = 1;
@@ -470,9 +492,9 @@ static void zsh_parser(void *arg, const struct cli_verb *v, const struct cli_sub
 static void zsh_described(FILE *f, const char *name, const char *summary)
 {
     fputs("    '", f);
-    zq(f, name);
+    zqm(f, name);
     fputc(':', f);
-    zq(f, summary);
+    zqs(f, summary, "");
     fputs("'\n", f);
 }
 
@@ -519,13 +541,19 @@ static void zsh(FILE *f)
 
 int cli_doc_completion(int argc, char **argv)
 {
-    if (argc != 2 || (strcmp(argv[1], "bash") && strcmp(argv[1], "zsh")))
-        return cli_usage("help", "--completion wants bash or zsh");
+    if (argc < 2 || argc > 3 || (strcmp(argv[1], "bash") && strcmp(argv[1], "zsh")))
+        return cli_usage("help", "--completion wants bash or zsh, and a file (default: stdout)");
     if (cli_doc_check() < 0)
         return EXIT_FAIL;
+    FILE *f = argc == 3 ? fopen(argv[2], "we") : stdout;
+    if (!f)
+        return cli_fail_code("help", errno, "%s: %s", argv[2], strerror(errno));
     if (!strcmp(argv[1], "bash"))
-        bash(stdout);
+        bash(f);
     else
-        zsh(stdout);
-    return fflush(stdout) == 0 ? EXIT_OK : EXIT_FAIL;
+        zsh(f);
+    bool ok = !ferror(f);
+    if ((f == stdout ? fflush(f) : fclose(f)) != 0 || !ok)
+        return cli_fail_code("help", EIO, "%s: write failed", argc == 3 ? argv[2] : "stdout");
+    return EXIT_OK;
 }

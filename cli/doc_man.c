@@ -188,6 +188,7 @@ static void rth(FILE *f, const char *name)
         else
             fputc(toupper((unsigned char)*c), f);
     fprintf(f, " 1 \"%s\" \"vmsnap %s\" \"vmsnap manual\"\n", date, vmsnap_version());
+    fputs(".nh\n.ad l\n", f); /* option names and paths are not hyphenated, nor spread out */
 }
 
 /* ---- the options ---- */
@@ -208,12 +209,12 @@ static void ropt(FILE *f, const struct cli_opt *o, const char *who)
         fputs("\\fR", f);
     }
     fputc('\n', f);
-    rput(f, o->help, strlen(o->help), true);
-    if (*who) {
-        fputs(" (", f);
+    if (*who) { /* "run, resume: the guest kernel ..." */
+        fputs("\\fI", f);
         rput(f, who, strlen(who), false);
-        fputc(')', f);
+        fputs(":\\fR ", f);
     }
+    rput(f, o->help, strlen(o->help), !*who);
     fputs(".\n", f);
 }
 
@@ -249,7 +250,7 @@ static void roptions(FILE *f, const struct cli_verb *const *vs, size_t n)
         }
         if (some_only && g[k].users[0].verb->unused_ignored)
             fputs(".PP\nEach takes every option below and ignores those it does not use; the "
-                  "ones that use an option are named after it.\n",
+                  "ones that use an option are named before its description.\n",
                   f);
         else if (some_only)
             fputs(".PP\nAn option named for some of them only is refused by the others.\n", f);
@@ -259,9 +260,10 @@ static void roptions(FILE *f, const struct cli_verb *const *vs, size_t n)
                 ropt(f, o, who);
         }
     }
-    fputs(".PP\n\\fB\\-h\\fR, \\fB\\-\\-help\\fR, \\fB\\-q\\fR, \\fB\\-v\\fR and \\fB\\-vv\\fR: "
-          "as for every verb, see\n.BR vmsnap (1).\n",
-          f);
+    fputs(
+        ".PP\nAnd as for every verb: \\fB\\-h\\fR, \\fB\\-\\-help\\fR, \\fB\\-q\\fR, \\fB\\-v\\fR "
+        "and \\fB\\-vv\\fR; see\n.BR vmsnap (1).\n",
+        f);
 }
 
 /* ---- the pages ---- */
@@ -359,7 +361,7 @@ static void main_page(FILE *f)
     fputs(".SH OPTIONS\n.PP\nBefore the verb:\n", f);
     for (const struct cli_opt *o = cli_global_opts; o->name || o->letter; o++)
         ropt(f, o, "");
-    fputs(".PP\n\\fB\\-q\\fR and \\fB\\-v\\fR (\\fB\\-vv\\fR, and clusters such as "
+    fputs(".PP\nOf these, \\fB\\-q\\fR and \\fB\\-v\\fR (\\fB\\-vv\\fR, and clusters such as "
           "\\fB\\-qv\\fR) are taken anywhere on the command line: before the verb, between a "
           "verb and its sub-verb, after either. After a verb, \\fB\\-h\\fR or \\fB\\-\\-help\\fR "
           "prints its help, and \\fB\\-\\-json\\fR is one of the options of every verb that "
