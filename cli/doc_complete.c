@@ -510,7 +510,7 @@ static void zsh(FILE *f)
     fputs("_vmsnap_verbs() {\n  local -a verbs\n  verbs=(\n", f);
     for (size_t i = 0; i < n; i++)
         zsh_described(f, vs[i].name, vs[i].summary);
-    fputs("  )\n  _describe -t commands 'vmsnap verb' verbs\n}\n\n", f);
+    fputs("  )\n  _describe -t commands \"vmsnap verb\" verbs\n}\n\n", f);
     each_parser(zsh_parser, f);
     for (size_t i = 0; i < n; i++) {
         if (!vs[i].subs)
@@ -522,7 +522,7 @@ static void zsh(FILE *f)
         for (const struct cli_sub *s = vs[i].subs; s->name; s++)
             fprintf(f, "  "), zsh_described(f, s->name, s->summary);
         fprintf(f,
-                "    )\n    _describe -t commands 'vmsnap %s sub-verb' subs\n  else\n"
+                "    )\n    _describe -t commands \"vmsnap %s sub-verb\" subs\n  else\n"
                 "    shift words\n    (( CURRENT-- ))\n"
                 "    (( $+functions[_vmsnap__%s__$words[1]] )) && _vmsnap__%s__$words[1]\n"
                 "  fi\n}\n\n",

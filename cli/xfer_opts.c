@@ -15,7 +15,8 @@
 const struct cli_opt cli_xfer_opts[] = {
     {"json", 0, 'J', NULL, CLI_K_NONE, NULL, NULL, "the result as one JSON object on stdout"},
     {"force", 'f', 'F', NULL, CLI_K_NONE, NULL, "rm pull",
-     "pull: replace the set's files (or PATH) where they exist; rm: also an incomplete set"},
+     "replace the set's files (or PATH) where they exist (pull); delete an incomplete set too "
+     "(rm)"},
     {"connections", 'j', 'j', "N", CLI_K_NONE, NULL, "push pull export",
      "parallel connections, 1 to 256 (default 8)"},
     {"threads", 'T', 't', "N", CLI_K_NONE, NULL, "push pull export",

@@ -12,4 +12,4 @@ set_property(TEST cli_contract APPEND PROPERTY ENVIRONMENT
 # groff render them without a warning, the bash completion completes (compgen), zsh parses and
 # registers _vmsnap, and each of them, vmsnap help VERB and the parser itself agree option for
 # option (the tables of cli.h).
-vmsnap_sh_test(cli_docs tests/integration/cli_docs.sh LABELS "cli;install" TIMEOUT 300)
+vmsnap_sh_test(cli_docs tests/integration/cli_docs.sh LABELS "cli;install" TIMEOUT 600)
