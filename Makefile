@@ -41,11 +41,11 @@ format-check:
 	@python3 scripts/check-structure.py && echo "check-structure: ok"
 
 test-normal: build
-	@scripts/deps.sh s3 vm
+	@scripts/deps.sh test s3 vm
 	cd $(BUILD) && ctest $(CTEST_ARGS)
 
 test-asan: build-asan
-	@scripts/deps.sh s3 vm
+	@scripts/deps.sh test s3 vm
 	cd $(BUILD_ASAN) && VMSNAP_SANITIZED=1 \
 	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest $(CTEST_ARGS)

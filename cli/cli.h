@@ -28,12 +28,124 @@ int cli_exit_code(int err);
  * "local_io", "interrupted", "usage" or "other". */
 const char *cli_class_name(int exit_code);
 
+/* ---- the command line as data ----
+ * One table per parser: cli_getopt() builds getopt_long's tables from it, `vmsnap help VERB`
+ * prints its options list from it, and the man pages and the bash and zsh completions are
+ * generated from the same tables (cli/doc_man.c, cli/doc_complete.c; `vmsnap help --man DIR`,
+ * `--completion bash|zsh`, run by the build), so none of them can name an option the parser
+ * does not take or miss one it takes (tests/integration/cli_docs.sh checks each against the
+ * parser). */
+
+/* What a completion offers for an option's argument or an operand. */
+enum cli_kind {
+    CLI_K_NONE,   /* nothing: a number, a size, a duration, free text */
+    CLI_K_FILE,   /* a path */
+    CLI_K_DIR,    /* a directory */
+    CLI_K_URL,    /* a store URL or a local path: paths */
+    CLI_K_CHOICE, /* one of the option's `choices` */
+};
+
+/* One option of a parser. A table ends with a row whose name and letter are both unset
+ * (CLI_OPT_END); -h/--help, -q/--quiet and -v/--verbose are in every table without a row
+ * (cli_getopt adds them; 'h' is returned for help). */
+struct cli_opt {
+    const char *name;    /* the long name without "--"; NULL: a short option only */
+    char letter;         /* the short option; 0: none */
+    int val;             /* what cli_getopt returns for it, whichever spelling was used */
+    const char *arg;     /* its argument as the help names it ("SIZE"); NULL: it takes none */
+    enum cli_kind kind;  /* the argument's, for the completions */
+    const char *choices; /* CLI_K_CHOICE: the words, space-separated */
+    const char *only;    /* a table shared by several verbs or sub-verbs: the ones it is for,
+                          * space-separated ("push pull"); NULL: every one */
+    const char *help;    /* one line: what it does, its default */
+};
+#define CLI_OPT_END                                                                                \
+    {                                                                                              \
+        NULL, 0, 0, NULL, CLI_K_NONE, NULL, NULL, NULL                                             \
+    }
+
+/* A sub-verb ("vm run", "disk create"). `operands` names each operand's kind for the
+ * completions, in order, space-separated: "file", "dir", "url", "name" (nothing offered) or
+ * "none"; a last word ending in "..." repeats ("file..."). */
+struct cli_sub {
+    const char *name;           /* "create" */
+    const char *synopsis;       /* "disk create [--json] ... IMAGE" (after "vmsnap ") */
+    const char *summary;        /* one line */
+    const struct cli_opt *opts; /* the parser's table (shared with other sub-verbs or not) */
+    const char *operands;
+};
+
 struct cli_verb {
     const char *name;
     int (*run)(int argc, char **argv); /* argv[0] is the verb */
     const char *synopsis;              /* one line: "pack [-j N] ... SRC DST" */
     const char *help;                  /* paragraph for `vmsnap help VERB` */
+    const char *summary;               /* one line, for the man pages' lists */
+    const char *page;                  /* the man page it is in ("vmsnap-pack") */
+    const struct cli_opt *opts;        /* its parser's table; NULL: none (or see subs) */
+    const struct cli_sub *subs;        /* NULL, or its sub-verbs (a row with name NULL ends) */
+    const char *operands;              /* as in struct cli_sub */
+    bool unused_ignored; /* its sub-verbs share one table and take every row of it, ignoring
+                          * those whose `only` does not name them (vm); else such a row is
+                          * refused */
 };
+/* The verb table (cli/main.c), `*n` rows. */
+const struct cli_verb *cli_verbs(size_t *n);
+/* The options taken before the verb (cli/main.c). */
+extern const struct cli_opt cli_global_opts[];
+/* The exit codes (cli/main.c): the usage text and the man page's EXIT STATUS. */
+struct cli_exit {
+    const char *code; /* "0", "143, 129" */
+    const char *what;
+};
+extern const struct cli_exit cli_exits[]; /* ends with code NULL */
+/* Each verb's and sub-verb's table (cli/cmd_*.c). */
+extern const struct cli_opt cli_pack_opts[], cli_unpack_opts[], cli_inspect_opts[];
+extern const struct cli_opt cli_xfer_opts[]; /* push, pull, export, ls, rm, gc */
+extern const struct cli_opt cli_vm_opts[];   /* every vm sub-verb's (`only`: which uses it) */
+extern const struct cli_sub cli_vm_subs[], cli_disk_subs[], cli_cache_subs[];
+/* `word` is one of the space-separated `list`. */
+bool cli_word_in(const char *list, const char *word);
+/* "-j/--connections", "--part-size", "-j": how messages name an option. */
+const char *cli_opt_label(char *buf, size_t cap, const struct cli_opt *o);
+/* The row of `opts` cli_getopt returns `val` for; NULL when none. */
+const struct cli_opt *cli_opt_by_val(const struct cli_opt *opts, int val);
+/* `vmsnap help VERB` (and VERB --help): usage, sub-verbs, description, options, on stdout.
+ * Returns EXIT_OK, or the usage error for an unknown verb. */
+int cli_verb_help(const char *name);
+void cli_print_verb_help(FILE *f, const struct cli_verb *v);
+/* A sub-verb's --help: its usage, summary and options. Returns EXIT_OK. */
+int cli_sub_help(const char *verb, const struct cli_sub *sub);
+
+/* The option tables of some verbs, each with the (sub-)verbs that parse with it, in the order of
+ * first use: what help and the man pages list under one heading. */
+#define CLI_GROUP_USERS 16
+struct cli_user {
+    const struct cli_verb *verb;
+    const struct cli_sub *sub; /* NULL: the verb itself */
+};
+struct cli_group {
+    const struct cli_opt *opts;
+    struct cli_user users[CLI_GROUP_USERS];
+    size_t n;
+};
+/* The groups of the `n` verbs `vs` into `g` (room for `cap`); returns how many. */
+size_t cli_groups(const struct cli_verb *const *vs, size_t n, struct cli_group *g, size_t cap);
+/* The name `only` matches for a user: the sub-verb's, else the verb's. */
+const char *cli_user_key(const struct cli_user *u);
+/* Whether the row `o` of group `g` is for one of its users; `who` (room `cap`) then gets those
+ * of them it is for when it is not for all ("run, resume"), else "". */
+bool cli_group_row(const struct cli_group *g, const struct cli_opt *o, char *who, size_t cap);
+/* "-T, --threads N", "--json", "-j N": how the lists show an option. */
+const char *cli_opt_spellings(char *buf, size_t cap, const struct cli_opt *o);
+/* The hidden generators of `vmsnap help` (cli/doc_man.c, cli/doc_complete.c): argv[0] is
+ * "--man", "--completion" or "--options". Returns an exit code. */
+int cli_doc_man(int argc, char **argv);
+int cli_doc_completion(int argc, char **argv);
+int cli_doc_options(int argc, char **argv);
+/* Every table is consistent (names and letters unique in a parser, `only` naming its verbs or
+ * sub-verbs, choices given): 0, else -1 after saying what is wrong on stderr. */
+int cli_doc_check(void);
 
 /* Global flags: -q, -v (-vv) anywhere on the command line; --json (main looks for it in the
  * verb's arguments before any runs, so that a usage error is JSON too). */
@@ -60,12 +172,11 @@ int cli_finish(int rc);
 /* A number of seconds as JSON with 3 decimals, exactly (what every timing key holds). */
 struct json_object *cli_json_seconds(double s);
 
-/* getopt_long (optind set to 1 before the first call) that takes -q and -v itself
- * (cli_common_flag): the next other option, or -1. An unknown option or a missing argument is
- * reported here (with a did-you-mean for a long option) as a usage error; the verb's own
- * cli_usage() that follows ('?') then prints nothing more. */
-struct option;
-int cli_getopt(int argc, char **argv, const char *shortopts, const struct option *lopts);
+/* getopt_long over `opts` (optind set to 1 before the first call), which takes -q and -v itself
+ * (cli_common_flag): the next other option's `val` ('h' for -h/--help), or -1. An unknown option
+ * or a missing argument is reported here (with a did-you-mean for a long option) as a usage
+ * error; the verb's own cli_usage() that follows ('?') then prints nothing more. */
+int cli_getopt(int argc, char **argv, const struct cli_opt *opts);
 /* CPU seconds (user and system) this process used so far. */
 double cli_cpu_seconds(void);
 /* Parse "64M", "4G", "4096", "1.5G" (powers of 1024). Returns 0 or -EINVAL. */
@@ -103,9 +214,10 @@ int cli_fail_code(const char *verb, int code, const char *fmt, ...)
 /* The one of `cands` (NULL-terminated) closest to the mistyped `word` when it is within a small
  * edit distance (insertions, deletions, substitutions, swaps of neighbours), else NULL. */
 const char *cli_did_you_mean(const char *word, const char *const *cands);
-/* The usage error for the unknown sub-verb `sub` of `verb` (its sub-verbs `subs`, NULL-ended),
- * with a did-you-mean. Returns EXIT_USAGE. */
-int cli_unknown_sub(const char *verb, const char *sub, const char *const *subs);
+/* The usage error for the unknown sub-verb `sub` of `verb` (its sub-verbs `subs`), with a
+ * did-you-mean. Returns EXIT_USAGE. */
+struct cli_sub;
+int cli_unknown_sub(const char *verb, const char *sub, const struct cli_sub *subs);
 /* Print a usage error (with the verb's synopsis) and return EXIT_USAGE. */
 int cli_usage(const char *verb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -169,24 +281,15 @@ struct xfer_flags {
     bool *dry_run;       /* gc --dry-run */
     int64_t *older_than; /* gc --older-than DURATION, in seconds */
 };
-/* -q / -v given after the verb (each verb's getopt passes them here); the long forms go in
- * each verb's option table. */
+/* -q / -v given after the verb (cli_getopt passes them here). */
 void cli_common_flag(int c);
-#define CLI_COMMON_LONGOPTS                                                                        \
-    {"quiet", no_argument, NULL, 'q'},                                                             \
-    {                                                                                              \
-        "verbose", no_argument, NULL, 'v'                                                          \
-    }
-/* After a verb's own --help usage line: what `vmsnap help VERB` says of it. */
-void cli_verb_description(const char *name);
 
 /* The command line of a transfer verb. */
 struct xfer_verb {
-    const char *name;  /* "push" */
-    const char *usage; /* what --help prints before the verb's description */
-    int operands;      /* how many it takes */
-    const char *want;  /* the usage error when they are not that many: "expected PATH and URL" */
-    int url;           /* which of them is the URL ("-" is refused) */
+    const char *name; /* "push" */
+    int operands;     /* how many it takes */
+    const char *want; /* the usage error when they are not that many: "expected PATH and URL" */
+    int url;          /* which of them is the URL ("-" is refused) */
 };
 /* Parse a transfer verb's options (into o and the verb's own flags f), --help, its operands.
  * Returns the index of the first operand, or -1 with *rc the exit code (EXIT_OK after --help,

@@ -8,7 +8,7 @@
 #include "vmsnap/pcache.h"
 
 #include <errno.h>
-#include <getopt.h>
+#include <getopt.h> /* optarg, optind */
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +22,49 @@
     "PATH..."
 #define OBJECTS_USAGE "cache objects [--json] [--cache-dir DIR] [--cache-size SIZE]"
 #define TRIM_USAGE "cache trim [--max-size SIZE] [--json] [--cache-dir DIR] [--cache-size SIZE]"
+
+const struct cli_opt cli_cache_stat_opts[] = {
+    {"json", 0, 'J', NULL, CLI_K_NONE, NULL, NULL, "the files and the total as JSON (streamed)"},
+    CLI_OPT_END,
+};
+
+const struct cli_opt cli_cache_evict_opts[] = {
+    {"json", 0, 'J', NULL, CLI_K_NONE, NULL, NULL, "the counts as one JSON object on stdout"},
+    {"staged", 0, 's', NULL, CLI_K_NONE, NULL, NULL,
+     "truncate and unlink single-link files outside the --preserve paths"},
+    {"preserve", 0, 'p', "PATH", CLI_K_FILE, NULL, NULL,
+     "with --staged: keep the files under PATH (repeatable)"},
+    {"wait", 0, 'w', "DURATION", CLI_K_NONE, NULL, NULL,
+     "retry dirty files for up to DURATION (90, 2.5s, 10m, 1h at most)"},
+    {"kick-writeback", 0, 'k', NULL, CLI_K_NONE, NULL, NULL,
+     "start the writeback of dirty files first"},
+    CLI_OPT_END,
+};
+
+/* cache objects and cache trim; objects refuses --max-size */
+const struct cli_opt cli_cache_objects_opts[] = {
+    {"json", 0, 'j', NULL, CLI_K_NONE, NULL, NULL, "the result as one JSON object on stdout"},
+    {"cache-dir", 0, 'd', "DIR", CLI_K_DIR, NULL, NULL,
+     "the cache (default: VMSNAP_CACHE_DIR, else /var/cache/vmsnap for root, ~/.cache/vmsnap)"},
+    {"cache-size", 0, 's', "SIZE", CLI_K_NONE, NULL, NULL,
+     "the cache's cap (default: VMSNAP_CACHE_SIZE, else 8G)"},
+    {"max-size", 0, 'm', "SIZE", CLI_K_NONE, NULL, "trim",
+     "evict least recently used entries down to SIZE (default: the cap)"},
+    CLI_OPT_END,
+};
+
+const struct cli_sub cli_cache_subs[] = {
+    {"stat", STAT_USAGE,
+     "pages cached, dirty, under writeback, evicted and recently evicted, per file and in total",
+     cli_cache_stat_opts, "file..."},
+    {"evict", EVICT_USAGE, "drop the clean pages of files that are never modified",
+     cli_cache_evict_opts, "file..."},
+    {"objects", OBJECTS_USAGE, "the object cache's entries, totals and cap", cli_cache_objects_opts,
+     "none"},
+    {"trim", TRIM_USAGE, "evict least recently used entries of the object cache",
+     cli_cache_objects_opts, "none"},
+    {NULL, NULL, NULL, NULL, NULL},
+};
 
 struct stat_out {
     bool json;
@@ -91,21 +134,16 @@ static int stat_cb(void *arg, const char *path, const struct vmsnap_pcache_stat 
 
 static int cache_stat(int argc, char **argv)
 {
-    static const struct option lopts[] = {{"json", no_argument, NULL, 'J'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          CLI_COMMON_LONGOPTS,
-                                          {NULL, 0, NULL, 0}};
     struct stat_out o = {.first = true};
     int c;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "hqv", lopts)) != -1) {
+    while ((c = cli_getopt(argc, argv, cli_cache_stat_opts)) != -1) {
         switch (c) {
         case 'J':
             cli_json = true;
             break;
         case 'h':
-            printf("usage: vmsnap %s\n", STAT_USAGE);
-            return EXIT_OK;
+            return cli_sub_help("cache", &cli_cache_subs[0]);
         default:
             return cli_usage("cache", "usage: %s", STAT_USAGE);
         }
@@ -198,14 +236,6 @@ struct evict_args {
  * Returns the index of the first PATH, or -1 with *rc the exit code. */
 static int evict_getopt(int argc, char **argv, struct evict_args *a, int *rc)
 {
-    static const struct option lopts[] = {{"staged", no_argument, NULL, 's'},
-                                          {"wait", required_argument, NULL, 'w'},
-                                          {"kick-writeback", no_argument, NULL, 'k'},
-                                          {"preserve", required_argument, NULL, 'p'},
-                                          {"json", no_argument, NULL, 'J'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          CLI_COMMON_LONGOPTS,
-                                          {NULL, 0, NULL, 0}};
     a->wait = -1;
     a->preserve = calloc((size_t)argc + 1, sizeof(char *));
     if (!a->preserve) {
@@ -214,7 +244,7 @@ static int evict_getopt(int argc, char **argv, struct evict_args *a, int *rc)
     }
     int c;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "hqv", lopts)) != -1) {
+    while ((c = cli_getopt(argc, argv, cli_cache_evict_opts)) != -1) {
         switch (c) {
         case 's':
             a->opts.staged = true;
@@ -238,8 +268,7 @@ static int evict_getopt(int argc, char **argv, struct evict_args *a, int *rc)
             }
             break;
         case 'h':
-            printf("usage: vmsnap %s\n", EVICT_USAGE);
-            *rc = EXIT_OK;
+            *rc = cli_sub_help("cache", &cli_cache_subs[1]);
             return -1;
         default:
             *rc = cli_usage("cache", "usage: %s", EVICT_USAGE);
@@ -388,17 +417,10 @@ struct objcache_args {
 /* Parse them (--max-size only when `trim`). Returns 0, or -1 with *rc the exit code. */
 static int objcache_getopt(int argc, char **argv, bool trim, struct objcache_args *a, int *rc)
 {
-    static const struct option lopts[] = {{"json", no_argument, NULL, 'j'},
-                                          {"cache-dir", required_argument, NULL, 'd'},
-                                          {"cache-size", required_argument, NULL, 's'},
-                                          {"max-size", required_argument, NULL, 'm'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          CLI_COMMON_LONGOPTS,
-                                          {NULL, 0, NULL, 0}};
     const char *usage = trim ? TRIM_USAGE : OBJECTS_USAGE;
     int c;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "hqv", lopts)) != -1) {
+    while ((c = cli_getopt(argc, argv, cli_cache_objects_opts)) != -1) {
         switch (c) {
         case 'j':
             a->json = true;
@@ -423,8 +445,7 @@ static int objcache_getopt(int argc, char **argv, bool trim, struct objcache_arg
             a->has_max = true;
             break;
         case 'h':
-            printf("usage: vmsnap %s\n", usage);
-            *rc = EXIT_OK;
+            *rc = cli_sub_help("cache", &cli_cache_subs[trim ? 3 : 2]);
             return -1;
         default:
             *rc = cli_usage("cache", "usage: %s", usage);
@@ -574,6 +595,5 @@ int cmd_cache(int argc, char **argv)
         return cache_objcache(argc - 1, argv + 1, false);
     if (strcmp(argv[1], "trim") == 0)
         return cache_objcache(argc - 1, argv + 1, true);
-    static const char *const subs[] = {"stat", "evict", "objects", "trim", NULL};
-    return cli_unknown_sub("cache", argv[1], subs);
+    return cli_unknown_sub("cache", argv[1], cli_cache_subs);
 }

@@ -4,24 +4,65 @@
 #include "vmsnap/disk.h"
 
 #include <errno.h>
-#include <getopt.h>
+#include <getopt.h> /* optarg, optind */
 #include <inttypes.h>
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const sub_usage =
-    "disk create [--json] [--size SIZE] [--inodes N] [--label L] [--uuid U] [-f|--force] "
-    "[--fsync]\n"
-    "                   [--add SRC:DEST[:MODE[:UID:GID]]]... [--mkdir DEST[:MODE[:UID:GID]]]...\n"
-    "                   [--from-dir DIR] IMAGE\n"
-    "       disk clone [--json] [--link] [--new-uuid] [-f|--force] [--direct] SRC DST\n"
-    "       disk info [--json] IMAGE";
+const struct cli_opt cli_disk_create_opts[] = {
+    {"json", 0, 'J', NULL, CLI_K_NONE, NULL, NULL, "what disk info says of the new image, as JSON"},
+    {"size", 0, 's', "SIZE", CLI_K_NONE, NULL, NULL, "the image's size, 1M to 16T (default 4G)"},
+    {"inodes", 0, 'i', "N", CLI_K_NONE, NULL, NULL,
+     "the number of inodes (default: one per 16 KiB)"},
+    {"label", 0, 'L', "L", CLI_K_NONE, NULL, NULL, "the file system label, up to 16 bytes"},
+    {"uuid", 0, 'U', "U", CLI_K_NONE, NULL, NULL, "the file system UUID (default: a random one)"},
+    {"add", 0, 'a', "SRC:DEST[:MODE[:UID:GID]]", CLI_K_FILE, NULL, NULL,
+     "copy the file SRC into the image as DEST (repeatable)"},
+    {"mkdir", 0, 'm', "DEST[:MODE[:UID:GID]]", CLI_K_NONE, NULL, NULL,
+     "make the directory DEST in the image (repeatable)"},
+    {"from-dir", 0, 'd', "DIR", CLI_K_DIR, NULL, NULL,
+     "copy the tree under DIR to the image's root (as mke2fs -d)"},
+    {"force", 'f', 'f', NULL, CLI_K_NONE, NULL, NULL, "replace an existing IMAGE"},
+    {"fsync", 0, 'S', NULL, CLI_K_NONE, NULL, NULL, "make IMAGE durable before it appears"},
+    CLI_OPT_END,
+};
 
+const struct cli_opt cli_disk_clone_opts[] = {
+    {"json", 0, 'J', NULL, CLI_K_NONE, NULL, NULL, "how it was copied, as JSON"},
+    {"link", 0, 'l', NULL, CLI_K_NONE, NULL, NULL,
+     "a hard link when SRC and DST are on one file system (shares the superblock)"},
+    {"new-uuid", 0, 'u', NULL, CLI_K_NONE, NULL, NULL, "give the copy a new file system UUID"},
+    {"force", 'f', 'f', NULL, CLI_K_NONE, NULL, NULL,
+     "replace an existing DST; with --new-uuid, add metadata_csum_seed where needed"},
+    {"direct", 0, 'd', NULL, CLI_K_NONE, NULL, NULL,
+     "copy with O_DIRECT: nothing left in the page cache"},
+    CLI_OPT_END,
+};
+
+const struct cli_opt cli_disk_info_opts[] = {
+    {"json", 0, 'j', NULL, CLI_K_NONE, NULL, NULL, "the description as one JSON object on stdout"},
+    CLI_OPT_END,
+};
+
+const struct cli_sub cli_disk_subs[] = {
+    {"create",
+     "disk create [--json] [--size SIZE] [--inodes N] [--label L] [--uuid U] [-f|--force] "
+     "[--fsync] [--add SRC:DEST[:MODE[:UID:GID]]]... [--mkdir DEST[:MODE[:UID:GID]]]... "
+     "[--from-dir DIR] IMAGE",
+     "make a sparse journal-less ext4 image", cli_disk_create_opts, "file"},
+    {"clone", "disk clone [--json] [--link] [--new-uuid] [-f|--force] [--direct] SRC DST",
+     "copy an image (FICLONE, else a hole-keeping copy)", cli_disk_clone_opts, "file file"},
+    {"info", "disk info [--json] IMAGE", "describe an image", cli_disk_info_opts, "file"},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+/* disk --help: every sub-verb's usage */
 static int disk_help(void)
 {
-    printf("usage: vmsnap %s\n", sub_usage);
+    for (size_t i = 0; cli_disk_subs[i].name; i++)
+        printf("%s vmsnap %s\n", i ? "      " : "usage:", cli_disk_subs[i].synopsis);
     return EXIT_OK;
 }
 
@@ -133,21 +174,6 @@ static void info_json(const struct vmsnap_disk_info *ip)
 
 static int disk_create(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"size", required_argument, NULL, 's'},
-        {"inodes", required_argument, NULL, 'i'},
-        {"label", required_argument, NULL, 'L'},
-        {"uuid", required_argument, NULL, 'U'},
-        {"add", required_argument, NULL, 'a'},
-        {"mkdir", required_argument, NULL, 'm'},
-        {"from-dir", required_argument, NULL, 'd'},
-        {"force", no_argument, NULL, 'f'},
-        {"fsync", no_argument, NULL, 'S'},
-        {"json", no_argument, NULL, 'J'},
-        {"help", no_argument, NULL, 'h'},
-        CLI_COMMON_LONGOPTS,
-        {NULL, 0, NULL, 0},
-    };
     struct vmsnap_disk_create_opts o = {0};
     struct vmsnap_disk_entry *ents = calloc((size_t)argc, sizeof(*ents));
     uint8_t uuid[16];
@@ -157,7 +183,7 @@ static int disk_create(int argc, char **argv)
     size_t n = 0;
     int c;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "fhqv", opts)) != -1) {
+    while ((c = cli_getopt(argc, argv, cli_disk_create_opts)) != -1) {
         switch (c) {
         case 'J':
             cli_json = true;
@@ -209,7 +235,7 @@ static int disk_create(int argc, char **argv)
             o.fsync = true;
             break;
         case 'h':
-            rc = disk_help();
+            rc = cli_sub_help("disk", &cli_disk_subs[0]);
             goto out;
         default:
             rc = cli_usage("disk", "create: unknown option");
@@ -236,20 +262,10 @@ out:
 
 static int disk_clone(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"link", no_argument, NULL, 'l'},
-        {"new-uuid", no_argument, NULL, 'u'},
-        {"force", no_argument, NULL, 'f'},
-        {"direct", no_argument, NULL, 'd'},
-        {"json", no_argument, NULL, 'J'},
-        {"help", no_argument, NULL, 'h'},
-        CLI_COMMON_LONGOPTS,
-        {NULL, 0, NULL, 0},
-    };
     struct vmsnap_disk_clone_opts o = {0};
     int c;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "fhqv", opts)) != -1) {
+    while ((c = cli_getopt(argc, argv, cli_disk_clone_opts)) != -1) {
         switch (c) {
         case 'J':
             cli_json = true;
@@ -267,7 +283,7 @@ static int disk_clone(int argc, char **argv)
             o.direct = true;
             break;
         case 'h':
-            return disk_help();
+            return cli_sub_help("disk", &cli_disk_subs[1]);
         default:
             return cli_usage("disk", "clone: unknown option");
         }
@@ -298,17 +314,11 @@ static int disk_clone(int argc, char **argv)
 
 static int disk_info(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"json", no_argument, NULL, 'j'},
-        {"help", no_argument, NULL, 'h'},
-        CLI_COMMON_LONGOPTS,
-        {NULL, 0, NULL, 0},
-    };
     int c;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "hqv", opts)) != -1) {
+    while ((c = cli_getopt(argc, argv, cli_disk_info_opts)) != -1) {
         if (c == 'h')
-            return disk_help();
+            return cli_sub_help("disk", &cli_disk_subs[2]);
         if (c != 'j')
             return cli_usage("disk", "info: unknown option");
         cli_json = true;
@@ -347,7 +357,7 @@ static int disk_info(int argc, char **argv)
 int cmd_disk(int argc, char **argv)
 {
     if (argc < 2)
-        return cli_usage("disk", "want a subcommand: %s", sub_usage);
+        return cli_usage("disk", "want a subcommand: create, clone or info");
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))
         return disk_help();
     if (!strcmp(argv[1], "create"))
@@ -356,6 +366,5 @@ int cmd_disk(int argc, char **argv)
         return disk_clone(argc - 1, argv + 1);
     if (!strcmp(argv[1], "info"))
         return disk_info(argc - 1, argv + 1);
-    static const char *const subs[] = {"create", "clone", "info", NULL};
-    return cli_unknown_sub("disk", argv[1], subs);
+    return cli_unknown_sub("disk", argv[1], cli_disk_subs);
 }

@@ -7,13 +7,6 @@
 
 static const struct xfer_verb export_verb = {
     "export",
-    "usage: vmsnap export [--json] [-j N] [--part-size SIZE] [--max-memory SIZE] [--threads N]\n"
-    "       [--frame-size SIZE] [--level L] [--no-cache] [--endpoint URL] [--region R]\n"
-    "       [--path-style] [--retries N] URL DEST\n"
-    "  writes the set at URL (layered or not) to DEST in the reference system's layout\n"
-    "  (DEST/<name>.zstd, a manifest with snapshotFiles): every file's layers are decoded\n"
-    "  into a temporary directory ($TMPDIR, else /var/tmp; room for the populated bytes)\n"
-    "  and pushed with --layout reference; no layers, no atomic replace at DEST\n",
     2,
     "expected URL and DEST",
     1,

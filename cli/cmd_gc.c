@@ -65,15 +65,6 @@ static void report(void *arg, enum vmsnap_gc_kind kind, const char *key, uint64_
 
 static const struct xfer_verb gc = {
     "gc",
-    "usage: vmsnap gc [--json] [--older-than DURATION] [--dry-run] [--max-size SIZE] [--endpoint "
-    "URL] "
-    "[--region R] [--path-style] [--retries N] URL\n"
-    "  cleans what killed pushes left under URL, once it is at least DURATION old\n"
-    "  (default 1h; 30m, 2h, 7d; 0: all, which also fails pushes running now):\n"
-    "  unfinished multipart uploads, the objects of set pushes that never\n"
-    "  committed their manifest, and the objects of layered sets that no manifest\n"
-    "  names (every manifest of the bucket is read; on a local store, those under\n"
-    "  URL); --dry-run lists them (with sizes) and what gc would do\n",
     1,
     "expected one URL",
     0,

@@ -3,28 +3,31 @@
 #include "cli.h"
 #include "vmsnap/image.h"
 
-#include <getopt.h>
+#include <getopt.h> /* optarg, optind */
 #include <json.h>
 #include <stdio.h>
 
+const struct cli_opt cli_inspect_opts[] = {
+    {"json", 0, 'J', NULL, CLI_K_NONE, NULL, NULL, "the description as one JSON object on stdout"},
+    {"verify", 0, 'V', NULL, CLI_K_NONE, NULL, NULL,
+     "decode everything and check every checksum, writing nothing"},
+    {"threads", 'T', 'T', "N", CLI_K_NONE, NULL, NULL,
+     "decoder threads for --verify (0, the default: all CPUs)"},
+    {NULL, 'j', 'T', "N", CLI_K_NONE, NULL, NULL, "the older name of -T"},
+    {"max-size", 0, 'm', "SIZE", CLI_K_NONE, NULL, NULL,
+     "refuse an image of a larger logical size (default 64T)"},
+    CLI_OPT_END,
+};
+
 int cmd_inspect(int argc, char **argv)
 {
-    static const struct option lopts[] = {
-        {"json", no_argument, NULL, 'J'},
-        {"verify", no_argument, NULL, 'V'},
-        {"threads", required_argument, NULL, 'T'},
-        {"max-size", required_argument, NULL, 'm'},
-        {"help", no_argument, NULL, 'h'},
-        CLI_COMMON_LONGOPTS,
-        {0, 0, 0, 0},
-    };
     bool json = false, verify = false;
     unsigned threads = 0;
     uint64_t max_size = 0;
     unsigned long v;
     int c;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "j:T:hqv", lopts)) != -1) {
+    while ((c = cli_getopt(argc, argv, cli_inspect_opts)) != -1) {
         switch (c) {
         case 'J':
             cli_json = true;
@@ -32,7 +35,6 @@ int cmd_inspect(int argc, char **argv)
         case 'V':
             verify = true;
             break;
-        case 'j':
         case 'T':
             if (cli_parse_uint(optarg, 0, 256, &v) < 0)
                 return cli_usage("inspect", "-T wants a thread count from 0 (all CPUs) to 256");
@@ -43,9 +45,7 @@ int cmd_inspect(int argc, char **argv)
                 return cli_usage("inspect", "--max-size wants a size like 64T, not '%s'", optarg);
             break;
         case 'h':
-            printf("usage: vmsnap inspect [--json] [--verify] [-T N] [--max-size SIZE] SRC\n");
-            cli_verb_description("inspect");
-            return EXIT_OK;
+            return cli_verb_help("inspect");
         default:
             return cli_usage("inspect", "bad option");
         }

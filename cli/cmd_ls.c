@@ -38,8 +38,6 @@ static int print_set(void *arg, const struct vmsnap_xfer_set *s)
 
 static const struct xfer_verb ls = {
     "ls",
-    "usage: vmsnap ls [--json] [--max-size SIZE] [--endpoint URL] [--region R] [--path-style] "
-    "[--retries N] URL\n",
     1,
     "expected one URL",
     0,

@@ -5,7 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
+#include <getopt.h> /* optarg, optind */
 #include <json.h>
 #include <stdio.h>
 #include <string.h>
@@ -118,29 +118,32 @@ static int threads_opt(const char *verb, unsigned *threads)
     return 0;
 }
 
+const struct cli_opt cli_pack_opts[] = {
+    {"json", 0, 'J', NULL, CLI_K_NONE, NULL, NULL, "the summary as one JSON object on stdout"},
+    {"force", 'f', 'f', NULL, CLI_K_NONE, NULL, NULL, "replace an existing DST"},
+    {"threads", 'T', 'T', "N", CLI_K_NONE, NULL, NULL,
+     "compress on N threads (0, the default: all CPUs); the output is the same for every N"},
+    {NULL, 'j', 'T', "N", CLI_K_NONE, NULL, NULL, "the older name of -T"},
+    {"frame-size", 0, 'F', "SIZE", CLI_K_NONE, NULL, NULL,
+     "the source range of one independent frame (default 64M)"},
+    {"level", 0, 'l', "L", CLI_K_NONE, NULL, NULL, "the zstd level, 1 to 22 (default 1)"},
+    {"keep-zero-pages", 0, 'z', NULL, CLI_K_NONE, NULL, NULL,
+     "store all-zero pages of data extents too"},
+    {"keep-cache", 0, 'k', NULL, CLI_K_NONE, NULL, NULL,
+     "leave SRC's pages in the page cache (they are dropped as they are read)"},
+    {"fsync", 0, 's', NULL, CLI_K_NONE, NULL, NULL, "make DST durable before it appears"},
+    CLI_OPT_END,
+};
+
 int cmd_pack(int argc, char **argv)
 {
-    static const struct option lopts[] = {
-        {"threads", required_argument, NULL, 'T'},
-        {"frame-size", required_argument, NULL, 'F'},
-        {"level", required_argument, NULL, 'l'},
-        {"keep-zero-pages", no_argument, NULL, 'z'},
-        {"keep-cache", no_argument, NULL, 'k'},
-        {"fsync", no_argument, NULL, 's'},
-        {"force", no_argument, NULL, 'f'},
-        {"json", no_argument, NULL, 'J'},
-        {"help", no_argument, NULL, 'h'},
-        CLI_COMMON_LONGOPTS,
-        {0, 0, 0, 0},
-    };
     struct vmsnap_pack_opts o = {0};
     unsigned long v;
     bool force = false;
     int c;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "j:T:fhqv", lopts)) != -1) {
+    while ((c = cli_getopt(argc, argv, cli_pack_opts)) != -1) {
         switch (c) {
-        case 'j':
         case 'T':
             if (threads_opt("pack", &o.threads) < 0)
                 return EXIT_USAGE;
@@ -171,10 +174,7 @@ int cmd_pack(int argc, char **argv)
             o.fsync = true;
             break;
         case 'h':
-            printf("usage: vmsnap pack [--json] [-f] [-T N] [--frame-size SIZE] [--level L]\n"
-                   "       [--keep-zero-pages] [--keep-cache] [--fsync] SRC DST\n");
-            cli_verb_description("pack");
-            return EXIT_OK;
+            return cli_verb_help("pack");
         default:
             return cli_usage("pack", "bad option");
         }
@@ -206,26 +206,29 @@ int cmd_pack(int argc, char **argv)
     return run_end(&r, "pack", vmsnap_image_pack(src, dst, &o, &st, &err), &err, &st);
 }
 
+const struct cli_opt cli_unpack_opts[] = {
+    {"json", 0, 'J', NULL, CLI_K_NONE, NULL, NULL, "the summary as one JSON object on stdout"},
+    {"force", 'f', 'f', NULL, CLI_K_NONE, NULL, NULL, "replace an existing DST"},
+    {"threads", 'T', 'T', "N", CLI_K_NONE, NULL, NULL,
+     "decoder threads (0, the default: all CPUs)"},
+    {NULL, 'j', 'T', "N", CLI_K_NONE, NULL, NULL, "the older name of -T"},
+    {"max-size", 0, 'm', "SIZE", CLI_K_NONE, NULL, NULL,
+     "refuse an image of a larger logical size (default 64T)"},
+    {"fsync", 0, 's', NULL, CLI_K_NONE, NULL, NULL,
+     "make DST durable before it is renamed into place"},
+    {"drop-cache", 0, 'D', NULL, CLI_K_NONE, NULL, NULL,
+     "then drop DST's page cache (writeback started, retried for a few seconds)"},
+    CLI_OPT_END,
+};
+
 int cmd_unpack(int argc, char **argv)
 {
-    static const struct option lopts[] = {
-        {"threads", required_argument, NULL, 'T'},
-        {"max-size", required_argument, NULL, 'm'},
-        {"fsync", no_argument, NULL, 's'},
-        {"drop-cache", no_argument, NULL, 'D'},
-        {"force", no_argument, NULL, 'f'},
-        {"json", no_argument, NULL, 'J'},
-        {"help", no_argument, NULL, 'h'},
-        CLI_COMMON_LONGOPTS,
-        {0, 0, 0, 0},
-    };
     struct vmsnap_unpack_opts o = {0};
     bool drop_cache = false, force = false;
     int c;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "j:T:fhqv", lopts)) != -1) {
+    while ((c = cli_getopt(argc, argv, cli_unpack_opts)) != -1) {
         switch (c) {
-        case 'j':
         case 'T':
             if (threads_opt("unpack", &o.threads) < 0)
                 return EXIT_USAGE;
@@ -247,11 +250,7 @@ int cmd_unpack(int argc, char **argv)
             drop_cache = true;
             break;
         case 'h':
-            printf("usage: vmsnap unpack [--json] [-f] [-T N] [--max-size SIZE] [--fsync] "
-                   "[--drop-cache] "
-                   "SRC DST\n");
-            cli_verb_description("unpack");
-            return EXIT_OK;
+            return cli_verb_help("unpack");
         default:
             return cli_usage("unpack", "bad option");
         }

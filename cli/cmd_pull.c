@@ -12,10 +12,6 @@
 
 static const struct xfer_verb pull = {
     "pull",
-    "usage: vmsnap pull [--json] [-f] [-j N] [-T N] [--max-memory SIZE] [--max-size SIZE]\n"
-    "       [--no-fsync] [--drop-cache] [--endpoint URL] [--region R] [--path-style]\n"
-    "       [--retries N] [--no-cache] [--cache-dir DIR]\n"
-    "       URL PATH\n",
     2,
     "expected URL and PATH",
     0,

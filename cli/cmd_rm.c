@@ -9,9 +9,6 @@
 
 static const struct xfer_verb rm = {
     "rm",
-    "usage: vmsnap rm [--json] [-f|--force] [--max-size SIZE] [--endpoint URL] [--region R] "
-    "[--path-style] "
-    "[--retries N] URL\n",
     1,
     "expected one URL",
     0,

@@ -5,26 +5,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
+#include <getopt.h> /* optarg, optind */
 #include <inttypes.h>
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static const char *const sub_usage =
-    "vm run NAME --kernel K [--initrd I] [--mem 512M] [--cpus 1] [--disk-size 4G] [--append A]\n"
-    "                 [--ram-overcommit]\n"
-    "       vm pause NAME\n"
-    "       vm suspend NAME URL [--base URL | --no-base]\n"
-    "       vm resume NAME [URL] [--on-demand] [--asset-dir DIR[:DIR...]] [--kernel K]\n"
-    "                 [--initrd I] [--force] [--ram-overcommit]\n"
-    "       vm ls [--json]\n"
-    "       vm stop NAME [--rm]\n"
-    "       vm console NAME [--send LINE] [--lines N]\n"
-    "  common: [--state-dir DIR] [--ram-dir DIR] [--accel auto|kvm|tcg] [--qemu BIN]\n"
-    "          [--no-evict] [--json] [-j N] [-T N] [-q] [-v]";
 
 enum {
     OPT_KERNEL = 256,
@@ -50,32 +37,73 @@ enum {
     OPT_RAM_OVERCOMMIT,
 };
 
-static const struct option lopts[] = {
-    {"kernel", required_argument, NULL, OPT_KERNEL},
-    {"initrd", required_argument, NULL, OPT_INITRD},
-    {"mem", required_argument, NULL, OPT_MEM},
-    {"cpus", required_argument, NULL, OPT_CPUS},
-    {"disk-size", required_argument, NULL, OPT_DISK_SIZE},
-    {"append", required_argument, NULL, OPT_APPEND},
-    {"state-dir", required_argument, NULL, OPT_STATE_DIR},
-    {"ram-dir", required_argument, NULL, OPT_RAM_DIR},
-    {"accel", required_argument, NULL, OPT_ACCEL},
-    {"qemu", required_argument, NULL, OPT_QEMU},
-    {"on-demand", no_argument, NULL, OPT_ON_DEMAND},
-    {"no-evict", no_argument, NULL, OPT_NO_EVICT},
-    {"json", no_argument, NULL, OPT_JSON},
-    {"rm", no_argument, NULL, OPT_RM},
-    {"send", required_argument, NULL, OPT_SEND},
-    {"lines", required_argument, NULL, OPT_LINES},
-    {"base", required_argument, NULL, OPT_BASE},
-    {"no-base", no_argument, NULL, OPT_NO_BASE},
-    {"asset-dir", required_argument, NULL, OPT_ASSET_DIR},
-    {"force", no_argument, NULL, OPT_FORCE},
-    {"ram-overcommit", no_argument, NULL, OPT_RAM_OVERCOMMIT},
-    {"threads", required_argument, NULL, 'T'},
-    {"help", no_argument, NULL, 'h'},
-    CLI_COMMON_LONGOPTS,
-    {NULL, 0, NULL, 0},
+/* One table for every sub-verb: each takes them all (one a sub-verb does not use is ignored);
+ * `only` says which sub-verbs use an option, for the help and the completions. */
+const struct cli_opt cli_vm_opts[] = {
+    {"kernel", 0, OPT_KERNEL, "K", CLI_K_FILE, NULL, "run resume",
+     "the guest kernel (resume from a URL: instead of the set's)"},
+    {"initrd", 0, OPT_INITRD, "I", CLI_K_FILE, NULL, "run resume",
+     "the initramfs (resume from a URL: instead of the set's)"},
+    {"mem", 0, OPT_MEM, "SIZE", CLI_K_NONE, NULL, "run",
+     "guest memory, at least 16M in whole MiB (default 512M)"},
+    {"cpus", 0, OPT_CPUS, "N", CLI_K_NONE, NULL, "run", "virtual CPUs, 1 to 64 (default 1)"},
+    {"disk-size", 0, OPT_DISK_SIZE, "SIZE", CLI_K_NONE, NULL, "run",
+     "the writable upper disk, at least 8M (default 4G)"},
+    {"append", 0, OPT_APPEND, "A", CLI_K_NONE, NULL, "run", "the kernel command line"},
+    {"ram-overcommit", 0, OPT_RAM_OVERCOMMIT, NULL, CLI_K_NONE, NULL, "run resume",
+     "start even when the RAM directory has less room than the guest's memory"},
+    {"base", 0, OPT_BASE, "URL", CLI_K_URL, NULL, "suspend",
+     "a set whose unchanged frames the store copies (default: the set the VM came from)"},
+    {"no-base", 0, OPT_NO_BASE, NULL, CLI_K_NONE, NULL, "suspend",
+     "copy no frames from an earlier set"},
+    {"on-demand", 0, OPT_ON_DEMAND, NULL, CLI_K_NONE, NULL, "resume",
+     "map the memory image privately (pages read on first touch) instead of loading it"},
+    {"asset-dir", 0, OPT_ASSET_DIR, "DIR[:DIR...]", CLI_K_DIR, NULL, "resume",
+     "where a set's kernel and initrd may be (default: VMSNAP_ASSET_DIRS)"},
+    {"force", 0, OPT_FORCE, NULL, CLI_K_NONE, NULL, "resume",
+     "replace a newer local checkpoint, or go back past an interrupted pause"},
+    {"rm", 0, OPT_RM, NULL, CLI_K_NONE, NULL, "stop", "also remove the VM's state directory"},
+    {"send", 0, OPT_SEND, "LINE", CLI_K_NONE, NULL, "console",
+     "type LINE on the serial console instead of printing its log"},
+    {"lines", 0, OPT_LINES, "N", CLI_K_NONE, NULL, "console", "print only the log's last N lines"},
+    {"json", 0, OPT_JSON, NULL, CLI_K_NONE, NULL, NULL,
+     "the result (timings, the list) as one JSON object on stdout"},
+    {"state-dir", 0, OPT_STATE_DIR, "DIR", CLI_K_DIR, NULL, NULL,
+     "where VMs are recorded (default: VMSNAP_STATE_DIR, else /var/lib/vmsnap)"},
+    {"ram-dir", 0, OPT_RAM_DIR, "DIR", CLI_K_DIR, NULL, NULL,
+     "guest RAM files, on tmpfs or hugetlbfs (default: VMSNAP_RAM_DIR, else /dev/shm)"},
+    {"accel", 0, OPT_ACCEL, "ACCEL", CLI_K_CHOICE, "auto kvm tcg", NULL,
+     "the accelerator: auto (the default: KVM where it works), kvm or tcg"},
+    {"qemu", 0, OPT_QEMU, "BIN", CLI_K_FILE, NULL, NULL,
+     "the QEMU binary (default: VMSNAP_QEMU, else qemu-system-x86_64)"},
+    {"no-evict", 0, OPT_NO_EVICT, NULL, CLI_K_NONE, NULL, NULL,
+     "skip the page-cache hygiene (for benchmarks)"},
+    {NULL, 'j', 'j', "N", CLI_K_NONE, NULL, "suspend resume",
+     "connections to the store, 1 to 256 (default 8)"},
+    {"threads", 'T', 'T', "N", CLI_K_NONE, NULL, "suspend resume",
+     "codec threads (0, the default: all CPUs)"},
+    CLI_OPT_END,
+};
+
+const struct cli_sub cli_vm_subs[] = {
+    {"run",
+     "vm run NAME --kernel K [--initrd I] [--mem 512M] [--cpus 1] [--disk-size 4G] [--append A] "
+     "[--ram-overcommit]",
+     "start a new VM", cli_vm_opts, "name"},
+    {"pause", "vm pause NAME", "local checkpoint, VM stopped, memory freed", cli_vm_opts, "name"},
+    {"suspend", "vm suspend NAME URL [--base URL | --no-base]",
+     "checkpoint and push to a store (the local one kept if the push fails)", cli_vm_opts,
+     "name url"},
+    {"resume",
+     "vm resume NAME [URL] [--on-demand] [--asset-dir DIR[:DIR...]] [--kernel K] [--initrd I] "
+     "[--force] [--ram-overcommit]",
+     "from the local checkpoint, or from a store", cli_vm_opts, "name url"},
+    {"ls", "vm ls [--json]", "the VMs and their state", cli_vm_opts, "none"},
+    {"stop", "vm stop NAME [--rm]", "stop the VM (its checkpoint is kept unless --rm)", cli_vm_opts,
+     "name"},
+    {"console", "vm console NAME [--send LINE] [--lines N]", "the serial console's log",
+     cli_vm_opts, "name"},
+    {NULL, NULL, NULL, NULL, NULL},
 };
 
 struct args {
@@ -89,14 +117,14 @@ struct args {
     int npos;
 };
 
-static int parse(const char *verb, int argc, char **argv, struct args *a)
+static int parse(const char *verb, const struct cli_sub *sub, int argc, char **argv, struct args *a)
 {
     memset(a, 0, sizeof(*a));
     a->o.xfer = &a->x;
     int c;
     unsigned long v;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "hj:T:", lopts)) != -1) {
+    while ((c = cli_getopt(argc, argv, cli_vm_opts)) != -1) {
         switch (c) {
         case OPT_KERNEL:
             a->run.kernel = optarg;
@@ -181,7 +209,7 @@ static int parse(const char *verb, int argc, char **argv, struct args *a)
             a->x.threads = (unsigned)v;
             break;
         case 'h':
-            printf("usage: vmsnap %s\n", sub_usage);
+            cli_sub_help("vm", sub);
             return -1;
         default:
             return cli_usage(verb, "unknown option");
@@ -332,22 +360,21 @@ int cmd_vm(int argc, char **argv)
         return cli_usage("vm", "missing subcommand (run, pause, suspend, resume, ls, stop, "
                                "console)");
     const char *sub = argv[1];
-    static const char *const subs[] = {"run", "pause", "suspend", "resume",
-                                       "ls",  "stop",  "console", NULL};
-    bool known = false;
-    for (size_t i = 0; subs[i]; i++)
-        known = known || !strcmp(sub, subs[i]);
+    const struct cli_sub *s = NULL;
+    for (size_t i = 0; cli_vm_subs[i].name; i++)
+        if (!strcmp(sub, cli_vm_subs[i].name))
+            s = &cli_vm_subs[i];
     if (!strcmp(sub, "--help") || !strcmp(sub, "-h")) {
         printf("usage: vmsnap vm run|pause|suspend|resume|ls|stop|console ... ('vmsnap vm run "
                "--help', 'vmsnap help vm')\n");
         return EXIT_OK;
     }
-    if (!known)
-        return cli_unknown_sub("vm", sub, subs);
+    if (!s)
+        return cli_unknown_sub("vm", sub, cli_vm_subs);
     char verb[32];
     snprintf(verb, sizeof(verb), "vm %s", sub);
     struct args a;
-    int rc = parse(verb, argc - 1, argv + 1, &a);
+    int rc = parse(verb, s, argc - 1, argv + 1, &a);
     if (rc < 0)
         return EXIT_OK;
     if (rc > 0)

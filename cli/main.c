@@ -22,7 +22,8 @@ static const struct cli_verb verbs[] = {
      "zstd --level L (default 1, up to 22), and a seek table. The output is byte-identical for\n"
      "every N. DST appears only when complete (mode 0600); an existing DST is refused unless\n"
      "-f/--force. --fsync makes it durable first (a filesystem that reports a full disk only on\n"
-     "writeback then fails the pack, not a later read)."},
+     "writeback then fails the pack, not a later read).",
+     "encode a sparse file into an image", "vmsnap-pack", cli_pack_opts, NULL, "file file", false},
     {"unpack", cmd_unpack,
      "unpack [--json] [-f] [-T N] [--max-size SIZE] [--fsync] [--drop-cache] SRC DST",
      "Decode SRC ('-' = stdin) into the sparse file DST: vmsnap images in parallel, reference\n"
@@ -31,37 +32,37 @@ static const struct cli_verb verbs[] = {
      "DST is written under a temporary name and renamed only on success (mode 0600); an\n"
      "existing DST is refused unless -f/--force. -T N: decoder threads (0: all CPUs).\n"
      "--drop-cache then drops DST's page cache (writeback started, retried for a few seconds),\n"
-     "so a restored snapshot does not stay in memory next to the guest."},
+     "so a restored snapshot does not stay in memory next to the guest.",
+     "decode an image into a sparse file", "vmsnap-pack", cli_unpack_opts, NULL, "file file",
+     false},
     {"inspect", cmd_inspect, "inspect [--json] [--verify] [-T N] [--max-size 64T] SRC",
      "Show an image's logical size, populated bytes, zero pages elided, frames, compressed size\n"
      "and ratio. --verify decodes everything and checks every checksum without writing. An image\n"
      "without a seek table (a reference stream, plain zstd) is always decoded; what only the\n"
-     "table records (zero pages elided, frame size) is then n/a (null in --json)."},
-    {"cache", cmd_cache,
-     "cache stat [--json] PATH... | cache evict [--json] [--staged] [--preserve PATH]... "
-     "[--wait DURATION] [--kick-writeback] PATH... | cache objects|trim ...",
+     "table records (zero pages elided, frame size) is then n/a (null in --json).",
+     "describe an image, or verify it", "vmsnap-pack", cli_inspect_opts, NULL, "file", false},
+    {"cache", cmd_cache, "cache stat|evict|objects|trim ...",
      "stat: pages cached, dirty, under writeback, evicted and recently evicted per file and in\n"
      "total (cachestat; mincore where unavailable, marked). evict: drop clean pages of files that\n"
      "are never modified; with --staged, single-link files outside --preserve paths are\n"
      "truncated and unlinked. Reports dropped, removed and still-dirty files; --wait retries\n"
      "dirty files up to SECONDS; --kick-writeback starts their writeback first.\n"
-     "The object cache (objects fetched from stores, by digest; docs/objcache.md):\n"
-     "  cache objects [--json] [--cache-dir DIR] [--cache-size SIZE]   entries, totals, cap\n"
-     "  cache trim [--max-size SIZE] [--json] [--cache-dir DIR] [--cache-size SIZE]\n"
-     "      evict least recently used entries down to SIZE (default: the cap)\n"
-     "--cache-dir: default $VMSNAP_CACHE_DIR, else /var/cache/vmsnap (root) or\n"
-     "~/.cache/vmsnap; --cache-size: the cap, default $VMSNAP_CACHE_SIZE, else 8G."},
+     "objects and trim: the object cache (objects fetched from stores, by digest;\n"
+     "docs/objcache.md): its entries, totals and cap, and an eviction of the least recently\n"
+     "used entries down to --max-size (default: the cap). --cache-dir: default\n"
+     "$VMSNAP_CACHE_DIR, else /var/cache/vmsnap (root) or ~/.cache/vmsnap; --cache-size: the\n"
+     "cap, default $VMSNAP_CACHE_SIZE, else 8G.",
+     "the page cache of snapshot files; the node's object cache", "vmsnap-cache", NULL,
+     cli_cache_subs, NULL, false},
     {"disk", cmd_disk, "disk create|clone|info ... IMAGE",
-     "Writable upper disks: sparse journal-less ext4 images made through libext2fs.\n"
-     "  disk create [--json] [--size 4G] [--inodes N] [--label L] [--uuid U] [-f] [--fsync]\n"
-     "              [--add SRC:DEST[:MODE[:UID:GID]]]... [--mkdir DEST[:MODE[:UID:GID]]]...\n"
-     "              [--from-dir DIR] IMAGE\n"
-     "  disk clone [--json] [--link] [--new-uuid] [-f] [--direct] SRC DST  (FICLONE, else a\n"
-     "      hole-keeping copy; --direct: O_DIRECT, nothing left in the page cache)\n"
-     "  disk info [--json] IMAGE\n"
+     "Writable upper disks: sparse journal-less ext4 images made through libext2fs. A clone is\n"
+     "made by FICLONE where the file system shares extents, else by a hole-keeping copy "
+     "(--direct:\n"
+     "O_DIRECT, nothing left in the page cache).\n"
      "IMAGE/DST appear only when complete; an existing one is refused unless -f/--force. With\n"
      "--new-uuid, --force also adds metadata_csum_seed to an image whose metadata checksums lack\n"
-     "it (kernel 4.4+); an image without metadata checksums needs no --force."},
+     "it (kernel 4.4+); an image without metadata checksums needs no --force.",
+     "writable upper disks (ext4 images)", "vmsnap-disk", NULL, cli_disk_subs, NULL, false},
     {"push", cmd_push,
      "push [--json] [-j N] [-T N] [--part-size SIZE] [--max-memory SIZE] [--parent URL] ... PATH "
      "URL",
@@ -77,17 +78,15 @@ static const struct cli_verb verbs[] = {
      "(vm suspend always does this).\n"
      "URL: a path or file:///abs (local store), s3://bucket/key (--endpoint or AWS_ENDPOINT_URL,\n"
      "AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY[/AWS_SESSION_TOKEN], --path-style),\n"
-     "gs://bucket/key (Cloud Storage XML API with HMAC keys). -j: connections (default 8);\n"
+     "gs://bucket/key (Cloud Storage XML API: HMAC keys, or OAuth tokens). -j: connections (8);\n"
      "-T/--threads: encoder threads (0, the default: all CPUs); --level: zstd level (default 1);\n"
      "parts of 16M (--part-size); at most 256M of parts and encoder buffers (--max-memory; passed\n"
      "by about three frames of --frame-size, 64M, per file encoding; a set encodes two at once).\n"
      "--base URL: an earlier set (or object) in the same store; frames that did not change are\n"
      "copied there by the store (S3 UploadPartCopy) instead of being compressed and uploaded\n"
-     "(the reference layout; for a layered set, --base is its --parent).\n"
-     "All options: [--json] [-j N] [--part-size SIZE] [--max-memory SIZE] [-T N]\n"
-     "[--frame-size SIZE] [--level L] [--endpoint URL] [--region R] [--path-style]\n"
-     "[--retries N] [--layout layered|reference] [--parent URL] [--max-depth N] [--base URL]\n"
-     "[--write-cache] [--cache-dir DIR]."},
+     "(the reference layout; for a layered set, --base is its --parent).",
+     "encode and upload a file or a snapshot set", "vmsnap-push", cli_xfer_opts, NULL, "file url",
+     false},
     {"pull", cmd_pull,
      "pull [--json] [-f] [-j N] [-T N] [--max-memory SIZE] [--drop-cache] ... URL PATH",
      "Download and decode a snapshot set (manifest first; names, sizes and digests verified) or\n"
@@ -95,53 +94,85 @@ static const struct cli_verb verbs[] = {
      "sparse files. Files appear (mode 0600) only when all are complete and verified; other\n"
      "files already in PATH are left as they are. A file of the set's names already in PATH\n"
      "(or PATH itself, for one object) is refused unless -f/--force replaces it.\n"
-     "All options: [--json] [-f] [-j N] [--max-memory SIZE] [-T N] [--max-size SIZE]\n"
-     "[--no-fsync] "
-     "[--drop-cache] [--no-cache] [--cache-dir DIR] [--endpoint URL] [--region R]\n"
-     "[--path-style] [--retries N]. A layered set's files are each a chain of layers, checked\n"
+     "A layered set's files are each a chain of layers, checked\n"
      "against their digests; from a remote store every layer goes through the node's object\n"
-     "cache (VMSNAP_CACHE_DIR, VMSNAP_CACHE_SIZE; 'vmsnap cache objects|trim')."},
+     "cache (VMSNAP_CACHE_DIR, VMSNAP_CACHE_SIZE; 'vmsnap cache objects|trim').",
+     "download and decode a snapshot set or an object", "vmsnap-push", cli_xfer_opts, NULL,
+     "url file", false},
     {"export", cmd_export, "export [-j N] [--no-cache] ... URL DEST",
      "Write a snapshot set (layered or not) to DEST in the reference system's layout\n"
      "(DEST/<name>.zstd and a manifest with snapshotFiles), which the reference system\n"
      "restores: every file's layers are decoded into a temporary directory ($TMPDIR, else\n"
-     "/var/tmp) and pushed with --layout reference. The cost: no layers (every file whole),\n"
-     "and a replace at DEST is the reference layout's transaction, not one PUT.\n"
-     "All options: [--json] [-j N] [--part-size SIZE] [--max-memory SIZE] [--threads N]\n"
-     "[--frame-size SIZE] [--level L] [--no-cache] [--endpoint URL] [--region R]\n"
-     "[--path-style] [--retries N]."},
+     "/var/tmp; room for the populated bytes) and pushed with --layout reference. The cost: no\n"
+     "layers (every file whole), and a replace at DEST is the reference layout's transaction,\n"
+     "not one PUT.",
+     "write a set in the reference system's layout", "vmsnap-push", cli_xfer_opts, NULL, "url url",
+     false},
     {"ls", cmd_ls, "ls [--json] URL",
      "List the snapshot sets under a prefix with their manifest summary (--json: \"sets\", an\n"
-     "array of {url, valid, files, logical_bytes, object_bytes})."},
+     "array of {url, valid, files, logical_bytes, object_bytes}).",
+     "list the snapshot sets under a prefix", "vmsnap-push", cli_xfer_opts, NULL, "url", false},
     {"rm", cmd_rm, "rm [--json] [-f|--force] URL",
      "Delete a snapshot set, manifest first (a layered set: its manifest only; gc removes the\n"
      "layers no set names), or one snapshot object (vmsnap, reference or zstd\n"
      "magic; anything else is refused). --force also deletes the *.zstd objects of an incomplete\n"
      "set (no manifest) that are vmsnap images, keeps the others (it names them), and aborts\n"
-     "its unfinished uploads. Says what it removed; nothing to remove is an error."},
+     "its unfinished uploads. Says what it removed; nothing to remove is an error.",
+     "delete a snapshot set or object", "vmsnap-push", cli_xfer_opts, NULL, "url", false},
     {"gc", cmd_gc, "gc [--json] [--older-than 1h] [--dry-run] URL",
      "Clean what killed pushes left under a prefix once it is --older-than old (default 1h;\n"
      "0: all, which fails pushes running now): unfinished multipart uploads (the next push to\n"
      "the same key also aborts them) and the objects of set pushes that never committed their\n"
      "manifest (found by their push marks), and the objects of layered sets that no manifest\n"
      "names (every manifest of the bucket is read; on a local store those under URL).\n"
-     "--dry-run lists them, with sizes, and what gc would do."},
+     "--dry-run lists them, with sizes, and what gc would do.",
+     "clean what killed pushes left", "vmsnap-push", cli_xfer_opts, NULL, "url", false},
     {"vm", cmd_vm, "vm run|pause|suspend|resume|ls|stop|console ...",
      "Micro-VMs under QEMU (docs/vm.md), recorded under --state-dir (default /var/lib/vmsnap,\n"
-     "or VMSNAP_STATE_DIR), guest RAM on tmpfs (--ram-dir, default /dev/shm):\n"
-     "  vm run NAME --kernel K [--initrd I] [--mem 512M] [--cpus 1] [--disk-size 4G] [--append A]\n"
-     "             [--ram-overcommit]\n"
-     "  vm pause NAME              local checkpoint, VM stopped, memory freed\n"
-     "  vm suspend NAME URL        checkpoint and push to a store (local kept if the push fails);\n"
-     "                             frames unchanged since the set it came from are copied there\n"
-     "                             by the store (--base URL: another set; --no-base: none)\n"
-     "  vm resume NAME [URL] [--on-demand] [--asset-dir DIR[:DIR...]] [--kernel K] [--initrd I]\n"
-     "             [--force] [--ram-overcommit]   from the local checkpoint or a store\n"
-     "  vm ls [--json] | vm stop NAME [--rm] | vm console NAME [--send LINE] [--lines N]\n"
-     "Common: --accel auto|kvm|tcg, --qemu BIN, --no-evict, --json, -j N (connections),\n"
-     "-T N (codec threads). -v: step timings."},
-    {"help", cmd_help, "help [VERB]", "Show the verbs, or one verb's help."},
-    {"version", cmd_version, "version", "Show the version (also --version)."},
+     "or VMSNAP_STATE_DIR), guest RAM on tmpfs (--ram-dir, default /dev/shm). A suspend\n"
+     "checkpoints and pushes to a store (the local checkpoint is kept if the push fails); the\n"
+     "frames unchanged since the set the VM came from are copied there by the store (--base\n"
+     "URL: another set; --no-base: none). A resume is from the local checkpoint, or from a\n"
+     "store with a URL. Every sub-verb takes every option below and ignores those it does not\n"
+     "use. -v: step timings.",
+     "micro-VMs under QEMU: run, pause, suspend, resume", "vmsnap-vm", NULL, cli_vm_subs, NULL,
+     true},
+    {"help", cmd_help, "help [VERB]", "Show the verbs, or one verb's help.",
+     "the verbs, or one verb's help", "vmsnap", NULL, NULL, "verb", false},
+    {"version", cmd_version, "version", "Show the version (also --version).", "the version",
+     "vmsnap", NULL, NULL, "none", false},
+};
+
+const struct cli_verb *cli_verbs(size_t *n)
+{
+    *n = sizeof(verbs) / sizeof(verbs[0]);
+    return verbs;
+}
+
+/* Before the verb (run() below); -q, -v and clusters of them ("-vv") also after it. */
+const struct cli_opt cli_global_opts[] = {
+    {"quiet", 'q', 'q', NULL, CLI_K_NONE, NULL, NULL, "errors only"},
+    {"verbose", 'v', 'v', NULL, CLI_K_NONE, NULL, NULL,
+     "more: step timings, retries; twice (-vv): debug lines, each request"},
+    {"json", 0, 'J', NULL, CLI_K_NONE, NULL, NULL,
+     "one JSON object on stdout, failures included (every verb that reports)"},
+    {"version", 0, 'V', NULL, CLI_K_NONE, NULL, NULL, "the version"},
+    {"help", 'h', 'h', NULL, CLI_K_NONE, NULL, NULL, "the verbs"},
+    CLI_OPT_END,
+};
+
+/* EXIT_* in cli.h; docs/cli.md says more of each */
+const struct cli_exit cli_exits[] = {
+    {"0", "ok"},
+    {"1", "other failure"},
+    {"2", "usage"},
+    {"3", "not found"},
+    {"4", "access denied"},
+    {"5", "unreachable or retryable"},
+    {"6", "corrupt or untrusted input"},
+    {"7", "local I/O"},
+    {"130", "interrupted (143 SIGTERM, 129 SIGHUP)"},
+    {NULL, NULL},
 };
 
 static const struct cli_verb *find_verb(const char *name)
@@ -170,33 +201,48 @@ static void usage(FILE *f)
     fprintf(f, "usage: vmsnap [-q] [-v|-vv] VERB [ARGS]   (-q, -v, -vv: anywhere)\n\nverbs:\n");
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
         fprintf(f, "  %s\n", verbs[i].synopsis);
-    fprintf(f, "\nExit codes: 0 ok, 1 other failure, 2 usage, 3 not found, 4 access denied, 5 "
-               "unreachable or\nretryable, 6 corrupt or untrusted input, 7 local I/O, 130 "
-               "interrupted (143 SIGTERM).\n--json (every verb that reports): one JSON object on "
-               "stdout, failures included.\n'vmsnap help VERB' for details; docs/cli.md for the "
-               "contract.\n");
+    /* "Exit codes: 0 ok, 1 other failure, ..." in lines of at most 96 */
+    size_t col = fprintf(f, "\nExit codes:") - 1;
+    for (size_t i = 0; cli_exits[i].code; i++) {
+        char item[96];
+        int n = snprintf(item, sizeof(item), " %s %s%s", cli_exits[i].code, cli_exits[i].what,
+                         cli_exits[i + 1].code ? "," : ".");
+        if (col + (size_t)n > 96) {
+            fputc('\n', f);
+            col = 0;
+        }
+        col += (size_t)fprintf(f, "%s", col ? item : item + 1);
+    }
+    fprintf(f, "\n--json (every verb that reports): one JSON object on stdout, failures "
+               "included.\n'vmsnap help VERB' for details; docs/cli.md for the contract.\n");
 }
 
-void cli_verb_description(const char *name)
+int cli_verb_help(const char *name)
 {
     const struct cli_verb *v = find_verb(name);
-    if (v)
-        printf("\n%s\n", v->help);
+    if (!v) {
+        cli_verb = ""; /* no "see 'vmsnap help help'" */
+        return unknown_verb(name, name);
+    }
+    cli_print_verb_help(stdout, v);
+    return EXIT_OK;
 }
 
+/* help VERB; and the generators the build runs (not for users, so not in the usage):
+ * help --man DIR, help --completion bash|zsh, help --options */
 static int cmd_help(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stdout);
         return EXIT_OK;
     }
-    const struct cli_verb *v = find_verb(argv[1]);
-    if (!v) {
-        cli_verb = ""; /* no "see 'vmsnap help help'" */
-        return unknown_verb(argv[1], argv[1]);
-    }
-    printf("usage: vmsnap %s\n\n%s\n", v->synopsis, v->help);
-    return EXIT_OK;
+    if (!strcmp(argv[1], "--man"))
+        return cli_doc_man(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "--completion"))
+        return cli_doc_completion(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "--options"))
+        return cli_doc_options(argc - 1, argv + 1);
+    return cli_verb_help(argv[1]);
 }
 
 static int cmd_version(int argc, char **argv)
@@ -337,15 +383,20 @@ static int run(int argc, char **argv)
 {
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
-        if (common_flag(argv[i]) == 0)
+        if (common_flag(argv[i]) == 0) /* -q, -v, --quiet, --verbose and clusters: "-vv" */
             continue;
-        if (!strcmp(argv[i], "--version"))
+        int c = 0;
+        for (const struct cli_opt *o = cli_global_opts; !c && (o->name || o->letter); o++)
+            if ((o->name && argv[i][1] == '-' && !strcmp(argv[i] + 2, o->name)) ||
+                (o->letter && argv[i][1] == o->letter && !argv[i][2]))
+                c = o->val;
+        if (c == 'V')
             return cmd_version(0, NULL);
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+        if (c == 'h') {
             usage(stdout);
             return EXIT_OK;
         }
-        if (!strcmp(argv[i], "--json"))
+        if (c == 'J')
             continue; /* taken by wants_json */
         cli_usage("", "unknown option '%s' before the verb", argv[i]);
         usage(stderr);

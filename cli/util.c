@@ -253,12 +253,18 @@ const char *cli_did_you_mean(const char *word, const char *const *cands)
     return pick;
 }
 
-int cli_unknown_sub(const char *verb, const char *sub, const char *const *subs)
+int cli_unknown_sub(const char *verb, const char *sub, const struct cli_sub *subs)
 {
     char list[256] = "";
-    for (size_t i = 0, o = 0; subs[i] && o < sizeof(list); i++)
-        o += (size_t)snprintf(list + o, sizeof(list) - o, "%s%s", i ? ", " : "", subs[i]);
-    const char *near = cli_did_you_mean(sub, subs);
+    const char *names[32];
+    size_t n = 0;
+    for (size_t i = 0, o = 0; subs[i].name && n < 31; i++, n++) {
+        names[n] = subs[i].name;
+        if (o < sizeof(list))
+            o += (size_t)snprintf(list + o, sizeof(list) - o, "%s%s", i ? ", " : "", subs[i].name);
+    }
+    names[n] = NULL;
+    const char *near = cli_did_you_mean(sub, names);
     if (near)
         return cli_usage(verb, "unknown subcommand '%s'; did you mean '%s'?", sub, near);
     return cli_usage(verb, "unknown subcommand '%s' (expected %s)", sub, list);
@@ -282,27 +288,95 @@ static void unknown_long(const char *arg, const struct option *lopts)
         cli_usage(cli_verb, "unknown option '%s'", arg);
 }
 
-int cli_getopt(int argc, char **argv, const char *shortopts, const struct option *lopts)
+/* getopt_long over `so` and `lo`; -q and -v taken here. */
+static int getopt_built(int argc, char **argv, const char *so, const struct option *lo)
 {
-    char so[64];
-    /* ':' a missing argument, '?' an unknown one; -q and -v in every verb */
-    snprintf(so, sizeof(so), ":%sqv", shortopts);
     opterr = 0;
     int c;
-    while ((c = getopt_long(argc, argv, so, lopts, NULL)) == 'q' || c == 'v')
+    while ((c = getopt_long(argc, argv, so, lo, NULL)) == 'q' || c == 'v')
         cli_common_flag(c);
     if (c == ':' || c == '?') {
         const char *arg = argv[optind - 1];
         if (c == ':')
             cli_usage(cli_verb, "option '%s' wants an argument", arg);
         else if (!strncmp(arg, "--", 2))
-            unknown_long(arg, lopts);
+            unknown_long(arg, lo);
         else
             cli_usage(cli_verb, "unknown option '-%c'", optopt ? optopt : '?');
         opt_error_reported = true;
         c = '?';
     }
     return c;
+}
+
+/* The tables getopt_long wants, built from `opts` at each call (a few dozen rows): a long
+ * option returns OPT_ROW + its row, so that either spelling maps to the row's val whatever
+ * letters the table uses. */
+#define OPT_ROW 0x10000
+#define OPTS_MAX 64
+
+int cli_getopt(int argc, char **argv, const struct cli_opt *opts)
+{
+    struct option lo[OPTS_MAX + 4];
+    char so[2 * OPTS_MAX + 8];
+    size_t n = 0, s = 0;
+    so[s++] = ':'; /* a missing argument is ':', an unknown option '?' */
+    for (size_t i = 0; opts[i].name || opts[i].letter; i++) {
+        if (i >= OPTS_MAX)
+            abort(); /* a table this long is a bug (cli_doc_check says so first) */
+        if (opts[i].name)
+            lo[n++] = (struct option){opts[i].name, opts[i].arg ? required_argument : no_argument,
+                                      NULL, OPT_ROW + (int)i};
+        if (opts[i].letter) {
+            so[s++] = opts[i].letter;
+            if (opts[i].arg)
+                so[s++] = ':';
+        }
+    }
+    lo[n++] = (struct option){"help", no_argument, NULL, 'h'};
+    lo[n++] = (struct option){"quiet", no_argument, NULL, 'q'};
+    lo[n++] = (struct option){"verbose", no_argument, NULL, 'v'};
+    lo[n] = (struct option){NULL, 0, NULL, 0};
+    memcpy(so + s, "hqv", 4);
+    int c = getopt_built(argc, argv, so, lo);
+    if (c >= OPT_ROW)
+        return opts[c - OPT_ROW].val;
+    for (size_t i = 0; c > 0 && c != 'h' && (opts[i].name || opts[i].letter); i++)
+        if (opts[i].letter == c)
+            return opts[i].val;
+    return c;
+}
+
+bool cli_word_in(const char *list, const char *word)
+{
+    size_t n = strlen(word);
+    for (const char *p = list; p && *p;) {
+        p += strspn(p, " ");
+        size_t k = strcspn(p, " ");
+        if (k == n && !strncmp(p, word, n))
+            return true;
+        p += k;
+    }
+    return false;
+}
+
+const char *cli_opt_label(char *buf, size_t cap, const struct cli_opt *o)
+{
+    if (o->letter && o->name)
+        snprintf(buf, cap, "-%c/--%s", o->letter, o->name);
+    else if (o->name)
+        snprintf(buf, cap, "--%s", o->name);
+    else
+        snprintf(buf, cap, "-%c", o->letter);
+    return buf;
+}
+
+const struct cli_opt *cli_opt_by_val(const struct cli_opt *opts, int val)
+{
+    for (size_t i = 0; opts[i].name || opts[i].letter; i++)
+        if (opts[i].val == val)
+            return &opts[i];
+    return NULL;
 }
 
 double cli_cpu_seconds(void)

@@ -4,74 +4,92 @@
 #include "cli.h"
 #include "vmsnap/xfer.h"
 
-#include <getopt.h>
+#include <getopt.h> /* optarg, optind */
 #include <json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const struct option lopts[] = {
-    {"connections", required_argument, NULL, 'j'},
-    {"part-size", required_argument, NULL, 'p'},
-    {"max-memory", required_argument, NULL, 'm'},
-    {"threads", required_argument, NULL, 't'},
-    {"frame-size", required_argument, NULL, 'z'},
-    {"level", required_argument, NULL, 'l'},
-    {"max-size", required_argument, NULL, 's'},
-    {"no-fsync", no_argument, NULL, 'n'},
-    {"endpoint", required_argument, NULL, 'e'},
-    {"region", required_argument, NULL, 'r'},
-    {"path-style", no_argument, NULL, 'P'},
-    {"retries", required_argument, NULL, 'R'},
-    {"profile", required_argument, NULL, 'A'},
-    {"ca-bundle", required_argument, NULL, 'C'},
-    {"force", no_argument, NULL, 'F'},
-    {"drop-cache", no_argument, NULL, 'D'},
-    {"json", no_argument, NULL, 'J'},
-    {"base", required_argument, NULL, 'B'},
-    {"layout", required_argument, NULL, 'L'},
-    {"parent", required_argument, NULL, 'K'},
-    {"max-depth", required_argument, NULL, 'H'},
-    {"no-cache", no_argument, NULL, 'X'},
-    {"cache-dir", required_argument, NULL, 'Y'},
-    {"write-cache", no_argument, NULL, 'W'},
-    {"dry-run", no_argument, NULL, 'N'},
-    {"older-than", required_argument, NULL, 'O'},
-    {"help", no_argument, NULL, 'h'},
-    CLI_COMMON_LONGOPTS,
-    {0, 0, 0, 0},
+/* `only` lists the verbs that use an option; the others refuse it (for_this_verb) rather than
+ * ignore it silently (pull --level 9 would look as if it did something). */
+const struct cli_opt cli_xfer_opts[] = {
+    {"json", 0, 'J', NULL, CLI_K_NONE, NULL, NULL, "the result as one JSON object on stdout"},
+    {"force", 'f', 'F', NULL, CLI_K_NONE, NULL, "rm pull",
+     "replace the set's files (or PATH) where they exist (pull); delete an incomplete set too "
+     "(rm)"},
+    {"connections", 'j', 'j', "N", CLI_K_NONE, NULL, "push pull export",
+     "parallel connections, 1 to 256 (default 8)"},
+    {"threads", 'T', 't', "N", CLI_K_NONE, NULL, "push pull export",
+     "codec threads (0, the default: all CPUs)"},
+    {"part-size", 0, 'p', "SIZE", CLI_K_NONE, NULL, "push export",
+     "the size of an upload part (default 16M)"},
+    {"max-memory", 0, 'm', "SIZE", CLI_K_NONE, NULL, "push pull export",
+     "at most SIZE of parts and codec buffers in memory (default 256M)"},
+    {"frame-size", 0, 'z', "SIZE", CLI_K_NONE, NULL, "push export",
+     "the source range of one frame (default 64M)"},
+    {"level", 0, 'l', "L", CLI_K_NONE, NULL, "push export", "the zstd level, 1 to 22 (default 1)"},
+    {"layout", 0, 'L', "LAYOUT", CLI_K_CHOICE, "layered reference", "push",
+     "a set's layout: layered (the default) or reference (URL/<name>.zstd)"},
+    {"parent", 0, 'K', "URL", CLI_K_URL, NULL, "push",
+     "store each file as a delta over this set's (the pages that differ)"},
+    {"max-depth", 0, 'H', "N", CLI_K_NONE, NULL, "push",
+     "at most N layers in a file's chain, 1 to 64 (default 8)"},
+    {"base", 0, 'B', "URL", CLI_K_URL, NULL, "push",
+     "an earlier set or object in the same store whose unchanged frames the store copies"},
+    {"max-size", 0, 's', "SIZE", CLI_K_NONE, NULL, NULL,
+     "refuse a file of a larger logical size (default 64T)"},
+    {"no-fsync", 0, 'n', NULL, CLI_K_NONE, NULL, "pull",
+     "do not fsync the files before they are renamed into place"},
+    {"drop-cache", 0, 'D', NULL, CLI_K_NONE, NULL, "pull",
+     "then drop the files' page cache (writeback started, retried for a few seconds)"},
+    {"no-cache", 0, 'X', NULL, CLI_K_NONE, NULL, "pull export",
+     "fetch every layer from the store, not through the node's object cache"},
+    {"cache-dir", 0, 'Y', "DIR", CLI_K_DIR, NULL, "push pull export",
+     "the object cache's directory (default: VMSNAP_CACHE_DIR, else as cache objects says)"},
+    {"write-cache", 0, 'W', NULL, CLI_K_NONE, NULL, "push",
+     "also keep a layered set's objects in the node's object cache as they are uploaded"},
+    {"dry-run", 0, 'N', NULL, CLI_K_NONE, NULL, "gc", "list what gc would remove, remove nothing"},
+    {"older-than", 0, 'O', "DURATION", CLI_K_NONE, NULL, "gc",
+     "only what is older (90s, 30m, 2h, 7d; default 1h; 0: everything)"},
+    {"endpoint", 0, 'e', "URL", CLI_K_NONE, NULL, NULL,
+     "the S3 endpoint (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile, AWS's)"},
+    {"region", 0, 'r', "R", CLI_K_NONE, NULL, NULL,
+     "the S3 region (default: AWS_REGION, AWS_DEFAULT_REGION, the profile, us-east-1)"},
+    {"path-style", 0, 'P', NULL, CLI_K_NONE, NULL, NULL,
+     "path-style S3 URLs (endpoint/bucket/key) instead of virtual-hosted ones"},
+    {"retries", 0, 'R', "N", CLI_K_NONE, NULL, NULL, "retries per request, 0 to 100 (default 5)"},
+    {"profile", 0, 'A', "NAME", CLI_K_NONE, NULL, NULL,
+     "the AWS profile of the shared files (default: AWS_PROFILE, else default)"},
+    {"ca-bundle", 0, 'C', "FILE", CLI_K_FILE, NULL, NULL,
+     "trust the CAs of this PEM file (default: AWS_CA_BUNDLE, the profile, the system's)"},
+    CLI_OPT_END,
 };
 
-/* Options that mean something to some of the verbs only: refused elsewhere rather than silently
- * ignored (pull --level 9 would look as if it did something). 0, or -1 after the usage error. */
+/* An option that `verb` does not use: the usage error (0, or -1 after it). */
 static int for_this_verb(const char *verb, int c)
 {
-    static const struct {
-        int c;
-        const char *verbs, *name, *who;
-    } only[] = {
-        {'j', " push pull export ", "-j/--connections", "push, pull and export"},
-        {'p', " push export ", "--part-size", "push and export"},
-        {'m', " push pull export ", "--max-memory", "push, pull and export"},
-        {'t', " push pull export ", "--threads", "push, pull and export"},
-        {'z', " push export ", "--frame-size", "push and export"},
-        {'l', " push export ", "--level", "push and export"},
-        {'n', " pull ", "--no-fsync", "pull"},
-        {'L', " push ", "--layout", "push"},
-        {'K', " push ", "--parent", "push"},
-        {'H', " push ", "--max-depth", "push"},
-        {'X', " pull export ", "--no-cache", "pull and export"},
-        {'Y', " push pull export ", "--cache-dir", "push, pull and export"},
-        {'W', " push ", "--write-cache", "push"},
-    };
-    char w[16]; /* " verb ", as only[].verbs lists them */
-    snprintf(w, sizeof(w), " %s ", verb);
-    for (size_t k = 0; k < sizeof(only) / sizeof(only[0]); k++)
-        if (only[k].c == c && !strstr(only[k].verbs, w))
-            return cli_usage(verb, "%s is an option of %s only (%s does not use it)", only[k].name,
-                             only[k].who, verb),
-                   -1;
-    return 0;
+    const struct cli_opt *o = cli_opt_by_val(cli_xfer_opts, c);
+    if (!o || !o->only || cli_word_in(o->only, verb))
+        return 0;
+    /* "push, pull and export" */
+    char name[64], who[64] = "";
+    size_t n = 0, len = 0;
+    for (const char *p = o->only; *p; p += strspn(p, " "), n++)
+        p += strcspn(p, " ");
+    const char *p = o->only;
+    for (size_t k = 0; k < n && len < sizeof(who); k++) {
+        size_t w = strcspn(p, " ");
+        len += (size_t)snprintf(who + len, sizeof(who) - len, "%s%.*s",
+                                k == 0       ? ""
+                                : k == n - 1 ? " and "
+                                             : ", ",
+                                (int)w, p);
+        p += w;
+        p += strspn(p, " ");
+    }
+    return cli_usage(verb, "%s is an option of %s only (%s does not use it)",
+                     cli_opt_label(name, sizeof(name), o), who, verb),
+           -1;
 }
 
 /* -j, --threads, --level, --retries: a count in a range. */
@@ -264,11 +282,7 @@ static int xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xf
         f = &none;
     int c;
     optind = 1;
-    while ((c = cli_getopt(argc, argv, "j:T:fhqv", lopts)) != -1) {
-        if (c == 'T') /* -T N: the codec's threads, as pack's */
-            c = 't';
-        else if (c == 'f')
-            c = 'F';
+    while ((c = cli_getopt(argc, argv, cli_xfer_opts)) != -1) {
         int rc = for_this_verb(verb, c);
         if (rc == 0)
             rc = one_opt(verb, c, o, f);
@@ -333,9 +347,7 @@ int cmd_xfer_args(const struct xfer_verb *v, int argc, char **argv, struct vmsna
     int i = xfer_getopt(v->name, argc, argv, o, f);
     *rc = EXIT_USAGE;
     if (i == -2) {
-        fputs(v->usage, stdout);
-        cli_verb_description(v->name);
-        *rc = EXIT_OK;
+        *rc = cli_verb_help(v->name);
         return -1;
     }
     if (i < 0)

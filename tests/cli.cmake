@@ -8,3 +8,8 @@ vmsnap_sh_test(cli_contract tests/integration/cli_contract.sh TIMEOUT 300 LABELS
 set_tests_properties(cli_contract PROPERTIES FIXTURES_REQUIRED xfer_rgw RESOURCE_LOCK xfer_rgw_server)
 set_property(TEST cli_contract APPEND PROPERTY ENVIRONMENT
              "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state;VMSNAP_FAULTPROXY=$<TARGET_FILE:vmsnap_faultproxy>")
+# The man pages and the bash and zsh completions as cmake --install puts them in a prefix: man and
+# groff render them without a warning, the bash completion completes (compgen), zsh parses and
+# registers _vmsnap, and each of them, vmsnap help VERB and the parser itself agree option for
+# option (the tables of cli.h).
+vmsnap_sh_test(cli_docs tests/integration/cli_docs.sh LABELS "cli;install" TIMEOUT 600)

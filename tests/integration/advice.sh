@@ -17,7 +17,7 @@ cli/cmd_cache.c^'vmsnap cache stat --help'^usage: vmsnap cache stat^help
 cli/cmd_cache.c^'vmsnap help cache'^usage: vmsnap cache stat^help
 cli/cmd_vm.c^'vmsnap vm run --help'^usage: vmsnap vm run^help
 cli/cmd_vm.c^'vmsnap help vm'^usage: vmsnap vm run^help
-cli/main.c^'vmsnap help VERB'^Exit codes: 0 ok^help
+cli/main.c^'vmsnap help VERB'^one JSON object on stdout, failures included^help
 cli/main.c^'vmsnap help'^unknown verb (the verbs^unknown_verb
 lib/xfer/xfer_layers_push.c^'vmsnap gc'^whether the commit was carried out cannot be told^none: needs a PUT carried out whose answer is lost and a read-back refused; the review reproduced it through the fault proxy (M1:drop,M2:503), and gc then keeps the objects the committed manifest names (xfer_layers: gc keeps what manifests name)
 cli/util.c^'vmsnap help %s'^(see 'vmsnap help %s')^usage
