@@ -45,6 +45,7 @@ struct reach {
     char **layered; /* prefixes ("P/") whose manifest is layered, sorted */
     size_t nlp, clp;
     bool collect_objs;
+    int64_t newest; /* the newest mtime listed (the store's clock), 0 before any */
 };
 
 static int add_obj(struct obj **v, size_t *n, size_t *cap, const char *key, uint64_t size,
@@ -90,6 +91,8 @@ static bool is_manifest(const char *key)
 static int see(void *arg, const char *key, uint64_t size, int64_t mtime)
 {
     struct reach *r = arg;
+    if (mtime > r->newest)
+        r->newest = mtime;
     if (is_manifest(key))
         return add_obj(&r->mans, &r->nm, &r->cm, key, size, mtime);
     size_t kl = strlen(key), zl = strlen(OBJECT_SUFFIX);
@@ -239,7 +242,11 @@ static void reach_free(struct reach *r)
     free(r->layered);
 }
 
-/* The manifests again: any that is new or was rewritten since the first listing is read too. */
+/* The manifests again: any that is new or was rewritten since the first listing is read too.
+ * A listing's mtime has a resolution of one second, so a manifest rewritten within the second
+ * of its first listing, with the same size, lists the same: every manifest whose mtime is within
+ * two seconds of the newest one the first listing saw (the store's own clock: no skew) is read
+ * again whatever it lists, the older ones only when they changed. */
 static int remark(struct reach *r, const char *root, struct vmsnap_err *err)
 {
     struct reach again = {.x = r->x, .c = r->c};
@@ -249,7 +256,7 @@ static int remark(struct reach *r, const char *root, struct vmsnap_err *err)
         for (size_t j = 0; j < r->nm && !seen; j++)
             seen = !strcmp(r->mans[j].key, again.mans[i].key) &&
                    r->mans[j].mtime == again.mans[i].mtime && r->mans[j].mtime >= 0 &&
-                   r->mans[j].size == again.mans[i].size;
+                   r->mans[j].mtime < r->newest - 2 && r->mans[j].size == again.mans[i].size;
         if (!seen)
             rc = mark_manifest(r, again.mans[i].key, err);
     }
@@ -352,8 +359,10 @@ int xfer_gc_layers(struct xfer *x, struct vmsnap_store_conn *c, const char *key,
     bool any = false;
     for (size_t i = 0; rc == 0 && i < r.no && !any; i++)
         any = dead(&r, r.objs[i].key);
-    if (rc == 0 && any && !l->gc->dry_run)
+    if (rc == 0 && any && !l->gc->dry_run) {
+        sys_failpoint("gc-marked");
         rc = remark(&r, root, err);
+    }
     for (size_t i = 0; rc == 0 && i < r.no; i++) {
         const struct obj *o = &r.objs[i];
         if (!dead(&r, o->key))
