@@ -8,7 +8,9 @@
 #   full-base    --layout reference with the previous set as base (unchanged frames copied by RGW)
 #   full-nobase  --layout reference --no-base (every frame compressed and uploaded)
 # Per cycle: bytes uploaded (the suspend's objects) and downloaded (the resume's objects minus
-# what came from the node's cache), suspend and resume wall time, client and server CPU. Then
+# what came from the node's cache), suspend and resume wall time, client and server CPU; for
+# layers also the resume of each new set on "another node" (its own cache dir, holding the
+# parent chain: it resumed every earlier set), which fetches the delta only. Then
 # the store's bytes per mode, 8 resumes of one golden on one node with an empty cache (bytes
 # fetched in all), and the resume time of each set of the layered chain with an empty cache
 # against its depth. Prints markdown tables.
@@ -91,7 +93,7 @@ print("%s\t%s.client-cpu\t%s" % (m, w, sys.argv[4]))
 print("%s\t%s.server-cpu\t%s" % (m, w, sys.argv[5]))
 ob = d.get("object_bytes", 0); cb = d.get("cached_bytes", 0)
 if w.endswith("suspend"): print("%s\t%s.up-MiB\t%.2f" % (m, w, ob / 1048576))
-else: print("%s\tresume.down-MiB\t%.2f" % (m, (ob - cb) / 1048576))' \
+else: print("%s\t%s.down-MiB\t%.2f" % (m, w, (ob - cb) / 1048576))' \
         "$W/j" "$mode" "$what" "$(echo "$cu + $cs" | bc)" "$(echo "$s1 - $s0" | bc)" >>"$RES"
 }
 
@@ -107,12 +109,22 @@ for mode in $MODES; do
         --append "$(cat "$G/cmdline") vmsnap.dirty=64" 2>/dev/null
     wait_line b 0 'vmsnap-counter ram=1 '
     timed "$mode" golden-suspend vm suspend b "s3://$BUCKET/$mode/c0" --json
+    if [ "$mode" = layers ]; then # "another node" resumes the golden first: its cache holds it
+        VMSNAP_CACHE_DIR=$W/cache-nodeb vm resume nb0 "s3://$BUCKET/$mode/c0" >/dev/null
+        vm stop --rm nb0 >/dev/null 2>&1 || true
+    fi
     for ((c = 1; c <= CYCLES; c++)); do
         timed "$mode" resume vm resume b "s3://$BUCKET/$mode/c$((c - 1))" --json
         from=$(lines b)
         "$VMSNAP" vm console b --send "dirty $DIRTY" --state-dir "$S"
         wait_line b "$from" 'vmsnap-dirtied'
         timed "$mode" suspend vm suspend b "s3://$BUCKET/$mode/c$c" --json "${opts[@]}"
+        if [ "$mode" = layers ]; then
+            # the same set resumed on "another node": its own cache, which holds the parent
+            # chain (it resumed every earlier set), so it fetches the new delta only
+            VMSNAP_CACHE_DIR=$W/cache-nodeb timed "$mode" resume-b vm resume "nb$c" "s3://$BUCKET/$mode/c$c" --json
+            vm stop --rm "nb$c" >/dev/null 2>&1 || true
+        fi
     done
     vm stop --rm b >/dev/null 2>&1 || true
     printf '%s\tstore-MiB\t%.1f\n' "$mode" "$(echo "scale=1; $(store_bytes "$mode") / 1048576" | bc)" >>"$RES"
@@ -157,20 +169,24 @@ print("|---|" + "---|" * len(modes))
 for k, lab in [("suspend.up-MiB", "uploaded MiB (p50)"), ("resume.down-MiB", "downloaded MiB (p50)"),
                ("suspend.seconds", "suspend s p50"), ("suspend.seconds@90", "suspend s p90"),
                ("resume.seconds", "resume s p50"), ("resume.seconds@90", "resume s p90"),
+               ("resume-b.down-MiB", "other node (parent cached): downloaded MiB (p50)"),
+               ("resume-b.seconds", "other node (parent cached): resume s p50"),
+               ("resume-b.seconds@90", "other node (parent cached): resume s p90"),
                ("suspend.client-cpu", "suspend client CPU s (p50)"),
                ("suspend.server-cpu", "suspend server CPU s (p50)"),
                ("resume.client-cpu", "resume client CPU s (p50)"),
                ("resume.server-cpu", "resume server CPU s (p50)")]:
     key, p = (k.split("@")[0], int(k.split("@")[1])) if "@" in k else (k, 50)
-    print("| %s | %s |" % (lab, " | ".join("%.2f" % pct(by[(m, key)], p) for m in modes)))
+    print("| %s | %s |" % (lab, " | ".join("%.2f" % pct(by[(m, key)], p) if (m, key) in by else "-" for m in modes)))
 print("| store MiB after the cycles (golden included) | %s |" %
       " | ".join("%.1f" % by[(m, "store-MiB")][0] for m in modes))
 print("| golden suspend MiB | %s |" % " | ".join("%.1f" % by[(m, "golden-suspend.up-MiB")][0] for m in modes))
 print("| golden suspend s | %s |" % " | ".join("%.2f" % by[(m, "golden-suspend.seconds")][0] for m in modes))
 if ("layers", "suspend.up-MiB") in by and ("full-nobase", "suspend.seconds") in by:
     l, f = by[("layers", "suspend.seconds")], by[("full-nobase", "suspend.seconds")]
-    print("\nlayers/full-nobase: suspend p50 %.2fx, resume p50 %.2fx; upload p50 %.2fx the %d MiB dirtied" %
+    print("\nlayers/full-nobase: suspend p50 %.2fx, resume p50 %.2fx (on another node, the parent cached: %.2fx); upload p50 %.2fx the %d MiB dirtied" %
           (pct(l, 50) / pct(f, 50), pct(by[("layers", "resume.seconds")], 50) / pct(by[("full-nobase", "resume.seconds")], 50),
+           pct(by[("layers", "resume-b.seconds")], 50) / pct(by[("full-nobase", "resume.seconds")], 50),
            pct(by[("layers", "suspend.up-MiB")], 50) / dirty, dirty))
 if ("eight", "fetched-MiB") in by:
     print("\n8 resumes of one golden, one node, cache empty at the start: %.1f MiB fetched (golden %.1f MiB)" %
