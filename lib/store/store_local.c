@@ -31,16 +31,28 @@
 #define MPU_TAG ".mpu-"
 #define MAX_DEPTH 32
 
-/* Create the parent directories of `path` (mode 0700 for new ones). */
+/* A gc of the same store removes directories it emptied (ltidy) while a push may be creating
+ * one below them or a file in one: a create that finds its directory gone makes the parents
+ * again, at most this many times. */
+#define RACE_TRIES 16
+
+/* Create the parent directories of `path` (mode 0700 for new ones). A parent removed between
+ * its mkdir and its child's (ENOENT: a gc tidying) is made again. */
 static int mkparents(const char *path, struct vmsnap_err *err)
 {
     char *p = strdup(path);
     if (!p)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
+    int tries = 0;
     for (char *s = strchr(p + 1, '/'); s; s = strchr(s + 1, '/')) {
         *s = '\0';
         if (mkdir(p, 0700) < 0 && errno != EEXIST) {
             int e = errno;
+            *s = '/';
+            if (e == ENOENT && ++tries < RACE_TRIES) {
+                s = p; /* from the top again (strchr(s + 1) skips the leading '/') */
+                continue;
+            }
             err_code(err, e, "mkdir %s", p);
             free(p);
             return -e;
@@ -95,6 +107,8 @@ static int lmpu_create(struct vmsnap_store_conn *c, const char *key, char **uplo
     int rc = sys_check_replaceable(path, err); /* refused before anything is uploaded */
     if (rc == 0)
         rc = mkparents(path, err);
+    if (rc == 0)
+        sys_failpoint("local-parents-made"); /* test hook: a gc may tidy them away here */
     const char *base;
     char *dir = rc == 0 ? dir_of(path, &base) : NULL;
     char *tmp = NULL;
@@ -107,10 +121,18 @@ static int lmpu_create(struct vmsnap_store_conn *c, const char *key, char **uplo
     if (rc == 0 && !tmp)
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
     if (rc == 0) {
+        size_t tl = strlen(tmp);
         int fd = mkostemp(tmp, O_CLOEXEC);
-        if (fd < 0) {
+        /* the directory removed after mkparents (a gc tidying): made again */
+        for (int t = 1; fd < 0 && errno == ENOENT && t < RACE_TRIES; t++) {
+            memcpy(tmp + tl - 6, "XXXXXX", 6);
+            if ((rc = mkparents(path, err)) < 0)
+                break;
+            fd = mkostemp(tmp, O_CLOEXEC);
+        }
+        if (rc == 0 && fd < 0) {
             rc = err_sys(err, "create temporary file for %s", path);
-        } else {
+        } else if (rc == 0) {
             close(fd); /* mkostemp creates 0600 */
             *upload_id = strdup(strrchr(tmp, '/') + 1);
             if (!*upload_id) {
@@ -219,8 +241,15 @@ static int lput_plain(struct vmsnap_store_conn *c, const char *key, const void *
         return vmsnap_err_set(err, ENOMEM, "out of memory");
     struct sys_atomic_file af;
     int rc = mkparents(path, err);
-    if (rc == 0)
+    if (rc == 0) {
+        sys_failpoint("local-parents-made");
         rc = sys_atomic_open(&af, path, 0600, err);
+    }
+    for (int t = 1; rc == -ENOENT && t < RACE_TRIES; t++) { /* its directory tidied away */
+        vmsnap_err_clear(err);
+        if ((rc = mkparents(path, err)) == 0)
+            rc = sys_atomic_open(&af, path, 0600, err);
+    }
     if (rc == 0) {
         rc = sys_write_full(af.fd, buf, len);
         if (rc == 0 && fsync(af.fd) < 0)

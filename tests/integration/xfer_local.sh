@@ -655,6 +655,16 @@ cmp -s "$T/kbig" "$T/kout/memory-ranges" || fail "gc removed an object of the co
 mkdir -p "$S/sets/race" && cp "$S/sets/k/state.json.zstd" "$S/sets/race/state.json.zstd"
 mark "$S/sets/race" $id1 $old '["state.json","memory-ranges"]'
 touch -d '2 hours ago' "$S/sets/race"/*
+# a push whose new directories a gc tidies away (it removes directories it emptied) between
+# their mkdir and the push's first file in them: made again, the push goes through
+VMSNAP_FAILPOINT=local-parents-made:stop "$VMSNAP" -q push "$T/kbig" "$S/tidy/a/b/obj" 2>"$T/tidy.err" &
+tpid=$!
+wait_stopped $tpid 10 || fail "push did not stop at its failpoint: $(cat "$T/tidy.err")"
+rmdir "$S/tidy/a/b" "$S/tidy/a" || fail "rmdir the push's new directories"
+while kill -0 $tpid 2>/dev/null; do kill -CONT $tpid 2>/dev/null; sleep 0.1; done
+wait $tpid || fail "a push whose directories were tidied away failed: $(cat "$T/tidy.err")"
+rm -f "$T/tidy.out" && "$VMSNAP" -q pull "$S/tidy/a/b/obj" "$T/tidy.out" && cmp -s "$T/kbig" "$T/tidy.out" ||
+    fail "the object pushed while its directories were tidied away"
 VMSNAP_FAILPOINT=gc-before-delete:stop "$VMSNAP" -v gc "$S/sets/race" 2>"$T/gcr" &
 gpid=$!
 wait_stopped $gpid 10 || fail "gc did not stop at its failpoint: $(cat "$T/gcr")"
