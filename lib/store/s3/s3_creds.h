@@ -161,10 +161,10 @@ int s3_src_imds(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsna
 int s3_src_process(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsnap_err *err);
 /* The providers' parsers (s3_providers.c), on an answer's bytes (untrusted; no I/O, buf need
  * not be NUL-terminated). Each returns 0 with *out (a new reference, access and secret key
- * non-empty, no control character in them or the token: they go into headers), or <0 with err filled: -EPROTO for an answer that is not what the source sends
- * (the message names `what` and, for STS, `origin`; never a key, a token or the answer's text),
- * -EFBIG, -ENOMEM. The caller wipes buf.
- *   s3_cred_parse_json: a JSON object {AccessKeyId, SecretAccessKey, Token, Expiration (ISO
+ * non-empty, no control character in them or the token: they go into headers), or <0 with err
+ * filled: -EPROTO for an answer that is not what the source sends (the message names `what` and,
+ * for STS, `origin`; never a key, a token or the answer's text), -EFBIG, -ENOMEM. The caller wipes
+ * buf. s3_cred_parse_json: a JSON object {AccessKeyId, SecretAccessKey, Token, Expiration (ISO
  *     8601, required when need_exp)} as the container endpoint and instance metadata answer;
  *     with `process`, credential_process's output (SessionToken, and "Version": 1 required).
  *   s3_cred_parse_sts: STS's AssumeRoleWithWebIdentity answer (XML: Credentials with
