@@ -159,16 +159,17 @@ int s3_src_web_identity(const struct s3_chain_cfg *c, struct s3_cred **out, stru
 int s3_src_container(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsnap_err *err);
 int s3_src_imds(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsnap_err *err);
 int s3_src_process(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsnap_err *err);
-/* The providers' parsers (s3_providers.c), on an answer's bytes (untrusted; no I/O, buf need
- * not be NUL-terminated). Each returns 0 with *out (a new reference, access and secret key
- * non-empty, no control character in them or the token: they go into headers), or <0 with err
- * filled: -EPROTO for an answer that is not what the source sends (the message names `what` and,
- * for STS, `origin`; never a key, a token or the answer's text), -EFBIG, -ENOMEM. The caller wipes
- * buf. s3_cred_parse_json: a JSON object {AccessKeyId, SecretAccessKey, Token, Expiration (ISO
+/* The providers' parsers (s3_providers.c), on an answer's bytes (untrusted; no I/O; buf need
+ * not be NUL-terminated; the caller wipes it).
+ *   s3_cred_parse_json: a JSON object {AccessKeyId, SecretAccessKey, Token, Expiration (ISO
  *     8601, required when need_exp)} as the container endpoint and instance metadata answer;
  *     with `process`, credential_process's output (SessionToken, and "Version": 1 required).
  *   s3_cred_parse_sts: STS's AssumeRoleWithWebIdentity answer (XML: Credentials with
- *     AccessKeyId, SecretAccessKey, SessionToken, Expiration, all required). */
+ *     AccessKeyId, SecretAccessKey, SessionToken, Expiration, all required).
+ * Each returns 0 with *out (a new reference; access and secret key non-empty, no control
+ * character in them or the token: they go into headers), or <0 with err filled: -EPROTO for an
+ * answer that is not what the source sends (the message names `what` and, for STS, `origin`;
+ * never a key, a token or the answer's text), -EFBIG, -ENOMEM. */
 int s3_cred_parse_json(const char *what, const char *buf, size_t len, bool process, bool need_exp,
                        struct s3_cred **out, struct vmsnap_err *err);
 int s3_cred_parse_sts(const char *what, const char *origin, const char *buf, size_t len,
