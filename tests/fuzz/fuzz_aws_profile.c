@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target: the AWS shared files' reader (s3_profile_parse) on untrusted bytes, read as the
- * credentials file and then as the config file of one profile, as s3_profile_load does. An
- * error names the file and line and never a value of the input (the values are the secrets); a
- * success keeps only settings with a name and a value, each once per file, all found again by
- * s3_profile_get_src. */
+ * credentials file and then as the config file of one profile ("default", then "dev"), as
+ * s3_profile_load does. An error names the file and line and never a value of the input (the
+ * values are the secrets); a success keeps only settings with a name and a value, each once per
+ * file, all found again by s3_profile_get_src. */
 #include "fuzz_cred.h"
 
 #include <stdint.h>
@@ -47,13 +47,11 @@ static int parse(struct s3_profile *p, const char *path, bool cred, const uint8_
     return rc;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+static void one(const char *name, const uint8_t *data, size_t size)
 {
-    if (size > (1u << 20))
-        return 0;
     struct s3_profile p;
     memset(&p, 0, sizeof(p));
-    if (!(p.name = strdup(size && (data[0] & 1) ? "dev" : "default")))
+    if (!(p.name = strdup(name)))
         abort();
     int rc = parse(&p, "fuzz-credentials", true, data, size);
     if (rc == 0)
@@ -73,5 +71,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         (void)s3_profile_service(&p, "s3", "endpoint_url");
     }
     s3_profile_fini(&p);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size > (1u << 20))
+        return 0;
+    one("default", data, size);
+    one("dev", data, size);
     return 0;
 }
