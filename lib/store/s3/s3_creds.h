@@ -56,6 +56,15 @@ struct s3_profile {
  * CLI). s3_profile_fini frees (also after a failure). */
 int s3_profile_load(struct s3_profile *p, const char *flag_profile, struct vmsnap_err *err);
 void s3_profile_fini(struct s3_profile *p);
+/* The parser under s3_profile_load, on one file's bytes (untrusted; no I/O): the settings of
+ * the profile p->name (set, as the rest of *p, by the caller: zeroed but for the name) found in
+ * buf[0..len) are added to *p, p->in_cred or p->in_config set when its section is there. `path`
+ * names the file in messages; `cred` says which file this is (the credentials file's sections
+ * are "[name]", the config file's "[profile name]"). buf is cut into lines in place and must
+ * hold buf[len] (a NUL or anything: it is written); the caller wipes it. 0, or -EINVAL with a
+ * message naming path and line, never the line's text (it may hold a secret); -ENOMEM. */
+int s3_profile_parse(struct s3_profile *p, const char *path, bool cred, char *buf, size_t len,
+                     struct vmsnap_err *err);
 /* A setting of `service` ("s3", "sts") in the [services NAME] section the profile names with
  * `services = NAME`, or NULL. */
 const char *s3_profile_service(const struct s3_profile *p, const char *service, const char *key);
@@ -150,12 +159,54 @@ int s3_src_web_identity(const struct s3_chain_cfg *c, struct s3_cred **out, stru
 int s3_src_container(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsnap_err *err);
 int s3_src_imds(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsnap_err *err);
 int s3_src_process(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsnap_err *err);
+/* The providers' parsers (s3_providers.c), on an answer's bytes (untrusted; no I/O; buf need
+ * not be NUL-terminated; the caller wipes it).
+ *   s3_cred_parse_json: a JSON object {AccessKeyId, SecretAccessKey, Token, Expiration (ISO
+ *     8601, required when need_exp)} as the container endpoint and instance metadata answer;
+ *     with `process`, credential_process's output (SessionToken, and "Version": 1 required).
+ *   s3_cred_parse_sts: STS's AssumeRoleWithWebIdentity answer (XML: Credentials with
+ *     AccessKeyId, SecretAccessKey, SessionToken, Expiration, all required).
+ * Each returns 0 with *out (a new reference; access and secret key non-empty, no control
+ * character in them or the token: they go into headers), or <0 with err filled: -EPROTO for an
+ * answer that is not what the source sends (the message names `what` and, for STS, `origin`;
+ * never a key, a token or the answer's text), -EFBIG, -ENOMEM. */
+int s3_cred_parse_json(const char *what, const char *buf, size_t len, bool process, bool need_exp,
+                       struct s3_cred **out, struct vmsnap_err *err);
+int s3_cred_parse_sts(const char *what, const char *origin, const char *buf, size_t len,
+                      struct s3_cred **out, struct vmsnap_err *err);
 /* gs:// (s3_gcs_token.c): an access token from the Google credentials file c->gcs_file (a
  * service account's key, whose JWT is exchanged at its token_uri, or gcloud's authorized user,
  * whose refresh token is), or from the GCE metadata server c->gce_url. Errors as above; a token
  * endpoint's refusal (a bad signature, a revoked key) is -EACCES. */
 int s3_src_gcs_file(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsnap_err *err);
 int s3_src_gce_metadata(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsnap_err *err);
+
+/* The parsers under them (s3_gcs_token.c), on untrusted bytes (no I/O; buf need not be
+ * NUL-terminated; the caller wipes it).
+ *   s3_gcs_file_parse: a Google credentials file into *f (s3_gcs_file_fini frees, wiping the
+ *     secrets; after a failure there is nothing to free): its type and the members that type
+ *     needs, token_uri checked (https, or http to loopback). <0 with a message naming `what`
+ *     (the file), never a secret: -EACCES for a file that cannot be used, -ENOTSUP for
+ *     external_account, -EFBIG, -ENOMEM.
+ *   s3_gcs_token_parse: a token endpoint's or the metadata server's answer {"access_token",
+ *     "expires_in" (1 s to 7 days), "token_type": "Bearer"}: 0 with *out (a bearer token, no
+ *     blank or control character, expiring at now + expires_in), or -EPROTO naming `what`
+ *     and `origin`, never the token; -ENOMEM.
+ *   s3_gcs_token_refused: the error of an endpoint's refusal (HTTP `status`, the answer's
+ *     "error" and "error_description" cut to printable text in the message): always <0. */
+struct s3_gcs_file {
+    bool service_account;                              /* else gcloud's authorized_user */
+    char *client_email, *private_key, *private_key_id; /* service_account (the id may be NULL) */
+    char *client_id, *client_secret, *refresh_token;   /* authorized_user */
+    char *token_uri;                                   /* the file's, or Google's */
+};
+int s3_gcs_file_parse(const char *what, const char *buf, size_t len, struct s3_gcs_file *f,
+                      struct vmsnap_err *err);
+void s3_gcs_file_fini(struct s3_gcs_file *f);
+int s3_gcs_token_parse(const char *what, const char *origin, const char *buf, size_t len,
+                       time_t now, struct s3_cred **out, struct vmsnap_err *err);
+int s3_gcs_token_refused(const char *what, const char *who, const char *origin, long status,
+                         const char *buf, size_t len, struct vmsnap_err *err);
 
 /* The signed JWT a service account sends to its token endpoint (s3_gcs_jwt.c): header
  * {"alg":"RS256","typ":"JWT"[,"kid"]}, claims iss, scope, aud, iat = now, exp = now + 3600,

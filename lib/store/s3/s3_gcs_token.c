@@ -134,11 +134,10 @@ static void printable(const char *s, char *out, size_t len)
     out[i] = '\0';
 }
 
-/* The token of an answer: {"access_token", "expires_in" (seconds), "token_type": "Bearer"}. */
-static int token_answer(const char *what, const char *origin, const struct dbuf *b,
-                        struct s3_cred **out, struct vmsnap_err *err)
+int s3_gcs_token_parse(const char *what, const char *origin, const char *buf, size_t len,
+                       time_t now, struct s3_cred **out, struct vmsnap_err *err)
 {
-    json_object *o = parse_object(b->p, b->len), *ex = NULL;
+    json_object *o = len <= ANSWER_CAP ? parse_object(buf, len) : NULL, *ex = NULL;
     if (!o)
         return vmsnap_err_set(err, EPROTO, "%s (%s): the answer is not a JSON object", what,
                               origin);
@@ -158,7 +157,7 @@ static int token_answer(const char *what, const char *origin, const struct dbuf 
     else if (secs < 1 || secs > 7 * 86400)
         rc = vmsnap_err_set(err, EPROTO, "%s (%s): no expires_in (1 s to 7 days) in the answer",
                             what, origin);
-    else if (!(*out = s3_cred_new_bearer(tok, time(NULL) + (time_t)secs)))
+    else if (!(*out = s3_cred_new_bearer(tok, now + (time_t)secs)))
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
     jwipe(o, "access_token");
     jwipe(o, "id_token");
@@ -167,12 +166,11 @@ static int token_answer(const char *what, const char *origin, const struct dbuf 
     return rc;
 }
 
-/* The refusal of a token endpoint: HTTP status and its {"error", "error_description"}. */
-static int token_refused(const char *what, const char *who, const char *origin, long status,
-                         const struct dbuf *b, struct vmsnap_err *err)
+int s3_gcs_token_refused(const char *what, const char *who, const char *origin, long status,
+                         const char *buf, size_t len, struct vmsnap_err *err)
 {
     char code[256] = "", desc[256] = "";
-    json_object *o = parse_object(b->p, b->len);
+    json_object *o = len <= ANSWER_CAP ? parse_object(buf, len) : NULL;
     if (o) {
         printable(jstr(o, "error"), code, sizeof(code));
         printable(jstr(o, "error_description"), desc, sizeof(desc));
@@ -228,9 +226,9 @@ static int token_post(const struct s3_chain_cfg *c, const char *what, const char
     long status = 0;
     int rc = s3_fetch(&f, &resp, &status, err);
     if (rc == 0 && status != 200)
-        rc = token_refused(what, who, origin, status, &resp, err);
+        rc = s3_gcs_token_refused(what, who, origin, status, resp.p, resp.len, err);
     else if (rc == 0)
-        rc = token_answer(what, origin, &resp, out, err);
+        rc = s3_gcs_token_parse(what, origin, resp.p, resp.len, time(NULL), out, err);
     wipe_dbuf(&resp);
     return rc;
 }
@@ -258,60 +256,127 @@ static char *form_encode(const char *const *kv, size_t n)
 }
 
 /* A service account: its JWT exchanged at its token_uri. */
-static int from_service_account(const struct s3_chain_cfg *c, const char *what, json_object *o,
-                                struct s3_cred **out, struct vmsnap_err *err)
+static int from_service_account(const struct s3_chain_cfg *c, const char *what,
+                                const struct s3_gcs_file *f, struct s3_cred **out,
+                                struct vmsnap_err *err)
 {
-    const char *email = jstr(o, "client_email"), *pem = jstr(o, "private_key");
-    const char *uri = jstr(o, "token_uri");
-    if (!email || !pem)
-        return vmsnap_err_set(err, EACCES, "%s: a service_account without %s", what,
-                              email ? "private_key" : "client_email");
-    if (!uri)
-        uri = GOOGLE_TOKEN_URI;
-    int rc = token_uri_ok(what, uri, err);
     char *jwt = NULL;
-    if (rc == 0)
-        rc = s3_gcs_jwt(what, pem, jstr(o, "private_key_id"), email, GCS_SCOPE, uri, time(NULL),
-                        &jwt, err);
+    int rc = s3_gcs_jwt(what, f->private_key, f->private_key_id, f->client_email, GCS_SCOPE,
+                        f->token_uri, time(NULL), &jwt, err);
     if (rc < 0)
         return rc;
     const char *kv[] = {"grant_type", JWT_GRANT, "assertion", jwt};
     char *form = form_encode(kv, 2);
     char who[400];
-    snprintf(who, sizeof(who), "the JWT of %.300s", email);
+    snprintf(who, sizeof(who), "the JWT of %.300s", f->client_email);
     if (!form)
         rc = vmsnap_err_set(err, ENOMEM, "out of memory");
     else
-        rc = token_post(c, what, who, uri, form, out, err);
+        rc = token_post(c, what, who, f->token_uri, form, out, err);
     wipe_str(jwt);
     wipe_str(form);
     return rc;
 }
 
 /* gcloud's authorized user: its refresh token exchanged at the token endpoint. */
-static int from_authorized_user(const struct s3_chain_cfg *c, const char *what, json_object *o,
-                                struct s3_cred **out, struct vmsnap_err *err)
+static int from_authorized_user(const struct s3_chain_cfg *c, const char *what,
+                                const struct s3_gcs_file *f, struct s3_cred **out,
+                                struct vmsnap_err *err)
 {
-    const char *id = jstr(o, "client_id"), *secret = jstr(o, "client_secret");
-    const char *refresh = jstr(o, "refresh_token"), *uri = jstr(o, "token_uri");
-    if (!id || !secret || !refresh)
-        return vmsnap_err_set(err, EACCES,
-                              "%s: an authorized_user without client_id, client_secret or "
-                              "refresh_token (run 'gcloud auth application-default login')",
-                              what);
-    if (!uri)
-        uri = GOOGLE_TOKEN_URI;
-    int rc = token_uri_ok(what, uri, err);
-    if (rc < 0)
-        return rc;
-    const char *kv[] = {"grant_type",    "refresh_token", "client_id",     id,
-                        "client_secret", secret,          "refresh_token", refresh};
+    const char *kv[] = {"grant_type",    "refresh_token",  "client_id",     f->client_id,
+                        "client_secret", f->client_secret, "refresh_token", f->refresh_token};
     char *form = form_encode(kv, 4);
     if (!form)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
-    rc = token_post(c, what, "the refresh token", uri, form, out, err);
+    int rc = token_post(c, what, "the refresh token", f->token_uri, form, out, err);
     wipe_str(form);
     return rc;
+}
+
+/* A string member copied into *dst (NULL when absent or empty); false when out of memory. */
+static bool take(json_object *o, const char *key, char **dst)
+{
+    const char *v = jstr(o, key);
+    *dst = v ? strdup(v) : NULL;
+    return !v || *dst;
+}
+
+/* The members of one type, checked as from_service_account / from_authorized_user need them. */
+static int file_fields(const char *what, json_object *o, struct s3_gcs_file *f,
+                       struct vmsnap_err *err)
+{
+    bool mem = true;
+    if (f->service_account) {
+        mem = take(o, "client_email", &f->client_email) &&
+              take(o, "private_key", &f->private_key) &&
+              take(o, "private_key_id", &f->private_key_id);
+        if (mem && (!f->client_email || !f->private_key))
+            return vmsnap_err_set(err, EACCES, "%s: a service_account without %s", what,
+                                  f->client_email ? "private_key" : "client_email");
+    } else {
+        mem = take(o, "client_id", &f->client_id) && take(o, "client_secret", &f->client_secret) &&
+              take(o, "refresh_token", &f->refresh_token);
+        if (mem && (!f->client_id || !f->client_secret || !f->refresh_token))
+            return vmsnap_err_set(err, EACCES,
+                                  "%s: an authorized_user without client_id, client_secret or "
+                                  "refresh_token (run 'gcloud auth application-default login')",
+                                  what);
+    }
+    if (mem && !take(o, "token_uri", &f->token_uri))
+        mem = false;
+    if (mem && !f->token_uri && !(f->token_uri = strdup(GOOGLE_TOKEN_URI)))
+        mem = false;
+    if (!mem)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    return token_uri_ok(what, f->token_uri, err);
+}
+
+int s3_gcs_file_parse(const char *what, const char *buf, size_t len, struct s3_gcs_file *f,
+                      struct vmsnap_err *err)
+{
+    memset(f, 0, sizeof(*f));
+    if (len > FILE_CAP)
+        return vmsnap_err_set(err, EFBIG, "%s: larger than %u bytes", what, FILE_CAP);
+    json_object *o = parse_object(buf, len);
+    if (!o)
+        return vmsnap_err_set(err, EACCES, "%s: not a JSON object (a Google credentials file)",
+                              what);
+    const char *type = jstr(o, "type");
+    char t[64];
+    printable(type, t, sizeof(t));
+    int rc;
+    if (type && (!strcmp(type, "service_account") || !strcmp(type, "authorized_user"))) {
+        f->service_account = !strcmp(type, "service_account");
+        rc = file_fields(what, o, f, err);
+    } else if (type && !strcmp(type, "external_account")) {
+        rc = vmsnap_err_set(err, ENOTSUP,
+                            "%s: external_account (workload identity federation) is not "
+                            "supported: use a service account key, or run on GCE/GKE",
+                            what);
+    } else {
+        rc = vmsnap_err_set(err, EACCES,
+                            "%s: \"type\" is %s%s%s, expected service_account or authorized_user",
+                            what, type ? "'" : "missing", t, type ? "'" : "");
+    }
+    jwipe(o, "private_key");
+    jwipe(o, "client_secret");
+    jwipe(o, "refresh_token");
+    json_object_put(o);
+    if (rc < 0)
+        s3_gcs_file_fini(f);
+    return rc;
+}
+
+void s3_gcs_file_fini(struct s3_gcs_file *f)
+{
+    free(f->client_email);
+    wipe_str(f->private_key);
+    free(f->private_key_id);
+    free(f->client_id);
+    wipe_str(f->client_secret);
+    wipe_str(f->refresh_token);
+    free(f->token_uri);
+    memset(f, 0, sizeof(*f));
 }
 
 int s3_src_gcs_file(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsnap_err *err)
@@ -319,34 +384,18 @@ int s3_src_gcs_file(const struct s3_chain_cfg *c, struct s3_cred **out, struct v
     char what[1200];
     snprintf(what, sizeof(what), "%s %s", c->gcs_file_what, c->gcs_file);
     struct dbuf b = {.max = FILE_CAP};
+    struct s3_gcs_file f;
     int rc = read_file(what, c->gcs_file, &b, err);
-    json_object *o = rc == 0 ? parse_object(b.p, b.len) : NULL;
+    if (rc == 0)
+        rc = s3_gcs_file_parse(what, b.p, b.len, &f, err);
     wipe_dbuf(&b);
     if (rc < 0)
         return rc;
-    if (!o)
-        return vmsnap_err_set(err, EACCES, "%s: not a JSON object (a Google credentials file)",
-                              what);
-    const char *type = jstr(o, "type");
-    char t[64];
-    printable(type, t, sizeof(t));
-    if (type && !strcmp(type, "service_account"))
-        rc = from_service_account(c, what, o, out, err);
-    else if (type && !strcmp(type, "authorized_user"))
-        rc = from_authorized_user(c, what, o, out, err);
-    else if (type && !strcmp(type, "external_account"))
-        rc = vmsnap_err_set(err, ENOTSUP,
-                            "%s: external_account (workload identity federation) is not "
-                            "supported: use a service account key, or run on GCE/GKE",
-                            what);
+    if (f.service_account)
+        rc = from_service_account(c, what, &f, out, err);
     else
-        rc = vmsnap_err_set(err, EACCES,
-                            "%s: \"type\" is %s%s%s, expected service_account or authorized_user",
-                            what, type ? "'" : "missing", t, type ? "'" : "");
-    jwipe(o, "private_key");
-    jwipe(o, "client_secret");
-    jwipe(o, "refresh_token");
-    json_object_put(o);
+        rc = from_authorized_user(c, what, &f, out, err);
+    s3_gcs_file_fini(&f);
     return rc;
 }
 
@@ -385,7 +434,7 @@ int s3_src_gce_metadata(const struct s3_chain_cfg *c, struct s3_cred **out, stru
                             "%s (%s): HTTP %ld for the default service account's token", what,
                             c->gce_url, status);
     else if (rc == 0)
-        rc = token_answer(what, c->gce_url, &resp, out, err);
+        rc = s3_gcs_token_parse(what, c->gce_url, resp.p, resp.len, time(NULL), out, err);
     wipe_dbuf(&resp);
     return rc;
 }

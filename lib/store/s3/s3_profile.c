@@ -253,15 +253,12 @@ static int parse_line(struct s3_profile *p, struct parse_state *ps, char *raw,
     return kv_add(p, full, v, ps->cred, ps->path, ps->line, err);
 }
 
-static int parse_file(struct s3_profile *p, const char *path, bool cred, bool *found,
-                      struct vmsnap_err *err)
+int s3_profile_parse(struct s3_profile *p, const char *path, bool cred, char *buf, size_t len,
+                     struct vmsnap_err *err)
 {
-    char *buf;
-    size_t len;
-    int rc = read_small(path, &buf, &len, err);
-    if (rc < 0 || !buf)
-        return rc;
-    struct parse_state ps = {.path = path, .cred = cred, .found = found};
+    struct parse_state ps = {
+        .path = path, .cred = cred, .found = cred ? &p->in_cred : &p->in_config};
+    int rc = 0;
     char *line = buf;
     while (rc == 0 && line < buf + len) {
         char *nl = memchr(line, '\n', (size_t)(buf + len - line));
@@ -282,6 +279,17 @@ static int parse_file(struct s3_profile *p, const char *path, bool cred, bool *f
         rc = parse_line(p, &ps, line, err);
         line = end + 1;
     }
+    return rc;
+}
+
+static int parse_file(struct s3_profile *p, const char *path, bool cred, struct vmsnap_err *err)
+{
+    char *buf;
+    size_t len;
+    int rc = read_small(path, &buf, &len, err);
+    if (rc < 0 || !buf)
+        return rc;
+    rc = s3_profile_parse(p, path, cred, buf, len, err);
     explicit_bzero(buf, len);
     free(buf);
     return rc;
@@ -314,9 +322,9 @@ int s3_profile_load(struct s3_profile *p, const char *flag_profile, struct vmsna
     if (rc == 0)
         rc = file_path("AWS_CONFIG_FILE", "config", &p->config_path, err);
     if (rc == 0)
-        rc = parse_file(p, p->cred_path, true, &p->in_cred, err);
+        rc = parse_file(p, p->cred_path, true, err);
     if (rc == 0)
-        rc = parse_file(p, p->config_path, false, &p->in_config, err);
+        rc = parse_file(p, p->config_path, false, err);
     if (rc == 0 && p->named && !p->in_cred && !p->in_config)
         rc = vmsnap_err_set(err, EINVAL, "profile \"%s\" (%s) is in neither %s nor %s", p->name,
                             p->flag ? "--profile" : "AWS_PROFILE", p->cred_path, p->config_path);

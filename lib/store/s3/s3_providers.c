@@ -117,6 +117,16 @@ static int read_token_file(const char *what, const char *path, char **out, struc
     return 0;
 }
 
+/* A key or token of an answer: it goes into a header (the access key into Authorization, the
+ * token as X-Amz-Security-Token), so no control character (a CR/LF would add a header). */
+static bool cred_text_ok(const char *s)
+{
+    for (; s && *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f)
+            return false;
+    return true;
+}
+
 static const char *jstr(json_object *o, const char *key)
 {
     json_object *v;
@@ -126,18 +136,18 @@ static const char *jstr(json_object *o, const char *key)
     return s && *s ? s : NULL;
 }
 
-/* Credentials from a JSON answer: AccessKeyId, SecretAccessKey, the token ("Token"; for
- * credential_process "SessionToken" and a "Version": 1), Expiration (ISO 8601; required when
- * `need_exp`). */
-static int json_cred(const char *what, const struct dbuf *b, bool process, bool need_exp,
-                     struct s3_cred **out, struct vmsnap_err *err)
+int s3_cred_parse_json(const char *what, const char *buf, size_t len, bool process, bool need_exp,
+                       struct s3_cred **out, struct vmsnap_err *err)
 {
+    if (len > ANSWER_CAP)
+        return vmsnap_err_set(err, EFBIG, "%s: the answer is larger than %u bytes", what,
+                              ANSWER_CAP);
     json_tokener *tok = json_tokener_new_ex(16);
     if (!tok)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
-    json_object *o = json_tokener_parse_ex(tok, b->p ? b->p : "", (int)b->len);
+    json_object *o = json_tokener_parse_ex(tok, buf ? buf : "", (int)len);
     bool whole = json_tokener_get_error(tok) == json_tokener_success &&
-                 (size_t)json_tokener_get_parse_end(tok) == b->len;
+                 (size_t)json_tokener_get_parse_end(tok) == len;
     json_tokener_free(tok);
     int rc = 0;
     if (!o || !whole || !json_object_is_type(o, json_type_object)) {
@@ -155,7 +165,9 @@ static int json_cred(const char *what, const struct dbuf *b, bool process, bool 
     } else if (!ak || !sk) {
         rc = vmsnap_err_set(err, EPROTO, "%s: no AccessKeyId and SecretAccessKey in the answer",
                             what);
-    } else if (exp < 0 || (need_exp && !ex)) {
+    } else if (!cred_text_ok(ak) || !cred_text_ok(sk) || !cred_text_ok(tk)) {
+        rc = vmsnap_err_set(err, EPROTO, "%s: a control character in a key or the token", what);
+    } else if (exp < 0 || (ex && exp == 0) || (need_exp && !ex)) {
         rc = vmsnap_err_set(err, EPROTO, "%s: %s Expiration (ISO 8601 UTC wanted)", what,
                             ex ? "a bad" : "no");
     } else if (!(*out = s3_cred_new(ak, sk, tk, exp))) {
@@ -218,7 +230,7 @@ int s3_src_web_identity(const struct s3_chain_cfg *c, struct s3_cred **out, stru
     free(enc);
     char origin[300];
     s3_url_origin(url, origin, sizeof(origin));
-    struct xml_span x = {resp.p ? resp.p : "", resp.len}, cr;
+    struct xml_span x = {resp.p ? resp.p : "", resp.len};
     if (rc == 0 && status != 200) {
         char code[128] = "", msg[256] = "";
         xml_child_text(x, "Code", code, sizeof(code));
@@ -228,21 +240,31 @@ int s3_src_web_identity(const struct s3_chain_cfg *c, struct s3_cred **out, stru
                             c->wi_role_arn, status, code[0] ? code : "(no error code)",
                             msg[0] ? ": " : "", msg);
     } else if (rc == 0) {
-        char ak[256], sk[256], tk[8192], ex[64];
-        if (!xml_find(x, "Credentials", &cr, &x) || !xml_child_text(cr, "AccessKeyId", ak, 256) ||
-            !xml_child_text(cr, "SecretAccessKey", sk, 256) ||
-            !xml_child_text(cr, "SessionToken", tk, sizeof(tk)) ||
-            !xml_child_text(cr, "Expiration", ex, sizeof(ex)) || s3_parse_iso8601(ex) < 0)
-            rc = vmsnap_err_set(err, EPROTO,
-                                "%s: STS %s: no Credentials (AccessKeyId, SecretAccessKey, "
-                                "SessionToken, Expiration) in the answer",
-                                what, origin);
-        else if (!(*out = s3_cred_new(ak, sk, tk, s3_parse_iso8601(ex))))
-            rc = vmsnap_err_set(err, ENOMEM, "out of memory");
-        explicit_bzero(sk, sizeof(sk));
-        explicit_bzero(tk, sizeof(tk));
+        rc = s3_cred_parse_sts(what, origin, resp.p, resp.len, out, err);
     }
     dbuf_wipe(&resp);
+    return rc;
+}
+
+int s3_cred_parse_sts(const char *what, const char *origin, const char *buf, size_t len,
+                      struct s3_cred **out, struct vmsnap_err *err)
+{
+    struct xml_span x = {buf ? buf : "", len}, cr;
+    char ak[256], sk[256], tk[8192], ex[64];
+    int rc = 0;
+    if (!xml_find(x, "Credentials", &cr, &x) || !xml_child_text(cr, "AccessKeyId", ak, 256) ||
+        !xml_child_text(cr, "SecretAccessKey", sk, 256) ||
+        !xml_child_text(cr, "SessionToken", tk, sizeof(tk)) ||
+        !xml_child_text(cr, "Expiration", ex, sizeof(ex)) || s3_parse_iso8601(ex) <= 0 || !ak[0] ||
+        !sk[0] || !tk[0] || !cred_text_ok(ak) || !cred_text_ok(sk) || !cred_text_ok(tk))
+        rc = vmsnap_err_set(err, EPROTO,
+                            "%s: STS %s: no Credentials (AccessKeyId, SecretAccessKey, "
+                            "SessionToken, Expiration) in the answer",
+                            what, origin);
+    else if (!(*out = s3_cred_new(ak, sk, tk, s3_parse_iso8601(ex))))
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    explicit_bzero(sk, sizeof(sk));
+    explicit_bzero(tk, sizeof(tk));
     return rc;
 }
 
@@ -292,7 +314,7 @@ int s3_src_container(const struct s3_chain_cfg *c, struct s3_cred **out, struct 
                                 ? " (check AWS_CONTAINER_AUTHORIZATION_TOKEN[_FILE])"
                                 : "");
     if (rc == 0)
-        rc = json_cred(what, &resp, false, false, out, err);
+        rc = s3_cred_parse_json(what, resp.p, resp.len, false, false, out, err);
     if (hdr)
         explicit_bzero(hdr, strlen(hdr));
     if (auth)
@@ -371,7 +393,7 @@ int s3_src_imds(const struct s3_chain_cfg *c, struct s3_cred **out, struct vmsna
                                 c->imds_endpoint, status, role);
     }
     if (rc == 0)
-        rc = json_cred(what, &resp, false, true, out, err);
+        rc = s3_cred_parse_json(what, resp.p, resp.len, false, true, out, err);
     explicit_bzero(token, sizeof(token));
     dbuf_wipe(&resp);
     return rc;
@@ -425,7 +447,7 @@ int s3_src_process(const struct s3_chain_cfg *c, struct s3_cred **out, struct vm
                             WIFEXITED(st) ? "exited with status" : "was killed by signal",
                             WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
     if (rc == 0)
-        rc = json_cred("credential_process", &b, true, false, out, err);
+        rc = s3_cred_parse_json("credential_process", b.p, b.len, true, false, out, err);
     dbuf_wipe(&b);
     return rc;
 }
