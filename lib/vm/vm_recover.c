@@ -28,6 +28,28 @@ static void drop_torn(struct vmctx *c, const char *dir, const char *gone)
     vm_rm_snapshot_dir(dir);
 }
 
+/* Why the taken state in `dir` can never be completed (drop_torn), or NULL; *ck_out (when not
+ * NULL) then gets its config, which the caller puts. */
+static const char *taken_torn(const struct vmctx *c, const char *dir, json_object **ck_out)
+{
+    char p[PATH_LEN], mr[PATH_LEN];
+    json_object *ck = NULL;
+    const char *why = NULL;
+    if (vm_pjoin(p, dir, "config.json", NULL) < 0 || vm_cfg_load(p, &ck, NULL) < 0 ||
+        vm_pjoin(p, dir, "state", NULL) < 0 || !vm_exists(p))
+        why = "no readable config.json or no device state";
+    else if (vm_pjoin(mr, dir, "memory-ranges", NULL) == 0 && !vm_cfg_bool(ck, "ram_in_state") &&
+             !vm_exists(c->ram) && !vm_exists(mr))
+        why = "neither the RAM file nor its memory image is there";
+    else if (!vm_exists(c->disk))
+        why = "the VM's disk is gone";
+    if (why || !ck_out)
+        json_object_put(ck);
+    else
+        *ck_out = ck;
+    return why;
+}
+
 /*
  * A pause or suspend killed between stopping QEMU and completing its checkpoint in `dir`
  * (checkpoint.new, or the stage): the device state and config are there (TAKING_MARK, this
@@ -45,24 +67,13 @@ static void finish_taken(struct vmctx *c, const char *dir, bool link_disk)
         return;
     json_object *ck = NULL;
     struct vmsnap_err e = {0};
-    if (vm_pjoin(p, dir, "config.json", NULL) < 0 || vm_cfg_load(p, &ck, NULL) < 0 ||
-        vm_pjoin(p, dir, "state", NULL) < 0 || !vm_exists(p)) {
-        drop_torn(c, dir, "no readable config.json or no device state");
-        json_object_put(ck);
+    const char *torn = taken_torn(c, dir, &ck);
+    if (torn) {
+        drop_torn(c, dir, torn);
         return;
     }
     int rc = vm_pjoin(mr, dir, "memory-ranges", &e);
     bool ris = false, in_state = vm_cfg_bool(ck, "ram_in_state");
-    if (rc == 0 && !in_state && !vm_exists(c->ram) && !vm_exists(mr)) {
-        drop_torn(c, dir, "neither the RAM file nor its memory image is there");
-        json_object_put(ck);
-        return;
-    }
-    if (rc == 0 && !vm_exists(c->disk)) {
-        drop_torn(c, dir, "the VM's disk is gone");
-        json_object_put(ck);
-        return;
-    }
     if (rc == 0 && (in_state || vm_exists(c->ram)))
         rc = vm_ckpt_ram(c, ck, mr, &ris, &e); /* again from the RAM file: a copy may be torn */
     if (rc == 0 && vm_pjoin(p, dir, DISK_CKPT, &e) == 0)
@@ -198,12 +209,14 @@ static void recover_new_checkpoint(struct vmctx *c)
  * when there is none (`buf` holds the path otherwise). */
 const char *vm_taken_pending(const struct vmctx *c, char *buf)
 {
+    /* (a torn one is not: the next command removes it, drop_torn) */
     if (vm_pcat(buf, c->ckpt, ".new") == 0 && vm_exists(buf) &&
         vm_mark_this_boot(buf, TAKING_MARK) &&
-        (!vm_mark_this_boot(buf, COMPLETE_MARK) || newer_than_ckpt(c, buf, NULL)))
+        (vm_mark_this_boot(buf, COMPLETE_MARK) ? newer_than_ckpt(c, buf, NULL)
+                                               : !taken_torn(c, buf, NULL)))
         return buf;
     if (vm_stage_ok(c) && vm_mark_this_boot(c->stage, TAKING_MARK) &&
-        !vm_mark_this_boot(c->stage, COMPLETE_MARK))
+        !vm_mark_this_boot(c->stage, COMPLETE_MARK) && !taken_torn(c, c->stage, NULL))
         return strcpy(buf, c->stage);
     return NULL;
 }
@@ -239,23 +252,6 @@ int vm_pending_error(const struct vmctx *c, const char *dir, const char *what,
                           "resume %s', which completes it first%s",
                           c->name, dir, c->rerr.code ? c->rerr.msg : "see the log above", c->name,
                           what);
-}
-
-/* The local checkpoint is older than the state the record describes (same lineage, lower
- * generation): a resume from a store restored that state, and the checkpoint it supersedes
- * would have gone once the guest ran. */
-static bool ckpt_superseded(const struct vmctx *c, json_object *rec)
-{
-    char p[PATH_LEN];
-    json_object *ck = NULL;
-    if (!vm_exists(c->ckpt) || vm_pjoin(p, c->ckpt, "config.json", NULL) < 0 ||
-        vm_cfg_load(p, &ck, NULL) < 0)
-        return false;
-    const char *cb = vm_cfg_str(ck, "base_id"), *rb = vm_cfg_str(rec, "base_id");
-    bool older =
-        cb && rb && !strcmp(cb, rb) && vm_cfg_int(ck, "generation") < vm_cfg_int(rec, "generation");
-    json_object_put(ck);
-    return older;
 }
 
 /* 'cont' until the guest is seen running twice, UNFREEZE_SETTLE_MS apart: a pause or suspend
@@ -320,8 +316,6 @@ int vm_unfreeze(struct vmctx *c, json_object *rec, struct vmsnap_vmm *v, struct 
     }
     if (vm_pcat(prev, c->disk, ".prev") == 0)
         unlink(prev); /* (the QEMU runs on c->disk) */
-    if (ckpt_superseded(c, rec))
-        vm_discard(c->ckpt);
     if (vm_cfg_bool(rec, "ram_shared"))
         vm_discard(c->ondemand);
     vm_cfg_set_str(rec, "status", "running");

@@ -35,6 +35,7 @@ ap.add_argument("--kills", type=int, default=50)
 ap.add_argument("--seed", type=int, default=1)
 ap.add_argument("--ops", default="push-local,pushref-local,pull-local,push-rgw,pushref-rgw,pull-rgw")
 ap.add_argument("--keep", action="store_true", help="keep the work directory")
+ap.add_argument("--verbose", action="store_true", help="a line for each VM kill that went on")
 ap.add_argument("--strict", action="store_true",
                 help="a push over a set that leaves no set counts as a failure (see 'lost')")
 args = ap.parse_args()
@@ -158,6 +159,11 @@ class Counts:
     def __init__(self, op):
         self.op, self.kills, self.old, self.new, self.lost, self.bad = op, 0, 0, 0, 0, []
         self.mid, self.states = 0, {}
+
+    def fail(self, msg):
+        self.bad.append(msg)
+        if args.verbose:
+            print(f"  {self.op}: BROKE: {msg}", flush=True)
 
     def report(self):
         if self.op.split("-")[0] in ("suspend", "resume", "pause"):
@@ -443,7 +449,7 @@ def vm_matrix(op, kind, c):
             what = f"kill {k} at {delay:.3f} s of {full:.3f} (status then: {st})"
             got = pulled_digest()
             if got is None:
-                c.bad.append(f"{what}: the set at the URL does not pull: {pull_err[0]}")
+                c.fail(f"{what}: the set at the URL does not pull: {pull_err[0]}")
                 break
             if op == "suspend":  # the set at the URL: the one it replaces, or the new one
                 if got == before:
@@ -463,7 +469,7 @@ def vm_matrix(op, kind, c):
             if st == "frozen" and k % 2:
                 p = v.vm("pause", "v", check=False)
                 if p.returncode != 0:
-                    c.bad.append(f"{what}: the pause of a frozen VM failed: {p.stderr.strip()[-600:]}; "
+                    c.fail(f"{what}: the pause of a frozen VM failed: {p.stderr.strip()[-600:]}; "
                                  f"files: {v.files()}")
             st = v.status()
             if st != "running":
@@ -472,7 +478,7 @@ def vm_matrix(op, kind, c):
                 if p.returncode != 0:
                     p = v.vm("resume", "v", url, check=False)
                 if p.returncode != 0:
-                    c.bad.append(f"{what}: no resume without --force ({st}): 'vm resume v': {first}; "
+                    c.fail(f"{what}: no resume without --force ({st}): 'vm resume v': {first}; "
                                  f"'vm resume v URL': {p.stderr.strip()[-1000:]}; files: {v.files()}")
                     # on past it, if --force can: the other kills are still worth checking
                     v.vm("stop", "v", check=False)
@@ -481,15 +487,17 @@ def vm_matrix(op, kind, c):
                         break
                     continue
             if not v.blob_ok():
-                c.bad.append(f"{what}: the guest's RAM blob changed (or the guest is not answering)")
+                c.fail(f"{what}: the guest's RAM blob changed (or the guest is not answering)")
                 break
+            if args.verbose:
+                print(f"  {op}-{kind}: {what}: went on", flush=True)
             if op == "resume":  # suspended again for the next kill
                 v.vm("suspend", "v", url)
         # gc leaves the set whole, and nothing no manifest names
         p = run(VMSNAP, "-q", "gc", "--older-than", "0",
                 os.path.dirname(url) if kind == "local" else url, env=v.env, check=False)
         if p.returncode != 0:
-            c.bad.append(f"gc failed: {p.stderr.strip()[-300:]}")
+            c.fail(f"gc failed: {p.stderr.strip()[-300:]}")
         if v.status() != "running":
             v.vm("resume", "v", *([] if v.status() == "paused" else [url]), check=False)
         v.vm("suspend", "v", url, check=False)
@@ -497,7 +505,7 @@ def vm_matrix(op, kind, c):
         shutil.rmtree(final, ignore_errors=True)
         p = run(VMSNAP, "-q", "pull", url, final, env=v.env, check=False)
         if p.returncode != 0:
-            c.bad.append(f"after gc the set does not pull: {p.stderr.strip()[-300:]}")
+            c.fail(f"after gc the set does not pull: {p.stderr.strip()[-300:]}")
     finally:
         v.stop()
 
