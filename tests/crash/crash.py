@@ -19,8 +19,12 @@ invariant. Operations (--ops, comma-separated):
   For the VM operations a kill is counted by what it left (the set at the URL old or new for a
   suspend; the VM as it was, as the command leaves it, or between: frozen, interrupted, unsaved,
   ...), and every one must go on by `vm resume` alone (a frozen VM also, every other time, by a
-  `vm pause` first): a kill that needs --force or a `vm stop` is a failure.
-Usage: crash.py --kills N --seed S [--ops ...] [--strict] (VMSNAP_BIN; VMSNAP_RGW_STATE for -rgw).
+  `vm pause` first): a kill that needs --force or a `vm stop` is a failure. --focus F aims a
+  share F of the kills at the VM's own windows, which uniform kills rarely hit (a suspend's
+  steps from the guest's stop until its stage is complete, and its teardown; a pause's whole
+  run; a resume's restore), from the steps of the uninterrupted command (`--json`).
+Usage: crash.py --kills N --seed S [--ops ...] [--strict] [--focus F] [--verbose]
+(VMSNAP_BIN; VMSNAP_RGW_STATE for -rgw).
 A reference-layout push over a set killed between its un-commit of the old set and its commit
 of the new one leaves no set at all: counted as "lost", a failure only with --strict (the layered
 layout has no such window: a layered push that leaves no set is always a failure); everything
@@ -36,6 +40,10 @@ ap.add_argument("--seed", type=int, default=1)
 ap.add_argument("--ops", default="push-local,pushref-local,pull-local,push-rgw,pushref-rgw,pull-rgw")
 ap.add_argument("--keep", action="store_true", help="keep the work directory")
 ap.add_argument("--verbose", action="store_true", help="a line for each VM kill that went on")
+ap.add_argument("--focus", type=float, default=0.0,
+                help="VM ops: the share of kills aimed at the VM's own windows (a suspend's or "
+                     "pause's stop-to-staged and teardown steps, a resume's restore) rather than "
+                     "anywhere in the command")
 ap.add_argument("--strict", action="store_true",
                 help="a push over a set that leaves no set counts as a failure (see 'lost')")
 args = ap.parse_args()
@@ -424,24 +432,38 @@ def vm_matrix(op, kind, c):
                     v.vm("resume", "v", *([] if v.status() in ("paused",) else [url]))
                 v.wait(r"vmsnap-counter", len(v.console()))
             if full is None:
+                # the same command uninterrupted, with its steps (--json): where the VM's own
+                # windows are (its guest stopped and its state being taken or restored, its
+                # local state torn down), which --focus aims at
                 t = time.monotonic()
-                if op == "suspend":
-                    v.vm("suspend", "v", url)
-                    full = time.monotonic() - t
-                    v.vm("resume", "v", url)
-                elif op == "resume":
-                    v.vm("resume", "v", url)
-                    full = time.monotonic() - t
-                    v.vm("suspend", "v", url)
-                else:
-                    v.vm("pause", "v")
-                    full = time.monotonic() - t
-                    v.vm("resume", "v")
+                first = {"suspend": ("suspend", "v", url), "resume": ("resume", "v", url),
+                         "pause": ("pause", "v")}[op]
+                p = v.vm(*first, "--json")
+                full = time.monotonic() - t
+                import json
+                j = json.loads(p.stdout)
+                start = full - j["seconds"]  # the process start, before the first step
+                ends, at = {}, start
+                for name, secs in j["steps"].items():
+                    ends[name] = (at, at + secs)
+                    at += secs
+                windows = {
+                    "suspend": [(start, ends.get("stage", (0, full))[1]),
+                                (ends.get("upload", (0, full))[1], full)],
+                    "pause": [(start, full)],
+                    "resume": [(ends.get("download", (start, start))[1], full)],
+                }[op]
+                v.vm(*{"suspend": ("resume", "v", url), "resume": ("suspend", "v", url),
+                       "pause": ("resume", "v")}[op])
             if op == "suspend" and before is None:
                 before = pulled_digest()
             cmd = {"suspend": v.cmd("suspend", "v", url), "resume": v.cmd("resume", "v", url),
                    "pause": v.cmd("pause", "v")}[op]
-            delay = rng.uniform(0, full * 1.1)
+            if args.focus and rng.random() < args.focus:
+                lo, hi = rng.choice(windows)
+                delay = rng.uniform(lo, hi)
+            else:
+                delay = rng.uniform(0, full * 1.1)
             kill_at(cmd, delay, v.env)
             c.kills += 1
             st = v.status()
