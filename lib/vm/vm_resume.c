@@ -321,9 +321,9 @@ static int resume_check_live(struct resume *r, struct vmsnap_err *err)
     if (vrc == 0 && st == VMSNAP_VMM_PAUSED)
         return vmsnap_err_set(err, EBUSY,
                               "VM '%s' is frozen: its QEMU holds the guest stopped (a command "
-                              "on it was killed) and its state is newer than any snapshot: "
-                              "'vmsnap vm resume %s' lets it run on; or 'vmsnap vm stop %s' "
-                              "(the state in that QEMU is lost) and resume again",
+                              "on it was killed), the VM's newest state: 'vmsnap vm resume %s' "
+                              "(no URL) lets it run on; or 'vmsnap vm stop %s' (that state is "
+                              "lost) and resume again",
                               r->name, r->name, r->name);
     if (vrc == 0 && st != VMSNAP_VMM_DEAD)
         return vmsnap_err_set(err, EBUSY, "VM '%s' is %s: pause, suspend or stop it first", r->name,
