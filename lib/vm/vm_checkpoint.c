@@ -26,25 +26,43 @@ bool vm_stage_ok(const struct vmctx *c)
            (sb.st_mode & 077) == 0;
 }
 
+/* The marks of a snapshot directory in the order they go: the unsaved mark (no longer the only
+ * copy), then the taking mark (no longer a state to complete), then the complete mark. A
+ * process killed between two of them leaves a directory that recovery either ignores or takes
+ * for what it still is: with the taking mark and without the complete one it would be an
+ * interrupted checkpoint to complete (from a RAM file that is newer, or gone: the state needed
+ * --force); with only the complete mark it is ignored (recovery marks a stage unsaved again
+ * only while it has both). */
+static void unmark(const char *dir)
+{
+    static const char *const marks[] = {"/" UNSAVED_MARK, "/" TAKING_MARK, "/" COMPLETE_MARK,
+                                        "/" STORED_MARK};
+    char p[PATH_LEN];
+    for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++)
+        if (vm_pcat(p, dir, marks[i]) == 0)
+            unlink(p);
+}
+
 /* The stage's image now runs as guest RAM: its marks go (recovery must not take it for a
  * snapshot any more). */
 void vm_stage_consumed(const struct vmctx *c)
 {
-    static const char *const marks[] = {"/" UNSAVED_MARK, "/" COMPLETE_MARK, "/" TAKING_MARK};
-    char p[PATH_LEN];
-    for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++)
-        if (vm_pcat(p, c->stage, marks[i]) == 0)
-            unlink(p);
+    unmark(c->stage);
 }
 
-/* Remove the stage, its unsaved mark first: a process killed half way leaves no marked stage
- * that lacks files. */
+/* Remove a snapshot directory (a stage, checkpoint.new, an on-demand or pulled directory), its
+ * marks first (unmark): it went file by file, in directory order, and a process killed half way
+ * left a taking mark over a directory without its config or state, an interrupted checkpoint
+ * that nothing but --force could leave. */
+int vm_rm_snapshot_dir(const char *dir)
+{
+    unmark(dir);
+    return vm_rm_rf(dir);
+}
+
 void vm_unstage(const struct vmctx *c)
 {
-    char p[PATH_LEN];
-    if (vm_pcat(p, c->stage, "/" UNSAVED_MARK) == 0)
-        unlink(p);
-    vm_rm_rf(c->stage);
+    vm_rm_snapshot_dir(c->stage);
 }
 
 bool vm_stage_unsaved(const struct vmctx *c)

@@ -118,7 +118,9 @@ int vm_state(struct vmctx *c, json_object *cfg, double wait, enum vmsnap_vmm_sta
 /* ---- vm_checkpoint.c: the checkpoint format ---- */
 bool vm_stage_ok(const struct vmctx *c);
 void vm_stage_consumed(const struct vmctx *c);
+/* Remove the stage (vm_rm_snapshot_dir). */
 void vm_unstage(const struct vmctx *c);
+int vm_rm_snapshot_dir(const char *dir);
 bool vm_stage_unsaved(const struct vmctx *c);
 const char *vm_snapshot_missing(const char *dir);
 bool vm_stage_stored_at(const struct vmctx *c, const char *url);
@@ -143,5 +145,11 @@ const char *vm_taken_pending(const struct vmctx *c, char *buf);
 const char *vm_recover_interrupted(struct vmctx *c, char *pend);
 int vm_pending_error(const struct vmctx *c, const char *dir, const char *what,
                      struct vmsnap_err *err);
+/* A frozen VM (its QEMU alive with the guest stopped, no command at work: a pause or suspend
+ * killed after it stopped the guest, before or after its migration, or a resume killed after the
+ * restore) let run on: what the killed command took or staged removed (the QEMU holds the
+ * VM's newest state), 'cont' until the guest runs, then what the run supersedes removed as a
+ * resume would, and the record (`rec`, saved) says running. The caller holds the lock. */
+int vm_unfreeze(struct vmctx *c, json_object *rec, struct vmsnap_vmm *v, struct vmsnap_err *err);
 
 #endif

@@ -12,37 +12,70 @@
 #include <string.h>
 #include <unistd.h>
 
+/* A taken state in `dir` that can never be completed: a file it needs went (`gone`). The taking
+ * mark comes after the device state and the config, and the RAM file and the live disk go only
+ * once a later state holds them (a checkpoint swapped in, a set stored, a guest running on the
+ * stage's image), so this is a directory whose removal a killed command left half done (the
+ * teardown of a suspend whose set is stored, a stage superseded, a removal in directory order
+ * before the marks went first): nothing of the VM's newest state is in it. It goes, marks
+ * first; it used to be refused until --force ("... is gone; fix that"). */
+static void drop_torn(struct vmctx *c, const char *dir, const char *gone)
+{
+    vlog(VMSNAP_LOG_WARN,
+         "VM '%s': removing %s, what a killed command left of a pause or suspend whose state a "
+         "later one superseded (%s)",
+         c->name, dir, gone);
+    vm_rm_snapshot_dir(dir);
+}
+
+/* Why the taken state in `dir` can never be completed (drop_torn), or NULL; *ck_out (when not
+ * NULL) then gets its config, which the caller puts. */
+static const char *taken_torn(const struct vmctx *c, const char *dir, json_object **ck_out)
+{
+    char p[PATH_LEN], mr[PATH_LEN];
+    json_object *ck = NULL;
+    const char *why = NULL;
+    if (vm_pjoin(p, dir, "config.json", NULL) < 0 || vm_cfg_load(p, &ck, NULL) < 0 ||
+        vm_pjoin(p, dir, "state", NULL) < 0 || !vm_exists(p))
+        why = "no readable config.json or no device state";
+    else if (vm_pjoin(mr, dir, "memory-ranges", NULL) == 0 && !vm_cfg_bool(ck, "ram_in_state") &&
+             !vm_exists(c->ram) && !vm_exists(mr))
+        why = "neither the RAM file nor its memory image is there";
+    else if (!vm_exists(c->disk))
+        why = "the VM's disk is gone";
+    if (why || !ck_out)
+        json_object_put(ck);
+    else
+        *ck_out = ck;
+    return why;
+}
+
 /*
  * A pause or suspend killed between stopping QEMU and completing its checkpoint in `dir`
  * (checkpoint.new, or the stage): the device state and config are there (TAKING_MARK, this
  * boot), the RAM is still the VM's RAM file (or already renamed into `dir`), the disk is the live
  * disk. Redo the rest (RAM into the directory, disk, base-id, COMPLETE_MARK), so the directory is
- * the snapshot it was meant to be. The caller holds the lock and found no QEMU.
+ * the snapshot it was meant to be. The caller holds the lock and found no QEMU. A directory
+ * missing what it needs is a torn removal (drop_torn); a failure to write (a full or read-only
+ * filesystem) keeps it, the reason in c->rerr.
  */
 static void finish_taken(struct vmctx *c, const char *dir, bool link_disk)
 {
-    char p[PATH_LEN];
+    char p[PATH_LEN], mr[PATH_LEN];
     if (!vm_exists(dir) || !vm_mark_this_boot(dir, TAKING_MARK) ||
         vm_mark_this_boot(dir, COMPLETE_MARK))
         return;
     json_object *ck = NULL;
     struct vmsnap_err e = {0};
-    if (vm_pjoin(p, dir, "config.json", NULL) < 0 || vm_cfg_load(p, &ck, NULL) < 0 ||
-        vm_pjoin(p, dir, "state", NULL) < 0 || !vm_exists(p)) {
-        /* said, not only refused: the error that follows names this (it said "see the log
-         * above" over an empty log) */
-        vmsnap_err_set(&c->rerr, ENOENT, "%s has no readable config.json or no device state", dir);
-        json_object_put(ck);
+    const char *torn = taken_torn(c, dir, &ck);
+    if (torn) {
+        drop_torn(c, dir, torn);
         return;
     }
-    int rc = vm_pjoin(p, dir, "memory-ranges", &e);
-    bool ris = false;
-    if (rc == 0 && (vm_cfg_bool(ck, "ram_in_state") || vm_exists(c->ram)))
-        rc = vm_ckpt_ram(c, ck, p, &ris, &e); /* again from the RAM file: a copy may be torn */
-    else if (rc == 0 && !vm_exists(p))
-        rc = vmsnap_err_set(&e, ENOENT, "neither %s nor %s exists", c->ram, p);
-    if (rc == 0 && !vm_exists(c->disk))
-        rc = vmsnap_err_set(&e, ENOENT, "%s is gone", c->disk);
+    int rc = vm_pjoin(mr, dir, "memory-ranges", &e);
+    bool ris = false, in_state = vm_cfg_bool(ck, "ram_in_state");
+    if (rc == 0 && (in_state || vm_exists(c->ram)))
+        rc = vm_ckpt_ram(c, ck, mr, &ris, &e); /* again from the RAM file: a copy may be torn */
     if (rc == 0 && vm_pjoin(p, dir, DISK_CKPT, &e) == 0)
         unlink(p);
     if (rc == 0)
@@ -176,12 +209,14 @@ static void recover_new_checkpoint(struct vmctx *c)
  * when there is none (`buf` holds the path otherwise). */
 const char *vm_taken_pending(const struct vmctx *c, char *buf)
 {
+    /* (a torn one is not: the next command removes it, drop_torn) */
     if (vm_pcat(buf, c->ckpt, ".new") == 0 && vm_exists(buf) &&
         vm_mark_this_boot(buf, TAKING_MARK) &&
-        (!vm_mark_this_boot(buf, COMPLETE_MARK) || newer_than_ckpt(c, buf, NULL)))
+        (vm_mark_this_boot(buf, COMPLETE_MARK) ? newer_than_ckpt(c, buf, NULL)
+                                               : !taken_torn(c, buf, NULL)))
         return buf;
     if (vm_stage_ok(c) && vm_mark_this_boot(c->stage, TAKING_MARK) &&
-        !vm_mark_this_boot(c->stage, COMPLETE_MARK))
+        !vm_mark_this_boot(c->stage, COMPLETE_MARK) && !taken_torn(c, c->stage, NULL))
         return strcpy(buf, c->stage);
     return NULL;
 }
@@ -192,12 +227,18 @@ const char *vm_taken_pending(const struct vmctx *c, char *buf)
 const char *vm_recover_interrupted(struct vmctx *c, char *pend)
 {
     recover_new_checkpoint(c);
-    if (vm_stage_ok(c) && !vm_stage_unsaved(c)) {
+    /* A taken stage is completed whatever other marks it has: an unsaved mark beside a taking
+     * mark without a complete one is no snapshot (the unsaved mark comes after the complete
+     * one), and skipping it left the stage pending for good (needing --force). */
+    if (vm_stage_ok(c))
         finish_taken(c, c->stage, false);
-        if (vm_mark_this_boot(c->stage, COMPLETE_MARK) && !vm_snapshot_missing(c->stage) &&
-            vm_mark_unsaved(c, NULL) == 0)
-            record_recovered(c, c->stage, "stopped");
-    }
+    /* Marked unsaved again only with both marks: what a suspend killed after its stage was
+     * complete left, or a resume from it killed before the guest ran. A complete mark alone is
+     * a stage on its way out (vm_rm_snapshot_dir), already superseded. */
+    if (vm_stage_ok(c) && !vm_stage_unsaved(c) && vm_mark_this_boot(c->stage, TAKING_MARK) &&
+        vm_mark_this_boot(c->stage, COMPLETE_MARK) && !vm_snapshot_missing(c->stage) &&
+        vm_mark_unsaved(c, NULL) == 0)
+        record_recovered(c, c->stage, "stopped");
     return vm_taken_pending(c, pend);
 }
 
@@ -211,4 +252,72 @@ int vm_pending_error(const struct vmctx *c, const char *dir, const char *what,
                           "resume %s', which completes it first%s",
                           c->name, dir, c->rerr.code ? c->rerr.msg : "see the log above", c->name,
                           what);
+}
+
+/* 'cont' until the guest is seen running twice, UNFREEZE_SETTLE_MS apart: a pause or suspend
+ * killed during its migration leaves QEMU migrating (it holds the state file's descriptor), and
+ * the migration stops the guest again when it completes ('cont' is refused while it finalizes).
+ * With the RAM shared that takes milliseconds; a VM restored on demand sends its whole RAM. */
+#define UNFREEZE_SETTLE_MS 100
+#define UNFREEZE_TRIES 300 /* 30 s */
+static int cont_settled(struct vmctx *c, struct vmsnap_vmm *v, struct vmsnap_err *err)
+{
+    enum vmsnap_vmm_state st = VMSNAP_VMM_PAUSED;
+    struct vmsnap_err ce = {0};
+    int seen = 0;
+    for (int i = 0; i < UNFREEZE_TRIES && seen < 2; i++) {
+        if (st != VMSNAP_VMM_RUNNING && vmsnap_vmm_resume(v, &ce) == 0)
+            ce.code = 0;
+        sys_sleep_ms(UNFREEZE_SETTLE_MS);
+        int rc = vmsnap_vmm_state(v, &st, NULL, err);
+        if (rc < 0)
+            return vmsnap_err_wrap(err, "VM '%s': its frozen QEMU after 'cont': ", c->name);
+        if (st != VMSNAP_VMM_RUNNING && st != VMSNAP_VMM_PAUSED)
+            return vmsnap_err_set(err, EIO, "VM '%s': its frozen QEMU is %s after 'cont'", c->name,
+                                  vmsnap_vmm_state_name(st));
+        seen = st == VMSNAP_VMM_RUNNING ? seen + 1 : 0;
+    }
+    if (seen < 2)
+        return vmsnap_err_set(err, EIO,
+                              "VM '%s': its frozen QEMU does not let the guest run (%s): 'vmsnap "
+                              "vm stop %s' ends it, then resume the VM",
+                              c->name, ce.code ? ce.msg : "it stopped again", c->name);
+    return 0;
+}
+
+int vm_unfreeze(struct vmctx *c, json_object *rec, struct vmsnap_vmm *v, struct vmsnap_err *err)
+{
+    char newdir[PATH_LEN], prev[PATH_LEN], p[PATH_LEN];
+    /* a pause's partial take: the QEMU holds all of it (a complete checkpoint.new is never made
+     * while QEMU lives) */
+    if (vm_pcat(newdir, c->ckpt, ".new") == 0 && vm_exists(newdir) &&
+        !vm_complete_this_boot(newdir))
+        vm_rm_snapshot_dir(newdir);
+    /* The stage: complete, the snapshot a resume restored this QEMU from (the RAM file is its
+     * image's second name): its unsaved mark goes before the guest runs, the others once it
+     * runs (as resume_run does: killed in between, a stop keeps it as the snapshot). Anything
+     * else there (a suspend's partial take, a pull's remains) is superseded by the QEMU. */
+    bool from_stage = vm_stage_ok(c) && vm_mark_this_boot(c->stage, COMPLETE_MARK) &&
+                      !vm_snapshot_missing(c->stage);
+    if (from_stage && vm_pcat(p, c->stage, "/" UNSAVED_MARK) == 0)
+        unlink(p);
+    else if (vm_stage_ok(c))
+        vm_unstage(c);
+    int rc = cont_settled(c, v, err);
+    if (rc < 0)
+        return rc;
+    vlog(VMSNAP_LOG_WARN,
+         "VM '%s': let run the guest that a killed command left stopped in its QEMU (frozen)",
+         c->name);
+    /* what the resume that made this QEMU would have removed once the guest ran */
+    if (from_stage) {
+        vm_stage_consumed(c);
+        vm_rm_rf(c->stage);
+    }
+    if (vm_pcat(prev, c->disk, ".prev") == 0)
+        unlink(prev); /* (the QEMU runs on c->disk) */
+    if (vm_cfg_bool(rec, "ram_shared"))
+        vm_discard(c->ondemand);
+    vm_cfg_set_str(rec, "status", "running");
+    return vm_cfg_save(c->cfgpath, rec, err);
 }

@@ -198,7 +198,7 @@ static int resume_recover(struct resume *r, struct vmsnap_err *err)
         if (!strcmp(pend, c->stage))
             vm_unstage(c);
         else
-            vm_rm_rf(pend);
+            vm_rm_snapshot_dir(pend);
         unlink(c->ram);
     }
     return 0;
@@ -304,12 +304,26 @@ static int resume_check_live(struct resume *r, struct vmsnap_err *err)
         rc = resume_io_error(c, r->old, r->t, &r->t0, err);
         return rc < 0 ? rc : 1;
     }
+    if (vrc == 0 && st == VMSNAP_VMM_PAUSED && !r->url && !r->on_demand) {
+        /* frozen: a resume killed after the restore, or a pause or suspend killed after it
+         * stopped the guest (before or after its migration: QEMU then refuses another, so the
+         * pause this used to advise failed). That QEMU holds the VM's newest state: the guest
+         * goes on there (1: done). */
+        rc = vm_vmm_from_cfg(c, r->old, &sv, err);
+        if (rc == 0)
+            rc = vm_unfreeze(c, r->old, sv, err);
+        vmsnap_vmm_free(sv);
+        if (rc < 0)
+            return rc;
+        vm_step(r->t, "resume", &r->t0);
+        return 1;
+    }
     if (vrc == 0 && st == VMSNAP_VMM_PAUSED)
         return vmsnap_err_set(err, EBUSY,
-                              "VM '%s' is frozen: its QEMU holds the guest stopped (a resume "
-                              "killed after the restore, or a pause killed after it stopped "
-                              "the guest): 'vmsnap vm pause %s' checkpoints that state, then "
-                              "resume it; or 'vmsnap vm stop %s' and resume again",
+                              "VM '%s' is frozen: its QEMU holds the guest stopped (a command "
+                              "on it was killed), the VM's newest state: 'vmsnap vm resume %s' "
+                              "(no URL) lets it run on; or 'vmsnap vm stop %s' (that state is "
+                              "lost) and resume again",
                               r->name, r->name, r->name);
     if (vrc == 0 && st != VMSNAP_VMM_DEAD)
         return vmsnap_err_set(err, EBUSY, "VM '%s' is %s: pause, suspend or stop it first", r->name,
@@ -326,7 +340,7 @@ static int resume_pull(struct resume *r, struct vmsnap_err *err)
     /* An old on-demand image there belongs to a dead process: replacing it is safe. The
      * directory is made here, 0700: the stage's name in a world-writable RAM directory is
      * predictable, and a directory someone else made in its place is refused. */
-    vm_rm_rf(r->src);
+    vm_rm_snapshot_dir(r->src);
     if (mkdir(r->src, 0700) < 0)
         return err_sys(err, "mkdir %s", r->src);
     r->done = RESUMED_PULL_DIR;
@@ -449,6 +463,16 @@ static int resume_check_lineage(struct resume *r, struct vmsnap_err *err)
         const char *rb = vm_cfg_str(r->old, "base_id"), *sb = vm_cfg_str(cfg, "base_id");
         int64_t rg = vm_cfg_int(r->old, "generation"), sg = vm_cfg_int(cfg, "generation");
         const char *ru = vm_cfg_str(r->old, "url");
+        if (rb && sb && !strcmp(rb, sb) && rg > sg && ru && !strcmp(ru, r->url)) {
+            /* the later checkpoint is not where the record says: the URL is that place. It was
+             * never stored (a VM resumed from a stage its suspend could not store, then stopped
+             * or its QEMU gone), and refusing advised this very resume */
+            vlog(VMSNAP_LOG_WARN,
+                 "VM '%s' was at generation %lld, but %s holds generation %lld: the later state "
+                 "was never stored there (lost with the QEMU that ran it); resuming from %s",
+                 r->name, (long long)rg, ru, (long long)(sg > 0 ? sg : 0), ru);
+            return 0;
+        }
         if (rb && sb && !strcmp(rb, sb) && rg > sg)
             return vmsnap_err_set(err, EEXIST,
                                   "VM '%s' has a later checkpoint (generation %lld%s%s) than the "
@@ -614,7 +638,7 @@ static void resume_release(struct resume *r)
                 vlog(VMSNAP_LOG_WARN, "release %s: %s", r->src, e2.msg);
         }
         if (!r->on_demand)
-            vm_rm_rf(r->src);
+            vm_rm_snapshot_dir(r->src);
     } else if (r->from == FROM_CHECKPOINT && !(o && o->no_evict)) {
         /* (the stage is tmpfs: nothing to evict) */
         struct vmsnap_err e2;
@@ -709,7 +733,7 @@ static void resume_undo(struct resume *r)
             vlog(VMSNAP_LOG_WARN, "put back %s as %s: %s", r->disk_prev, c->disk, strerror(errno));
     }
     if (r->done >= RESUMED_PULL_DIR && r->from == FROM_STORE)
-        vm_rm_rf(r->src);
+        vm_rm_snapshot_dir(r->src);
     if (r->done >= RESUMED_RECORD && !r->old && !r->created)
         unlink(c->cfgpath);
     if (r->done >= RESUMED_RECORD && r->old && vm_cfg_save(c->cfgpath, r->old, NULL) < 0)

@@ -32,8 +32,17 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
         rc = vmsnap_vmm_stop(v, err);
     char pend[PATH_LEN];
     bool pending = false;
-    if (rc == 0 && !remove) /* before the RAM file goes: it may be the newest state */
+    if (rc == 0 && !remove) { /* before the RAM file goes: it may be the newest state */
         pending = vm_recover_interrupted(&c, pend) != NULL;
+        /* the record as the recovery left it (the generation of a checkpoint it completed: the
+         * one read before was saved over it, and a resume then took the store's older set for
+         * the newest) */
+        json_object *now = NULL;
+        if (vm_cfg_load(c.cfgpath, &now, NULL) == 0) {
+            json_object_put(cfg);
+            cfg = now;
+        }
+    }
     if (rc == 0) {
         /* the RAM file is always the one this VM's name gives (c.ram): a record naming
          * another path is not followed (an on-demand VM maps its image from its directory) */

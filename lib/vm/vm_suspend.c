@@ -57,16 +57,29 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
                               "VM '%s' keeps its RAM in %s, not %s: give the --ram-dir "
                               "(VMSNAP_RAM_DIR) it was started with",
                               c->name, rec, c->ram);
-    vm_rm_rf(sdir);
+    if (st == VMSNAP_VMM_PAUSED) {
+        /* frozen (a command on it killed with the guest stopped): after a completed migration
+         * QEMU refuses another ("Can't migrate the vm that was paused due to previous
+         * migration"), and the stage or checkpoint.new the killed command was writing must not
+         * be taken for this state. The guest goes on first (vm_unfreeze), then is paused as a
+         * running one: nothing of its state is lost, it runs for a moment longer. */
+        if ((rc = vm_unfreeze(c, cfg, v, err)) < 0)
+            return rc;
+        st = VMSNAP_VMM_RUNNING;
+    }
+    vm_rm_snapshot_dir(sdir);
     if (mkdir(sdir, 0700) < 0)
         return err_sys(err, "mkdir %s", sdir);
     rc = vmsnap_vmm_pause(v, err);
     if (rc < 0)
         goto fail;
+    sys_failpoint("take-stopped"); /* the guest stopped, no state taken: a frozen VM */
     vm_step(t, "pause", t0);
     rc = vmsnap_vmm_snapshot(v, sdir, err);
     if (rc < 0)
         goto fail;
+    /* the migration completed: a frozen VM whose QEMU refuses to migrate again */
+    sys_failpoint("take-migrated");
     vm_step(t, "snapshot", t0);
     /* every checkpoint of a VM's lineage (base_id) gets the next generation: a resume can tell
      * a stale snapshot from a newer local checkpoint */
@@ -80,13 +93,14 @@ static int take_state(struct vmctx *c, json_object *cfg, struct vmsnap_vmm *v, c
      * first, so a process killed meanwhile leaves what finish_taken() completes. */
     if ((rc = vm_write_taking(cfg, sdir, err)) < 0)
         goto fail;
+    sys_failpoint("take-marked"); /* the taking mark written, QEMU not yet stopped */
     rc = vmsnap_vmm_stop(v, err);
     if (rc < 0)
         goto fail;
     vm_step(t, "teardown", t0);
     return 0;
 fail:
-    vm_rm_rf(sdir);
+    vm_rm_snapshot_dir(sdir);
     if (st == VMSNAP_VMM_RUNNING) {
         struct vmsnap_err e2;
         if (vmsnap_vmm_resume(v, &e2) < 0)
@@ -106,7 +120,7 @@ static int finish_local(struct vmctx *c, json_object *cfg, const char *sdir, boo
     bool in_place = !strcmp(sdir, newdir);
     int rc = 0;
     if (!in_place) {
-        vm_rm_rf(newdir);
+        vm_rm_snapshot_dir(newdir);
         if (mkdir(newdir, 0700) < 0)
             return err_sys(err, "mkdir %s", newdir);
         rc = vm_copy_small(sdir, newdir, "state", err);
@@ -138,7 +152,7 @@ static int finish_local(struct vmctx *c, json_object *cfg, const char *sdir, boo
          * RAM): with the RAM file and the live disk, the VM's newest state. It stays for
          * vm_recover_interrupted() to complete; from a stage, the stage still has it all. */
         if (!in_place)
-            vm_rm_rf(newdir);
+            vm_rm_snapshot_dir(newdir);
         return rc;
     }
     /* The live disk lives on as the checkpoint's hard link; resume clones it out again. */

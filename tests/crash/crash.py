@@ -16,7 +16,15 @@ invariant. Operations (--ops, comma-separated):
                          has, or the URL) works without --force, the guest's blob has its md5
   resume-local, resume-rgw     a suspended VM resumed from its set, killed; then resumed again
   pause-local            a running VM paused to its local checkpoint, killed; then resumed
-Usage: crash.py --kills N --seed S [--ops ...] [--strict] (VMSNAP_BIN; VMSNAP_RGW_STATE for -rgw).
+  For the VM operations a kill is counted by what it left (the set at the URL old or new for a
+  suspend; the VM as it was, as the command leaves it, or between: frozen, interrupted, unsaved,
+  ...), and every one must go on by `vm resume` alone (a frozen VM also, every other time, by a
+  `vm pause` first): a kill that needs --force or a `vm stop` is a failure. --focus F aims a
+  share F of the kills at the VM's own windows, which uniform kills rarely hit (a suspend's
+  steps from the guest's stop until its stage is complete, and its teardown; a pause's whole
+  run; a resume's restore), from the steps of the uninterrupted command (`--json`).
+Usage: crash.py --kills N --seed S [--ops ...] [--strict] [--focus F] [--verbose]
+(VMSNAP_BIN; VMSNAP_RGW_STATE for -rgw).
 A reference-layout push over a set killed between its un-commit of the old set and its commit
 of the new one leaves no set at all: counted as "lost", a failure only with --strict (the layered
 layout has no such window: a layered push that leaves no set is always a failure); everything
@@ -31,6 +39,11 @@ ap.add_argument("--kills", type=int, default=50)
 ap.add_argument("--seed", type=int, default=1)
 ap.add_argument("--ops", default="push-local,pushref-local,pull-local,push-rgw,pushref-rgw,pull-rgw")
 ap.add_argument("--keep", action="store_true", help="keep the work directory")
+ap.add_argument("--verbose", action="store_true", help="a line for each VM kill that went on")
+ap.add_argument("--focus", type=float, default=0.0,
+                help="VM ops: the share of kills aimed at the VM's own windows (a suspend's or "
+                     "pause's stop-to-staged and teardown steps, a resume's restore) rather than "
+                     "anywhere in the command")
 ap.add_argument("--strict", action="store_true",
                 help="a push over a set that leaves no set counts as a failure (see 'lost')")
 args = ap.parse_args()
@@ -153,12 +166,21 @@ def store_leftovers_local(root, url_dir):
 class Counts:
     def __init__(self, op):
         self.op, self.kills, self.old, self.new, self.lost, self.bad = op, 0, 0, 0, 0, []
+        self.mid, self.states = 0, {}
+
+    def fail(self, msg):
+        self.bad.append(msg)
+        if args.verbose:
+            print(f"  {self.op}: BROKE: {msg}", flush=True)
 
     def report(self):
         if self.op.split("-")[0] in ("suspend", "resume", "pause"):
-            print(f"{self.op}: {self.kills} kills: {self.new} went on (the set whole, its RAM "
-                  f"blob intact), {self.lost} of them by a known gap (a refused pause, or "
-                  f"--force: #22), {len(self.bad)} broke the invariant", flush=True)
+            what = {"suspend": "the set at the URL", "resume": "the VM", "pause": "the VM"}
+            st = ", ".join(f"{n} {s}" for s, n in sorted(self.states.items()))
+            print(f"{self.op}: {self.kills} kills: {what[self.op.split('-')[0]]} old {self.old}, "
+                  f"new {self.new}, between {self.mid} (status after the kill: {st}); every "
+                  f"other kill went on without --force, the set whole, the RAM blob intact; "
+                  f"{len(self.bad)} broke the invariant", flush=True)
             for b in self.bad[:10]:
                 print(f"  {self.op}: {b}", flush=True)
             return
@@ -364,6 +386,15 @@ class Vm:
         except ValueError:
             return "unknown"
 
+    def files(self):
+        """What the VM's directories hold (for a report of a kill that broke the invariant)."""
+        out = []
+        for d, _, fs in os.walk(os.path.join(self.state, "vms", "v")):
+            out += [os.path.relpath(os.path.join(d, f), self.state) for f in fs]
+        for d, _, fs in os.walk(self.ram):
+            out += [os.path.relpath(os.path.join(d, f), self.ram) for f in fs]
+        return " ".join(sorted(out))
+
     def stop(self):
         self.vm("stop", "--rm", "v", check=False)
         shutil.rmtree(self.ram, ignore_errors=True)
@@ -383,7 +414,17 @@ def vm_matrix(op, kind, c):
     try:
         v.boot()
         v.vm("suspend", "v", url)
-        full = None
+        full = before = None
+        pull_err = [""]
+
+        def pulled_digest():
+            """The digest of the set at the URL, pulled whole; None if it does not pull."""
+            out = os.path.join(W, "vmpulled")
+            shutil.rmtree(out, ignore_errors=True)
+            p = run(VMSNAP, "-q", "pull", url, out, env=v.env, check=False)
+            pull_err[0] = p.stderr.strip()[-300:]
+            return digest(out) if p.returncode == 0 else None
+
         for k in range(args.kills):
             # the state before the kill: suspended at url (resume), or running (suspend, pause)
             if op != "resume":
@@ -391,76 +432,94 @@ def vm_matrix(op, kind, c):
                     v.vm("resume", "v", *([] if v.status() in ("paused",) else [url]))
                 v.wait(r"vmsnap-counter", len(v.console()))
             if full is None:
+                # the same command uninterrupted, with its steps (--json): where the VM's own
+                # windows are (its guest stopped and its state being taken or restored, its
+                # local state torn down), which --focus aims at
                 t = time.monotonic()
-                if op == "suspend":
-                    v.vm("suspend", "v", url)
-                    full = time.monotonic() - t
-                    v.vm("resume", "v", url)
-                elif op == "resume":
-                    v.vm("resume", "v", url)
-                    full = time.monotonic() - t
-                    v.vm("suspend", "v", url)
-                else:
-                    v.vm("pause", "v")
-                    full = time.monotonic() - t
-                    v.vm("resume", "v")
+                first = {"suspend": ("suspend", "v", url), "resume": ("resume", "v", url),
+                         "pause": ("pause", "v")}[op]
+                p = v.vm(*first, "--json")
+                full = time.monotonic() - t
+                import json
+                j = json.loads(p.stdout)
+                start = full - j["seconds"]  # the process start, before the first step
+                ends, at = {}, start
+                for name, secs in j["steps"].items():
+                    ends[name] = (at, at + secs)
+                    at += secs
+                windows = {
+                    "suspend": [(start, ends.get("stage", (0, full))[1]),
+                                (ends.get("upload", (0, full))[1], full)],
+                    "pause": [(start, full)],
+                    "resume": [(ends.get("download", (start, start))[1], full)],
+                }[op]
+                v.vm(*{"suspend": ("resume", "v", url), "resume": ("suspend", "v", url),
+                       "pause": ("resume", "v")}[op])
+            if op == "suspend" and before is None:
+                before = pulled_digest()
             cmd = {"suspend": v.cmd("suspend", "v", url), "resume": v.cmd("resume", "v", url),
                    "pause": v.cmd("pause", "v")}[op]
-            delay = rng.uniform(0, full * 1.1)
+            if args.focus and rng.random() < args.focus:
+                lo, hi = rng.choice(windows)
+                delay = rng.uniform(lo, hi)
+            else:
+                delay = rng.uniform(0, full * 1.1)
             kill_at(cmd, delay, v.env)
             c.kills += 1
-            what = f"kill {k} at {delay:.3f} s of {full:.3f} (status then: {v.status()})"
-            out = os.path.join(W, "vmpulled")
-            shutil.rmtree(out, ignore_errors=True)
-            p = run(VMSNAP, "-q", "pull", url, out, env=v.env, check=False)
-            if p.returncode != 0:
-                c.bad.append(f"{what}: the set at the URL does not pull: {p.stderr.strip()[-300:]}")
-                break
-            # the VM goes on without --force: from what the node has, else from the URL
             st = v.status()
-            if st == "frozen":
-                # a QEMU holding the stopped guest (the kill came between the stop and the
-                # checkpoint): the documented way on is a pause (it checkpoints that state)
+            c.states[st] = c.states.get(st, 0) + 1
+            what = f"kill {k} at {delay:.3f} s of {full:.3f} (status then: {st})"
+            got = pulled_digest()
+            if got is None:
+                c.fail(f"{what}: the set at the URL does not pull: {pull_err[0]}")
+                break
+            if op == "suspend":  # the set at the URL: the one it replaces, or the new one
+                if got == before:
+                    c.old += 1
+                else:
+                    c.new += 1
+                before = got
+            else:  # the VM: as it was (running, suspended), as the command leaves it, or between
+                done = {"resume": "running", "pause": "paused"}[op]
+                was = {"resume": "suspended", "pause": "running"}[op]
+                c.new += st == done
+                c.old += st == was
+                c.mid += st not in (done, was)
+            # the VM goes on without --force, by the ordinary command: `vm resume` (from what the
+            # node has, else from the URL); a frozen VM (a QEMU holding the stopped guest) also
+            # by the pause its message used to advise, every other time
+            if st == "frozen" and k % 2:
                 p = v.vm("pause", "v", check=False)
                 if p.returncode != 0:
-                    # the other way the message gives: stop, and resume what the node or the
-                    # store has (the old state); counted, a pause that cannot take the state
-                    # of a QEMU that already migrated it is a known gap (#22)
-                    c.lost += 1
-                    print(f"  {op}-{kind}: {what}: pause refused ({p.stderr.strip()[-160:]}); "
-                          f"stop and resume instead", flush=True)
-                    p = v.vm("stop", "v", check=False)
-                    if p.returncode != 0:
-                        c.bad.append(f"{what}: a frozen VM does not stop: {p.stderr.strip()[-300:]}")
-                        break
-                st = v.status()
+                    c.fail(f"{what}: the pause of a frozen VM failed: {p.stderr.strip()[-600:]}; "
+                                 f"files: {v.files()}")
+            st = v.status()
             if st != "running":
                 p = v.vm("resume", "v", check=False)
+                first = p.stderr.strip()[-600:]
                 if p.returncode != 0:
                     p = v.vm("resume", "v", url, check=False)
-                if p.returncode != 0 and st == "interrupted" and not args.strict:
-                    # a known gap (#22): a stage the resume cannot complete; counted, printed,
-                    # a failure only with --strict; the run goes on past it with --force
-                    c.lost += 1
-                    print(f"  {op}-{kind}: {what}: needs --force: {p.stderr.strip()[-300:]}",
-                          flush=True)
-                    p = v.vm("resume", "v", "--force", check=False)
-                    if p.returncode != 0:
-                        p = v.vm("resume", "v", url, "--force", check=False)
                 if p.returncode != 0:
-                    c.bad.append(f"{what}: no resume without --force ({st}): {p.stderr.strip()[-1500:]}")
-                    break
+                    c.fail(f"{what}: no resume without --force ({st}): 'vm resume v': {first}; "
+                                 f"'vm resume v URL': {p.stderr.strip()[-1000:]}; files: {v.files()}")
+                    # on past it, if --force can: the other kills are still worth checking
+                    v.vm("stop", "v", check=False)
+                    if (v.vm("resume", "v", "--force", check=False).returncode != 0 and
+                            v.vm("resume", "v", url, "--force", check=False).returncode != 0):
+                        break
+                    continue
             if not v.blob_ok():
-                c.bad.append(f"{what}: the guest's RAM blob changed (or the guest is not answering)")
+                c.fail(f"{what}: the guest's RAM blob changed (or the guest is not answering)")
                 break
-            c.new += 1
+            if args.verbose:
+                print(f"  {op}-{kind}: {what}: went on", flush=True)
             if op == "resume":  # suspended again for the next kill
                 v.vm("suspend", "v", url)
         # gc leaves the set whole, and nothing no manifest names
         p = run(VMSNAP, "-q", "gc", "--older-than", "0",
                 os.path.dirname(url) if kind == "local" else url, env=v.env, check=False)
         if p.returncode != 0:
-            c.bad.append(f"gc failed: {p.stderr.strip()[-300:]}")
+            c.fail(f"gc failed: {p.stderr.strip()[-300:]}")
         if v.status() != "running":
             v.vm("resume", "v", *([] if v.status() == "paused" else [url]), check=False)
         v.vm("suspend", "v", url, check=False)
@@ -468,7 +527,7 @@ def vm_matrix(op, kind, c):
         shutil.rmtree(final, ignore_errors=True)
         p = run(VMSNAP, "-q", "pull", url, final, env=v.env, check=False)
         if p.returncode != 0:
-            c.bad.append(f"after gc the set does not pull: {p.stderr.strip()[-300:]}")
+            c.fail(f"after gc the set does not pull: {p.stderr.strip()[-300:]}")
     finally:
         v.stop()
 

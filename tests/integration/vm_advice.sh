@@ -15,8 +15,9 @@
 ADVICE_TABLE="
 lib/vm/vm_suspend.c^'vmsnap vm resume %s'^incoming, not running^incoming
 lib/vm/vm_suspend.c^'vmsnap vm resume %s'^goes back to its last checkpoint^dead_ckpt
-lib/vm/vm_resume.c^'vmsnap vm pause %s'^is frozen^frozen
+lib/vm/vm_resume.c^'vmsnap vm resume %s'^is frozen^frozen
 lib/vm/vm_resume.c^'vmsnap vm stop %s'^is frozen^frozen
+lib/vm/vm_recover.c^'vmsnap vm stop %s'^does not let the guest run^none: a QEMU that holds a stopped guest and refuses 'cont' for 30 s (or stops it again each time) cannot be made from the outside here: a SIGSTOPped one does not answer, which is the unresponsive case
 lib/vm/vm_suspend.c^'vmsnap vm resume %s'^VM stopped; the state it took is kept in^pause_unfinished
 lib/vm/vm_stop.c^'vmsnap vm resume %s'^completes it once that is fixed^pause_unfinished
 lib/vm/vm_recover.c^'vmsnap vm resume %s'^which completes it first^pause_unfinished
@@ -123,13 +124,18 @@ c=$(advised "$T/err" "vmsnap vm resume") && grep -q "goes back to its last check
     runs "$A" golden "$c" && advice_seen dead_ckpt || fail "pause of a dead VM: $(cat "$T/err")"
 
 # --- frozen (lib/vm/vm_resume.c): a resume killed after the restore leaves QEMU holding the guest
-# stopped; pause then resume, or stop then resume
-for how in pause stop; do
+# stopped; a resume without a URL lets it run on there, one from a URL is refused, advising that
+# resume, or a stop and then a resume
+for how in resume stop; do
     vmc "$A" pause golden || fail "pause"
     killed_at resume-restored "$A" resume golden
-    vm_err "$A" resume golden
-    c=$(advised "$T/err" "vmsnap vm $how") && grep -q "is frozen" "$T/err" || { fail "resume of a frozen VM: $(cat "$T/err")"; continue; }
-    run_in "$A" "$c" && runs "$A" golden "vmsnap vm resume golden" && advice_seen frozen
+    vm_err "$A" resume golden "$ST/frozen-url"
+    c=$(advised "$T/err" "vmsnap vm $how") && grep -q "is frozen" "$T/err" || { fail "resume from a URL of a frozen VM: $(cat "$T/err")"; continue; }
+    if [ $how = resume ]; then
+        runs "$A" golden "$c" && advice_seen frozen
+    else
+        run_in "$A" "$c" && runs "$A" golden "vmsnap vm resume golden" && advice_seen frozen
+    fi
 done
 
 # --- a pause whose checkpoint the filesystem refuses once QEMU stopped (lib/vm/vm_suspend.c),

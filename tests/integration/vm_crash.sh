@@ -7,7 +7,11 @@
 #   a resume of that stage killed before QEMU starts,
 #   a pause killed after its checkpoint was written but before it replaced the old one,
 #   a pause killed (with the host) between the two renames of that replacement,
-#   a resume of a new VM killed after QEMU restored it (vm ls shows it, vm stop stops it).
+#   a resume of a new VM killed after QEMU restored it (vm ls shows it, vm stop stops it),
+#   a pause or suspend killed with the guest stopped in its QEMU, before or after its migration
+#   (frozen: a plain resume lets it run on, a pause checkpoints it),
+#   a stage torn by a killed removal, and one whose marks say unsaved but not complete,
+#   a resume from the URL after the generation the record names was lost with its QEMU.
 # And a VM record (vm.json) as hostile input: a ram_path naming another file, a FIFO.
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
 S=$T/state
@@ -60,14 +64,29 @@ vmc "$S" ls | grep -Eq '^golden +unsaved' || fail "vm ls after a killed resume: 
 # checkpoint supersedes the stage, which must not be preferred over it later
 rc=0 && VMSNAP_FAILPOINT=resume-restored vmc "$S" resume golden 2>"$T/err" || rc=$?
 [ "$rc" = 137 ] || fail "resume-restored failpoint (stage): exit $rc: $(cat "$T/err")"
-# vm ls tells it from a checkpointed VM (both said "paused"), and a resume says what to do
+# vm ls tells it from a checkpointed VM (both said "paused"), and a resume from a URL says what
+# to do
 vmc "$S" ls | grep -Eq '^golden +frozen' || fail "vm ls after a resume killed after the restore: $(vmc "$S" ls)"
-expect_fail "resume of a VM a killed resume restored" vmc "$S" resume golden
-grep -q "is frozen: its QEMU holds the guest stopped" "$T/err" || fail "resume of a frozen VM: $(cat "$T/err")"
+# (here the stage it was restored from is still marked unsaved: that refusal comes first, and
+# advises the same plain resume)
+expect_fail "resume from a URL of a VM a killed resume restored" vmc "$S" resume golden "$STORE/none"
+grep -q "'vmsnap vm resume golden'" "$T/err" || fail "resume of a frozen VM: $(cat "$T/err")"
 vmc "$S" pause golden || fail "pause of the VM a killed resume restored"
 [ -e "$stage" ] && fail "the stage outlived the checkpoint that superseded it"
 vmc "$S" ls | grep -Eq '^golden +paused' || fail "vm ls after that pause: $(vmc "$S" ls)"
 resume_check "$S" golden "$r" "$d" || done_tests
+# ... and once more, then a plain resume: the guest goes on in that QEMU (it was refused, "is
+# frozen", advising a pause), and the stage it was restored from goes
+sleep 2
+rc=0 && VMSNAP_FAILPOINT=suspend-staged vmc "$S" suspend golden "$STORE/s1c" 2>"$T/err" || rc=$?
+[ "$rc" = 137 ] || fail "suspend-staged failpoint (for the frozen stage): exit $rc: $(cat "$T/err")"
+read -r r d <<<"$(last_counter "$S" golden)"
+rc=0 && VMSNAP_FAILPOINT=resume-restored vmc "$S" resume golden 2>"$T/err" || rc=$?
+[ "$rc" = 137 ] || fail "resume-restored failpoint (stage, again): exit $rc: $(cat "$T/err")"
+vmc "$S" ls | grep -Eq '^golden +frozen' || fail "vm ls after a resume from the stage killed after the restore: $(vmc "$S" ls)"
+resume_check "$S" golden "$r" "$d" || done_tests
+[ -e "$stage" ] && fail "the stage outlived the resume that let its frozen QEMU run"
+vmc "$S" ls | grep -Eq '^golden +running' || fail "vm ls after the resume of a frozen VM: $(vmc "$S" ls)"
 # a suspend killed again, and the resume of its stage killed once the guest runs (after 'cont',
 # before the stage is removed): the next pause supersedes the stage, and the resume after it is
 # from that checkpoint (the stage was marked unsaved again and won: its image was the RAM file
@@ -196,6 +215,48 @@ for fp in pause-taken suspend-taken; do
         "$T/resume.out" || fail "$fp: resume did not complete the interrupted checkpoint: $(cat "$T/resume.out")"
 done
 
+# a pause or a suspend killed with the guest stopped in its QEMU: before its migration
+# (take-stopped), after it (take-migrated: QEMU then refuses another, "Can't migrate the vm that
+# was paused due to previous migration", so the pause that the resume's refusal advised failed),
+# and after the taking mark (take-marked). vm ls says frozen; a plain resume lets the guest go on
+# there, a pause (of the one after the migration) checkpoints it; nothing the killed command
+# wrote is left to be taken for the VM's state
+for fp in take-stopped take-migrated take-marked; do
+    for op in pause suspend; do
+        sleep 1
+        rc=0
+        if [ $op = pause ]; then
+            VMSNAP_FAILPOINT=$fp vmc "$S" pause golden 2>"$T/err" || rc=$?
+        else
+            VMSNAP_FAILPOINT=$fp vmc "$S" suspend golden "$STORE/$fp" 2>"$T/err" || rc=$?
+        fi
+        [ "$rc" = 137 ] || fail "$fp failpoint ($op): exit $rc: $(cat "$T/err")"
+        read -r r d <<<"$(last_counter "$S" golden)"
+        vmc "$S" ls | grep -Eq '^golden +frozen' || fail "vm ls after a $op killed at $fp: $(vmc "$S" ls)"
+        if [ $fp = take-migrated ] && [ $op = pause ]; then
+            vmc "$S" pause golden 2>"$T/err" || fail "pause of a VM whose pause was killed at $fp: $(cat "$T/err")"
+            vmc "$S" ls | grep -Eq '^golden +paused' || fail "vm ls after that pause: $(vmc "$S" ls)"
+        fi
+        resume_check "$S" golden "$r" "$d" || done_tests
+        [ -e "$S/vms/golden/checkpoint.new" ] && fail "$fp ($op): checkpoint.new outlived the resume"
+        [ -e "$stage" ] && fail "$fp ($op): the stage outlived the resume"
+        vmc "$S" ls | grep -Eq '^golden +running' || fail "vm ls after the resume ($fp, $op): $(vmc "$S" ls)"
+    done
+done
+# a suspend killed after its taking mark, then the frozen VM stopped: the stop completes the
+# stage (the only copy), and the record gets its generation (the stop saved the record it had
+# read over the one the recovery wrote: a generation older than the stage's)
+sleep 1
+rc=0 && VMSNAP_FAILPOINT=take-marked vmc "$S" suspend golden "$STORE/marked" 2>"$T/err" || rc=$?
+[ "$rc" = 137 ] || fail "take-marked failpoint (stop): exit $rc: $(cat "$T/err")"
+read -r r d <<<"$(last_counter "$S" golden)"
+vmc "$S" stop golden 2>"$T/err" || fail "stop of a frozen VM: $(cat "$T/err")"
+vmc "$S" ls | grep -Eq '^golden +unsaved' || fail "vm ls after a stop of a suspend killed at take-marked: $(vmc "$S" ls)"
+g_rec=$(jget "$S/vms/golden/vm.json" 'j["generation"]')
+g_stage=$(jget "$stage/config.json" 'j["generation"]')
+[ "$g_rec" = "$g_stage" ] || fail "the record's generation $g_rec after the stop, the stage's $g_stage"
+resume_check "$S" golden "$r" "$d" || done_tests
+
 # the VM's RAM directory is part of its identity: a pause under another one is refused while
 # the VM still runs (it used to stop QEMU first and then fail, losing the newest state)
 other=$VMSNAP_RAM_DIR/vmsnap-test-other.$$
@@ -277,6 +338,45 @@ for fp in suspend-teardown vm-discarding; do
     resume_check "$N" golden "$r" "$d" || done_tests
     [ -e "$N/vms/golden/checkpoint.discard" ] && fail "$fp: checkpoint.discard outlived the next command"
 done
+# a suspend killed while its teardown removed the stage (the set stored, the record saying so,
+# the checkpoint gone): the stage went file by file in directory order, its taking mark last,
+# and that read as an interrupted suspend whose config was missing: resume refused without
+# --force. Made as such a kill left it; vm ls says suspended, a plain resume goes on from the set
+sleep 1
+rc=0 && VMSNAP_FAILPOINT=suspend-teardown vmc "$N" suspend golden "$STORE/t-torn" 2>"$T/err" || rc=$?
+[ "$rc" = 137 ] || fail "suspend-teardown failpoint (torn stage): exit $rc: $(cat "$T/err")"
+read -r r d <<<"$(last_counter "$N" golden)"
+nstage=$(ls -d "$VMSNAP_RAM_DIR"/vmsnap-*-golden.stage)
+[ -f "$nstage/.vmsnap-taking" ] || fail "no stage with its taking mark at suspend-teardown: $nstage"
+rm -rf "$N/vms/golden/checkpoint" "$nstage/config.json" "$nstage/state" "$nstage/.vmsnap-complete"
+vmc "$N" ls | grep -Eq '^golden +suspended' || fail "vm ls after a torn stage removal: $(vmc "$N" ls)"
+resume_check "$N" golden "$r" "$d" || done_tests
+[ -e "$nstage" ] && fail "the torn stage outlived the resume"
+# a stage with its unsaved and taking marks and no complete mark (the unsaved mark is written
+# after the complete one: a removal that took the complete mark first left it): recovery skipped
+# a stage marked unsaved, so it stayed an interrupted one for good; now it is completed, and the
+# resume goes on from it
+sleep 1
+rc=0 && VMSNAP_FAILPOINT=suspend-staged vmc "$N" suspend golden "$STORE/t-lead" 2>"$T/err" || rc=$?
+[ "$rc" = 137 ] || fail "suspend-staged failpoint (unsaved, no complete mark): exit $rc: $(cat "$T/err")"
+read -r r d <<<"$(last_counter "$N" golden)"
+[ -f "$nstage/.vmsnap-unsaved" ] && [ -f "$nstage/.vmsnap-taking" ] && rm "$nstage/.vmsnap-complete" ||
+    fail "no marked stage after suspend-staged: $(ls -a "$nstage")"
+resume_check "$N" golden "$r" "$d" || done_tests
+# a VM resumed from a stage its suspend could not store (a generation never stored), then stopped:
+# its state is gone, and the resume from the URL it came from goes back to the set there (it was
+# refused: "has a later checkpoint (generation G, at URL)", advising a resume from that same URL)
+sleep 1
+read -r r d <<<"$(last_counter "$N" golden)"
+vmc "$N" suspend golden "$STORE/t-gen" || fail "suspend to t-gen"
+vmc "$N" resume golden >/dev/null 2>&1 || fail "resume from t-gen"
+sleep 1
+rc=0 && VMSNAP_FAILPOINT=suspend-staged vmc "$N" suspend golden "$STORE/t-gen" 2>"$T/err" || rc=$?
+[ "$rc" = 137 ] || fail "suspend-staged failpoint (generation): exit $rc: $(cat "$T/err")"
+vmc "$N" resume golden >/dev/null 2>&1 || fail "resume from the unsaved stage"
+vmc "$N" stop golden || fail "stop after the resume from the unsaved stage"
+resume_check "$N" golden "$r" "$d" || done_tests
+grep -q "was never stored there" "$T/resume.out" || fail "resume after a lost generation: $(cat "$T/resume.out")"
 # a resume killed while its QEMU waits for the state: vm ls says incoming, pause and suspend say
 # what to run (they said "pause, suspend or stop it first" and refused both), and that works
 sleep 1
