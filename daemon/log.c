@@ -36,8 +36,8 @@ static void emit(json_object *o)
         n = 0;
 }
 
-static void vemit(enum vmsnap_log_level level, const char *id, const char *kind, const char *fmt,
-                  va_list ap)
+__attribute__((format(printf, 4, 0))) static void
+vemit(enum vmsnap_log_level level, const char *id, const char *kind, const char *fmt, va_list ap)
 {
     if ((int)level > max_level)
         return;
@@ -62,7 +62,8 @@ void d_log(enum vmsnap_log_level level, const char *req_id, const char *fmt, ...
     va_end(ap);
 }
 
-static void lib_line(enum vmsnap_log_level level, const char *id, const char *fmt, ...)
+__attribute__((format(printf, 3, 4))) static void lib_line(enum vmsnap_log_level level,
+                                                           const char *id, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
