@@ -4,6 +4,7 @@
 #   daemon_security  every refusal of docs/daemon.md's Security section
 #   daemon_ops       admission (409, 503 + Retry-After), priorities, cancel, metrics, SIGTERM
 #   daemon_vm        a real guest's run, suspend/resume (local store, the RGW), pause, stop, info
+#   daemon_sets      push, ls, pull, gc, rm against the RGW, keys only from a node profile
 # and the request-handling fuzz target's corpus replayed (fuzz_replay_daemon_request).
 if(TARGET vmsnapd)
   foreach(t api security ops)
@@ -16,6 +17,11 @@ if(TARGET vmsnapd)
                  RESOURCE_LOCK vm)
   set_tests_properties(daemon_vm PROPERTIES FIXTURES_REQUIRED xfer_rgw)
   set_property(TEST daemon_vm APPEND PROPERTY ENVIRONMENT
+               "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state")
+  vmsnap_sh_test(daemon_sets tests/integration/daemon_sets.sh TIMEOUT 300 LABELS daemon
+                 RESOURCE_LOCK xfer_rgw_server)
+  set_tests_properties(daemon_sets PROPERTIES FIXTURES_REQUIRED xfer_rgw)
+  set_property(TEST daemon_sets APPEND PROPERTY ENVIRONMENT
                "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state")
   add_executable(replay_daemon_request ${CMAKE_SOURCE_DIR}/tests/fuzz/fuzz_daemon_request.c
                                        ${CMAKE_SOURCE_DIR}/tests/fuzz/replay.c)

@@ -13,6 +13,9 @@ DAWS_CREDS=$T/aws-credentials
 : >"$DAWS_CREDS"
 chmod 600 "$DAWS_CREDS"
 DAEMON_ARGS=()
+# more of the daemon's environment (NAME=VALUE), e.g. AWS_ENDPOINT_URL: a request naming no
+# profile then reaches that store, without keys
+DAEMON_ENV=()
 
 # daemon_profile NAME KEY SECRET: an AWS profile the daemon's profiles may name
 daemon_profile() {
@@ -29,7 +32,8 @@ daemon_restart() {
     rm -f "$T/vmsnapd.ready"
     env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE \
         -u AWS_ENDPOINT_URL AWS_SHARED_CREDENTIALS_FILE="$DAWS_CREDS" \
-        AWS_CONFIG_FILE=/nonexistent/aws-config "$VMSNAPD" --socket "$DSOCK" \
+        AWS_CONFIG_FILE=/nonexistent/aws-config ${DAEMON_ENV[@]+"${DAEMON_ENV[@]}"} \
+        "$VMSNAPD" --socket "$DSOCK" \
         ${DAEMON_ARGS[@]+"${DAEMON_ARGS[@]}"} 2>>"$DLOG" &
     DPID=$!
     local i

@@ -31,6 +31,7 @@ wait_for 5 test -s "$T/silent.port" || fail "the silent store did not start"
 
 daemon_profile rgwkeys "$AWS_ACCESS_KEY_ID" "$AWS_SECRET_ACCESS_KEY"
 daemon_profile hangkeys AKIDHANG notasecret
+DAEMON_ENV=("AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL")
 daemon_start --set "root=$R" --set "asset_dir=$G" --set "state_dir=$S" \
     --set "ram_dir=$VMSNAP_RAM_DIR" --set "cache_dir=$R/cache" --set workers=1 \
     --set "profile=rgw aws=rgwkeys endpoint=$AWS_ENDPOINT_URL region=us-east-1 path_style" \
