@@ -256,6 +256,43 @@ int cli_refuse_existing(const char *verb, const char *dst, bool force);
 double cli_now(void);
 const char *cli_bytes(char *buf, size_t len, uint64_t bytes);
 
+/* ---- client mode (cli/client.c): --socket PATH or VMSNAP_SOCKET ----
+ * The daemon's socket (NULL: call the library). Each cli_client_* stands for the library call
+ * of the same signature (vmsnap_xfer_push, ...) and fills the same results from the daemon's
+ * answer, so a verb prints the same either way. */
+extern const char *cli_socket;
+struct vmsnap_xfer_opts;
+struct vmsnap_xfer_stats;
+struct vmsnap_xfer_set;
+struct vmsnap_rm_result;
+struct vmsnap_vm_opts;
+struct vmsnap_vm_run_args;
+struct vmsnap_vm_timing;
+struct vmsnap_vm_info;
+int cli_client_push(const char *from, const char *to, const struct vmsnap_xfer_opts *o,
+                    struct vmsnap_xfer_stats *st, struct vmsnap_err *err);
+int cli_client_pull(const char *from, const char *to, const struct vmsnap_xfer_opts *o,
+                    struct vmsnap_xfer_stats *st, struct vmsnap_err *err);
+int cli_client_list(const char *url, const struct vmsnap_xfer_opts *o,
+                    int (*fn)(void *arg, const struct vmsnap_xfer_set *set), void *arg,
+                    struct vmsnap_err *err);
+int cli_client_remove(const char *url, bool force, const struct vmsnap_xfer_opts *o,
+                      struct vmsnap_rm_result *res, struct vmsnap_err *err);
+int cli_client_vm_run(const struct vmsnap_vm_opts *o, const char *name,
+                      const struct vmsnap_vm_run_args *a, struct vmsnap_vm_timing *t,
+                      struct vmsnap_err *err);
+int cli_client_vm_pause(const struct vmsnap_vm_opts *o, const char *name,
+                        struct vmsnap_vm_timing *t, struct vmsnap_err *err);
+int cli_client_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, const char *url,
+                          struct vmsnap_vm_timing *t, struct vmsnap_err *err);
+int cli_client_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const char *url,
+                         struct vmsnap_vm_timing *t, struct vmsnap_err *err);
+int cli_client_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove,
+                       struct vmsnap_err *err);
+int cli_client_vm_list(const struct vmsnap_vm_opts *o,
+                       int (*fn)(void *arg, const struct vmsnap_vm_info *info), void *arg,
+                       struct vmsnap_err *err);
+
 /* Verb implementations. */
 int cmd_pack(int argc, char **argv);
 int cmd_unpack(int argc, char **argv);

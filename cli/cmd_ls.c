@@ -53,6 +53,7 @@ int cmd_ls(int argc, char **argv)
     json_object *arr = NULL;
     if (cli_json) /* what could be listed, also when the listing was incomplete (with "error") */
         json_object_object_add(cli_out(), "sets", arr = json_object_new_array());
-    rc = vmsnap_xfer_list(argv[i], &o, print_set, arr, &err);
+    rc = cli_socket ? cli_client_list(argv[i], &o, print_set, arr, &err)
+                    : vmsnap_xfer_list(argv[i], &o, print_set, arr, &err);
     return cmd_xfer_end("ls", rc, &err);
 }

@@ -60,6 +60,12 @@ static int refuse_existing(const char *url, const char *path, const struct vmsna
     struct stat st;
     if (lstat(path, &st) < 0)
         return EXIT_OK; /* nothing there (or the pull says why it cannot write it) */
+    /* through the daemon the store's keys are the node's: its manifest is not read here */
+    if (cli_socket && strstr(url, "://") && strncmp(url, "file://", 7))
+        return cli_fail_code("pull", EEXIST,
+                             "%s exists: through the daemon (--socket) a pull from a remote store "
+                             "replaces nothing there without -f/--force",
+                             path);
     struct vmsnap_store *s = NULL;
     struct vmsnap_store_conn *c = NULL;
     struct vmsnap_err err = {0};
@@ -109,6 +115,7 @@ int cmd_pull(int argc, char **argv)
         vmsnap_store_global_cleanup();
         return rc;
     }
-    rc = cmd_xfer_copy("pull", vmsnap_xfer_pull, argv[i], argv[i + 1], &o);
+    rc = cmd_xfer_copy("pull", cli_socket ? cli_client_pull : vmsnap_xfer_pull, argv[i],
+                       argv[i + 1], &o);
     return rc == EXIT_OK && drop_cache ? cli_drop_cache("pull", argv[i + 1]) : rc;
 }

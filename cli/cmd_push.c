@@ -21,5 +21,6 @@ int cmd_push(int argc, char **argv)
     if (!strcmp(argv[i], "-"))
         return cli_usage("push", "PATH '-': push reads a file or a directory, not stdin (it walks "
                                  "the file's extents: save the stream to a file, then push it)");
-    return cmd_xfer_copy("push", vmsnap_xfer_push, argv[i], argv[i + 1], &o);
+    return cmd_xfer_copy("push", cli_socket ? cli_client_push : vmsnap_xfer_push, argv[i],
+                         argv[i + 1], &o);
 }

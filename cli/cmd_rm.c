@@ -23,8 +23,9 @@ int cmd_rm(int argc, char **argv)
         return rc;
     struct vmsnap_err err = {0};
     struct vmsnap_rm_result r;
-    if ((rc = cmd_xfer_end("rm", vmsnap_xfer_remove(argv[i], force, &o, &r, &err), &err)) !=
-        EXIT_OK)
+    int (*remove)(const char *, bool, const struct vmsnap_xfer_opts *, struct vmsnap_rm_result *,
+                  struct vmsnap_err *) = cli_socket ? cli_client_remove : vmsnap_xfer_remove;
+    if ((rc = cmd_xfer_end("rm", remove(argv[i], force, &o, &r, &err), &err)) != EXIT_OK)
         return rc;
     if (cli_json) {
         json_object *j = cli_out();

@@ -393,7 +393,7 @@ int cmd_vm(int argc, char **argv)
         struct ls_ctx l = {.json = a.json, .arr = a.json ? json_object_new_array() : NULL};
         if (l.arr) /* what could be listed, also when the listing failed (with "error") */
             json_object_object_add(cli_out(), "vms", l.arr);
-        rc = vmsnap_vm_list(&a.o, ls_cb, &l, &e);
+        rc = (cli_socket ? cli_client_vm_list : vmsnap_vm_list)(&a.o, ls_cb, &l, &e);
         if (rc == 0)
             ls_header(&l); /* no VMs: the header alone */
         return rc < 0 ? cli_fail(verb, &e) : EXIT_OK;
@@ -406,15 +406,15 @@ int cmd_vm(int argc, char **argv)
             return cli_usage(verb, "expected NAME only");
         if (!a.run.kernel)
             return cli_usage(verb, "--kernel is required");
-        rc = vmsnap_vm_run(&a.o, name, &a.run, &t, &e);
+        rc = (cli_socket ? cli_client_vm_run : vmsnap_vm_run)(&a.o, name, &a.run, &t, &e);
     } else if (!strcmp(sub, "pause")) {
         if (a.npos != 1)
             return cli_usage(verb, "expected NAME only");
-        rc = vmsnap_vm_pause(&a.o, name, &t, &e);
+        rc = (cli_socket ? cli_client_vm_pause : vmsnap_vm_pause)(&a.o, name, &t, &e);
     } else if (!strcmp(sub, "suspend")) {
         if (a.npos != 2)
             return cli_usage(verb, "expected NAME URL");
-        rc = vmsnap_vm_suspend(&a.o, name, a.pos[1], &t, &e);
+        rc = (cli_socket ? cli_client_vm_suspend : vmsnap_vm_suspend)(&a.o, name, a.pos[1], &t, &e);
     } else if (!strcmp(sub, "resume")) {
         if (a.npos > 2)
             return cli_usage(verb, "expected NAME [URL]");
@@ -423,11 +423,12 @@ int cmd_vm(int argc, char **argv)
                              "--kernel, --initrd and --asset-dir apply to a resume from a URL");
         a.o.kernel = a.run.kernel;
         a.o.initrd = a.run.initrd;
-        rc = vmsnap_vm_resume(&a.o, name, a.npos == 2 ? a.pos[1] : NULL, &t, &e);
+        rc = (cli_socket ? cli_client_vm_resume
+                         : vmsnap_vm_resume)(&a.o, name, a.npos == 2 ? a.pos[1] : NULL, &t, &e);
     } else if (!strcmp(sub, "stop")) {
         if (a.npos != 1)
             return cli_usage(verb, "expected NAME only");
-        rc = vmsnap_vm_stop(&a.o, name, a.rm, &e);
+        rc = (cli_socket ? cli_client_vm_stop : vmsnap_vm_stop)(&a.o, name, a.rm, &e);
         if (rc < 0)
             return cli_fail(verb, &e);
         if (a.json) {

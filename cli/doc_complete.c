@@ -186,8 +186,10 @@ int cli_doc_options(int argc, char **argv)
     FOR_ROWS(o, cli_global_opts)
     {
         if (o->letter)
-            printf("-\t-\t-%c\t-\tnone\tglobal\tvmsnap\n", o->letter);
-        printf("-\t-\t--%s\t-\tnone\tglobal\tvmsnap\n", o->name);
+            printf("-\t-\t-%c\t%s\t%s\tglobal\tvmsnap\n", o->letter, o->arg ? o->arg : "-",
+                   kind_word(o->kind));
+        printf("-\t-\t--%s\t%s\t%s\tglobal\tvmsnap\n", o->name, o->arg ? o->arg : "-",
+               kind_word(o->kind));
     }
     each_parser(options_one, NULL);
     return EXIT_OK;
@@ -278,7 +280,8 @@ static const char bash_main[] =
     "    local subs='' k o\n"
     "    local -i i n=0 skip=0 dashdash=0\n"
     "    COMPREPLY=()\n"
-    "    # the words before the cursor: options before the verb (none takes an argument), the\n"
+    "    # the words before the cursor: options before the verb (those in globargs take an\n"
+    "    # argument), the\n"
     "    # verb, its sub-verb (-q/-v may come between), then options, their arguments (bash\n"
     "    # splits --opt=value into --opt, = and value) and operands, counted in n\n"
     "    for ((i = 1; i < COMP_CWORD; i++)); do\n"
@@ -288,7 +291,10 @@ static const char bash_main[] =
     "            continue\n"
     "        fi\n"
     "        if [[ -z $verb ]]; then\n"
-    "            [[ $w == -* ]] && continue\n"
+    "            if [[ $w == -* ]]; then\n"
+    "                [[ $w != *=* && \" $globargs \" == *\" $w \"* ]] && skip=1\n"
+    "                continue\n"
+    "            fi\n"
     "            verb=$w\n"
     "            _vmsnap_spec \"$verb\" '' || return 0\n"
     "            continue\n"
@@ -362,6 +368,11 @@ static void bash(FILE *f)
     fprintf(f, "    *) return 1 ;;\n    esac\n}\n\n");
     fprintf(f, "# _vmsnap_arg VERB SUB OPTION: the caller's k, what the option's argument is\n"
                "_vmsnap_arg() {\n    case $1/$2/$3 in\n");
+    FOR_ROWS(o, cli_global_opts) /* before the verb: VERB and SUB empty */
+    {
+        if (o->arg)
+            fprintf(f, "    //--%s) k='%s' ;;\n", o->name, kind_word(o->kind));
+    }
     each_parser(bash_args, f);
     fprintf(f, "    *) k=none ;;\n    esac\n}\n\n");
     fprintf(f, "%s\n_vmsnap() {\n    local verbs='", bash_value);
@@ -374,6 +385,15 @@ static void bash(FILE *f)
         if (o->letter)
             fprintf(f, "%s-%c", sep, o->letter), sep = " ";
         fprintf(f, "%s--%s", sep, o->name), sep = " ";
+    }
+    fprintf(f, "' globargs='");
+    sep = "";
+    FOR_ROWS(o, cli_global_opts)
+    {
+        if (o->arg && o->letter)
+            fprintf(f, "%s-%c", sep, o->letter), sep = " ";
+        if (o->arg)
+            fprintf(f, "%s--%s", sep, o->name), sep = " ";
     }
     fprintf(f, "'\n%s", bash_main);
 }

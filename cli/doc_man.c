@@ -90,6 +90,7 @@ static const struct {
     {"VMSNAP_CACHE_DIR, VMSNAP_CACHE_SIZE", "The object cache's directory and cap (default 8G)."},
     {"XDG_CACHE_HOME, HOME", "The object cache's default directory: ~/.cache/vmsnap."},
     {"TMPDIR", "Where export decodes a set (default /var/tmp)."},
+    {"VMSNAP_SOCKET", "The node daemon's socket, as --socket PATH: the verbs it covers go to it."},
     {"VMSNAP_STATE_DIR", "Where VMs are recorded (default /var/lib/vmsnap)."},
     {"VMSNAP_RAM_DIR", "Guest RAM files, on tmpfs or hugetlbfs (default /dev/shm)."},
     {"VMSNAP_QEMU", "The QEMU binary (default qemu-system-x86_64)."},

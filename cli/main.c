@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -156,6 +157,9 @@ const struct cli_opt cli_global_opts[] = {
      "more: step timings, retries; twice (-vv): debug lines, each request"},
     {"json", 0, 'J', NULL, CLI_K_NONE, NULL, NULL,
      "one JSON object on stdout, failures included (every verb that reports)"},
+    {"socket", 0, 'S', "PATH", CLI_K_FILE, NULL, NULL,
+     "send push, pull, ls, rm and vm run/pause/suspend/resume/stop/ls to the node daemon "
+     "vmsnapd there (default: VMSNAP_SOCKET)"},
     {"version", 0, 'V', NULL, CLI_K_NONE, NULL, NULL, "the version"},
     {"help", 'h', 'h', NULL, CLI_K_NONE, NULL, NULL, "the verbs"},
     CLI_OPT_END,
@@ -385,6 +389,15 @@ static int run(int argc, char **argv)
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (common_flag(argv[i]) == 0) /* -q, -v, --quiet, --verbose and clusters: "-vv" */
             continue;
+        if (!strcmp(argv[i], "--socket") || !strncmp(argv[i], "--socket=", 9)) {
+            const char *v = argv[i][8] == '=' ? argv[i] + 9 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v || !*v) {
+                cli_usage("", "--socket wants the daemon's socket PATH");
+                return EXIT_USAGE;
+            }
+            cli_socket = v;
+            continue;
+        }
         int c = 0;
         for (const struct cli_opt *o = cli_global_opts; !c && (o->name || o->letter); o++)
             if ((o->name && argv[i][1] == '-' && !strcmp(argv[i] + 2, o->name)) ||
@@ -425,5 +438,8 @@ static int run(int argc, char **argv)
 int main(int argc, char **argv)
 {
     cli_json = wants_json(argc, argv);
+    const char *s = getenv("VMSNAP_SOCKET");
+    if (s && *s)
+        cli_socket = s;
     return cli_finish(run(argc, argv));
 }

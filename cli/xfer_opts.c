@@ -358,6 +358,33 @@ int cmd_xfer_args(const struct xfer_verb *v, int argc, char **argv, struct vmsna
     }
     if (url_operand(v->name, argv[i + v->url]) < 0)
         return -1;
+    if (cli_socket) {
+        /* the daemon's budgets and its node's store configuration decide these */
+        const struct vmsnap_store_opts *s = &o->store;
+        const char *what = o->connections    ? "-j/--connections"
+                           : o->threads      ? "-T/--threads"
+                           : o->part_size    ? "--part-size"
+                           : o->max_memory   ? "--max-memory"
+                           : o->frame_size   ? "--frame-size"
+                           : o->max_size     ? "--max-size"
+                           : o->no_fsync     ? "--no-fsync"
+                           : o->max_depth    ? "--max-depth"
+                           : o->cache_dir    ? "--cache-dir"
+                           : o->write_cache  ? "--write-cache"
+                           : s->endpoint     ? "--endpoint"
+                           : s->region       ? "--region"
+                           : s->path_style   ? "--path-style"
+                           : s->ca_bundle    ? "--ca-bundle"
+                           : s->max_attempts ? "--retries"
+                                             : NULL;
+        if (what) {
+            cli_usage(v->name,
+                      "%s: not through the daemon (--socket): the node's configuration and "
+                      "budgets set it",
+                      what);
+            return -1;
+        }
+    }
     for (int k = 0; k < v->operands; k++) /* what the output and a failure name */
         cli_subject(k == v->url ? "url" : "path", argv[i + k]);
     return i;

@@ -233,6 +233,10 @@ void d_op_get(struct d_ctx *c, const char *id, double wait, struct d_response *r
 void d_op_cancel(struct d_ctx *c, const char *id, struct d_response *rs);
 void d_op_list(struct d_ctx *c, struct d_response *rs);
 void d_ops_counts(struct d_ctx *c, unsigned *queued, unsigned *running);
+/* The operation on `target` now (queued or running; NULL when none) and the last one that ended
+ * there (NULL when none since the daemon started; the last KEEP_LAST targets are kept), as
+ * the API shows operations. The caller owns both (json_object_put). */
+void d_op_target(struct d_ctx *c, const char *target, json_object **current, json_object **last);
 /* The operation id (valid while the operation exists) */
 const char *d_op_id(const struct d_op *op);
 

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #define KEEP_FINISHED 256
+#define KEEP_LAST 4096 /* targets whose last operation is remembered (oldest dropped first) */
 
 struct d_op {
     char id[D_REQ_ID_LEN];
@@ -59,6 +60,7 @@ struct d_ctx {
     pthread_mutex_t mu;
     pthread_cond_t work, done;
     struct d_op *ops;
+    json_object *last; /* target -> its last finished operation (op_json), in finishing order */
     unsigned queued, running, finished;
     uint64_t seq;
     unsigned threads_free, conns_free;
@@ -169,6 +171,25 @@ static struct d_op *pick(struct d_ctx *c)
     return alt;
 }
 
+static json_object *op_json(const struct d_op *o);
+
+/* remember `op` as its target's last operation (under mu): re-added, so the map stays in
+ * finishing order and the oldest target goes first past KEEP_LAST */
+static void remember(struct d_ctx *c, const struct d_op *op)
+{
+    if (!c->last)
+        return;
+    json_object_object_del(c->last, op->target);
+    if (json_object_object_length(c->last) >= KEEP_LAST) {
+        struct lh_entry *e = lh_table_head(json_object_get_object(c->last));
+        char *oldest = e ? strdup((const char *)lh_entry_k(e)) : NULL;
+        if (oldest)
+            json_object_object_del(c->last, oldest);
+        free(oldest);
+    }
+    json_object_object_add(c->last, op->target, op_json(op));
+}
+
 static void finish(struct d_ctx *c, struct d_op *op, int rc)
 {
     double secs = mono() - op->t_start;
@@ -189,6 +210,7 @@ static void finish(struct d_ctx *c, struct d_op *op, int rc)
           op->id, op->kind, op->target,
           rc == 0 ? "done" : (op->cancel_asked ? "cancelled" : "failed"), rc == 0 ? "" : ": ",
           rc == 0 ? "" : op->err.msg);
+    remember(c, op);
 }
 
 static void *worker(void *arg)
@@ -297,8 +319,9 @@ struct d_ctx *d_ctx_new(const struct d_config *cfg, struct vmsnap_err *err)
     pthread_cond_init(&c->done, &ca);
     pthread_condattr_destroy(&ca);
     c->metrics = d_metrics_new();
+    c->last = json_object_new_object();
     c->tids = calloc(cfg->workers + 1, sizeof(pthread_t)); /* 0 workers: the fuzz target's */
-    if (!c->metrics || !c->tids) {
+    if (!c->metrics || !c->tids || !c->last) {
         vmsnap_err_set(err, ENOMEM, "out of memory");
         goto fail;
     }
@@ -376,6 +399,7 @@ void d_ctx_free(struct d_ctx *c)
         vmsnap_pcache_retrier_free(c->retrier);
     }
     d_metrics_free(c->metrics);
+    json_object_put(c->last);
     free(c->tids);
     pthread_cond_destroy(&c->work);
     pthread_cond_destroy(&c->done);
@@ -604,5 +628,18 @@ void d_ops_counts(struct d_ctx *c, unsigned *queued, unsigned *running)
     pthread_mutex_lock(&c->mu);
     *queued = c->queued;
     *running = c->running;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void d_op_target(struct d_ctx *c, const char *target, json_object **current, json_object **last)
+{
+    *current = *last = NULL;
+    pthread_mutex_lock(&c->mu);
+    for (struct d_op *o = c->ops; o && !*current; o = o->next)
+        if (!finished(o) && !strcmp(o->target, target))
+            *current = op_json(o);
+    json_object *l;
+    if (c->last && json_object_object_get_ex(c->last, target, &l))
+        *last = json_object_get(l);
     pthread_mutex_unlock(&c->mu);
 }

@@ -23,6 +23,7 @@ static void stats_json(json_object *r, const char *path, const char *url,
     json_object_object_add(r, "populated_bytes", json_object_new_int64((int64_t)st->populated));
     json_object_object_add(r, "object_bytes", json_object_new_int64((int64_t)st->object_bytes));
     json_object_object_add(r, "copied_bytes", json_object_new_int64((int64_t)st->copied_bytes));
+    json_object_object_add(r, "deltas", json_object_new_int64((int64_t)st->deltas));
     json_object_object_add(r, "cached_bytes", json_object_new_int64((int64_t)st->cached_bytes));
     json_object_object_add(r, "seconds", d_seconds(secs));
 }
@@ -61,7 +62,7 @@ static int do_pull(struct d_op *op, const struct d_config *cfg, const struct d_g
     json_object *o = d_op_body(op);
     struct vmsnap_xfer_opts x;
     d_xfer_opts(cfg, o, g, &x);
-    x.set_only = true;
+    x.set_only = !d_jbool(o, "object"); /* a set unless a single object is allowed too */
     x.no_cache = d_jbool(o, "no_cache");
     struct vmsnap_xfer_stats st = {0};
     double t0 = now_s();
@@ -126,6 +127,7 @@ void r_set_pull(struct d_request *rq, struct d_response *rs)
         {"path", D_STR, true},
         {"profile", D_STR, false},
         {"no_cache", D_BOOL, false},
+        {"object", D_BOOL, false},
         {"deadline_seconds", D_INT, false},
         {0},
     };
@@ -211,6 +213,7 @@ static int do_remove(struct d_op *op, const struct d_config *cfg, const struct d
     json_object_object_add(r, "uploads", json_object_new_int((int)res.uploads));
     json_object_object_add(r, "pushes", json_object_new_int((int)res.pushes));
     json_object_object_add(r, "kept", json_object_new_int((int)res.kept));
+    json_object_object_add(r, "kept_url", res.kept ? json_object_new_string(res.kept_key) : NULL);
     return 0;
 }
 

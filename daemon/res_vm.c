@@ -9,10 +9,14 @@
 #include "vmsnap/vm.h"
 #include "vmsnap/xfer.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static int vm_opts(const struct d_config *cfg, struct vmsnap_vm_opts *vo, char *assets, size_t alen)
 {
@@ -61,7 +65,77 @@ static void timing_json(json_object *r, const char *name, const char *op,
     json_object_object_add(r, "seconds", d_seconds(t->total));
     json_object_object_add(r, "object_bytes", json_object_new_int64((int64_t)t->object_bytes));
     json_object_object_add(r, "copied_bytes", json_object_new_int64((int64_t)t->copied_bytes));
+    json_object_object_add(r, "deltas", json_object_new_int64((int64_t)t->deltas));
     json_object_object_add(r, "cached_bytes", json_object_new_int64((int64_t)t->cached_bytes));
+}
+
+/* What a VM takes on the node's disk, from its directory (the layout of docs/vm.md): the upper
+ * disks' apparent sizes (disk-*.ext4), the bytes allocated by the whole directory (a file
+ * hard-linked into the checkpoint counted once) and by its checkpoint. Read without the VM's
+ * lock: a figure of the moment. */
+struct sizes {
+    uint64_t disk, allocated, checkpoint;
+    ino_t seen[64];
+    unsigned n_seen;
+};
+
+static bool seen_before(struct sizes *z, ino_t ino)
+{
+    for (unsigned i = 0; i < z->n_seen; i++)
+        if (z->seen[i] == ino)
+            return true;
+    if (z->n_seen < sizeof(z->seen) / sizeof(z->seen[0]))
+        z->seen[z->n_seen++] = ino;
+    return false;
+}
+
+static void sizes_dir(struct sizes *z, int dfd, bool top, bool in_checkpoint, unsigned depth)
+{
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+            continue;
+        if (S_ISDIR(st.st_mode) && depth < 3) {
+            int sub = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (sub >= 0)
+                sizes_dir(z, sub, false, in_checkpoint || (top && !strcmp(e->d_name, "checkpoint")),
+                          depth + 1);
+            continue;
+        }
+        if (!S_ISREG(st.st_mode))
+            continue;
+        uint64_t alloc = (uint64_t)st.st_blocks * 512;
+        if (in_checkpoint)
+            z->checkpoint += alloc;
+        if (!seen_before(z, st.st_ino) || st.st_nlink == 1)
+            z->allocated += alloc;
+        size_t n = strlen(e->d_name);
+        if (top && !strncmp(e->d_name, "disk-", 5) && n > 5 && !strcmp(e->d_name + n - 5, ".ext4"))
+            z->disk += (uint64_t)st.st_size;
+    }
+    closedir(d);
+}
+
+static json_object *sizes_json(const struct vmsnap_vm_info *i)
+{
+    struct sizes z = {0};
+    int fd = open(i->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0)
+        sizes_dir(&z, fd, true, false, 0);
+    json_object *j = json_object_new_object();
+    json_object_object_add(j, "memory_bytes", json_object_new_int64((int64_t)i->mem));
+    json_object_object_add(j, "disk_bytes", json_object_new_int64((int64_t)z.disk));
+    json_object_object_add(j, "allocated_bytes", json_object_new_int64((int64_t)z.allocated));
+    json_object_object_add(j, "checkpoint_bytes", json_object_new_int64((int64_t)z.checkpoint));
+    return j;
 }
 
 static json_object *info_json(const struct vmsnap_vm_info *i)
@@ -87,8 +161,12 @@ struct listing {
 static int list_one(void *arg, const struct vmsnap_vm_info *i)
 {
     struct listing *l = arg;
-    if (!l->only || !strcmp(l->only, i->name))
-        json_object_array_add(l->a, info_json(i));
+    if (!l->only || !strcmp(l->only, i->name)) {
+        json_object *j = info_json(i);
+        if (l->only)
+            json_object_object_add(j, "sizes", sizes_json(i));
+        json_object_array_add(l->a, j);
+    }
     return 0;
 }
 
@@ -123,9 +201,15 @@ void r_vm_info(struct d_request *rq, struct d_response *rs)
         if (json_object_array_length(a) == 0) {
             d_error_msg(rs, -ENOENT, "VM %s: no such VM", name);
         } else {
+            /* the operation on it now and the last one that ended, with its step timings */
+            json_object *vm = json_object_get(json_object_array_get_idx(a, 0)), *cur, *last;
+            char target[VMSNAP_VM_NAME_MAX + 8];
+            snprintf(target, sizeof(target), "vm:%s", name);
+            d_op_target(rq->ctx, target, &cur, &last);
+            json_object_object_add(vm, "operation", cur);
+            json_object_object_add(vm, "last_operation", last);
             rs->body = d_obj();
-            json_object_object_add(rs->body, "vm",
-                                   json_object_get(json_object_array_get_idx(a, 0)));
+            json_object_object_add(rs->body, "vm", vm);
         }
     }
     json_object_put(a);

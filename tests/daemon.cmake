@@ -3,6 +3,10 @@
 #   daemon_api       docs/openapi.yaml against the route table and every documented example
 #   daemon_security  every refusal of docs/daemon.md's Security section
 #   daemon_ops       admission (409, 503 + Retry-After), priorities, cancel, metrics, SIGTERM
+#   daemon_vm        a real guest's run, suspend/resume (local store, the RGW), pause, stop, info
+#   daemon_sets      push, ls, pull, gc, rm against the RGW, keys only from a node profile
+#   daemon_client    the CLI's client mode (--socket): the same commands direct and through the
+#                    daemon, outputs and exit codes compared (sets, and a real guest)
 # and the request-handling fuzz target's corpus replayed (fuzz_replay_daemon_request).
 if(TARGET vmsnapd)
   foreach(t api security ops)
@@ -10,6 +14,19 @@ if(TARGET vmsnapd)
     set_tests_properties(daemon_${t} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS daemon
       ENVIRONMENT "VMSNAP_BIN=$<TARGET_FILE:vmsnap_cli>;VMSNAP_SRC=${CMAKE_SOURCE_DIR};VMSNAP_BUILD=${CMAKE_BINARY_DIR};${VMSNAP_TEST_AWS_ENV}")
   endforeach()
+  # the VM tests' guest and lock; the RGW of the transfer tests' xfer_rgw fixture
+  vmsnap_sh_test(daemon_vm tests/integration/daemon_vm.sh TIMEOUT 600 LABELS "daemon;vm"
+                 RESOURCE_LOCK vm)
+  set_tests_properties(daemon_vm PROPERTIES FIXTURES_REQUIRED xfer_rgw)
+  set_property(TEST daemon_vm APPEND PROPERTY ENVIRONMENT
+               "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state")
+  vmsnap_sh_test(daemon_client tests/integration/daemon_client.sh TIMEOUT 600
+                 LABELS "daemon;vm" RESOURCE_LOCK vm)
+  vmsnap_sh_test(daemon_sets tests/integration/daemon_sets.sh TIMEOUT 300 LABELS daemon
+                 RESOURCE_LOCK xfer_rgw_server)
+  set_tests_properties(daemon_sets PROPERTIES FIXTURES_REQUIRED xfer_rgw)
+  set_property(TEST daemon_sets APPEND PROPERTY ENVIRONMENT
+               "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state")
   add_executable(replay_daemon_request ${CMAKE_SOURCE_DIR}/tests/fuzz/fuzz_daemon_request.c
                                        ${CMAKE_SOURCE_DIR}/tests/fuzz/replay.c)
   target_link_libraries(replay_daemon_request PRIVATE vmsnapd_core)

@@ -159,10 +159,13 @@ while read -r v s; do
     done <"$T/all"
 done <"$T/parsers"
 # the options before the verb
-while read -r sp; do
-    rc=0 && "$V" "$sp" version >/dev/null 2>"$T/p.err" || rc=$?
+# (one taking an argument given one: --socket PATH, which version does not use)
+while IFS=$'\t' read -r sp arg; do
+    val=()
+    [ "$arg" = - ] || val=("$T/none")
+    rc=0 && "$V" "$sp" ${val[@]+"${val[@]}"} version >/dev/null 2>"$T/p.err" || rc=$?
     [ "$rc" = 0 ] || fail "parser: '$sp' before a verb is listed but exit $rc: $(cat "$T/p.err")"
-done < <(spellings - - global)
+done < <(awk -F'\t' '$1 == "-" && $2 == "-" && $6 == "global" { print $3 "\t" $4 }' "$T/opts" | sort -u)
 
 # ---- vmsnap help VERB and VERB --help list the options of the tables, and only those ----
 # help_opts FILE: the spellings at the start of the lines of its options lists
