@@ -48,7 +48,7 @@ for i in $(seq 1 "$REPS"); do
     [ $((i % 2)) = 0 ] && order="B A"
     for bin in $order; do
         v=${!bin}
-        one "pack -j2" $bin "'$v' -q pack -j2 memory-ranges p.$bin.vs"
+        one "pack -j2" $bin "rm -f p.$bin.vs; '$v' -q pack -j2 memory-ranges p.$bin.vs"
         one "unpack -j2" $bin "rm -f out.$bin; '$v' -q unpack -j2 p.$bin.vs out.$bin"
         one "push -j8 local" $bin "rm -rf st.$bin; '$v' -q push -j8 memory-ranges $W/st.$bin/mr"
         one "pull -j8 local" $bin "rm -f outl.$bin; '$v' -q pull -j8 $W/st.$bin/mr outl.$bin"

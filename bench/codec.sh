@@ -22,9 +22,9 @@ row() { # label wall cpu rss size
 }
 size_of() { stat -c %s "$1"; }
 
-bench_run "vmsnap pack -j1" "'$VMSNAP' -q pack -j1 memory-ranges p1.vs"; P1=$WALL; PACK1_CPU=$CPU
+bench_run "vmsnap pack -j1" "rm -f p1.vs; '$VMSNAP' -q pack -j1 memory-ranges p1.vs"; P1=$WALL; PACK1_CPU=$CPU
 row "vmsnap pack -j1" "$WALL" "$CPU" "$RSS_MIB" "$(size_of p1.vs)"
-bench_run "vmsnap pack -j2" "'$VMSNAP' -q pack -j2 memory-ranges p2.vs"; P2=$WALL
+bench_run "vmsnap pack -j2" "rm -f p2.vs; '$VMSNAP' -q pack -j2 memory-ranges p2.vs"; P2=$WALL
 row "vmsnap pack -j2" "$WALL" "$CPU" "$RSS_MIB" "$(size_of p2.vs)"; P2SIZE=$(size_of p2.vs)
 cmp -s p1.vs p2.vs || { echo "pack -j1 and -j2 outputs differ" >&2; exit 1; }
 bench_run "zstd -1 -T0" "zstd -q -1 -T0 -f memory-ranges -o z.zst"; Z=$WALL

@@ -118,6 +118,9 @@ struct vmsnap_image;
 int img_table_parse(const uint8_t *t, size_t tsize, uint64_t toff, uint64_t max_size,
                     const char *name, struct vmsnap_image **out, struct vmsnap_err *err);
 
+/* The descriptor of a source made by vmsnap_source_fd (image_io.c), or -1 for any other. */
+int img_source_fd(const struct vmsnap_source *src);
+
 /* ---- the incremental extent-record parser (image_rec.c) ---- */
 
 enum rec_state { REC_TOTAL, REC_OFF, REC_LEN, REC_DATA, REC_DONE };

@@ -50,6 +50,11 @@ void vmsnap_source_fd(struct vmsnap_source *src, int fd, uint64_t size, const ch
     src->name = name;
 }
 
+int img_source_fd(const struct vmsnap_source *src)
+{
+    return src->pread == fd_pread ? (int)(intptr_t)src->arg : -1;
+}
+
 static int mem_pread(void *arg, void *buf, size_t len, uint64_t off, struct vmsnap_err *err)
 {
     const struct vmsnap_membuf *mb = arg;

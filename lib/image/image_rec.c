@@ -248,8 +248,8 @@ static int under_flush(const struct rec_parser *rp, const uint8_t *buf, size_t n
  * newer layer holds (its bit set), or that lies past the newest layer's end (the mask's pages),
  * is skipped; the rest is written, an all-zero whole page left a hole (the destination starts
  * empty), and every page covered whole (or up to the file's end) marked. A whole page whose
- * bytes arrive in two pieces of input (the decoder's output is cut every 2 MiB, and a record's
- * data starts after its 16 header bytes, so a long record has one such page per piece) is
+ * bytes arrive in two pieces of input (the decoder's output comes in pieces of about 256 KiB, and a
+ * record's data starts after its 16 header bytes, so a long record has one such page per piece) is
  * gathered in rp->pg first and then treated as whole: written unmarked, an older layer would
  * write its own version over it. A page only partly covered (a full image's unaligned extent:
  * it is the oldest layer) is written unmarked. The frames of one layer cover disjoint pages,

@@ -591,7 +591,7 @@ static void test_deltas(const char *dir)
     static const char *names[] = {"changed", "zeroed", "punched", "added", "grown", "shrunk"};
     for (int kind = 0; kind < 6; kind++) {
         make_parent(par, 100 + (uint64_t)kind);
-        const uint64_t frame = kind % 2 ? MiB : 4 * MiB; /* 4 MiB: records past 2 MiB pieces */
+        const uint64_t frame = kind % 2 ? MiB : 4 * MiB; /* 4 MiB: past the decoder's ring */
         struct membuf_sink base;
         struct vmsnap_image_stats bs;
         struct vmsnap_pages *pt = NULL;
@@ -671,7 +671,7 @@ static bool decode_under(const struct membuf_sink *obj, int fd, struct vmsnap_pa
 /* A chain of a full layer and 8 deltas (pages changed, zeroed, punched, added, the file grown
  * and shrunk) applied newest layer first under a page mask gives what applying it oldest first
  * gives: the same bytes, the same holes, the last layer's size. With `long_runs`, every delta
- * also rewrites 3 MiB in one run, in 4 MiB frames: its records outlast the decoder's 2 MiB
+ * also rewrites 3 MiB in one run, in 4 MiB frames: its records outlast the decoder's 256 KiB
  * pieces of output, so whole pages arrive split in two (a split page once went unmarked, and
  * the older layer's copy of it was written over the newer one). */
 static void test_newest_first(const char *dir, bool long_runs)

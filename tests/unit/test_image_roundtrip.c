@@ -7,6 +7,7 @@
 #include "img_util.h"
 
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -86,6 +87,41 @@ static void roundtrip(const char *label, const char *src, uint64_t frame_size, b
     membuf_sink_free(&b);
 }
 
+/* Matches reaching back almost a whole zstd window, in frames far larger than the decoder's
+ * ring (about the window plus 256 KiB, image_dec.c): after each wrap zstd reads the older part
+ * of the window from the previous lap at the ring's end, so a ring too small, or bytes fed after
+ * they were overwritten, show here. The data is a random block repeated at a period just under
+ * the window (1 MiB at level 1; at level 3, 1.5 MiB of a 2 MiB window), so most bytes are such
+ * matches. */
+static void long_matches(const char *src, int level, uint64_t period)
+{
+    const uint64_t size = 40 * MiB + 12345;
+    uint8_t *block = malloc(period), *buf = malloc(size);
+    REQUIRE(block && buf);
+    for (uint64_t i = 0; i < period; i++)
+        block[i] = (uint8_t)t_rand(&rng);
+    for (uint64_t i = 0; i < size; i++)
+        buf[i] = block[i % period];
+    write_file(src, buf, size);
+    const char *obj = t_path("lm-obj"), *out = t_path("lm-out");
+    struct vmsnap_pack_opts po = {.threads = 2, .frame_size = 16 * MiB, .level = level};
+    struct vmsnap_image_stats st;
+    struct vmsnap_err err = {0};
+    unlink(obj);
+    REQUIRE(vmsnap_image_pack(src, obj, &po, &st, &err) == 0);
+    CHECKF(st.object_size < size / 4, "level %d: the repeats were not found (%llu bytes)", level,
+           (unsigned long long)st.object_size);
+    struct vmsnap_unpack_opts uo = {.threads = 2};
+    int rc = vmsnap_image_unpack(obj, out, &uo, NULL, &err);
+    CHECKF(rc == 0, "level %d, long matches: unpack: %s", level, err.msg);
+    CHECKF(rc != 0 || t_files_equal(src, out), "level %d, long matches: decoded bytes differ",
+           level);
+    unlink(obj);
+    unlink(out);
+    free(block);
+    free(buf);
+}
+
 int main(void)
 {
     char *src = strdup(t_path("src"));
@@ -129,6 +165,9 @@ int main(void)
                "--keep-zero-pages: populated %llu", (unsigned long long)st.populated);
         membuf_sink_free(&m);
     }
+
+    long_matches(src, 1, MiB - 4096 - 100);
+    long_matches(src, 3, 3 * MiB / 2 - 100);
 
     /* Randomised layouts. */
     for (int i = 0; i < 14; i++) {
