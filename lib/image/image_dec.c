@@ -634,11 +634,16 @@ static int decode_mapped(const struct pdec *p, uint32_t i, struct vmsnap_frame_d
 {
     const struct vmsnap_frame_info *fi = &p->img->f[i];
     const uint64_t a = fi->offset / IMG_PAGE * IMG_PAGE;
-    if (madvise((void *)(uintptr_t)(p->map + a), (size_t)(fi->offset + fi->csize - a),
-                MADV_POPULATE_READ) < 0)
+    void *pages = (void *)(uintptr_t)(p->map + a);
+    const size_t len = (size_t)(fi->offset + fi->csize - a);
+    if (madvise(pages, len, MADV_POPULATE_READ) < 0)
         return decode_frame(p->img, i, p->src, 0, p->fd, dec, extents, err);
-    return vmsnap_image_decode_frame_mem(p->img, i, p->map + fi->offset, (size_t)fi->csize, p->fd,
-                                         dec, extents, err);
+    int rc = vmsnap_image_decode_frame_mem(p->img, i, p->map + fi->offset, (size_t)fi->csize, p->fd,
+                                           dec, extents, err);
+    /* unmapped from this process again (the page cache keeps them; a page shared with the next
+     * frame is faulted in again by whoever decodes it): the process maps only frames in flight */
+    (void)madvise(pages, len, MADV_DONTNEED);
+    return rc;
 }
 
 static void *pdec_main(void *arg)
