@@ -294,8 +294,8 @@ VMSNAP_API int vmsnap_image_decode_frame(const struct vmsnap_image *img, uint32_
                                          const struct vmsnap_source *src, uint64_t base, int dst_fd,
                                          uint64_t *extents, struct vmsnap_err *err);
 
-/* A reusable per-thread frame decoder (a zstd context and small buffers: about 3 MiB plus the
- * zstd window). Not thread-safe: one per decoding thread. */
+/* A reusable per-thread frame decoder (a zstd context and a ring of about the zstd window plus
+ * 0.5 MiB: 1.5 MiB at level 1). Not thread-safe: one per decoding thread. */
 struct vmsnap_frame_decoder;
 VMSNAP_API int vmsnap_frame_decoder_new(struct vmsnap_frame_decoder **out, struct vmsnap_err *err);
 VMSNAP_API void vmsnap_frame_decoder_free(struct vmsnap_frame_decoder *dec);
@@ -327,8 +327,8 @@ VMSNAP_API int vmsnap_image_decode_frame_dec(const struct vmsnap_image *img, uin
                                              uint64_t *extents, struct vmsnap_err *err);
 
 /* Decode frame `i` from the `len` bytes at `frame` (exactly the frame, as the caller fetched it:
- * no copy is made), with the same checks as vmsnap_image_decode_frame(). The frame is streamed
- * through `dec`'s small output buffer, so memory does not grow with the frame size. */
+ * no copy is made), with the same checks as vmsnap_image_decode_frame(). The frame is decoded
+ * through `dec`'s ring, so memory does not grow with the frame size. */
 VMSNAP_API int vmsnap_image_decode_frame_mem(const struct vmsnap_image *img, uint32_t i,
                                              const void *frame, size_t len, int dst_fd,
                                              struct vmsnap_frame_decoder *dec, uint64_t *extents,
