@@ -5,6 +5,8 @@
  * memory stays bounded whatever the clients send (kinds and steps are the daemon's own names). */
 #include "daemon.h"
 
+#include "vmsnap/store.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,6 +170,23 @@ char *d_metrics_text(struct d_metrics *m, unsigned queued, unsigned running)
         fprintf(f, "vmsnapd_http_requests_total{code=\"%s\"} %llu\n", codes[i],
                 (unsigned long long)m->status[i]);
     pthread_mutex_unlock(&m->mu);
+    struct vmsnap_store_stats ss;
+    vmsnap_store_stats(&ss); /* the library's, process-wide: every operation's store traffic */
+    fprintf(f,
+            "# TYPE vmsnapd_store_requests_total counter\nvmsnapd_store_requests_total %llu\n"
+            "# TYPE vmsnapd_store_connects_total counter\nvmsnapd_store_connects_total %llu\n"
+            "# TYPE vmsnapd_store_conns_reused_total counter\n"
+            "vmsnapd_store_conns_reused_total %llu\n"
+            "# TYPE vmsnapd_store_conns_new_total counter\nvmsnapd_store_conns_new_total %llu\n"
+            "# TYPE vmsnapd_store_conns_idle gauge\nvmsnapd_store_conns_idle %llu\n"
+            "# TYPE vmsnapd_store_creds_fetched_total counter\n"
+            "vmsnapd_store_creds_fetched_total %llu\n"
+            "# TYPE vmsnapd_store_creds_reused_total counter\n"
+            "vmsnapd_store_creds_reused_total %llu\n",
+            (unsigned long long)ss.requests, (unsigned long long)ss.connects,
+            (unsigned long long)ss.conns_reused, (unsigned long long)ss.conns_new,
+            (unsigned long long)ss.conns_idle, (unsigned long long)ss.creds_fetched,
+            (unsigned long long)ss.creds_reused);
     fprintf(f, "# TYPE vmsnapd_queue_depth gauge\nvmsnapd_queue_depth %u\n", queued);
     fprintf(f, "# TYPE vmsnapd_operations_in_flight gauge\nvmsnapd_operations_in_flight %u\n",
             running);

@@ -10,6 +10,8 @@
  */
 #include "daemon.h"
 
+#include "vmsnap/store.h"
+
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -125,6 +127,8 @@ int main(int argc, char **argv)
     int rc = 1;
     struct d_ctx *ctx = NULL;
     struct d_http *http = NULL;
+    /* store connections parked between operations: as many as the node's connection budget */
+    vmsnap_store_set_idle_max(cfg.connections);
     int fd = d_sock_listen(cfg.socket, cfg.socket_mode, cfg.socket_group, &err);
     if (fd < 0)
         goto out;
@@ -166,5 +170,6 @@ out:
     d_ctx_stop(ctx, 0);
     d_ctx_free(ctx);
     d_config_fini(&cfg);
+    vmsnap_store_global_cleanup(); /* the parked connections, the kept credentials */
     return rc;
 }

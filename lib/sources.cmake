@@ -37,6 +37,7 @@ set(VMSNAP_STORE_SOURCES
     lib/store/s3/s3_gcs_jwt.c
     lib/store/s3/s3_gcs_token.c
     lib/store/s3/s3_list.c
+    lib/store/s3/s3_pool.c
     lib/store/s3/s3_profile.c
     lib/store/s3/s3_providers.c
     lib/store/s3/s3_request.c

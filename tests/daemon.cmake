@@ -5,6 +5,7 @@
 #   daemon_ops       admission (409, 503 + Retry-After), priorities, cancel, metrics, SIGTERM
 #   daemon_vm        a real guest's run, suspend/resume (local store, the RGW), pause, stop, info
 #   daemon_sets      push, ls, pull, gc, rm against the RGW, keys only from a node profile
+#   daemon_reuse     store connections and credentials kept across operations (RGW, IMDS)
 #   daemon_client    the CLI's client mode (--socket): the same commands direct and through the
 #                    daemon, outputs and exit codes compared (sets, and a real guest)
 # and the request-handling fuzz target's corpus replayed (fuzz_replay_daemon_request).
@@ -26,6 +27,11 @@ if(TARGET vmsnapd)
                  RESOURCE_LOCK xfer_rgw_server)
   set_tests_properties(daemon_sets PROPERTIES FIXTURES_REQUIRED xfer_rgw)
   set_property(TEST daemon_sets APPEND PROPERTY ENVIRONMENT
+               "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state")
+  vmsnap_sh_test(daemon_reuse tests/integration/daemon_reuse.sh TIMEOUT 300 LABELS "daemon;store"
+                 RESOURCE_LOCK xfer_rgw_server)
+  set_tests_properties(daemon_reuse PROPERTIES FIXTURES_REQUIRED xfer_rgw)
+  set_property(TEST daemon_reuse APPEND PROPERTY ENVIRONMENT
                "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state")
   add_executable(replay_daemon_request ${CMAKE_SOURCE_DIR}/tests/fuzz/fuzz_daemon_request.c
                                        ${CMAKE_SOURCE_DIR}/tests/fuzz/replay.c)

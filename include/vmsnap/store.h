@@ -205,8 +205,35 @@ VMSNAP_API int vmsnap_store_list_uploads(struct vmsnap_store_conn *c, const char
                                          struct vmsnap_err *err);
 
 /* libcurl's process-wide state: vmsnap_store_open() initialises it on first use; a program that
- * wants a clean leak report calls this once at exit, after every store is freed. */
+ * wants a clean leak report calls this once at exit, after every store is freed. It also closes
+ * the idle connections (below). */
 VMSNAP_API void vmsnap_store_global_cleanup(void);
+
+/* Connections and credentials kept across stores, process-wide (S3 backend). A store connection
+ * that is freed parks its CURL handle with its live TCP/TLS connection; the next store
+ * connection to the same endpoint, bucket and TLS settings in this process takes it, so one
+ * operation after another (the node daemon's) connects once. New connections resume TLS
+ * sessions of earlier ones. Credentials that a provider handed out with an expiry (instance
+ * metadata, container endpoint, web identity, credential_process, Google's tokens) are reused by
+ * the next store with the same source and settings until they are due for refresh; keys read
+ * from the environment or the profile files are read again by every store. Both are bounded:
+ * at most `idle_max` parked connections (default 16; none idle for more than 60 s), 16 sets of
+ * credentials. */
+struct vmsnap_store_stats {
+    uint64_t requests;      /* HTTP requests made (each attempt of each request) */
+    uint64_t connects;      /* TCP connections opened by them (libcurl's CURLINFO_NUM_CONNECTS) */
+    uint64_t conns_reused;  /* store connections that started with a parked, warm handle */
+    uint64_t conns_new;     /* store connections that started with a new handle */
+    uint64_t conns_idle;    /* handles parked now */
+    uint64_t creds_fetched; /* credentials fetched from a provider */
+    uint64_t creds_reused; /* stores that took a provider's credentials fetched by an earlier one */
+};
+/* The counters since the process started. Thread-safe. */
+VMSNAP_API void vmsnap_store_stats(struct vmsnap_store_stats *out);
+/* At most n parked connections (0 turns parking off and closes them; capped at 1024). */
+VMSNAP_API void vmsnap_store_set_idle_max(unsigned n);
+/* Close every parked connection now (idle ones are otherwise closed after 60 s). */
+VMSNAP_API void vmsnap_store_idle_close(void);
 
 #ifdef __cplusplus
 }

@@ -26,7 +26,9 @@
  * uploads that fail are aborted; the leftovers of a killed push are aborted by the next push to the
  * same key, or by vmsnap_xfer_gc().
  *
- * Thread safety: each call is independent and creates its own threads and connections.
+ * Thread safety: each call is independent and creates its own threads and store connections;
+ * the S3 backend hands a new connection a warm one parked by an earlier call of the process
+ * (store.h, "kept across stores").
  */
 #ifndef VMSNAP_XFER_H
 #define VMSNAP_XFER_H

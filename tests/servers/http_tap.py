@@ -3,6 +3,7 @@
 """A relay in front of RGW for the s3_creds tests that logs what each request carried.
 
     http_tap.py --port-file F --target PORT --log F [--cert PEM --key PEM] [--token-file F]
+                [--conn-log F]
 
 Listens on an ephemeral port of 127.0.0.1 (written to --port-file), plain or, with --cert and
 --key, TLS (a TLS terminator for RGW, which then sees plain HTTP). Bytes are relayed unchanged
@@ -10,6 +11,7 @@ both ways; the requests from the client are parsed only to log one line each: me
 User-Agent, the region of the SigV4 credential scope, and whether an x-amz-security-token came
 (with --token-file: "token=ok" when it is one of that file's lines, "token=other" when not). No
 key, token or signature is logged. Requests must carry Content-Length bodies (vmsnap's do).
+With --conn-log, one line per client connection accepted (how many connections a client made).
 """
 import argparse
 import asyncio
@@ -56,6 +58,9 @@ def describe(opts, head):
 
 
 async def handle(opts, creader, cwriter):
+    if opts.conn_log:
+        with open(opts.conn_log, "a") as f:
+            f.write("connection\n")
     try:
         ureader, uwriter = await asyncio.open_connection("127.0.0.1", opts.target)
     except OSError:
@@ -93,6 +98,7 @@ async def main():
     ap.add_argument("--cert")
     ap.add_argument("--key")
     ap.add_argument("--token-file")
+    ap.add_argument("--conn-log")
     opts = ap.parse_args()
     ctx = None
     if opts.cert:

@@ -9,8 +9,10 @@
  * Secrets: the Authorization header is built here and handed to curl only; the -v trace logs
  * method, bucket/key, query, status and time, never headers. curl's own verbose mode is never on.
  */
+#include "s3_creds.h"
 #include "s3_curl.h"
 #include "s3_int.h"
+#include "s3_pool.h"
 #include "store/store_int.h"
 
 #include "util/util.h"
@@ -40,6 +42,8 @@ int s3_global_init(struct vmsnap_err *err)
 
 void s3_global_cleanup(void)
 {
+    s3_pool_cleanup(); /* the parked handles first: libcurl's cleanup comes after them */
+    s3_creds_cache_clear();
     pthread_mutex_lock(&init_lock);
     if (curl_inited)
         curl_global_cleanup();

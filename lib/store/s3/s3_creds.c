@@ -39,6 +39,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -352,7 +353,7 @@ static int gce_cfg(struct s3_chain_cfg *c, struct vmsnap_err *err)
 
 /* ---- the chain ------------------------------------------------------------------------------ */
 
-static int fetch(struct s3_creds *cs, enum src s, struct s3_cred **out, struct vmsnap_err *err)
+static int fetch_src(struct s3_creds *cs, enum src s, struct s3_cred **out, struct vmsnap_err *err)
 {
     switch (s) {
     case SRC_WEBID:
@@ -372,6 +373,153 @@ static int fetch(struct s3_creds *cs, enum src s, struct s3_cred **out, struct v
         return vmsnap_err_set(err, EINVAL, "credentials from the %s cannot be refreshed",
                               src_name[s]);
     }
+}
+
+/* ---- credentials kept across stores ---------------------------------------------------------
+ *
+ * A set a provider handed out with an expiry is kept (CACHE_MAX sets, the least recently
+ * fetched dropped first) under the SHA-256 of its source and every setting that source was
+ * asked with, so the next store of this process with the same source and settings takes it
+ * instead of asking the provider again, until it is due for refresh by the same rule as a store's
+ * own set (due_at, counted from when it was fetched). The node daemon thus asks instance
+ * metadata or STS once per set's lifetime, not once per operation. Keys from the environment or
+ * the profile files are read again by every store (cheap, and a rotated file is seen at once);
+ * a set without an expiry is not kept. The key is a digest: a container's authorization token,
+ * one of the settings, is not kept. */
+
+#define CACHE_MAX 16
+
+struct cache_ent {
+    char key[65];
+    struct s3_cred *cred;
+    time_t fetched;
+};
+
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct cache_ent cache[CACHE_MAX];
+static atomic_uint_fast64_t n_fetched, n_reused;
+
+static const char *nz(const char *s)
+{
+    return s ? s : "";
+}
+
+/* The cache key of source s under cs's settings; "" when it cannot be made (no caching). */
+static void cache_key(const struct s3_creds *cs, enum src s, char key[65])
+{
+    const struct s3_chain_cfg *c = &cs->cfg;
+    char *txt = NULL;
+    key[0] = '\0';
+    int n =
+        asprintf(&txt,
+                 "%d\x1f%d\x1f%s\x1f%s\x1f%s\x1f%d\x1f%s\x1f%s\x1f%s\x1f%s\x1f%s\x1f%s\x1f%s"
+                 "\x1f%s\x1f%s\x1f%s\x1f%s",
+                 (int)s, c->gs, nz(c->region), nz(c->tls.ca_file), nz(c->tls.ca_path),
+                 c->tls.insecure, nz(c->wi_token_file), nz(c->wi_role_arn), nz(c->wi_session_name),
+                 nz(c->sts_endpoint), nz(c->process), nz(c->ct_url), nz(c->ct_auth),
+                 nz(c->ct_auth_file), nz(c->imds_endpoint), nz(c->gcs_file), nz(c->gce_url));
+    if (n < 0)
+        return;
+    sigv4_sha256_hex(txt, (size_t)n, key);
+    explicit_bzero(txt, (size_t)n);
+    free(txt);
+}
+
+/* Still good for a store with refresh window `window`: not within the window (or half its
+ * lifetime when fetched, when that is less) of its expiry. */
+static bool cache_fresh(const struct cache_ent *e, long window, time_t now)
+{
+    const struct s3_cred *c = e->cred;
+    long life = c->expires > e->fetched ? (long)(c->expires - e->fetched) : 0;
+    long w = life / 2 < window ? life / 2 : window;
+    return now < c->expires - w;
+}
+
+static bool cache_take(const struct s3_creds *cs, const char *key, struct s3_cred **out)
+{
+    struct s3_cred *drop = NULL;
+    bool hit = false;
+    pthread_mutex_lock(&cache_mu);
+    for (size_t i = 0; i < CACHE_MAX; i++) {
+        struct cache_ent *e = &cache[i];
+        if (!e->cred || strcmp(e->key, key))
+            continue;
+        if (cache_fresh(e, cs->window, time(NULL))) {
+            atomic_fetch_add(&e->cred->refs, 1);
+            *out = e->cred;
+            hit = true;
+        } else {
+            drop = e->cred;
+            e->cred = NULL;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&cache_mu);
+    s3_cred_put(drop);
+    return hit;
+}
+
+static void cache_put(const char *key, struct s3_cred *c)
+{
+    if (!c->expires)
+        return;
+    struct s3_cred *drop = NULL;
+    pthread_mutex_lock(&cache_mu);
+    size_t slot = CACHE_MAX;
+    for (size_t i = 0; i < CACHE_MAX && slot == CACHE_MAX; i++)
+        if (cache[i].cred && !strcmp(cache[i].key, key))
+            slot = i;
+    for (size_t i = 0; i < CACHE_MAX && slot == CACHE_MAX; i++)
+        if (!cache[i].cred)
+            slot = i;
+    if (slot == CACHE_MAX) { /* full: the least recently fetched goes */
+        slot = 0;
+        for (size_t i = 1; i < CACHE_MAX; i++)
+            if (cache[i].fetched < cache[slot].fetched)
+                slot = i;
+    }
+    drop = cache[slot].cred;
+    atomic_fetch_add(&c->refs, 1);
+    snprintf(cache[slot].key, sizeof(cache[slot].key), "%s", key);
+    cache[slot].cred = c;
+    cache[slot].fetched = time(NULL);
+    pthread_mutex_unlock(&cache_mu);
+    s3_cred_put(drop);
+}
+
+static int fetch(struct s3_creds *cs, enum src s, struct s3_cred **out, struct vmsnap_err *err)
+{
+    char key[65];
+    cache_key(cs, s, key);
+    if (key[0] && cache_take(cs, key, out)) {
+        atomic_fetch_add(&n_reused, 1);
+        vlog(VMSNAP_LOG_DEBUG, "s3: credentials from the %s, as fetched by an earlier store",
+             src_name[s]);
+        return 0;
+    }
+    int rc = fetch_src(cs, s, out, err);
+    if (rc == 0) {
+        atomic_fetch_add(&n_fetched, 1);
+        if (key[0])
+            cache_put(key, *out);
+    }
+    return rc;
+}
+
+void s3_creds_cache_stats(uint64_t *fetched, uint64_t *reused)
+{
+    *fetched = atomic_load(&n_fetched);
+    *reused = atomic_load(&n_reused);
+}
+
+void s3_creds_cache_clear(void)
+{
+    pthread_mutex_lock(&cache_mu);
+    for (size_t i = 0; i < CACHE_MAX; i++) {
+        s3_cred_put(cache[i].cred);
+        cache[i].cred = NULL;
+    }
+    pthread_mutex_unlock(&cache_mu);
 }
 
 /* Keys from a pair of settings (both or neither); 1: neither. */

@@ -92,6 +92,11 @@ struct s3_cred *s3_cred_new(const char *ak, const char *sk, const char *token, t
 struct s3_cred *s3_cred_new_bearer(const char *token, time_t expires);
 void s3_cred_put(struct s3_cred *c);
 
+/* Credentials kept across stores (s3_creds.c): how many sets were fetched from a provider, how
+ * many times a store took one fetched by an earlier store; clear drops every kept set. */
+void s3_creds_cache_stats(uint64_t *fetched, uint64_t *reused);
+void s3_creds_cache_clear(void);
+
 /* The TLS settings of a store, for S3's requests and the providers'. */
 struct s3_tls {
     const char *ca_file; /* NULL: libcurl's default store */

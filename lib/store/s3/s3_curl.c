@@ -28,7 +28,8 @@ static void load(void)
         SYM(easy_perform, curl_easy_perform),     SYM(easy_getinfo, curl_easy_getinfo),
         SYM(easy_reset, curl_easy_reset),         SYM(easy_cleanup, curl_easy_cleanup),
         SYM(easy_strerror, curl_easy_strerror),   SYM(slist_append, curl_slist_append),
-        SYM(slist_free_all, curl_slist_free_all),
+        SYM(slist_free_all, curl_slist_free_all), SYM(share_init, curl_share_init),
+        SYM(share_setopt, curl_share_setopt),     SYM(share_cleanup, curl_share_cleanup),
     };
     /* Never unloaded: libcurl keeps global state until the process ends. */
     void *h = dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);

@@ -26,6 +26,9 @@ struct curl_api {
     const char *(*easy_strerror)(CURLcode code);
     struct curl_slist *(*slist_append)(struct curl_slist *l, const char *s);
     void (*slist_free_all)(struct curl_slist *l);
+    CURLSH *(*share_init)(void);
+    CURLSHcode (*share_setopt)(CURLSH *s, CURLSHoption opt, ...);
+    CURLSHcode (*share_cleanup)(CURLSH *s);
 };
 
 extern struct curl_api s3_curl;
@@ -36,6 +39,7 @@ int s3_curl_load(struct vmsnap_err *err);
 /* curl.h wraps these two in argument-count-checking macros when type checks are off */
 #undef curl_easy_setopt
 #undef curl_easy_getinfo
+#undef curl_share_setopt
 #define curl_global_init s3_curl.global_init
 #define curl_global_cleanup s3_curl.global_cleanup
 #define curl_easy_init s3_curl.easy_init
@@ -47,5 +51,8 @@ int s3_curl_load(struct vmsnap_err *err);
 #define curl_easy_strerror s3_curl.easy_strerror
 #define curl_slist_append s3_curl.slist_append
 #define curl_slist_free_all s3_curl.slist_free_all
+#define curl_share_init s3_curl.share_init
+#define curl_share_setopt s3_curl.share_setopt
+#define curl_share_cleanup s3_curl.share_cleanup
 
 #endif

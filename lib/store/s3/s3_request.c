@@ -13,6 +13,7 @@
 #include "s3_creds.h"
 #include "s3_curl.h"
 #include "s3_int.h"
+#include "s3_pool.h"
 #include "store/store_int.h"
 
 #include "sys/sys.h"
@@ -30,9 +31,9 @@
 #include <unistd.h>
 
 struct s3_conn {
-    CURL *h;
-    int fd; /* the socket of the handle's connection, -1 if none */
+    struct s3_handle *hd; /* the CURL handle and its connection (s3_pool.h) */
     uint64_t rng;
+    bool broken; /* a request ended in a way that may leave the connection unusable */
 };
 
 int s3_dbuf_add(struct dbuf *b, const void *data, size_t n)
@@ -515,16 +516,18 @@ static int signed_headers(const struct s3_config *cfg, const struct s3_cred *cr,
 static void setup_handle(struct s3_conn *sc, const struct s3_config *cfg, struct req *r,
                          const char *url, struct curl_slist *hl)
 {
-    CURL *h = sc->h;
+    CURL *h = sc->hd->h;
     curl_easy_reset(h);
+    if (sc->hd->share)
+        curl_easy_setopt(h, CURLOPT_SHARE, sc->hd->share);
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
     curl_easy_setopt(h, CURLOPT_SOCKOPTFUNCTION, sock_created);
-    curl_easy_setopt(h, CURLOPT_SOCKOPTDATA, &sc->fd);
+    curl_easy_setopt(h, CURLOPT_SOCKOPTDATA, &sc->hd->fd);
     curl_easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, sock_close);
-    curl_easy_setopt(h, CURLOPT_CLOSESOCKETDATA, &sc->fd);
+    curl_easy_setopt(h, CURLOPT_CLOSESOCKETDATA, &sc->hd->fd);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
                      (long)env_uint("VMSNAP_S3_CONNECT_TIMEOUT_MS", 10000));
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
@@ -552,7 +555,7 @@ static void setup_handle(struct s3_conn *sc, const struct s3_config *cfg, struct
         curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r->method);
     }
 
-    r->sock = &sc->fd;
+    r->sock = &sc->hd->fd;
     r->body_pos = 0;
     r->got = 0;
     r->status = 0;
@@ -662,10 +665,14 @@ static int attempt(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err
         return rc;
     setup_handle(sc, cfg, r, t.url, hl);
     double t0 = mono_now();
-    CURLcode cc = curl_easy_perform(sc->h);
+    CURLcode cc = curl_easy_perform(sc->hd->h);
     curl_slist_free_all(hl);
-    long status = 0;
-    curl_easy_getinfo(sc->h, CURLINFO_RESPONSE_CODE, &status);
+    long status = 0, connects = 0;
+    curl_easy_getinfo(sc->hd->h, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_getinfo(sc->hd->h, CURLINFO_NUM_CONNECTS, &connects);
+    s3_pool_count(connects > 0 ? (uint64_t)connects : 0);
+    if (cc != CURLE_OK)
+        sc->broken = true; /* libcurl closes a failed connection; park nothing doubtful */
     if (status)
         r->status = status;
     vlog(VMSNAP_LOG_DEBUG, "s3: %s %s/%s%s%s -> %ld%s%s (%.3f s)", r->method, cfg->bucket, r->key,
@@ -717,17 +724,26 @@ int s3_perform(struct vmsnap_store_conn *c, struct req *r, struct vmsnap_err *er
     return rc;
 }
 
+/* Where a connection of this store goes, and how: a parked handle is only handed to a store
+ * connection of the same origin (s3_pool.c). */
+static void conn_origin(const struct s3_config *cfg, char *out, size_t len)
+{
+    snprintf(out, len, "%s://%s:%u/%s|%d|%d|%s|%s", cfg->scheme, cfg->host, cfg->port,
+             cfg->path_style ? "" : cfg->bucket, cfg->path_style, cfg->insecure_tls,
+             cfg->ca_file ? cfg->ca_file : "", cfg->ca_path ? cfg->ca_path : "");
+}
+
 int s3_conn_new(struct vmsnap_store *st, struct vmsnap_store_conn *c, struct vmsnap_err *err)
 {
-    (void)st;
     struct s3_conn *sc = calloc(1, sizeof(*sc));
     if (!sc)
         return vmsnap_err_set(err, ENOMEM, "out of memory");
-    sc->fd = -1;
-    sc->h = curl_easy_init();
-    if (!sc->h) {
+    char origin[sizeof(sc->hd->origin)];
+    conn_origin(&st->s3, origin, sizeof(origin));
+    int rc = s3_handle_get(origin, &sc->hd, err);
+    if (rc < 0) {
         free(sc);
-        return vmsnap_err_set(err, ENOMEM, "curl_easy_init failed");
+        return rc;
     }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -740,7 +756,7 @@ void s3_conn_free(struct vmsnap_store_conn *c)
 {
     struct s3_conn *sc = c->impl;
     if (sc) {
-        curl_easy_cleanup(sc->h);
+        s3_handle_put(sc->hd, !sc->broken);
         free(sc);
     }
 }
