@@ -20,6 +20,7 @@
 #include "util/util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -91,6 +92,9 @@ static void quick_ack(struct req *r)
 static int sock_created(void *arg, curl_socket_t fd, curlsocktype purpose)
 {
     (void)purpose;
+    /* close-on-exec: a connection parked between operations (s3_pool.c) must not be inherited
+     * by a QEMU the same process starts later */
+    (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
     *(int *)arg = fd;
     return CURL_SOCKOPT_OK;
 }
