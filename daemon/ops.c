@@ -65,6 +65,8 @@ struct d_ctx {
     uint64_t seq;
     unsigned threads_free, conns_free;
     uint64_t mem_free;
+    double avg_secs; /* recent operations' mean time on a worker (Retry-After), n_secs of them */
+    unsigned n_secs;
     pthread_t *tids, watchdog;
     unsigned n_tids;
     bool watchdog_up, stopping, quit;
@@ -190,12 +192,50 @@ static void remember(struct d_ctx *c, const struct d_op *op)
     json_object_object_add(c->last, op->target, op_json(op));
 }
 
+/* An operation that held a worker until its end (not a cancelled one: its time says nothing of
+ * the queue's) goes into the recent mean: the plain mean of the first 8, then a moving one
+ * weighing the last 8 (under mu). */
+static void note_duration(struct d_ctx *c, const struct d_op *op, double secs)
+{
+    if (op->started <= 0 || op->cancel_asked)
+        return;
+    if (c->n_secs < 8)
+        c->n_secs++;
+    c->avg_secs += (secs - c->avg_secs) / c->n_secs;
+}
+
+/* Retry-After for a refused request (under mu): the time the queue ahead of it takes to drain,
+ * from the recent operations' mean time and the operations queued and running, over the
+ * workers: ceil(mean x (queued + running + 1 - workers) / workers), at least `retry_after`
+ * (which is also the answer before any operation ended), at most an hour. */
+static unsigned retry_after_locked(const struct d_ctx *c)
+{
+    unsigned floor = c->cfg->retry_after ? c->cfg->retry_after : 1, w = c->cfg->workers;
+    if (c->n_secs == 0 || w == 0)
+        return floor;
+    double ahead = (double)c->queued + c->running + 1.0 - w;
+    double est = ahead > 0 ? c->avg_secs * ahead / w : 0;
+    if (est > 3600)
+        return 3600;
+    unsigned s = (unsigned)est + (est > (unsigned)est);
+    return s > floor ? s : floor;
+}
+
+unsigned d_ops_retry_after(struct d_ctx *c)
+{
+    pthread_mutex_lock(&c->mu);
+    unsigned s = retry_after_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    return s;
+}
+
 static void finish(struct d_ctx *c, struct d_op *op, int rc)
 {
     double secs = mono() - op->t_start;
     op->rc = rc;
     op->ended = wall_now();
     op->state = rc == 0 ? D_OP_DONE : op->cancel_asked ? D_OP_CANCELLED : D_OP_FAILED;
+    note_duration(c, op, secs);
     int code = rc == 0 ? 0 : d_exit_code(rc, op->cancel_asked);
     uint64_t up = (uint64_t)d_jint(op->result, "object_bytes", 0);
     uint64_t cached = (uint64_t)d_jint(op->result, "cached_bytes", 0);
@@ -545,7 +585,7 @@ void d_op_submit(struct d_ctx *c, const struct d_request *rq, const struct d_op_
     } else if (refuse) {
         d_error_msg(rs, -EAGAIN, "%s %s: %s (%u queued, %u running); retry later", spec->kind,
                     op->target, refuse, c->queued, c->running);
-        rs->retry_after = c->cfg->retry_after;
+        rs->retry_after = retry_after_locked(c);
     } else {
         op->seq = ++c->seq;
         op->state = D_OP_QUEUED;

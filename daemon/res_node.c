@@ -148,7 +148,7 @@ void r_readyz(struct d_request *rq, struct d_response *rs)
     json_object_object_add(rs->body, "running", json_object_new_int((int)r));
     if (stopping || full) {
         rs->status = 503;
-        rs->retry_after = cfg->retry_after;
+        rs->retry_after = d_ops_retry_after(rq->ctx);
     }
 }
 
