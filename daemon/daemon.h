@@ -65,7 +65,7 @@ struct d_config {
     size_t body_max;          /* request body bytes at most (64 KiB) */
     size_t header_mem;        /* libmicrohttpd's per-connection memory: headers (16 KiB) */
     unsigned max_connections; /* concurrent connections (64) */
-    unsigned retry_after;     /* seconds in a 503's Retry-After (2) */
+    unsigned retry_after;     /* a 503's Retry-After: at least this, and before any history (2) */
 };
 
 void d_config_init(struct d_config *c);
@@ -187,11 +187,14 @@ char *d_metrics_text(struct d_metrics *m, unsigned queued, unsigned running);
 
 enum d_op_state { D_OP_QUEUED, D_OP_RUNNING, D_OP_DONE, D_OP_FAILED, D_OP_CANCELLED };
 
-/* What an operation was granted from the node's budgets; passed in the library's options. */
+/* What an operation was granted from the node's budgets; passed in the library's options.
+ * Threads and connections are reserved for the operation's life; `memory` is only its cap:
+ * the bytes are the node's `memory` budget, `shared` live by every operation in flight. */
 struct d_grant {
     unsigned threads;
     uint64_t memory;
     unsigned connections;
+    struct vmsnap_xfer_budget *shared;
 };
 
 struct d_op;
@@ -233,6 +236,12 @@ void d_op_get(struct d_ctx *c, const char *id, double wait, struct d_response *r
 void d_op_cancel(struct d_ctx *c, const char *id, struct d_response *rs);
 void d_op_list(struct d_ctx *c, struct d_response *rs);
 void d_ops_counts(struct d_ctx *c, unsigned *queued, unsigned *running);
+/* Seconds a refused client should wait (Retry-After): the queue ahead of it over the workers,
+ * at the recent operations' mean time; `retry_after` at least and before any history. */
+unsigned d_ops_retry_after(struct d_ctx *c);
+/* The node's memory budget: its size, the bytes the operations in flight hold now and the most
+ * they held at once. */
+void d_ops_memory(struct d_ctx *c, uint64_t *budget, uint64_t *used, uint64_t *peak);
 /* The operation on `target` now (queued or running; NULL when none) and the last one that ended
  * there (NULL when none since the daemon started; the last KEEP_LAST targets are kept), as
  * the API shows operations. The caller owns both (json_object_put). */

@@ -5,12 +5,14 @@
  * operation on a busy target (409, naming the one there), a full queue or a stopping daemon (503
  * with Retry-After). Admitted operations wait in one queue, highest priority first (resumes
  * before suspends: a user waits on a resume), then in arrival order; `workers` threads run them.
- * Before one starts it is granted codec threads, buffer memory and store connections from the
- * node's budgets, which the resource passes in the library's options; an operation whose grant
- * does not fit waits, and one that fits behind it may go first only if it has the same or a
- * higher priority. Each operation runs under its own cancellation scope (vmsnap_scope_*): DELETE
- * of a running one cancels it exactly as Ctrl-C cancels the CLI (the library's clean-up on
- * ECANCELED), a queued one is dropped, and a watchdog cancels what passes its deadline.
+ * Before one starts it is granted codec threads and store connections from the node's budgets
+ * (reserved for its life) and a cap on buffer memory, whose bytes come from the node's memory
+ * budget shared live by every operation in flight (a vmsnap_xfer_budget); the resource passes
+ * them in the library's options; an operation whose threads or connections do not fit waits, and
+ * one that fits behind it may go first only if it has the same or a higher priority. Each operation
+ * runs under its own cancellation scope (vmsnap_scope_*): DELETE of a running one cancels it
+ * exactly as Ctrl-C cancels the CLI (the library's clean-up on ECANCELED), a queued one is dropped,
+ * and a watchdog cancels what passes its deadline.
  *
  * One mutex guards the table, the queue and the budgets; `work` wakes workers, `done` wakes
  * waiters of ?wait=. At most 256 finished operations are kept (oldest dropped first).
@@ -18,6 +20,7 @@
 #include "daemon.h"
 
 #include "vmsnap/pcache.h"
+#include "vmsnap/xfer.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -64,7 +67,9 @@ struct d_ctx {
     unsigned queued, running, finished;
     uint64_t seq;
     unsigned threads_free, conns_free;
-    uint64_t mem_free;
+    struct vmsnap_xfer_budget *mem; /* the node's `memory`, shared live (struct d_grant) */
+    double avg_secs; /* recent operations' mean time on a worker (Retry-After), n_secs of them */
+    unsigned n_secs;
     pthread_t *tids, watchdog;
     unsigned n_tids;
     bool watchdog_up, stopping, quit;
@@ -126,13 +131,15 @@ static void prune(struct d_ctx *c)
     }
 }
 
-/* What an operation may have: the per-operation caps, or the budget shared by the workers. */
+/* What an operation may have: the per-operation caps, or the threads and connections divided
+ * by the workers; memory: a cap (op_memory, else the whole budget) on the bytes it takes from
+ * the node's budget, which the operations in flight share live. */
 static struct d_grant want(const struct d_config *cfg)
 {
     unsigned w = cfg->workers ? cfg->workers : 1;
     struct d_grant g = {
         .threads = cfg->op_threads ? cfg->op_threads : cfg->codec_threads / w,
-        .memory = cfg->op_memory ? cfg->op_memory : cfg->memory / w,
+        .memory = cfg->op_memory ? cfg->op_memory : cfg->memory,
         .connections = cfg->op_connections ? cfg->op_connections : cfg->connections / w,
     };
     if (g.threads == 0)
@@ -160,7 +167,7 @@ static struct d_op *pick(struct d_ctx *c)
             best = o;
     if (!best || !best->needs_budget)
         return best;
-    if (g.threads <= c->threads_free && g.memory <= c->mem_free && g.connections <= c->conns_free)
+    if (g.threads <= c->threads_free && g.connections <= c->conns_free)
         return best;
     /* the best waits for the budget; one needing none of it, of the same priority, may go */
     struct d_op *alt = NULL;
@@ -190,12 +197,56 @@ static void remember(struct d_ctx *c, const struct d_op *op)
     json_object_object_add(c->last, op->target, op_json(op));
 }
 
+/* An operation that held a worker until its end (not a cancelled one: its time says nothing of
+ * the queue's) goes into the recent mean: the plain mean of the first 8, then a moving one
+ * weighing the last 8 (under mu). */
+static void note_duration(struct d_ctx *c, const struct d_op *op, double secs)
+{
+    if (op->started <= 0 || op->cancel_asked)
+        return;
+    if (c->n_secs < 8)
+        c->n_secs++;
+    c->avg_secs += (secs - c->avg_secs) / c->n_secs;
+}
+
+/* Retry-After for a refused request (under mu): the time the queue ahead of it takes to drain,
+ * from the recent operations' mean time and the operations queued and running, over the
+ * workers: ceil(mean x (queued + running + 1 - workers) / workers), at least `retry_after`
+ * (which is also the answer before any operation ended), at most an hour. */
+static unsigned retry_after_locked(const struct d_ctx *c)
+{
+    unsigned floor = c->cfg->retry_after ? c->cfg->retry_after : 1, w = c->cfg->workers;
+    if (c->n_secs == 0 || w == 0)
+        return floor;
+    double ahead = (double)c->queued + c->running + 1.0 - w;
+    double est = ahead > 0 ? c->avg_secs * ahead / w : 0;
+    if (est > 3600)
+        return 3600;
+    unsigned s = (unsigned)est + (est > (unsigned)est);
+    return s > floor ? s : floor;
+}
+
+void d_ops_memory(struct d_ctx *c, uint64_t *budget, uint64_t *used, uint64_t *peak)
+{
+    *budget = c->cfg->memory;
+    vmsnap_xfer_budget_stat(c->mem, used, peak);
+}
+
+unsigned d_ops_retry_after(struct d_ctx *c)
+{
+    pthread_mutex_lock(&c->mu);
+    unsigned s = retry_after_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    return s;
+}
+
 static void finish(struct d_ctx *c, struct d_op *op, int rc)
 {
     double secs = mono() - op->t_start;
     op->rc = rc;
     op->ended = wall_now();
     op->state = rc == 0 ? D_OP_DONE : op->cancel_asked ? D_OP_CANCELLED : D_OP_FAILED;
+    note_duration(c, op, secs);
     int code = rc == 0 ? 0 : d_exit_code(rc, op->cancel_asked);
     uint64_t up = (uint64_t)d_jint(op->result, "object_bytes", 0);
     uint64_t cached = (uint64_t)d_jint(op->result, "cached_bytes", 0);
@@ -228,8 +279,8 @@ static void *worker(void *arg)
         c->running++;
         if (op->needs_budget) {
             op->grant = want(c->cfg);
+            op->grant.shared = c->mem;
             c->threads_free -= op->grant.threads;
-            c->mem_free -= op->grant.memory;
             c->conns_free -= op->grant.connections;
         }
         op->started = wall_now();
@@ -249,7 +300,6 @@ static void *worker(void *arg)
             vmsnap_err_wrap(&op->err, "deadline of %.0f s passed: ", op->deadline);
         if (op->needs_budget) {
             c->threads_free += op->grant.threads;
-            c->mem_free += op->grant.memory;
             c->conns_free += op->grant.connections;
         }
         finish(c, op, rc);
@@ -309,7 +359,6 @@ struct d_ctx *d_ctx_new(const struct d_config *cfg, struct vmsnap_err *err)
     }
     c->cfg = cfg;
     c->threads_free = cfg->codec_threads;
-    c->mem_free = cfg->memory;
     c->conns_free = cfg->connections;
     pthread_mutex_init(&c->mu, NULL);
     pthread_condattr_t ca;
@@ -327,6 +376,8 @@ struct d_ctx *d_ctx_new(const struct d_config *cfg, struct vmsnap_err *err)
     }
     int rc = vmsnap_pcache_retrier_new(NULL, 0, &c->retrier, err);
     if (rc < 0)
+        goto fail;
+    if ((rc = vmsnap_xfer_budget_new(cfg->memory ? cfg->memory : 1, &c->mem, err)) < 0)
         goto fail;
     for (; c->n_tids < cfg->workers; c->n_tids++)
         if ((rc = pthread_create(&c->tids[c->n_tids], NULL, worker, c)) != 0) {
@@ -399,6 +450,7 @@ void d_ctx_free(struct d_ctx *c)
         vmsnap_pcache_retrier_free(c->retrier);
     }
     d_metrics_free(c->metrics);
+    vmsnap_xfer_budget_free(c->mem);
     json_object_put(c->last);
     free(c->tids);
     pthread_cond_destroy(&c->work);
@@ -545,7 +597,7 @@ void d_op_submit(struct d_ctx *c, const struct d_request *rq, const struct d_op_
     } else if (refuse) {
         d_error_msg(rs, -EAGAIN, "%s %s: %s (%u queued, %u running); retry later", spec->kind,
                     op->target, refuse, c->queued, c->running);
-        rs->retry_after = c->cfg->retry_after;
+        rs->retry_after = retry_after_locked(c);
     } else {
         op->seq = ++c->seq;
         op->state = D_OP_QUEUED;

@@ -6,6 +6,7 @@
 #include "vmsnap/xfer.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,7 @@ void d_xfer_opts(const struct d_config *cfg, json_object *o, const struct d_gran
         x->threads = g->threads;
         x->max_memory = g->memory;
         x->connections = g->connections;
+        x->budget = g->shared;
     }
     x->cache_dir = cfg->cache_dir;
     x->cache_size = cfg->cache_size;
@@ -148,7 +150,7 @@ void r_readyz(struct d_request *rq, struct d_response *rs)
     json_object_object_add(rs->body, "running", json_object_new_int((int)r));
     if (stopping || full) {
         rs->status = 503;
-        rs->retry_after = cfg->retry_after;
+        rs->retry_after = d_ops_retry_after(rq->ctx);
     }
 }
 
@@ -156,7 +158,21 @@ void r_metrics(struct d_request *rq, struct d_response *rs)
 {
     unsigned q, r;
     d_ops_counts(rq->ctx, &q, &r);
-    rs->text = d_metrics_text(d_ctx_metrics(rq->ctx), q, r);
+    char *t = d_metrics_text(d_ctx_metrics(rq->ctx), q, r);
+    uint64_t budget, used, peak;
+    d_ops_memory(rq->ctx, &budget, &used, &peak);
+    /* the node's memory budget, shared live by the operations in flight */
+    if (t && asprintf(&rs->text,
+                      "%s# HELP vmsnapd_memory_budget_bytes The node's buffer memory budget.\n"
+                      "# TYPE vmsnapd_memory_budget_bytes gauge\nvmsnapd_memory_budget_bytes %llu\n"
+                      "# HELP vmsnapd_memory_used_bytes Buffer bytes the operations hold now.\n"
+                      "# TYPE vmsnapd_memory_used_bytes gauge\nvmsnapd_memory_used_bytes %llu\n"
+                      "# HELP vmsnapd_memory_peak_bytes The most buffer bytes held at once.\n"
+                      "# TYPE vmsnapd_memory_peak_bytes gauge\nvmsnapd_memory_peak_bytes %llu\n",
+                      t, (unsigned long long)budget, (unsigned long long)used,
+                      (unsigned long long)peak) < 0)
+        rs->text = NULL;
+    free(t);
     rs->content_type = "text/plain; version=0.0.4";
     if (!rs->text)
         d_error_msg(rs, -ENOMEM, "metrics: out of memory");

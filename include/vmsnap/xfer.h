@@ -26,9 +26,9 @@
  * uploads that fail are aborted; the leftovers of a killed push are aborted by the next push to the
  * same key, or by vmsnap_xfer_gc().
  *
- * Thread safety: each call is independent and creates its own threads and store connections;
- * the S3 backend hands a new connection a warm one parked by an earlier call of the process
- * (store.h, "kept across stores").
+ * Thread safety: each call is independent and creates its own threads and store connections
+ * (the S3 backend hands a new connection a warm one parked by an earlier call of the process:
+ * store.h, "kept across stores"); calls given one vmsnap_xfer_budget share its bytes.
  */
 #ifndef VMSNAP_XFER_H
 #define VMSNAP_XFER_H
@@ -92,12 +92,14 @@ struct vmsnap_xfer_opts {
     uint64_t part_size;   /* upload part size; 0: 16 MiB (>= 5 MiB for S3) */
     uint64_t max_memory;  /* cap on buffered parts/frame groups and a push's encoder buffers;
                            * 0: 256 MiB (a push passes it by ~three frames per file) */
-    unsigned threads;     /* codec threads; 0: CPUs */
-    uint64_t frame_size;  /* codec frame size on push; 0: codec default */
-    int level;            /* zstd level on push; 0: codec default */
-    uint64_t max_size;    /* pull: cap on a file's logical size; 0: 64 TiB */
-    bool no_fsync;        /* pull: skip fsync before renaming into place */
-    bool set_only;        /* pull: a snapshot set or an error (no single object) */
+    /* a budget shared live with other calls (vmsnap_xfer_budget_new); NULL: none */
+    struct vmsnap_xfer_budget *budget;
+    unsigned threads;    /* codec threads; 0: CPUs */
+    uint64_t frame_size; /* codec frame size on push; 0: codec default */
+    int level;           /* zstd level on push; 0: codec default */
+    uint64_t max_size;   /* pull: cap on a file's logical size; 0: 64 TiB */
+    bool no_fsync;       /* pull: skip fsync before renaming into place */
+    bool set_only;       /* pull: a snapshot set or an error (no single object) */
     struct vmsnap_store_opts store;
     vmsnap_progress_fn progress; /* object bytes done / total known so far */
     void *progress_arg;
@@ -111,6 +113,22 @@ struct vmsnap_xfer_opts {
      * logged as info, not warned about */
     bool base_implicit;
 };
+
+/* A byte budget shared live by every call given it (vmsnap_xfer_opts.budget), e.g. by a
+ * daemon's concurrent operations: their parts, frame groups, encoder buffers and kept buffers
+ * are charged to it as they are taken and given back as they are freed, so one call alone may
+ * use all of it and several share it as they go. A call waits while the budget is spent only
+ * when it holds something of its own in flight (a call holding nothing takes what it needs:
+ * every call progresses; the total may pass the budget by about one buffer per call, as a
+ * call's own max_memory, which still caps each call). A call waiting for another's bytes
+ * notices them within 100 ms. Thread-safe; free only when no call uses it. */
+struct vmsnap_xfer_budget;
+VMSNAP_API int vmsnap_xfer_budget_new(uint64_t bytes, struct vmsnap_xfer_budget **out,
+                                      struct vmsnap_err *err);
+VMSNAP_API void vmsnap_xfer_budget_free(struct vmsnap_xfer_budget *b);
+/* the bytes charged now and the most charged at once since it was made */
+VMSNAP_API void vmsnap_xfer_budget_stat(const struct vmsnap_xfer_budget *b, uint64_t *used,
+                                        uint64_t *peak);
 
 struct vmsnap_xfer_stats {
     uint64_t files;

@@ -112,7 +112,7 @@ int xfer_conn(struct xfer *x, struct vmsnap_err *err)
 
 int xfer_start_pool(struct xfer *x, struct vmsnap_err *err)
 {
-    int rc = xpool_init(&x->pool, x->st, x->o.connections, x->o.max_memory, err);
+    int rc = xpool_init(&x->pool, x->st, x->o.connections, x->o.max_memory, x->o.budget, err);
     x->pool_started = rc == 0;
     return rc;
 }

@@ -25,7 +25,10 @@
  * The transfer worker pool. N threads, each owning one store connection (one TCP
  * connection for S3) for its whole life, run tasks from a FIFO queue. A byte budget (max_memory)
  * bounds buffered parts and frame groups: producers acquire before allocating and block while
- * the budget is spent; a task releases when its buffer is freed.
+ * the budget is spent; a task releases when its buffer is freed. With a shared budget
+ * (vmsnap_xfer_opts.budget) every charge goes to it too and waits also while it is spent, under
+ * the same condition (this pool holds something that does not wait for its own encoders), so a
+ * pool holding nothing always proceeds: no wait depends on another call.
  */
 struct xtask {
     void (*run)(struct xtask *t, struct vmsnap_store_conn *c);
@@ -46,10 +49,11 @@ struct xpool {
     unsigned n, nconns;
     pthread_t *tids;
     struct vmsnap_store_conn **conns;
+    struct vmsnap_xfer_budget *shared; /* NULL: this call's cap only */
 };
 
 int xpool_init(struct xpool *p, struct vmsnap_store *st, unsigned n, uint64_t mem_cap,
-               struct vmsnap_err *err);
+               struct vmsnap_xfer_budget *shared, struct vmsnap_err *err);
 /* Stop after the queued tasks ran, join, free the connections. */
 void xpool_fini(struct xpool *p);
 void xpool_submit(struct xpool *p, struct xtask *t);

@@ -3,6 +3,7 @@
 #include "xfer_int.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,66 @@ struct xbuf {
 };
 
 #define XBUF_HDR sizeof(struct xbuf)
+
+/* The budget shared live by several calls (xfer.h): what their pools hold and keep, charged
+ * and given back as each pool's own counters move (under that pool's mutex; the counters are
+ * atomic, so no lock of its own and no lock order). */
+struct vmsnap_xfer_budget {
+    _Atomic uint64_t used, peak;
+    uint64_t cap;
+};
+
+int vmsnap_xfer_budget_new(uint64_t bytes, struct vmsnap_xfer_budget **out, struct vmsnap_err *err)
+{
+    *out = NULL;
+    if (bytes == 0)
+        return vmsnap_err_set(err, EINVAL, "a shared transfer budget of 0 bytes");
+    struct vmsnap_xfer_budget *b = calloc(1, sizeof(*b));
+    if (!b)
+        return vmsnap_err_set(err, ENOMEM, "out of memory");
+    b->cap = bytes;
+    *out = b;
+    return 0;
+}
+
+void vmsnap_xfer_budget_free(struct vmsnap_xfer_budget *b)
+{
+    free(b);
+}
+
+void vmsnap_xfer_budget_stat(const struct vmsnap_xfer_budget *b, uint64_t *used, uint64_t *peak)
+{
+    *used = atomic_load(&b->used);
+    *peak = atomic_load(&b->peak);
+}
+
+static void shared_add(struct xpool *p, uint64_t bytes)
+{
+    if (!p->shared)
+        return;
+    uint64_t now = atomic_fetch_add(&p->shared->used, bytes) + bytes;
+    uint64_t pk = atomic_load(&p->shared->peak);
+    while (now > pk && !atomic_compare_exchange_weak(&p->shared->peak, &pk, now))
+        ;
+}
+
+static void shared_sub(struct xpool *p, uint64_t bytes)
+{
+    if (p->shared)
+        atomic_fetch_sub(&p->shared->used, bytes);
+}
+
+/* Charging `bytes` would pass the shared budget (false without one). */
+static bool shared_full(const struct xpool *p, uint64_t bytes)
+{
+    return p->shared && atomic_load(&p->shared->used) + bytes > p->shared->cap;
+}
+
+/* Charging `bytes` would pass this call's cap or the shared budget. */
+static bool full(const struct xpool *p, uint64_t bytes)
+{
+    return p->mem_used + bytes > p->mem_cap || shared_full(p, bytes);
+}
 
 static void *worker(void *arg)
 {
@@ -45,9 +106,10 @@ static void *worker(void *arg)
 }
 
 int xpool_init(struct xpool *p, struct vmsnap_store *st, unsigned n, uint64_t mem_cap,
-               struct vmsnap_err *err)
+               struct vmsnap_xfer_budget *shared, struct vmsnap_err *err)
 {
     memset(p, 0, sizeof(*p));
+    p->shared = shared;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv_task, NULL);
     pthread_cond_init(&p->cv_mem, NULL);
@@ -95,6 +157,7 @@ void xpool_fini(struct xpool *p)
     while (p->cache) {
         struct xbuf *b = p->cache;
         p->cache = b->next;
+        shared_sub(p, b->size);
         munmap(b, b->size);
     }
     p->cached = 0;
@@ -125,10 +188,11 @@ void xpool_submit(struct xpool *p, struct xtask *t)
 static struct xbuf *uncache_locked(struct xpool *p)
 {
     struct xbuf *drop = NULL;
-    while (p->cache && p->mem_used + p->cached > p->mem_cap) {
+    while (p->cache && (p->mem_used + p->cached > p->mem_cap || shared_full(p, 0))) {
         struct xbuf *d = p->cache;
         p->cache = d->next;
         p->cached -= d->size;
+        shared_sub(p, d->size);
         d->next = drop;
         drop = d;
     }
@@ -161,10 +225,10 @@ static void mem_wait(struct xpool *p)
 void xpool_mem_acquire(struct xpool *p, uint64_t bytes)
 {
     pthread_mutex_lock(&p->mu);
-    while (p->mem_used > p->enc_used + p->fill_used && p->mem_used + bytes > p->mem_cap &&
-           !cancel_pending())
+    while (p->mem_used > p->enc_used + p->fill_used && full(p, bytes) && !cancel_pending())
         mem_wait(p);
     p->mem_used += bytes;
+    shared_add(p, bytes);
     if (p->mem_used > p->mem_peak)
         p->mem_peak = p->mem_used;
     pthread_mutex_unlock(&p->mu);
@@ -174,7 +238,7 @@ void xpool_mem_acquire(struct xpool *p, uint64_t bytes)
  * parts being filled (which wait for the encoders). Under p->mu. */
 static bool enc_must_wait(const struct xpool *p, uint64_t bytes)
 {
-    return p->mem_used > p->fill_used && p->mem_used + bytes > p->mem_cap;
+    return p->mem_used > p->fill_used && full(p, bytes);
 }
 
 /* Charge `bytes` to the encoders; returns the kept buffers to unmap (after unlocking) to make
@@ -183,6 +247,7 @@ static struct xbuf *enc_charge_locked(struct xpool *p, uint64_t bytes)
 {
     p->mem_used += bytes;
     p->enc_used += bytes;
+    shared_add(p, bytes);
     if (p->mem_used > p->mem_peak)
         p->mem_peak = p->mem_used;
     return uncache_locked(p);
@@ -217,6 +282,7 @@ void xpool_enc_release(struct xpool *p, uint64_t bytes)
     pthread_mutex_lock(&p->mu);
     p->mem_used -= bytes;
     p->enc_used -= bytes;
+    shared_sub(p, bytes);
     pthread_cond_broadcast(&p->cv_mem);
     pthread_mutex_unlock(&p->mu);
 }
@@ -224,7 +290,7 @@ void xpool_enc_release(struct xpool *p, uint64_t bytes)
 bool xpool_over(struct xpool *p)
 {
     pthread_mutex_lock(&p->mu);
-    bool over = p->mem_used > p->mem_cap || p->enc_waiting > 0;
+    bool over = p->mem_used > p->mem_cap || p->enc_waiting > 0 || shared_full(p, 1);
     pthread_mutex_unlock(&p->mu);
     return over;
 }
@@ -247,6 +313,7 @@ void xpool_mem_release(struct xpool *p, uint64_t bytes)
 {
     pthread_mutex_lock(&p->mu);
     p->mem_used -= bytes;
+    shared_sub(p, bytes);
     pthread_cond_broadcast(&p->cv_mem);
     pthread_mutex_unlock(&p->mu);
 }
@@ -268,6 +335,7 @@ void *xpool_buf_alloc(struct xpool *p, size_t len)
             b = *pp;
             *pp = b->next;
             p->cached -= b->size;
+            shared_sub(p, b->size);
             break;
         }
     /* else make room: what is held (this buffer's bytes included) and kept within the budget */
@@ -292,11 +360,12 @@ void xpool_buf_free(struct xpool *p, void *buf)
     struct xbuf *b = (struct xbuf *)((uint8_t *)buf - XBUF_HDR);
     pthread_mutex_lock(&p->mu);
     /* mem_used still counts this buffer's bytes: keeping it adds nothing held */
-    bool keep = p->mem_used + p->cached <= p->mem_cap;
+    bool keep = p->mem_used + p->cached <= p->mem_cap && !shared_full(p, b->size);
     if (keep) {
         b->next = p->cache;
         p->cache = b;
         p->cached += b->size;
+        shared_add(p, b->size);
     }
     pthread_mutex_unlock(&p->mu);
     if (!keep)

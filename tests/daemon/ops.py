@@ -6,7 +6,10 @@ operation stays running until it is cancelled): a second operation on a busy tar
 naming the running one; a full queue is 503 with Retry-After; a pull (priority 1) queued after
 a push (priority 0) starts first; DELETE of a queued operation drops it, of a running one
 cancels it as Ctrl-C does (class interrupted, nothing left at the destination); the metrics
-count what was admitted and rejected; SIGTERM then stops the daemon cleanly."""
+count what was admitted and rejected; Retry-After is computed from the queue: after two
+operations that each held the worker for their whole deadline (2 s: the watchdog ends them no
+sooner), a full queue (one running, two queued) answers at least 2 s x 3 / 1 worker = 6 (the
+configured retry_after, 2, before any history); SIGTERM then stops the daemon cleanly."""
 import os, socket, sys, threading
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -91,6 +94,29 @@ try:
     check('vmsnapd_operation_failures_total{class="interrupted"} 3' in m,
           "three interrupted failures not counted")
     check("notasecret" not in d.logtext(), "the secret is in the log")
+    # Retry-After from the queue: two operations that run until their 2 s deadline, then a
+    # full queue behind a third
+    for n in ("q1", "q2"):
+        st, _, o, _ = d.request("POST", "/v1/sets/pull", {"url": "s3://bkt/s", "path": d.root + "/" + n,
+                                                          "profile": "hang", "deadline_seconds": 2})
+        check(st == 202, f"{n} admitted: {st}")
+        o = d.wait_op(o["operation"]["id"])
+        check(o["state"] == "failed" and "deadline" in o["error"]["message"], f"{n}: {o}")
+    ids = []
+    for n in ("r1", "r2", "r3"):
+        st, _, o, _ = pull(n)
+        check(st == 202, f"{n} admitted: {st}")
+        ids.append(o["operation"]["id"])
+    st, hdr, o, _ = pull("r4")
+    ra = int(hdr.get("Retry-After", "0"))
+    check(st == 503 and 6 <= ra <= 3600, f"a full queue after 2 s operations: {st} Retry-After {ra}")
+    st, hdr, _, _ = d.request("GET", "/readyz")
+    check(st == 503 and int(hdr.get("Retry-After", "0")) >= 6,
+          f"readyz's Retry-After after 2 s operations: {st} {hdr.get('Retry-After')}")
+    for i in ids:
+        d.request("DELETE", f"/v1/operations/{i}")
+    for i in ids:
+        d.wait_op(i)
     rc = d.stop()
     check(rc == 0, f"SIGTERM: exit {rc}")
 finally:

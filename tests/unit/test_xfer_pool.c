@@ -4,7 +4,10 @@
  * however many producers race for it; a request larger than the whole budget goes through when
  * nothing else is held; waiters are all released when the bytes they wait for come back; the
  * encoders' buffers neither wait for the part being filled nor hold back the parts they wait
- * for; kept buffers are reused and never push what is held and kept past the budget. */
+ * for; kept buffers are reused and never push what is held and kept past the budget; two pools
+ * sharing one budget (vmsnap_xfer_budget) see each other's bytes: one alone may take all of it,
+ * the other then waits while it holds something of its own, never while it holds nothing, and
+ * every byte charged to the shared budget comes back. */
 #include "xfer/xfer_int.h"
 #include "t.h"
 
@@ -22,7 +25,7 @@ static struct vmsnap_store *st;
 static void pool_init(struct xpool *p, unsigned n, uint64_t cap)
 {
     struct vmsnap_err e = {0};
-    int rc = xpool_init(p, st, n, cap, &e);
+    int rc = xpool_init(p, st, n, cap, NULL, &e);
     if (rc < 0) {
         fprintf(stderr, "xpool_init: %s\n", e.msg);
         exit(1);
@@ -389,6 +392,67 @@ static void test_buffers(void)
     CHECK(p.cached == 0 && p.cache == NULL);
 }
 
+/* ---- a budget shared by two pools (two calls of a daemon) ---- */
+
+static void test_shared(void)
+{
+    struct vmsnap_xfer_budget *b;
+    struct vmsnap_err e = {0};
+    REQUIRE(vmsnap_xfer_budget_new(CAP, &b, &e) == 0);
+    CHECK(vmsnap_xfer_budget_new(0, &(struct vmsnap_xfer_budget *){NULL}, &e) == -EINVAL);
+    struct xpool p1, p2;
+    struct vmsnap_err e1 = {0}, e2 = {0};
+    REQUIRE(xpool_init(&p1, st, 1, CAP, b, &e1) == 0); /* each may use the whole budget */
+    REQUIRE(xpool_init(&p2, st, 1, CAP, b, &e2) == 0);
+    uint64_t used, peak;
+    xpool_mem_acquire(&p1, CAP / 2);
+    xpool_mem_acquire(&p1, CAP / 2); /* p1 alone: all of it, without waiting */
+    vmsnap_xfer_budget_stat(b, &used, &peak);
+    CHECKF(used == CAP && peak == CAP, "shared used %llu peak %llu", (unsigned long long)used,
+           (unsigned long long)peak);
+    CHECK(xpool_over(&p2)); /* p2 sees p1's bytes: its encoders give back what they keep */
+    /* p2 holds nothing: its first part goes through (every call progresses) */
+    xpool_mem_acquire(&p2, CAP / 4);
+    /* its second waits: it holds something and the shared budget is spent... */
+    struct acq w;
+    start_acquire(&w, &p2, CAP / 4);
+    sleep_ms(300);
+    CHECKF(!atomic_load(&w.done), "a pool took bytes of a shared budget another pool spent");
+    /* ... until the other pool gives back (noticed by the 100 ms poll, no wake-up across pools) */
+    xpool_mem_release(&p1, CAP / 2);
+    CHECKF(joined_within(w.th, 30), "the waiting pool did not see the other's bytes come back");
+    /* an encoder of p1 waits for p2's parts too (p1 holds one of its own) */
+    struct enc en;
+    start_enc(&en, &p1, CAP / 2);
+    sleep_ms(300);
+    CHECK(!atomic_load(&en.done));
+    xpool_mem_release(&p2, CAP / 2);
+    CHECK(joined_within(en.th, 30));
+    xpool_enc_release(&p1, CAP / 2);
+    xpool_mem_release(&p1, CAP / 2);
+    /* kept buffers count: freed into a spent shared budget they are unmapped, not kept */
+    xpool_mem_acquire(&p2, 64u << 10);
+    uint8_t *k = xpool_buf_alloc(&p2, 64u << 10);
+    REQUIRE(k);
+    xpool_mem_acquire(&p1, CAP - (64u << 10) - 1000);
+    xpool_buf_free(&p2, k);
+    xpool_mem_release(&p2, 64u << 10);
+    CHECK(p2.cached == 0);
+    xpool_mem_release(&p1, CAP - (64u << 10) - 1000);
+    /* a kept buffer is charged while kept, and given back by fini */
+    xpool_mem_acquire(&p2, 64u << 10);
+    k = xpool_buf_alloc(&p2, 64u << 10);
+    xpool_buf_free(&p2, k);
+    xpool_mem_release(&p2, 64u << 10);
+    vmsnap_xfer_budget_stat(b, &used, &peak);
+    CHECK(p2.cached > 0 && used == p2.cached && peak <= CAP + CAP / 4);
+    xpool_fini(&p1);
+    xpool_fini(&p2);
+    vmsnap_xfer_budget_stat(b, &used, &peak);
+    CHECKF(used == 0, "%llu bytes left charged to the shared budget", (unsigned long long)used);
+    vmsnap_xfer_budget_free(b);
+}
+
 int main(void)
 {
     char *key = NULL;
@@ -399,6 +463,7 @@ int main(void)
     test_waiters();
     test_encoders();
     test_buffers();
+    test_shared();
     vmsnap_store_free(st);
     return t_done();
 }
