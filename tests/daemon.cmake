@@ -5,6 +5,8 @@
 #   daemon_ops       admission (409, 503 + Retry-After), priorities, cancel, metrics, SIGTERM
 #   daemon_vm        a real guest's run, suspend/resume (local store, the RGW), pause, stop, info
 #   daemon_sets      push, ls, pull, gc, rm against the RGW, keys only from a node profile
+#   daemon_recover   the daemon killed (failpoints) in suspends, resumes, pushes and pulls, then
+#                    restarted: its journal's recovery; SIGTERM during a suspend
 #   daemon_client    the CLI's client mode (--socket): the same commands direct and through the
 #                    daemon, outputs and exit codes compared (sets, and a real guest)
 # and the request-handling fuzz target's corpus replayed (fuzz_replay_daemon_request).
@@ -20,6 +22,9 @@ if(TARGET vmsnapd)
   set_tests_properties(daemon_vm PROPERTIES FIXTURES_REQUIRED xfer_rgw)
   set_property(TEST daemon_vm APPEND PROPERTY ENVIRONMENT
                "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state")
+  vmsnap_sh_test(daemon_recover tests/integration/daemon_recover.sh TIMEOUT 600
+                 LABELS "daemon;vm" RESOURCE_LOCK vm)
+  set_tests_properties(daemon_recover PROPERTIES FIXTURES_REQUIRED vm_golden)
   vmsnap_sh_test(daemon_client tests/integration/daemon_client.sh TIMEOUT 600
                  LABELS "daemon;vm" RESOURCE_LOCK vm)
   vmsnap_sh_test(daemon_sets tests/integration/daemon_sets.sh TIMEOUT 300 LABELS daemon
