@@ -487,9 +487,8 @@ static json_object *op_json(const struct d_op *o)
     json_object_object_add(g, "memory_bytes", json_object_new_int64((int64_t)o->grant.memory));
     json_object_object_add(g, "connections", json_object_new_int((int)o->grant.connections));
     json_object_object_add(j, "grant", g);
-    json_object_object_add(j, "result", o->state == D_OP_DONE || o->recovered
-                                            ? json_object_get(o->result)
-                                            : NULL);
+    json_object_object_add(
+        j, "result", o->state == D_OP_DONE || o->recovered ? json_object_get(o->result) : NULL);
     if (o->state == D_OP_FAILED || o->state == D_OP_CANCELLED) {
         struct d_response tmp = {0};
         d_error(&tmp, o->rc, &o->err, o->cancel_asked);

@@ -499,11 +499,10 @@ static unsigned sweep_pid(const char *dir, long pid, const char *base)
     unsigned n = 0;
     for (struct dirent *de; (de = readdir(d));) {
         struct stat sb;
-        bool file = !strncmp(de->d_name, pull, strlen(pull)) ||
-                    !strncmp(de->d_name, old, strlen(old));
+        bool file =
+            !strncmp(de->d_name, pull, strlen(pull)) || !strncmp(de->d_name, old, strlen(old));
         bool side = base && !strncmp(de->d_name, swap, strlen(swap));
-        if ((!file && !side) ||
-            fstatat(dirfd(d), de->d_name, &sb, AT_SYMLINK_NOFOLLOW) < 0 ||
+        if ((!file && !side) || fstatat(dirfd(d), de->d_name, &sb, AT_SYMLINK_NOFOLLOW) < 0 ||
             sb.st_uid != geteuid())
             continue;
         if (file && S_ISREG(sb.st_mode) && unlinkat(dirfd(d), de->d_name, 0) == 0)
@@ -551,8 +550,8 @@ static void sweep_atomic(const char *path, double death, struct rec *r)
     for (struct dirent *de; d && (de = readdir(d));) {
         const char *nm = de->d_name;
         struct stat sb;
-        bool match = nm[0] == '.' && strlen(nm) == bl + 8 && !strncmp(nm + 1, base, bl) &&
-                     nm[bl + 1] == '.';
+        bool match =
+            nm[0] == '.' && strlen(nm) == bl + 8 && !strncmp(nm + 1, base, bl) && nm[bl + 1] == '.';
         for (size_t i = bl + 2; match && i < bl + 8; i++)
             match = isalnum((unsigned char)nm[i]);
         if (match && fstatat(dirfd(d), nm, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode) &&
@@ -594,10 +593,11 @@ static void recover_one(struct d_ctx *c, const struct d_config *cfg, json_object
     json_object_object_add(r.r, "ok", json_object_new_boolean(r.ok));
     json_object *result = json_object_new_object();
     json_object_object_add(result, "recovery", r.r);
-    struct d_recovered op = {.id = id, .kind = kind, .target = target, .started = started,
-                             .result = result};
-    vmsnap_err_set(&op.err, EINTR, "interrupted: vmsnapd (pid %ld) ended while it ran; recovery%s: %s",
-                   pid, r.ok ? "" : " incomplete", r.summary);
+    struct d_recovered op = {
+        .id = id, .kind = kind, .target = target, .started = started, .result = result};
+    vmsnap_err_set(&op.err, EINTR,
+                   "interrupted: vmsnapd (pid %ld) ended while it ran; recovery%s: %s", pid,
+                   r.ok ? "" : " incomplete", r.summary);
     d_log(r.ok ? VMSNAP_LOG_WARN : VMSNAP_LOG_ERROR, NULL, "operation %s %s %s: %s", id, kind,
           target, op.err.msg);
     d_op_recovered(c, &op);
@@ -714,9 +714,8 @@ static int journal_open(const struct d_config *cfg, struct d_journal *j, struct 
     if (j->lockfd < 0)
         return vmsnap_err_set(err, errno, "%s: %s", p, strerror(errno));
     if (flock(j->lockfd, LOCK_EX | LOCK_NB) < 0)
-        return vmsnap_err_set(err, EBUSY,
-                              "%s: another vmsnapd on %s uses the state directory %s", p,
-                              cfg->socket, sd);
+        return vmsnap_err_set(err, EBUSY, "%s: another vmsnapd on %s uses the state directory %s",
+                              p, cfg->socket, sd);
     snprintf(p, sizeof(p), "%s/ops", j->dir);
     j->opsfd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
     snprintf(p, sizeof(p), "%s/last", j->dir);

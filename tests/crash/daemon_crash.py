@@ -15,7 +15,7 @@ Usage: daemon_crash.py --kills N --seed S [--vms 2] [--keep] [--verbose]
 (VMSNAP_BIN, VMSNAPD_BIN; VMSNAP_GOLDEN: the vm_golden fixture's directory, whose paused guest
 the VMs start from; without it they boot the test guest, guest/build.sh.)
 Timings never decide pass or fail: a kill lands wherever the random delay falls."""
-import argparse, http.client, json, os, random, re, shutil, signal, socket, subprocess, sys
+import argparse, contextlib, http.client, json, os, random, re, shutil, signal, socket, subprocess, sys
 import tempfile, threading, time
 
 VMSNAP = os.environ.get("VMSNAP_BIN") or sys.exit("VMSNAP_BIN is not set")
@@ -98,9 +98,16 @@ class Daemon:
             self.p.wait()
 
 
-def op(method, path, body=None):
-    """Submit and wait: the operation's final object, or None when the daemon went away."""
-    st, j = api(method, path, body)
+GATE = threading.Lock()  # a client submits under it, only while HOLD is clear
+
+
+def op(method, path, body=None, gated=False):
+    """Submit and wait: the operation's final object, or None when the daemon went away (or,
+    gated, HOLD was set: nothing submitted)."""
+    with GATE if gated else contextlib.nullcontext():
+        if gated and HOLD.is_set():
+            return None
+        st, j = api(method, path, body)
     if st != 202:
         return None if st is None else {"state": "refused", "status": st, "answer": j}
     oid = j["operation"]["id"]
@@ -163,11 +170,11 @@ def client(name):
         st = vm_status().get(name, "none")
         if st == "running":
             time.sleep(crng.uniform(0, 1.5))  # the guest runs a while (its counters go on)
-            o = op("POST", f"/v1/vms/{name}/suspend", {"url": url})
+            o = op("POST", f"/v1/vms/{name}/suspend", {"url": url}, True)
         elif st == "suspended":
-            o = op("POST", f"/v1/vms/{name}/resume", {"url": url})
+            o = op("POST", f"/v1/vms/{name}/resume", {"url": url}, True)
         elif st == "paused":
-            o = op("POST", f"/v1/vms/{name}/resume", {})
+            o = op("POST", f"/v1/vms/{name}/resume", {}, True)
         else:  # busy (a kill's recovery runs): again later
             time.sleep(0.2)
             continue
@@ -289,7 +296,8 @@ def main():
             # anywhere in a client's cycle: its run (up to 1.5 s), its suspend and resume
             delay = rng.uniform(0.2, (cycle + 1.5) * 1.5)
             time.sleep(delay)
-            HOLD.set()
+            with GATE:  # no client submits from here until the checks are done
+                HOLD.set()
             d.kill()
             what = f"kill {k} at {delay:.2f} s"
             d.start()  # the recovery runs before the socket serves
