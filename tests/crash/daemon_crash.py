@@ -82,7 +82,9 @@ class Daemon:
             stdout=subprocess.DEVNULL, stderr=self.log, env=dict(os.environ, VMSNAP_FAILPOINT=""))
         for _ in range(6000):  # recovery runs before the socket serves (resumes under TCG)
             if self.p.poll() is not None:
-                raise RuntimeError(f"vmsnapd exited at start ({self.p.returncode})")
+                self.log.flush()
+                tail = open(self.log.name, errors="replace").read()[-600:]
+                raise RuntimeError(f"vmsnapd exited at start ({self.p.returncode}): {tail}")
             if api("GET", "/healthz", timeout=2)[0] == 200:
                 return
             time.sleep(0.05)
