@@ -249,6 +249,42 @@ void d_op_target(struct d_ctx *c, const char *target, json_object **current, jso
 /* The operation id (valid while the operation exists) */
 const char *d_op_id(const struct d_op *op);
 
+/* ---- recover.c: the journal of operations in flight, start-up recovery, last operations ---- */
+
+/* Under <state_dir>/vmsnapd/ (docs/daemon.md, "Service life"): ops/<id>.json for each operation
+ * running now (written before its library call, removed after it ended), last/<vm>.json the last
+ * operation of each VM, `alive` touched every second (when the daemon died), `lock` (one daemon
+ * per state directory). */
+struct d_journal;
+/* Open the journal (locked: EBUSY when another daemon holds it), and before anything is served
+ * recover what a killed daemon left: for every entry the sweeps of its kind (a VM settled,
+ * temporaries and push leftovers removed), reported as a failed operation of class interrupted
+ * whose result says what recovery did; the VMs' last operations loaded. Then the heartbeat
+ * starts and `c` journals its operations. 0 or -errno. */
+int d_recover(struct d_ctx *c, const struct d_config *cfg, struct d_journal **out,
+              struct vmsnap_err *err);
+/* Stop the heartbeat and free (after d_ctx_stop: no operation journals any more). */
+void d_journal_close(struct d_journal *j);
+/* ops.c's hooks: an operation starts (its body: NULL when it has none), ends; the last
+ * operation of `target` (persisted for VM targets). */
+void d_journal_begin(struct d_journal *j, const char *id, const char *kind, const char *target,
+                     double started, json_object *body);
+void d_journal_end(struct d_journal *j, const char *id);
+void d_journal_last(struct d_journal *j, const char *target, json_object *op);
+
+/* ops.c: what recovery hands the operation table */
+struct d_recovered {
+    const char *id, *kind, *target;
+    double started;        /* wall clock, from the journal */
+    struct vmsnap_err err; /* "interrupted: ...; recovery: ..." */
+    json_object *result;   /* {"recovery": {...}} (a reference taken) */
+};
+void d_ctx_set_journal(struct d_ctx *c, struct d_journal *j);
+/* A finished operation (state failed, class interrupted) in the table and as its target's last. */
+void d_op_recovered(struct d_ctx *c, const struct d_recovered *r);
+/* `op` (an operation object) as target's last operation (a reference taken). */
+void d_op_set_last(struct d_ctx *c, const char *target, json_object *op);
+
 /* ---- resources (res_*.c): the handlers the route table names ---- */
 
 void r_healthz(struct d_request *rq, struct d_response *rs);

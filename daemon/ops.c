@@ -45,6 +45,7 @@ struct d_op {
     double deadline_at;             /* monotonic */
     double deadline;
     bool needs_budget, cancel_asked, deadline_hit;
+    bool recovered; /* what a killed daemon left, reported at start-up (recover.c) */
     struct d_grant grant;
     struct vmsnap_scope *scope;
     d_op_fn fn;
@@ -70,6 +71,7 @@ struct d_ctx {
     struct vmsnap_xfer_budget *mem; /* the node's `memory`, shared live (struct d_grant) */
     double avg_secs; /* recent operations' mean time on a worker (Retry-After), n_secs of them */
     unsigned n_secs;
+    struct d_journal *journal; /* operations in flight, last operations (recover.c) */
     pthread_t *tids, watchdog;
     unsigned n_tids;
     bool watchdog_up, stopping, quit;
@@ -194,7 +196,10 @@ static void remember(struct d_ctx *c, const struct d_op *op)
             json_object_object_del(c->last, oldest);
         free(oldest);
     }
-    json_object_object_add(c->last, op->target, op_json(op));
+    json_object *j = op_json(op);
+    json_object_object_add(c->last, op->target, j);
+    if (c->journal)
+        d_journal_last(c->journal, op->target, j);
 }
 
 /* An operation that held a worker until its end (not a cancelled one: its time says nothing of
@@ -286,6 +291,9 @@ static void *worker(void *arg)
         op->started = wall_now();
         op->t_start = mono();
         pthread_mutex_unlock(&c->mu);
+        if (c->journal) /* before the library call: a killed daemon's next start sees it */
+            d_journal_begin(c->journal, op->id, op->kind, op->target, op->started,
+                            op->free_arg == d_free_json ? op->arg : NULL);
 
         vmsnap_scope_enter(op->scope);
         struct vmsnap_err err = {0};
@@ -303,6 +311,8 @@ static void *worker(void *arg)
             c->conns_free += op->grant.connections;
         }
         finish(c, op, rc);
+        if (c->journal) /* after the last operation is kept */
+            d_journal_end(c->journal, op->id);
         c->running--;
         c->finished++;
         prune(c);
@@ -529,7 +539,8 @@ static json_object *op_json(const struct d_op *o)
     json_object_object_add(g, "memory_bytes", json_object_new_int64((int64_t)o->grant.memory));
     json_object_object_add(g, "connections", json_object_new_int((int)o->grant.connections));
     json_object_object_add(j, "grant", g);
-    json_object_object_add(j, "result", o->state == D_OP_DONE ? json_object_get(o->result) : NULL);
+    json_object_object_add(
+        j, "result", o->state == D_OP_DONE || o->recovered ? json_object_get(o->result) : NULL);
     if (o->state == D_OP_FAILED || o->state == D_OP_CANCELLED) {
         struct d_response tmp = {0};
         d_error(&tmp, o->rc, &o->err, o->cancel_asked);
@@ -693,5 +704,50 @@ void d_op_target(struct d_ctx *c, const char *target, json_object **current, jso
     json_object *l;
     if (c->last && json_object_object_get_ex(c->last, target, &l))
         *last = json_object_get(l);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void d_ctx_set_journal(struct d_ctx *c, struct d_journal *j)
+{
+    pthread_mutex_lock(&c->mu);
+    c->journal = j;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void d_op_set_last(struct d_ctx *c, const char *target, json_object *op)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->last && json_object_object_length(c->last) < KEEP_LAST)
+        json_object_object_add(c->last, target, json_object_get(op));
+    pthread_mutex_unlock(&c->mu);
+}
+
+void d_op_recovered(struct d_ctx *c, const struct d_recovered *r)
+{
+    struct d_op *op = calloc(1, sizeof(*op));
+    if (!op)
+        return;
+    op->kind = strdup(r->kind);
+    op->target = strdup(r->target);
+    op->req_id = strdup("");
+    if (!op->kind || !op->target || !op->req_id) {
+        op_free(op);
+        return;
+    }
+    snprintf(op->id, sizeof(op->id), "%s", r->id);
+    op->state = D_OP_FAILED;
+    op->recovered = true;
+    op->cancel_asked = true; /* the error's class: interrupted */
+    op->rc = -EINTR;
+    op->err = r->err;
+    op->created = op->started = r->started;
+    op->ended = wall_now();
+    op->result = json_object_get(r->result);
+    pthread_mutex_lock(&c->mu);
+    op->next = c->ops;
+    c->ops = op;
+    c->finished++;
+    remember(c, op);
+    prune(c);
     pthread_mutex_unlock(&c->mu);
 }

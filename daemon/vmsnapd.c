@@ -2,11 +2,12 @@
 /*
  * vmsnapd: the node daemon (docs/daemon.md). Start: the config file, then the flags; the
  * library's log through the daemon's JSON lines; SIGINT, SIGTERM and SIGHUP blocked in every
- * thread and taken here by sigwait; the socket bound; the operation workers and libmicrohttpd
- * started; READY=1 to systemd. Stop (SIGTERM or SIGINT): STOPPING=1, no new connections, the
- * requests in progress answered, the queued operations cancelled, the running ones given
- * stop_timeout seconds and then cancelled through their scopes (the CLI's Ctrl-C clean-up),
- * the socket removed. A second signal during the stop ends the process at once.
+ * thread and taken here by sigwait; the socket bound; the operation workers started; what a
+ * killed daemon left recovered (recover.c); libmicrohttpd started; READY=1 to systemd. Stop
+ * (SIGTERM or SIGINT): STOPPING=1, no new connections, the requests in progress answered, the
+ * queued operations cancelled, the running ones given stop_timeout seconds and then cancelled
+ * through their scopes (the CLI's Ctrl-C clean-up), the socket removed. A second signal during
+ * the stop ends the process at once.
  */
 #include "daemon.h"
 
@@ -129,10 +130,15 @@ int main(int argc, char **argv)
     struct d_http *http = NULL;
     /* store connections parked between operations: as many as the node's connection budget */
     vmsnap_store_set_idle_max(cfg.connections);
+    struct d_journal *journal = NULL;
     int fd = d_sock_listen(cfg.socket, cfg.socket_mode, cfg.socket_group, &err);
     if (fd < 0)
         goto out;
-    if (!(ctx = d_ctx_new(&cfg, &err)) || !(http = d_http_start(ctx, fd, &err)))
+    if (!(ctx = d_ctx_new(&cfg, &err)))
+        goto out;
+    /* what a killed daemon left, recovered before anything is served (the socket is bound:
+     * clients wait in its backlog) */
+    if (d_recover(ctx, &cfg, &journal, &err) < 0 || !(http = d_http_start(ctx, fd, &err)))
         goto out;
     d_log(VMSNAP_LOG_INFO, NULL,
           "vmsnapd %s listening on %s (workers %u, queue %u, threads %u, memory %llu, "
@@ -168,6 +174,9 @@ out:
         unlink(cfg.socket);
     }
     d_ctx_stop(ctx, 0);
+    if (ctx)
+        d_ctx_set_journal(ctx, NULL);
+    d_journal_close(journal); /* its entries all removed: a clean stop leaves none */
     d_ctx_free(ctx);
     d_config_fini(&cfg);
     vmsnap_store_global_cleanup(); /* the parked connections, the kept credentials */

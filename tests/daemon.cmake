@@ -7,6 +7,10 @@
 #   daemon_vm        a real guest's run, suspend/resume (local store, the RGW), pause, stop, info
 #   daemon_sets      push, ls, pull, gc, rm against the RGW, keys only from a node profile
 #   daemon_reuse     store connections and credentials kept across operations (RGW, IMDS)
+#   daemon_recover   the daemon killed (failpoints) in suspends, resumes, pushes and pulls, then
+#                    restarted: its journal's recovery; SIGTERM during a suspend
+#   daemon_crash_short  tests/crash/daemon_crash.py, short: kill -9 of the daemon at 3 random
+#                    moments of concurrent suspend/resume cycles of 2 VMs, restart, invariants
 #   daemon_client    the CLI's client mode (--socket): the same commands direct and through the
 #                    daemon, outputs and exit codes compared (sets, and a real guest)
 # and the request-handling fuzz target's corpus replayed (fuzz_replay_daemon_request).
@@ -22,6 +26,14 @@ if(TARGET vmsnapd)
   set_tests_properties(daemon_vm PROPERTIES FIXTURES_REQUIRED xfer_rgw)
   set_property(TEST daemon_vm APPEND PROPERTY ENVIRONMENT
                "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state")
+  vmsnap_sh_test(daemon_recover tests/integration/daemon_recover.sh TIMEOUT 600
+                 LABELS "daemon;vm" RESOURCE_LOCK vm)
+  set_tests_properties(daemon_recover PROPERTIES FIXTURES_REQUIRED vm_golden)
+  add_test(NAME daemon_crash_short COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/crash/daemon_crash.py
+           --kills 3 --seed 7)
+  set_tests_properties(daemon_crash_short PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
+    LABELS "daemon;vm;crash" RESOURCE_LOCK vm FIXTURES_REQUIRED vm_golden
+    ENVIRONMENT "VMSNAP_BIN=$<TARGET_FILE:vmsnap_cli>;VMSNAPD_BIN=$<TARGET_FILE:vmsnapd>;VMSNAP_GOLDEN=${CMAKE_BINARY_DIR}/vm-golden;VMSNAP_SRC=${CMAKE_SOURCE_DIR}")
   vmsnap_sh_test(daemon_client tests/integration/daemon_client.sh TIMEOUT 600
                  LABELS "daemon;vm" RESOURCE_LOCK vm)
   vmsnap_sh_test(daemon_sets tests/integration/daemon_sets.sh TIMEOUT 300 LABELS daemon
