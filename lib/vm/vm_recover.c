@@ -221,6 +221,64 @@ const char *vm_taken_pending(const struct vmctx *c, char *buf)
     return NULL;
 }
 
+/* The stage's snapshot is the set the record says the VM was suspended to: a suspend killed
+ * during its teardown (teardown_local: the record saved "suspended" with the URL and the
+ * stage's generation, then the stage's unsaved mark removed, then the disk, the RAM file, the
+ * checkpoint, the stage). The generation is the one the suspend's take gave the stage, so a
+ * stage of another take (earlier or later) never matches. */
+static bool stage_stored(const struct vmctx *c)
+{
+    char p[PATH_LEN];
+    json_object *rec = NULL, *ck = NULL;
+    bool stored = false;
+    if (vm_cfg_load(c->cfgpath, &rec, NULL) == 0 &&
+        vm_pjoin(p, c->stage, "config.json", NULL) == 0 && vm_cfg_load(p, &ck, NULL) == 0) {
+        const char *st = vm_cfg_str(rec, "status"), *url = vm_cfg_str(rec, "url");
+        const char *rb = vm_cfg_str(rec, "base_id"), *sb = vm_cfg_str(ck, "base_id");
+        stored = st && !strcmp(st, "suspended") && url && *url && rb && sb && !strcmp(rb, sb) &&
+                 vm_cfg_int(rec, "generation") > 0 &&
+                 vm_cfg_int(rec, "generation") == vm_cfg_int(ck, "generation");
+    }
+    json_object_put(rec);
+    json_object_put(ck);
+    return stored;
+}
+
+/* The local checkpoint is older than the stage's snapshot (same lineage, lower generation), or
+ * unreadable as a checkpoint of it: what the teardown of a suspend from the stage removes. */
+static bool ckpt_superseded(const struct vmctx *c)
+{
+    char p[PATH_LEN];
+    json_object *oc = NULL, *ck = NULL;
+    bool older = false;
+    if (vm_pjoin(p, c->stage, "config.json", NULL) == 0 && vm_cfg_load(p, &ck, NULL) == 0 &&
+        vm_pjoin(p, c->ckpt, "config.json", NULL) == 0 && vm_cfg_load(p, &oc, NULL) == 0) {
+        const char *ob = vm_cfg_str(oc, "base_id"), *sb = vm_cfg_str(ck, "base_id");
+        older = ob && sb && !strcmp(ob, sb) &&
+                vm_cfg_int(oc, "generation") < vm_cfg_int(ck, "generation");
+    }
+    json_object_put(oc);
+    json_object_put(ck);
+    return older;
+}
+
+/* A suspend killed during its teardown, after the record said where its set is stored: the
+ * teardown finished (the stage was marked unsaved again, the record said "stopped", and a
+ * resume from the URL was refused: "a snapshot that its last suspend could not store"). */
+static void finish_teardown(struct vmctx *c)
+{
+    vlog(VMSNAP_LOG_WARN,
+         "VM '%s': removing %s, the stage of a suspend killed after its set was stored (the "
+         "record names it)",
+         c->name, c->stage);
+    unlink(c->disk);
+    unlink(c->ram);
+    if (vm_exists(c->ckpt) && ckpt_superseded(c))
+        vm_discard(c->ckpt);
+    vm_discard(c->ondemand);
+    vm_unstage(c);
+}
+
 /* Everything a killed or failed pause or suspend may have left, completed (the caller holds the
  * lock and found no QEMU): checkpoint.new swapped in when newer, a taken stage made a marked
  * snapshot. Returns what could not be (vm_taken_pending, path in `pend`), or NULL. */
@@ -232,6 +290,9 @@ const char *vm_recover_interrupted(struct vmctx *c, char *pend)
      * one), and skipping it left the stage pending for good (needing --force). */
     if (vm_stage_ok(c))
         finish_taken(c, c->stage, false);
+    if (vm_stage_ok(c) && !vm_stage_unsaved(c) && vm_mark_this_boot(c->stage, TAKING_MARK) &&
+        vm_mark_this_boot(c->stage, COMPLETE_MARK) && stage_stored(c))
+        finish_teardown(c);
     /* Marked unsaved again only with both marks: what a suspend killed after its stage was
      * complete left, or a resume from it killed before the guest ran. A complete mark alone is
      * a stage on its way out (vm_rm_snapshot_dir), already superseded. */

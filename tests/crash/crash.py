@@ -19,7 +19,8 @@ invariant. Operations (--ops, comma-separated):
   For the VM operations a kill is counted by what it left (the set at the URL old or new for a
   suspend; the VM as it was, as the command leaves it, or between: frozen, interrupted, unsaved,
   ...), and every one must go on by `vm resume` alone (a frozen VM also, every other time, by a
-  `vm pause` first): a kill that needs --force or a `vm stop` is a failure. --focus F aims a
+  `vm pause` first; a VM left suspended, every other time, by `vm resume NAME URL`): a kill
+  that needs --force or a `vm stop` is a failure. --focus F aims a
   share F of the kills at the VM's own windows, which uniform kills rarely hit (a suspend's
   steps from the guest's stop until its stage is complete, and its teardown; a pause's whole
   run; a resume's restore), from the steps of the uninterrupted command (`--json`).
@@ -494,6 +495,15 @@ def vm_matrix(op, kind, c):
                     c.fail(f"{what}: the pause of a frozen VM failed: {p.stderr.strip()[-600:]}; "
                                  f"files: {v.files()}")
             st = v.status()
+            if st == "suspended" and k % 2:
+                # suspended: the record names the set at the URL as the VM's newest, so a resume
+                # from that URL must work too (one killed in its teardown was refused: "a
+                # snapshot that its last suspend could not store")
+                p = v.vm("resume", "v", url, check=False)
+                if p.returncode != 0:
+                    c.fail(f"{what}: 'vm resume v URL' of a suspended VM failed: "
+                           f"{p.stderr.strip()[-600:]}; files: {v.files()}")
+                st = v.status()
             if st != "running":
                 p = v.vm("resume", "v", check=False)
                 first = p.stderr.strip()[-600:]

@@ -338,6 +338,33 @@ for fp in suspend-teardown vm-discarding; do
     resume_check "$N" golden "$r" "$d" || done_tests
     [ -e "$N/vms/golden/checkpoint.discard" ] && fail "$fp: checkpoint.discard outlived the next command"
 done
+# a suspend killed at its teardown with a local checkpoint older than the set (issue #22): the
+# stage (not marked unsaved any more) was marked unsaved again by the next command's recovery and
+# the record said stopped, so 'vm resume NAME URL' was refused ("a snapshot that its last suspend
+# could not store", EEXIST). The recovery sees the record names the stage's set and drops it
+# (and the older checkpoint): a plain resume goes on from the set, as does one from the URL.
+for how in plain url; do
+    sleep 1
+    vmc "$N" pause golden || fail "pause before the teardown-$how case"
+    vmc "$N" resume golden >/dev/null 2>&1 || fail "resume before the teardown-$how case"
+    sleep 1
+    rc=0 && VMSNAP_FAILPOINT=suspend-teardown vmc "$N" suspend golden "$STORE/tu-$how" 2>"$T/err" || rc=$?
+    [ "$rc" = 137 ] || fail "suspend-teardown failpoint ($how): exit $rc: $(cat "$T/err")"
+    read -r r d <<<"$(last_counter "$N" golden)"
+    nstage=$(ls -d "$VMSNAP_RAM_DIR"/vmsnap-*-golden.stage)
+    [ -f "$nstage/.vmsnap-complete" ] && [ ! -e "$nstage/.vmsnap-unsaved" ] ||
+        fail "teardown-$how: not the stage a killed teardown leaves: $(ls -a "$nstage")"
+    if [ "$how" = plain ]; then
+        resume_check "$N" golden "$r" "$d" || done_tests
+    else
+        resume_check "$N" golden "$r" "$d" "$STORE/tu-$how" || done_tests
+    fi
+    grep -q "the stage of a suspend killed after its set was stored" "$T/resume.out" ||
+        fail "teardown-$how: the resume did not say it dropped the stage: $(cat "$T/resume.out")"
+    [ -e "$nstage" ] && fail "teardown-$how: the stored set's stage outlived the resume"
+    vmc "$N" ls | grep -Eq "^golden +running .*$STORE/tu-$how" ||
+        fail "teardown-$how: vm ls after the resume: $(vmc "$N" ls)"
+done
 # a suspend killed while its teardown removed the stage (the set stored, the record saying so,
 # the checkpoint gone): the stage went file by file in directory order, its taking mark last,
 # and that read as an interrupted suspend whose config was missing: resume refused without
