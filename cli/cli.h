@@ -4,6 +4,7 @@
 #define VMSNAP_CLI_H
 
 #include "vmsnap/common.h"
+#include "vmsnap/disk.h" /* enum vmsnap_disk_clone_how: the client's disk clone */
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -292,6 +293,37 @@ int cli_client_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool re
 int cli_client_vm_list(const struct vmsnap_vm_opts *o,
                        int (*fn)(void *arg, const struct vmsnap_vm_info *info), void *arg,
                        struct vmsnap_err *err);
+struct vmsnap_gc_opts;
+struct vmsnap_gc_result;
+int cli_client_export(const char *from, const char *to, const struct vmsnap_xfer_opts *o,
+                      struct vmsnap_xfer_stats *st, struct vmsnap_err *err);
+int cli_client_gc(const char *url, const struct vmsnap_gc_opts *g, const struct vmsnap_xfer_opts *o,
+                  struct vmsnap_gc_result *res, struct vmsnap_err *err);
+int cli_client_disk_create(const char *path, const struct vmsnap_disk_create_opts *o,
+                           struct vmsnap_err *err);
+int cli_client_disk_clone(const char *src, const char *dst, const struct vmsnap_disk_clone_opts *o,
+                          enum vmsnap_disk_clone_how *how, struct vmsnap_err *err);
+int cli_client_disk_info(const char *path, struct vmsnap_disk_info *info, struct vmsnap_err *err);
+struct vmsnap_pcache_stat;
+struct vmsnap_pcache_evict_opts;
+struct vmsnap_pcache_report;
+int cli_client_pcache_stat_path(
+    const char *path, int (*fn)(void *arg, const char *path, const struct vmsnap_pcache_stat *st),
+    void *arg, struct vmsnap_pcache_stat *total, struct vmsnap_err *err);
+/* --wait is refused (EINVAL): the retrier is the node's */
+int cli_client_pcache_evict(const char *path, const struct vmsnap_pcache_evict_opts *o,
+                            struct vmsnap_pcache_report *rep, struct vmsnap_err *err);
+/* The object cache's calls; the handle is the daemon's (pass NULL) */
+struct vmsnap_objcache;
+struct vmsnap_objcache_entry;
+int cli_client_objcache_stat(struct vmsnap_objcache *c, uint64_t *entries, uint64_t *bytes,
+                             uint64_t *cap, struct vmsnap_err *err);
+const char *cli_client_objcache_dir(const struct vmsnap_objcache *c);
+int cli_client_objcache_list(struct vmsnap_objcache *c,
+                             int (*fn)(void *arg, const struct vmsnap_objcache_entry *e), void *arg,
+                             struct vmsnap_err *err);
+int cli_client_objcache_trim(struct vmsnap_objcache *c, uint64_t max_bytes, uint64_t *evicted,
+                             uint64_t *freed, struct vmsnap_err *err);
 
 /* Verb implementations. */
 int cmd_pack(int argc, char **argv);

@@ -16,6 +16,9 @@
  */
 #include "cli.h"
 
+#include "vmsnap/disk.h"
+#include "vmsnap/objcache.h"
+#include "vmsnap/pcache.h"
 #include "vmsnap/vm.h"
 #include "vmsnap/xfer.h"
 
@@ -24,6 +27,7 @@
 #include <errno.h>
 #include <json-c/json.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -416,6 +420,69 @@ int cli_client_remove(const char *url, bool force, const struct vmsnap_xfer_opts
     return rc;
 }
 
+int cli_client_export(const char *from, const char *to, const struct vmsnap_xfer_opts *o,
+                      struct vmsnap_xfer_stats *st, struct vmsnap_err *err)
+{
+    json_object *b = json_object_new_object(), *r;
+    json_object_object_add(b, "source_url", url_value(from));
+    json_object_object_add(b, "url", url_value(to));
+    add_profile(b, o);
+    if (o->level)
+        json_object_object_add(b, "level", json_object_new_int(o->level));
+    int rc = run_op("/v1/sets/export", b, &r, err);
+    if (rc == 0)
+        stats_from(r, st);
+    json_object_put(r);
+    return rc;
+}
+
+/* An item of the daemon's gc result passed to the caller's report, as the library reports it */
+static void gc_report(const struct vmsnap_gc_opts *g, json_object *it)
+{
+    const char *kind = jstr(it, "kind"), *action = jstr(it, "action"), *url = jstr(it, "url");
+    json_object *age;
+    if (!kind || !action || !url)
+        return;
+    enum vmsnap_gc_kind k = !strcmp(kind, "upload")      ? VMSNAP_GC_UPLOAD
+                            : !strcmp(kind, "push_mark") ? VMSNAP_GC_PUSH
+                                                         : VMSNAP_GC_OBJECT;
+    int64_t a =
+        json_object_object_get_ex(it, "age_seconds", &age) && age ? json_object_get_int64(age) : -1;
+    g->report(g->report_arg, k, url, ju64(it, "object_bytes"), a, strcmp(action, "keep") != 0);
+}
+
+int cli_client_gc(const char *url, const struct vmsnap_gc_opts *g, const struct vmsnap_xfer_opts *o,
+                  struct vmsnap_gc_result *res, struct vmsnap_err *err)
+{
+    json_object *b = json_object_new_object(), *r, *items;
+    json_object_object_add(b, "url", url_value(url));
+    json_object_object_add(b, "older_than_seconds", json_object_new_int64(g->older_than));
+    if (g->dry_run)
+        json_object_object_add(b, "dry_run", json_object_new_boolean(1));
+    add_profile(b, o);
+    int rc = run_op("/v1/sets/gc", b, &r, err);
+    if (rc < 0)
+        return rc;
+    if (g->report && json_object_object_get_ex(r, "items", &items))
+        for (size_t i = 0; i < json_object_array_length(items); i++)
+            gc_report(g, json_object_array_get_idx(items, i));
+    if (ju64(r, "items_left_out"))
+        fprintf(stderr, "vmsnap gc: the daemon listed the first items only (%llu left out)\n",
+                (unsigned long long)ju64(r, "items_left_out"));
+    unsigned unreachable = (unsigned)ju64(r, "unreachable_objects");
+    *res = (struct vmsnap_gc_result){
+        .aborted = (unsigned)ju64(r, "aborted_uploads"),
+        .pushes = (unsigned)ju64(r, "cleaned_pushes"),
+        .objects = (unsigned)ju64(r, "objects") - unreachable,
+        .kept = (unsigned)ju64(r, "kept"),
+        .unknown_age = (unsigned)ju64(r, "unknown_age"),
+        .unreachable = unreachable,
+        .unreachable_bytes = ju64(r, "unreachable_bytes"),
+    };
+    json_object_put(r);
+    return 0;
+}
+
 /* ---- VMs ---- */
 
 static void timing_from(json_object *r, struct vmsnap_vm_timing *t)
@@ -597,5 +664,281 @@ int cli_client_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, voi
             rc = fn(arg, &in);
     }
     json_object_put(a);
+    return rc;
+}
+
+/* ---- disks ---- */
+
+int cli_client_disk_create(const char *path, const struct vmsnap_disk_create_opts *o,
+                           struct vmsnap_err *err)
+{
+    json_object *b = json_object_new_object(), *r;
+    json_object_object_add(b, "path", path_value(path));
+    if (o->size)
+        json_object_object_add(b, "size_bytes", json_object_new_int64((int64_t)o->size));
+    if (o->inodes)
+        json_object_object_add(b, "inodes", json_object_new_int64((int64_t)o->inodes));
+    if (o->label)
+        json_object_object_add(b, "label", json_object_new_string(o->label));
+    if (o->uuid) {
+        const uint8_t *u = o->uuid;
+        char us[40];
+        snprintf(us, sizeof(us),
+                 "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+                 u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
+                 u[15]);
+        json_object_object_add(b, "uuid", json_object_new_string(us));
+    }
+    if (o->from_dir)
+        json_object_object_add(b, "from_dir", path_value(o->from_dir));
+    if (o->n_entries) {
+        json_object *a = json_object_new_array();
+        for (size_t i = 0; i < o->n_entries; i++) {
+            const struct vmsnap_disk_entry *e = &o->entries[i];
+            json_object *j = json_object_new_object();
+            json_object_object_add(
+                j, "op", json_object_new_string(e->op == VMSNAP_DISK_ADD ? "add" : "mkdir"));
+            if (e->src)
+                json_object_object_add(j, "src", path_value(e->src));
+            json_object_object_add(j, "dest", json_object_new_string(e->dest));
+            if (e->mode >= 0)
+                json_object_object_add(j, "mode", json_object_new_int(e->mode));
+            if (e->uid >= 0)
+                json_object_object_add(j, "uid", json_object_new_int64(e->uid));
+            if (e->gid >= 0)
+                json_object_object_add(j, "gid", json_object_new_int64(e->gid));
+            json_object_array_add(a, j);
+        }
+        json_object_object_add(b, "entries", a);
+    }
+    if (o->force)
+        json_object_object_add(b, "force", json_object_new_boolean(1));
+    if (o->fsync)
+        json_object_object_add(b, "fsync", json_object_new_boolean(1));
+    int rc = run_op("/v1/disks/create", b, &r, err);
+    json_object_put(r);
+    return rc;
+}
+
+int cli_client_disk_clone(const char *src, const char *dst, const struct vmsnap_disk_clone_opts *o,
+                          enum vmsnap_disk_clone_how *how, struct vmsnap_err *err)
+{
+    json_object *b = json_object_new_object(), *r;
+    json_object_object_add(b, "source_path", path_value(src));
+    json_object_object_add(b, "path", path_value(dst));
+    if (o->link)
+        json_object_object_add(b, "link", json_object_new_boolean(1));
+    if (o->new_uuid)
+        json_object_object_add(b, "new_uuid", json_object_new_boolean(1));
+    if (o->force)
+        json_object_object_add(b, "force", json_object_new_boolean(1));
+    if (o->direct)
+        json_object_object_add(b, "direct", json_object_new_boolean(1));
+    int rc = run_op("/v1/disks/clone", b, &r, err);
+    if (rc == 0) {
+        static const char *const names[] = {"link", "ficlone", "extents", "read-write", "direct"};
+        const char *m = jstr(r, "method");
+        *how = VMSNAP_DISK_CLONE_RW;
+        for (unsigned i = 0; m && i < sizeof(names) / sizeof(names[0]); i++)
+            if (!strcmp(m, names[i]))
+                *how = (enum vmsnap_disk_clone_how)i;
+    }
+    json_object_put(r);
+    return rc;
+}
+
+/* GET path?key=value: the answer's object when it is 200, else -errno with its error */
+static int get_one(const char *path, const char *key, const char *value, json_object **out,
+                   struct vmsnap_err *err)
+{
+    char q[8192] = "", url[8300];
+    query_add(q, sizeof(q), key, value);
+    snprintf(url, sizeof(url), "%s%s", path, q);
+    long st = 0;
+    int rc = request("GET", url, NULL, &st, out, err);
+    if (rc == 0 && st != 200)
+        rc = refused(st, *out, err);
+    return rc;
+}
+
+int cli_client_disk_info(const char *path, struct vmsnap_disk_info *in, struct vmsnap_err *err)
+{
+    char b[PATH_MAX];
+    json_object *a = NULL, *c;
+    int rc = get_one("/v1/disks/info", "path", abs_path(path, b, sizeof(b)), &a, err);
+    if (rc == 0) {
+        *in = (struct vmsnap_disk_info){
+            .virtual_size = ju64(a, "logical_bytes"),
+            .allocated = ju64(a, "allocated_bytes"),
+            .block_size = (uint32_t)ju64(a, "block_bytes"),
+            .blocks_total = ju64(a, "blocks_total"),
+            .blocks_free = ju64(a, "blocks_free"),
+            .inodes_total = ju64(a, "inodes_total"),
+            .inodes_free = ju64(a, "inodes_free"),
+            .clean = json_object_object_get_ex(a, "clean", &c) && json_object_get_boolean(c),
+            .mount_count = (uint32_t)ju64(a, "mount_count"),
+            .mkfs_time = (int64_t)ju64(a, "mkfs_time"),
+            .write_time = (int64_t)ju64(a, "write_time"),
+        };
+        snprintf(in->uuid_str, sizeof(in->uuid_str), "%s", jstr(a, "uuid") ? jstr(a, "uuid") : "");
+        snprintf(in->label, sizeof(in->label), "%s", jstr(a, "label") ? jstr(a, "label") : "");
+        snprintf(in->features, sizeof(in->features), "%s",
+                 jstr(a, "features") ? jstr(a, "features") : "");
+        vmsnap_disk_parse_uuid(in->uuid_str, in->uuid);
+    }
+    json_object_put(a);
+    return rc;
+}
+
+/* ---- the page cache ---- */
+
+static void pstat_from(json_object *j, struct vmsnap_pcache_stat *st)
+{
+    json_object *m;
+    *st = (struct vmsnap_pcache_stat){
+        .files = ju64(j, "files"),
+        .size = ju64(j, "logical_bytes"),
+        .pages = ju64(j, "pages"),
+        .cached = ju64(j, "cached"),
+        .dirty = ju64(j, "dirty"),
+        .writeback = ju64(j, "writeback"),
+        .evicted = ju64(j, "evicted"),
+        .recently_evicted = ju64(j, "recently_evicted"),
+        .mincore = json_object_object_get_ex(j, "method", &m) &&
+                   !strcmp(json_object_get_string(m), "mincore"),
+    };
+}
+
+int cli_client_pcache_stat_path(const char *path, vmsnap_pcache_stat_fn fn, void *arg,
+                                struct vmsnap_pcache_stat *total, struct vmsnap_err *err)
+{
+    char b[PATH_MAX];
+    json_object *a = NULL, *files, *t;
+    *total = (struct vmsnap_pcache_stat){0};
+    int rc = get_one("/v1/pcache/stat", "path", abs_path(path, b, sizeof(b)), &a, err);
+    if (rc < 0 && !a)
+        return rc;
+    /* a failure keeps what was counted before it, as the library's walk does */
+    if (json_object_object_get_ex(a, "files", &files))
+        for (size_t i = 0; fn && i < json_object_array_length(files); i++) {
+            json_object *f = json_object_array_get_idx(files, i);
+            struct vmsnap_pcache_stat st;
+            pstat_from(f, &st);
+            st.files = 1;
+            st.page_size = (uint32_t)ju64(a, "page_bytes");
+            int frc = jstr(f, "path") ? fn(arg, jstr(f, "path"), &st) : 0;
+            if (frc < 0 && rc == 0)
+                rc = frc;
+        }
+    if (json_object_object_get_ex(a, "total", &t))
+        pstat_from(t, total);
+    total->page_size = (uint32_t)ju64(a, "page_bytes");
+    json_object_put(a);
+    return rc;
+}
+
+int cli_client_pcache_evict(const char *path, const struct vmsnap_pcache_evict_opts *o,
+                            struct vmsnap_pcache_report *rep, struct vmsnap_err *err)
+{
+    if (o->retrier)
+        return vmsnap_err_set(err, EINVAL,
+                              "--wait: not through the daemon (--socket): its retrier is the "
+                              "node's");
+    json_object *b = json_object_new_object(), *r;
+    json_object_object_add(b, "path", path_value(path));
+    if (o->staged)
+        json_object_object_add(b, "staged", json_object_new_boolean(1));
+    if (o->kick_writeback)
+        json_object_object_add(b, "kick_writeback", json_object_new_boolean(1));
+    if (o->preserve) {
+        json_object *a = json_object_new_array();
+        for (const char *const *p = o->preserve; *p; p++)
+            json_object_array_add(a, path_value(*p));
+        json_object_object_add(b, "preserve", a);
+    }
+    int rc = run_op("/v1/pcache/evict", b, &r, err);
+    if (rc == 0) { /* added to what the earlier paths did, as the library adds */
+        rep->dropped_pages += ju64(r, "dropped_pages");
+        rep->dropped_files += ju64(r, "dropped_files");
+        rep->removed_files += ju64(r, "removed_files");
+        rep->removed_bytes += ju64(r, "removed_bytes");
+        rep->removed_pages += ju64(r, "removed_pages");
+        rep->dirty_files += ju64(r, "dirty_files");
+        rep->kicked += ju64(r, "writeback_started_files");
+        rep->busy_files += ju64(r, "busy_files");
+        rep->readonly_files += ju64(r, "readonly_files");
+        rep->unknown_files += ju64(r, "unknown_files");
+        rep->skipped_mounts += ju64(r, "skipped_mounts");
+    }
+    json_object_put(r);
+    return rc;
+}
+
+/* ---- the node's object cache: the handle is the daemon's (c is NULL) ---- */
+
+static char objcache_path[PATH_MAX];
+
+int cli_client_objcache_stat(struct vmsnap_objcache *c, uint64_t *entries, uint64_t *bytes,
+                             uint64_t *cap, struct vmsnap_err *err)
+{
+    (void)c;
+    json_object *a = NULL;
+    int rc = get_one("/v1/objcache", NULL, NULL, &a, err);
+    if (rc == 0) {
+        snprintf(objcache_path, sizeof(objcache_path), "%s",
+                 jstr(a, "path") ? jstr(a, "path") : "");
+        if (entries)
+            *entries = ju64(a, "objects");
+        if (bytes)
+            *bytes = ju64(a, "object_bytes");
+        if (cap)
+            *cap = ju64(a, "cap_bytes");
+    }
+    json_object_put(a);
+    return rc;
+}
+
+const char *cli_client_objcache_dir(const struct vmsnap_objcache *c)
+{
+    (void)c;
+    return objcache_path;
+}
+
+int cli_client_objcache_list(struct vmsnap_objcache *c,
+                             int (*fn)(void *arg, const struct vmsnap_objcache_entry *e), void *arg,
+                             struct vmsnap_err *err)
+{
+    (void)c;
+    json_object *a = NULL, *list;
+    int rc = get_one("/v1/objcache", "entries", "true", &a, err);
+    if (rc == 0 && json_object_object_get_ex(a, "entries", &list))
+        for (size_t i = 0; rc == 0 && i < json_object_array_length(list); i++) {
+            json_object *j = json_object_array_get_idx(list, i);
+            struct vmsnap_objcache_entry e = {
+                .key = jstr(j, "key"),
+                .size = ju64(j, "bytes"),
+                .last_used = (int64_t)ju64(j, "last_used"),
+            };
+            if (e.key)
+                rc = fn(arg, &e);
+        }
+    json_object_put(a);
+    return rc;
+}
+
+int cli_client_objcache_trim(struct vmsnap_objcache *c, uint64_t max_bytes, uint64_t *evicted,
+                             uint64_t *freed, struct vmsnap_err *err)
+{
+    (void)c;
+    json_object *b = json_object_new_object(), *r;
+    json_object_object_add(b, "max_bytes", json_object_new_int64((int64_t)max_bytes));
+    int rc = run_op("/v1/objcache/trim", b, &r, err);
+    if (rc == 0) {
+        if (evicted)
+            *evicted = ju64(r, "evicted");
+        if (freed)
+            *freed = ju64(r, "freed_bytes");
+    }
+    json_object_put(r);
     return rc;
 }

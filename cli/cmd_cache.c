@@ -162,7 +162,8 @@ static int cache_stat(int argc, char **argv)
     for (int i = optind; i < argc; i++) {
         struct vmsnap_pcache_stat sum;
         struct vmsnap_err err = {0};
-        if (vmsnap_pcache_stat_path(argv[i], stat_cb, &o, &sum, &err) < 0)
+        if ((cli_socket ? cli_client_pcache_stat_path
+                        : vmsnap_pcache_stat_path)(argv[i], stat_cb, &o, &sum, &err) < 0)
             rc = cli_fail("cache", &err);
         total.files += sum.files;
         total.size += sum.size;
@@ -377,6 +378,11 @@ static int cache_evict(int argc, char **argv)
     int first = evict_getopt(argc, argv, &a, &rc);
     struct vmsnap_pcache_retrier *retrier = NULL;
     struct vmsnap_err err = {0};
+    if (first >= 0 && a.wait > 0 && cli_socket) {
+        rc = cli_usage("cache", "--wait: not through the daemon (--socket): the retrier is the "
+                                "node's");
+        first = -1;
+    }
     if (first >= 0 && a.wait > 0) {
         if (wait_retrier(a.wait, &retrier, &err) < 0) {
             rc = cli_fail("cache", &err);
@@ -391,7 +397,8 @@ static int cache_evict(int argc, char **argv)
     struct vmsnap_pcache_report rep = {0};
     for (int i = first; i < argc; i++) {
         vmsnap_err_clear(&err);
-        if (vmsnap_pcache_evict(argv[i], &a.opts, &rep, &err) < 0)
+        if ((cli_socket ? cli_client_pcache_evict : vmsnap_pcache_evict)(argv[i], &a.opts, &rep,
+                                                                         &err) < 0)
             rc = cli_fail("cache", &err);
     }
     struct evict_totals t = {rep.dropped_pages, rep.dropped_files, rep.dirty_files, 0};
@@ -459,6 +466,23 @@ static int objcache_getopt(int argc, char **argv, bool trim, struct objcache_arg
     return 0;
 }
 
+/* The object cache's calls: the library's on the handle opened here, or the daemon's (--socket:
+ * the node's cache, no handle). */
+static const struct objcache_calls {
+    int (*stat)(struct vmsnap_objcache *c, uint64_t *entries, uint64_t *bytes, uint64_t *cap,
+                struct vmsnap_err *err);
+    const char *(*dir)(const struct vmsnap_objcache *c);
+    int (*list)(struct vmsnap_objcache *c,
+                int (*fn)(void *arg, const struct vmsnap_objcache_entry *e), void *arg,
+                struct vmsnap_err *err);
+    int (*trim)(struct vmsnap_objcache *c, uint64_t max_bytes, uint64_t *evicted, uint64_t *freed,
+                struct vmsnap_err *err);
+} oc_direct = {vmsnap_objcache_stat, vmsnap_objcache_dir, vmsnap_objcache_list,
+               vmsnap_objcache_trim},
+  oc_client = {cli_client_objcache_stat, cli_client_objcache_dir, cli_client_objcache_list,
+               cli_client_objcache_trim},
+  *oc = &oc_direct;
+
 /* "2025-06-01T12:34:56Z" */
 static const char *utc_text(char *b, size_t n, int64_t t)
 {
@@ -504,18 +528,18 @@ static int cache_objects(struct vmsnap_objcache *c, bool json)
     struct vmsnap_err err = {0};
     struct objects_out o = {json, true, 0, 0};
     uint64_t cap = 0;
-    if (vmsnap_objcache_stat(c, NULL, NULL, &cap, &err) < 0)
+    if (oc->stat(c, NULL, NULL, &cap, &err) < 0)
         return cli_fail("cache", &err);
     if (json) { /* what is known before the listing, then the entries as they come */
         cli_out_stream_begin();
-        json_object *d = json_object_new_string(vmsnap_objcache_dir(c));
+        json_object *d = json_object_new_string(oc->dir(c));
         printf(",\"path\":");
         cli_json_write(stdout, d);
         json_object_put(d);
         printf(",\"cap_bytes\":%llu,\n  \"entries\":[", (unsigned long long)cap);
     } else
         printf("%12s  %-20s  %s\n", "SIZE", "LAST USED (UTC)", "KEY");
-    int rc = vmsnap_objcache_list(c, objects_cb, &o, &err);
+    int rc = oc->list(c, objects_cb, &o, &err);
     if (json) {
         json_object *t = json_object_new_object();
         json_object_object_add(t, "entries", json_object_new_int64((int64_t)o.entries));
@@ -528,7 +552,7 @@ static int cache_objects(struct vmsnap_objcache *c, bool json)
         static char d[CLI_PRINTABLE_MAX];
         printf("total: %llu entries, %s of %s (%.1f%%) in %s\n", (unsigned long long)o.entries,
                cli_bytes(b, sizeof(b), o.bytes), cli_bytes(cp, sizeof(cp), cap), pct(o.bytes, cap),
-               cli_printable(d, sizeof(d), vmsnap_objcache_dir(c)));
+               cli_printable(d, sizeof(d), oc->dir(c)));
     }
     return rc < 0 ? cli_fail("cache", &err) : EXIT_OK;
 }
@@ -537,15 +561,15 @@ static int cache_trim(struct vmsnap_objcache *c, const struct objcache_args *a)
 {
     struct vmsnap_err err = {0};
     uint64_t cap = 0, evicted = 0, freed = 0, entries = 0, bytes = 0;
-    if (vmsnap_objcache_stat(c, NULL, NULL, &cap, &err) < 0)
+    if (oc->stat(c, NULL, NULL, &cap, &err) < 0)
         return cli_fail("cache", &err);
     const uint64_t target = a->has_max ? a->max_size : cap;
-    if (vmsnap_objcache_trim(c, target, &evicted, &freed, &err) < 0 ||
-        vmsnap_objcache_stat(c, &entries, &bytes, NULL, &err) < 0)
+    if (oc->trim(c, target, &evicted, &freed, &err) < 0 ||
+        oc->stat(c, &entries, &bytes, NULL, &err) < 0)
         return cli_fail("cache", &err);
     if (a->json) {
         json_object *j = cli_out();
-        json_object_object_add(j, "path", json_object_new_string(vmsnap_objcache_dir(c)));
+        json_object_object_add(j, "path", json_object_new_string(oc->dir(c)));
         json_object_object_add(j, "max_bytes", json_object_new_int64((int64_t)target));
         json_object_object_add(j, "evicted", json_object_new_int64((int64_t)evicted));
         json_object_object_add(j, "freed_bytes", json_object_new_int64((int64_t)freed));
@@ -571,7 +595,14 @@ static int cache_objcache(int argc, char **argv, bool trim)
         return rc;
     struct vmsnap_objcache *c = NULL;
     struct vmsnap_err err = {0};
-    if (vmsnap_objcache_open(&a.opts, &c, &err) < 0)
+    if (cli_socket && (a.opts.dir || a.opts.max_bytes))
+        return cli_usage("cache",
+                         "%s: not through the daemon (--socket): the node's cache is its "
+                         "configuration's",
+                         a.opts.dir ? "--cache-dir" : "--cache-size");
+    if (cli_socket)
+        oc = &oc_client;
+    else if (vmsnap_objcache_open(&a.opts, &c, &err) < 0)
         return cli_fail("cache", &err);
     rc = trim ? cache_trim(c, &a) : cache_objects(c, a.json);
     vmsnap_objcache_close(c);

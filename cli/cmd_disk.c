@@ -250,11 +250,14 @@ static int disk_create(int argc, char **argv)
     o.n_entries = n;
     cli_subject("path", argv[optind]);
     struct vmsnap_err e = {0};
-    rc = vmsnap_disk_create(argv[optind], &o, &e) < 0 ? fail("create", &e) : EXIT_OK;
+    rc = (cli_socket ? cli_client_disk_create : vmsnap_disk_create)(argv[optind], &o, &e) < 0
+             ? fail("create", &e)
+             : EXIT_OK;
     struct vmsnap_disk_info in;
     if (rc == EXIT_OK && cli_json) /* what disk info says of the new image */
-        rc = vmsnap_disk_info(argv[optind], &in, &e) < 0 ? fail("create", &e)
-                                                         : (info_json(&in), EXIT_OK);
+        rc = (cli_socket ? cli_client_disk_info : vmsnap_disk_info)(argv[optind], &in, &e) < 0
+                 ? fail("create", &e)
+                 : (info_json(&in), EXIT_OK);
 out:
     free(ents);
     return rc;
@@ -298,7 +301,8 @@ static int disk_clone(int argc, char **argv)
     cli_subject("path", argv[optind + 1]);
     struct vmsnap_err e = {0};
     enum vmsnap_disk_clone_how how;
-    if (vmsnap_disk_clone(argv[optind], argv[optind + 1], &o, &how, &e) < 0)
+    if ((cli_socket ? cli_client_disk_clone : vmsnap_disk_clone)(argv[optind], argv[optind + 1], &o,
+                                                                 &how, &e) < 0)
         return fail("clone", &e);
     static const char *const names[] = {"link", "ficlone", "extents", "read-write", "direct"};
     if (cli_json)
@@ -328,7 +332,7 @@ static int disk_info(int argc, char **argv)
     cli_subject("path", argv[optind]);
     struct vmsnap_disk_info in;
     struct vmsnap_err e = {0};
-    if (vmsnap_disk_info(argv[optind], &in, &e) < 0)
+    if ((cli_socket ? cli_client_disk_info : vmsnap_disk_info)(argv[optind], &in, &e) < 0)
         return fail("info", &e);
     if (cli_json) {
         info_json(&in);

@@ -15,6 +15,8 @@ static const struct xfer_verb export_verb = {
 static int export_fn(const char *from, const char *to, const struct vmsnap_xfer_opts *o,
                      struct vmsnap_xfer_stats *st, struct vmsnap_err *err)
 {
+    if (cli_socket)
+        return cli_client_export(from, to, o, st, err);
     return vmsnap_xfer_export(from, to, NULL, o, st, err);
 }
 

@@ -89,7 +89,8 @@ int cmd_gc(int argc, char **argv)
         json_object_object_add(j, "older_than_seconds", json_object_new_int64(age));
         json_object_object_add(j, "items", items = json_object_new_array());
     }
-    rc = cmd_xfer_end("gc", vmsnap_xfer_gc(argv[i], &g, &o, &res, &err), &err);
+    rc = cmd_xfer_end(
+        "gc", (cli_socket ? cli_client_gc : vmsnap_xfer_gc)(argv[i], &g, &o, &res, &err), &err);
     items = NULL;
     if (rc != EXIT_OK)
         return rc;

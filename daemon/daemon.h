@@ -302,6 +302,7 @@ void r_set_pull(struct d_request *rq, struct d_response *rs);
 void r_set_list(struct d_request *rq, struct d_response *rs);
 void r_set_remove(struct d_request *rq, struct d_response *rs);
 void r_set_gc(struct d_request *rq, struct d_response *rs);
+void r_set_export(struct d_request *rq, struct d_response *rs);
 void r_pcache_stat(struct d_request *rq, struct d_response *rs);
 void r_pcache_evict(struct d_request *rq, struct d_response *rs);
 void r_objcache_stat(struct d_request *rq, struct d_response *rs);

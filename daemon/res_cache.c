@@ -28,6 +28,9 @@ static json_object *stat_json(const char *path, const struct vmsnap_pcache_stat 
                            json_object_new_string(st->mincore ? "mincore" : "cachestat"));
     json_object_object_add(j, "dirty", json_object_new_int64((int64_t)st->dirty));
     json_object_object_add(j, "writeback", json_object_new_int64((int64_t)st->writeback));
+    json_object_object_add(j, "evicted", json_object_new_int64((int64_t)st->evicted));
+    json_object_object_add(j, "recently_evicted",
+                           json_object_new_int64((int64_t)st->recently_evicted));
     return j;
 }
 
@@ -57,13 +60,13 @@ void r_pcache_stat(struct d_request *rq, struct d_response *rs)
     struct vmsnap_pcache_stat total = {0};
     struct vmsnap_err err = {0};
     int rc = vmsnap_pcache_stat_path(d_jstr(o, "path"), stat_one, files, &total, &err);
-    if (rc < 0) {
+    if (rc < 0)
         d_error(rs, rc, &err, false);
-    } else {
+    else
         rs->body = d_obj();
-        json_object_object_add(rs->body, "page_bytes", json_object_new_int((int)total.page_size));
-        json_object_object_add(rs->body, "total", stat_json(NULL, &total));
-    }
+    /* a failure keeps what was counted before it, as the CLI's stat does */
+    json_object_object_add(rs->body, "page_bytes", json_object_new_int((int)total.page_size));
+    json_object_object_add(rs->body, "total", stat_json(NULL, &total));
     json_object_object_add(rs->body, "files", files);
     json_object_put(o);
 }
@@ -95,6 +98,12 @@ static int do_evict(struct d_op *op, const struct d_config *cfg, const struct d_
     json_object_object_add(r, "removed_bytes", json_object_new_int64((int64_t)rep.removed_bytes));
     json_object_object_add(r, "dirty_files", json_object_new_int64((int64_t)rep.dirty_files));
     json_object_object_add(r, "busy_files", json_object_new_int64((int64_t)rep.busy_files));
+    json_object_object_add(r, "removed_pages", json_object_new_int64((int64_t)rep.removed_pages));
+    json_object_object_add(r, "writeback_started_files",
+                           json_object_new_int64((int64_t)rep.kicked));
+    json_object_object_add(r, "readonly_files", json_object_new_int64((int64_t)rep.readonly_files));
+    json_object_object_add(r, "unknown_files", json_object_new_int64((int64_t)rep.unknown_files));
+    json_object_object_add(r, "skipped_mounts", json_object_new_int64((int64_t)rep.skipped_mounts));
     return 0;
 }
 
@@ -144,22 +153,48 @@ static int open_cache(const struct d_config *cfg, struct vmsnap_objcache **c,
     return vmsnap_objcache_open(&co, c, err);
 }
 
+#define OBJCACHE_ENTRIES_MAX 50000 /* entries listed by ?entries=true */
+
+static int entry_one(void *arg, const struct vmsnap_objcache_entry *e)
+{
+    json_object *a = arg;
+    if (json_object_array_length(a) >= OBJCACHE_ENTRIES_MAX)
+        return -E2BIG;
+    json_object *j = json_object_new_object();
+    json_object_object_add(j, "key", json_object_new_string(e->key));
+    json_object_object_add(j, "bytes", json_object_new_int64((int64_t)e->size));
+    json_object_object_add(j, "last_used", json_object_new_int64(e->last_used));
+    json_object_array_add(a, j);
+    return 0;
+}
+
 void r_objcache_stat(struct d_request *rq, struct d_response *rs)
 {
     struct vmsnap_objcache *c = NULL;
     struct vmsnap_err err = {0};
     uint64_t entries = 0, bytes = 0, cap = 0;
+    char eb[8];
+    const char *want = d_query(rq, "entries", eb, sizeof(eb));
+    json_object *list = want && !strcmp(want, "true") ? json_object_new_array() : NULL;
     int rc = open_cache(d_ctx_config(rq->ctx), &c, &err);
     if (rc == 0)
         rc = vmsnap_objcache_stat(c, &entries, &bytes, &cap, &err);
+    if (rc == 0 && list)
+        rc = vmsnap_objcache_list(c, entry_one, list, &err);
+    if (rc == -E2BIG)
+        vmsnap_err_set(&err, E2BIG, "more than %d entries in the object cache: trim it",
+                       OBJCACHE_ENTRIES_MAX);
     if (rc < 0) {
         d_error(rs, rc, &err, false);
+        json_object_put(list);
     } else {
         rs->body = d_obj();
         json_object_object_add(rs->body, "path", json_object_new_string(vmsnap_objcache_dir(c)));
         json_object_object_add(rs->body, "objects", json_object_new_int64((int64_t)entries));
         json_object_object_add(rs->body, "object_bytes", json_object_new_int64((int64_t)bytes));
         json_object_object_add(rs->body, "cap_bytes", json_object_new_int64((int64_t)cap));
+        if (list)
+            json_object_object_add(rs->body, "entries", list);
     }
     vmsnap_objcache_close(c);
 }
@@ -171,18 +206,29 @@ static int do_trim(struct d_op *op, const struct d_config *cfg, const struct d_g
     json_object *o = d_op_body(op);
     struct vmsnap_objcache *c = NULL;
     int rc = open_cache(cfg, &c, err);
-    uint64_t evicted = 0, freed = 0, cap = 0;
+    uint64_t evicted = 0, freed = 0, cap = 0, entries = 0, bytes = 0, target = 0;
     if (rc == 0)
         rc = vmsnap_objcache_stat(c, NULL, NULL, &cap, err);
+    if (rc == 0) {
+        target = (uint64_t)d_jint(o, "max_bytes", (int64_t)cap);
+        rc = vmsnap_objcache_trim(c, target, &evicted, &freed, err);
+    }
     if (rc == 0)
-        rc = vmsnap_objcache_trim(c, (uint64_t)d_jint(o, "max_bytes", (int64_t)cap), &evicted,
-                                  &freed, err);
+        rc = vmsnap_objcache_stat(c, &entries, &bytes, NULL, err);
+    if (rc == 0) {
+        json_object_object_add(r, "path", json_object_new_string(vmsnap_objcache_dir(c)));
+        json_object_object_add(r, "objects", json_object_new_int64((int64_t)evicted));
+        json_object_object_add(r, "removed_bytes", json_object_new_int64((int64_t)freed));
+        /* the CLI's cache trim --json keys */
+        json_object_object_add(r, "max_bytes", json_object_new_int64((int64_t)target));
+        json_object_object_add(r, "evicted", json_object_new_int64((int64_t)evicted));
+        json_object_object_add(r, "freed_bytes", json_object_new_int64((int64_t)freed));
+        json_object_object_add(r, "entries", json_object_new_int64((int64_t)entries));
+        json_object_object_add(r, "bytes", json_object_new_int64((int64_t)bytes));
+        json_object_object_add(r, "cap_bytes", json_object_new_int64((int64_t)cap));
+    }
     vmsnap_objcache_close(c);
-    if (rc < 0)
-        return rc;
-    json_object_object_add(r, "objects", json_object_new_int64((int64_t)evicted));
-    json_object_object_add(r, "removed_bytes", json_object_new_int64((int64_t)freed));
-    return 0;
+    return rc;
 }
 
 void r_objcache_trim(struct d_request *rq, struct d_response *rs)

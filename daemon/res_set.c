@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Snapshot sets: push, pull, remove and gc are operations (on the store URL, or the pull's
- * destination); ls answers at once. Each calls vmsnap_xfer_* as the CLI's verbs do
+/* Snapshot sets: push, pull, export, remove and gc are operations (on the store URL, or the
+ * pull's destination); ls answers at once. Each calls vmsnap_xfer_* as the CLI's verbs do
  * (cli/cmd_push.c and the others), with the operation's grant as its threads, memory and
  * connections and the node's profile as its store settings. */
 #include "daemon.h"
@@ -236,6 +236,32 @@ void r_set_remove(struct d_request *rq, struct d_response *rs)
     submit(rq, rs, o, "set.remove", "url", 0, do_remove);
 }
 
+#define GC_ITEMS_MAX 20000 /* items listed in a gc result; the counts count them all */
+
+/* The library's report of one upload, mark or object, as a result item */
+static void gc_item(void *arg, enum vmsnap_gc_kind kind, const char *url, uint64_t size,
+                    int64_t age, bool act)
+{
+    json_object *r = arg, *items = NULL;
+    json_object_object_get_ex(r, "items", &items);
+    if (json_object_array_length(items) >= GC_ITEMS_MAX) {
+        json_object *n = NULL;
+        json_object_object_get_ex(r, "items_left_out", &n);
+        json_object_set_int64(n, json_object_get_int64(n) + 1);
+        return;
+    }
+    static const char *const kinds[] = {"upload", "push_mark", "object"}, *const acts[] = {
+                                                                              "abort", "clean",
+                                                                              "remove"};
+    json_object *j = json_object_new_object();
+    json_object_object_add(j, "kind", json_object_new_string(kinds[kind]));
+    json_object_object_add(j, "url", json_object_new_string(url));
+    json_object_object_add(j, "object_bytes", json_object_new_int64((int64_t)size));
+    json_object_object_add(j, "age_seconds", age < 0 ? NULL : json_object_new_int64(age));
+    json_object_object_add(j, "action", json_object_new_string(act ? acts[kind] : "keep"));
+    json_object_array_add(items, j);
+}
+
 static int do_gc(struct d_op *op, const struct d_config *cfg, const struct d_grant *g,
                  json_object *r, struct vmsnap_err *err)
 {
@@ -245,17 +271,24 @@ static int do_gc(struct d_op *op, const struct d_config *cfg, const struct d_gra
     struct vmsnap_gc_opts go = {
         .older_than = d_jint(o, "older_than_seconds", 3600),
         .dry_run = d_jbool(o, "dry_run"),
+        .report = gc_item,
+        .report_arg = r,
     };
+    json_object_object_add(r, "url", json_object_new_string(d_jstr(o, "url")));
+    json_object_object_add(r, "dry_run", json_object_new_boolean(go.dry_run));
+    json_object_object_add(r, "older_than_seconds", json_object_new_int64(go.older_than));
+    json_object_object_add(r, "items", json_object_new_array());
+    json_object_object_add(r, "items_left_out", json_object_new_int64(0));
     struct vmsnap_gc_result res = {0};
     int rc = vmsnap_xfer_gc(d_jstr(o, "url"), &go, &x, &res, err);
     if (rc < 0)
         return rc;
-    json_object_object_add(r, "url", json_object_new_string(d_jstr(o, "url")));
-    json_object_object_add(r, "dry_run", json_object_new_boolean(go.dry_run));
-    json_object_object_add(r, "older_than_seconds", json_object_new_int64(go.older_than));
     json_object_object_add(r, "aborted_uploads", json_object_new_int((int)res.aborted));
     json_object_object_add(r, "cleaned_pushes", json_object_new_int((int)res.pushes));
     json_object_object_add(r, "objects", json_object_new_int((int)(res.objects + res.unreachable)));
+    json_object_object_add(r, "unreachable_objects", json_object_new_int((int)res.unreachable));
+    json_object_object_add(r, "unreachable_bytes",
+                           json_object_new_int64((int64_t)res.unreachable_bytes));
     json_object_object_add(r, "kept", json_object_new_int((int)res.kept));
     json_object_object_add(r, "unknown_age", json_object_new_int((int)res.unknown_age));
     return 0;
@@ -280,4 +313,37 @@ void r_set_gc(struct d_request *rq, struct d_response *rs)
         return;
     }
     submit(rq, rs, o, "set.gc", "url", 0, do_gc);
+}
+
+static int do_export(struct d_op *op, const struct d_config *cfg, const struct d_grant *g,
+                     json_object *r, struct vmsnap_err *err)
+{
+    json_object *o = d_op_body(op);
+    struct vmsnap_xfer_opts x;
+    d_xfer_opts(cfg, o, g, &x);
+    x.level = (int)d_jint(o, "level", 0);
+    struct vmsnap_xfer_stats st = {0};
+    double t0 = now_s();
+    int rc = vmsnap_xfer_export(d_jstr(o, "source_url"), d_jstr(o, "url"), NULL, &x, &st, err);
+    if (rc == 0)
+        stats_json(r, d_jstr(o, "source_url"), d_jstr(o, "url"), &st, now_s() - t0);
+    return rc;
+}
+
+void r_set_export(struct d_request *rq, struct d_response *rs)
+{
+    static const struct d_field f[] = {
+        {"source_url", D_STR, true},        {"url", D_STR, true},
+        {"profile", D_STR, false},          {"level", D_INT, false},
+        {"deadline_seconds", D_INT, false}, {0},
+    };
+    json_object *o = d_req_body(rq, rs, f);
+    if (!o)
+        return;
+    if (d_req_url(rq, rs, o, "source_url", true) < 0 || d_req_url(rq, rs, o, "url", true) < 0 ||
+        d_req_profile(rq, rs, o) < 0 || !layout_ok(rs, o)) {
+        json_object_put(o);
+        return;
+    }
+    submit(rq, rs, o, "set.export", "url", 0, do_export);
 }

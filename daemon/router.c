@@ -32,6 +32,7 @@ static const struct route {
     {"GET", "/v1/sets", r_set_list},
     {"POST", "/v1/sets/remove", r_set_remove},
     {"POST", "/v1/sets/gc", r_set_gc},
+    {"POST", "/v1/sets/export", r_set_export},
     {"GET", "/v1/pcache/stat", r_pcache_stat},
     {"POST", "/v1/pcache/evict", r_pcache_evict},
     {"GET", "/v1/objcache", r_objcache_stat},

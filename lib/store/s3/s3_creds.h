@@ -130,6 +130,11 @@ struct s3_fetch_req {
     size_t resp_header_len;
 };
 int s3_fetch(const struct s3_fetch_req *f, struct dbuf *resp, long *status, struct vmsnap_err *err);
+/* A secret file (a credentials file, a token), whole, into b (at most b->max bytes: EFBIG);
+ * messages name `what` and the path ("token file PATH" when `token`), never the content; the
+ * read buffer is wiped, b is the caller's to wipe (s3_providers.c). */
+int s3_read_secret_file(const char *what, const char *path, bool token, struct dbuf *b,
+                        struct vmsnap_err *err);
 /* "scheme://host[:port]" of a URL (no user info, no path: a path may be a capability). */
 void s3_url_origin(const char *url, char *out, size_t len);
 

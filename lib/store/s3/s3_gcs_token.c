@@ -63,34 +63,6 @@ static void wipe_str(char *s)
     }
 }
 
-/* The credentials file, whole, into b (capped). */
-static int read_file(const char *what, const char *path, struct dbuf *b, struct vmsnap_err *err)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-    if (fd < 0)
-        return err_sys(err, "%s: open %s", what, path);
-    char chunk[4096];
-    int rc = 0;
-    for (;;) {
-        ssize_t n = read(fd, chunk, sizeof(chunk));
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            rc = err_sys(err, "%s: read %s", what, path);
-            break;
-        }
-        if (n == 0)
-            break;
-        if (s3_dbuf_add(b, chunk, (size_t)n) < 0) {
-            rc = vmsnap_err_set(err, EFBIG, "%s: %s is larger than %u bytes", what, path, FILE_CAP);
-            break;
-        }
-    }
-    close(fd);
-    explicit_bzero(chunk, sizeof(chunk));
-    return rc;
-}
-
 /* A whole JSON object from len bytes; NULL if the text is anything else. */
 static json_object *parse_object(const char *p, size_t len)
 {
@@ -385,7 +357,7 @@ int s3_src_gcs_file(const struct s3_chain_cfg *c, struct s3_cred **out, struct v
     snprintf(what, sizeof(what), "%s %s", c->gcs_file_what, c->gcs_file);
     struct dbuf b = {.max = FILE_CAP};
     struct s3_gcs_file f;
-    int rc = read_file(what, c->gcs_file, &b, err);
+    int rc = s3_read_secret_file(what, c->gcs_file, false, &b, err);
     if (rc == 0)
         rc = s3_gcs_file_parse(what, b.p, b.len, &f, err);
     wipe_dbuf(&b);

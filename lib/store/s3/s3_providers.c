@@ -78,13 +78,12 @@ static void dbuf_wipe(struct dbuf *b)
     b->len = b->cap = 0;
 }
 
-/* A small secret file (a token), trailing white space cut; *out malloc'd. */
-static int read_token_file(const char *what, const char *path, char **out, struct vmsnap_err *err)
+int s3_read_secret_file(const char *what, const char *path, bool token, struct dbuf *b,
+                        struct vmsnap_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (fd < 0)
-        return err_sys(err, "%s: token file %s", what, path);
-    struct dbuf b = {.max = TOKEN_FILE_CAP};
+        return err_sys(err, token ? "%s: token file %s" : "%s: open %s", what, path);
     char chunk[4096];
     int rc = 0;
     for (;;) {
@@ -97,14 +96,22 @@ static int read_token_file(const char *what, const char *path, char **out, struc
         }
         if (n == 0)
             break;
-        if (s3_dbuf_add(&b, chunk, (size_t)n) < 0) {
-            rc = vmsnap_err_set(err, EFBIG, "%s: token file %s is larger than %u bytes", what, path,
-                                TOKEN_FILE_CAP);
+        if (s3_dbuf_add(b, chunk, (size_t)n) < 0) {
+            rc = vmsnap_err_set(err, EFBIG, "%s: %s%s is larger than %zu bytes", what,
+                                token ? "token file " : "", path, b->max);
             break;
         }
     }
     close(fd);
     explicit_bzero(chunk, sizeof(chunk));
+    return rc;
+}
+
+/* A small secret file (a token), trailing white space cut; *out malloc'd. */
+static int read_token_file(const char *what, const char *path, char **out, struct vmsnap_err *err)
+{
+    struct dbuf b = {.max = TOKEN_FILE_CAP};
+    int rc = s3_read_secret_file(what, path, true, &b, err);
     while (rc == 0 && b.len > 0 && strchr(" \t\r\n", b.p[b.len - 1]))
         b.p[--b.len] = '\0';
     if (rc == 0 && (!b.len || strlen(b.p) != b.len || strpbrk(b.p, "\r\n")))
