@@ -110,6 +110,8 @@ static size_t expire_locked(double before, struct s3_handle **out, size_t max)
         out[k] = parked[k].hd;
         k++;
     }
+    if (k == 0)
+        return 0; /* parked may be NULL: no offset applied to it */
     memmove(parked, parked + k, (nparked - k) * sizeof(*parked));
     nparked -= k;
     return k;
