@@ -30,6 +30,7 @@ void d_config_init(struct d_config *c)
         .header_mem = 16u << 10,
         .max_connections = 64,
         .retry_after = 2,
+        .bulk_nice = 10,
     };
 }
 
@@ -244,6 +245,10 @@ int d_config_set(struct d_config *c, const char *key, const char *v, struct vmsn
         rc = parse_uint(v, 1, 4096, 10, &c->max_connections);
     else if (!strcmp(key, "retry_after"))
         rc = parse_uint(v, 1, 3600, 10, &c->retry_after);
+    else if (!strcmp(key, "bulk_workers"))
+        rc = parse_uint(v, 1, 1024, 10, &c->bulk_workers);
+    else if (!strcmp(key, "bulk_nice"))
+        rc = parse_uint(v, 0, 19, 10, &c->bulk_nice);
     else
         return vmsnap_err_set(err, EINVAL, "unknown setting '%s'", key);
     if (rc == -EINVAL)

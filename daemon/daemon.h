@@ -66,6 +66,11 @@ struct d_config {
     size_t header_mem;        /* libmicrohttpd's per-connection memory: headers (16 KiB) */
     unsigned max_connections; /* concurrent connections (64) */
     unsigned retry_after;     /* a 503's Retry-After: at least this, and before any history (2) */
+    /* Bulk operations (priority 0 and a budget: suspend, push, rm, gc, export) yield to the ones a
+     * user waits on (resume, run, pull): at most bulk_workers of them run at once (0: workers - 1,
+     * at least 1), so a resume finds a worker free; their threads run at nice +bulk_nice (10). */
+    unsigned bulk_workers;
+    unsigned bulk_nice;
 };
 
 void d_config_init(struct d_config *c);

@@ -5,6 +5,9 @@
  * operation on a busy target (409, naming the one there), a full queue or a stopping daemon (503
  * with Retry-After). Admitted operations wait in one queue, highest priority first (resumes
  * before suspends: a user waits on a resume), then in arrival order; `workers` threads run them.
+ * Bulk operations (priority 0 with a budget: suspend, push, rm, gc, export) take at most
+ * bulk_workers of them (a resume finds one free) and run at nice +bulk_nice on a thread of their
+ * own, which the library's threads for them inherit.
  * Before one starts it is granted codec threads and store connections from the node's budgets
  * (reserved for its life) and a cap on buffer memory, whose bytes come from the node's memory
  * budget shared live by every operation in flight (a vmsnap_xfer_budget); the resource passes
@@ -28,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -66,6 +70,7 @@ struct d_ctx {
     struct d_op *ops;
     json_object *last; /* target -> its last finished operation (op_json), in finishing order */
     unsigned queued, running, finished;
+    unsigned running_bulk; /* bulk operations running (is_bulk) */
     uint64_t seq;
     unsigned threads_free, conns_free;
     struct vmsnap_xfer_budget *mem; /* the node's `memory`, shared live (struct d_grant) */
@@ -157,15 +162,34 @@ static struct d_grant want(const struct d_config *cfg)
     return g;
 }
 
-/* The next queued operation that can start now (under mu): by priority, then arrival; one that
- * needs a budget that is not free holds back those of lower priority. */
+/* A bulk operation: one of priority 0 that takes from the budgets (suspend, push, rm, gc, export),
+ * which no user waits on as on a resume. */
+static bool is_bulk(const struct d_op *o)
+{
+    return o->priority == 0 && o->needs_budget;
+}
+
+/* How many bulk operations may run at once: bulk_workers, else one worker fewer than there are
+ * (a resume then always finds one free), at least 1, at most the workers. */
+static unsigned bulk_max(const struct d_config *cfg)
+{
+    unsigned w = cfg->workers ? cfg->workers : 1;
+    unsigned b = cfg->bulk_workers ? cfg->bulk_workers : w > 1 ? w - 1 : 1;
+    return b > w ? w : b;
+}
+
+/* The next queued operation that can start now (under mu): by priority, then arrival; bulk ones
+ * only while fewer than bulk_max run; one that needs a budget that is not free holds back those of
+ * lower priority. */
 static struct d_op *pick(struct d_ctx *c)
 {
     struct d_grant g = want(c->cfg);
+    bool bulk_ok = c->running_bulk < bulk_max(c->cfg);
     struct d_op *best = NULL;
     for (struct d_op *o = c->ops; o; o = o->next)
-        if (o->state == D_OP_QUEUED && (!best || o->priority > best->priority ||
-                                        (o->priority == best->priority && o->seq < best->seq)))
+        if (o->state == D_OP_QUEUED && (bulk_ok || !is_bulk(o)) &&
+            (!best || o->priority > best->priority ||
+             (o->priority == best->priority && o->seq < best->seq)))
             best = o;
     if (!best || !best->needs_budget)
         return best;
@@ -269,6 +293,35 @@ static void finish(struct d_ctx *c, struct d_op *op, int rc)
     remember(c, op);
 }
 
+/* A bulk operation runs on a thread of its own at nice +bulk_nice (the threads the library starts
+ * for it inherit that; a thread cannot lower its nice again unprivileged, so the worker's own
+ * stays as it is). */
+struct op_run {
+    struct d_op *op;
+    const struct d_config *cfg;
+    json_object *result;
+    struct vmsnap_err err;
+    int rc;
+    bool nice;
+};
+
+static void *op_run(void *arg)
+{
+    struct op_run *r = arg;
+    if (r->nice) {
+        errno = 0;
+        int cur = getpriority(PRIO_PROCESS, (id_t)gettid());
+        if (errno == 0 && setpriority(PRIO_PROCESS, (id_t)gettid(),
+                                      cur + (int)r->cfg->bulk_nice) != 0)
+            d_log(VMSNAP_LOG_WARN, r->op->req_id, "operation %s: nice +%u: %s", r->op->id,
+                  r->cfg->bulk_nice, strerror(errno));
+    }
+    vmsnap_scope_enter(r->op->scope);
+    r->rc = r->op->fn(r->op, r->cfg, &r->op->grant, r->result, &r->err);
+    vmsnap_scope_enter(NULL);
+    return NULL;
+}
+
 static void *worker(void *arg)
 {
     struct d_ctx *c = arg;
@@ -282,6 +335,7 @@ static void *worker(void *arg)
         op->state = D_OP_RUNNING;
         c->queued--;
         c->running++;
+        c->running_bulk += is_bulk(op);
         if (op->needs_budget) {
             op->grant = want(c->cfg);
             op->grant.shared = c->mem;
@@ -295,11 +349,18 @@ static void *worker(void *arg)
             d_journal_begin(c->journal, op->id, op->kind, op->target, op->started,
                             op->free_arg == d_free_json ? op->arg : NULL);
 
-        vmsnap_scope_enter(op->scope);
-        struct vmsnap_err err = {0};
-        json_object *result = json_object_new_object();
-        int rc = op->fn(op, c->cfg, &op->grant, result, &err);
-        vmsnap_scope_enter(NULL);
+        struct op_run r = {.op = op, .cfg = c->cfg, .result = json_object_new_object()};
+        pthread_t t;
+        r.nice = c->cfg->bulk_nice && is_bulk(op);
+        if (r.nice && pthread_create(&t, NULL, op_run, &r) == 0) {
+            pthread_join(t, NULL);
+        } else {
+            r.nice = false; /* not bulk, or no thread: here, at the worker's priority */
+            op_run(&r);
+        }
+        int rc = r.rc;
+        struct vmsnap_err err = r.err;
+        json_object *result = r.result;
 
         pthread_mutex_lock(&c->mu);
         op->result = result;
@@ -314,6 +375,7 @@ static void *worker(void *arg)
         if (c->journal) /* after the last operation is kept */
             d_journal_end(c->journal, op->id);
         c->running--;
+        c->running_bulk -= is_bulk(op);
         c->finished++;
         prune(c);
         pthread_cond_broadcast(&c->done);

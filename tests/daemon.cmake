@@ -4,6 +4,7 @@
 #   daemon_security  every refusal of docs/daemon.md's Security section
 #   daemon_ops       admission (409, 503 + Retry-After), priorities, cancel, metrics, SIGTERM
 #   daemon_budget    the memory budget shared live by the operations in flight
+#   daemon_bulk      bulk operations (push, suspend, ...) one worker fewer, at nice +10
 #   daemon_vm        a real guest's run, suspend/resume (local store, the RGW), pause, stop, info
 #   daemon_sets      push, ls, pull, gc, rm against the RGW, keys only from a node profile
 #   daemon_reuse     store connections and credentials kept across operations (RGW, IMDS)
@@ -15,7 +16,7 @@
 #                    daemon, outputs and exit codes compared (sets, and a real guest)
 # and the request-handling fuzz target's corpus replayed (fuzz_replay_daemon_request).
 if(TARGET vmsnapd)
-  foreach(t api security ops budget)
+  foreach(t api security ops budget bulk)
     add_test(NAME daemon_${t} COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/daemon/${t}.py)
     set_tests_properties(daemon_${t} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS daemon
       ENVIRONMENT "VMSNAP_BIN=$<TARGET_FILE:vmsnap_cli>;VMSNAP_SRC=${CMAKE_SOURCE_DIR};VMSNAP_BUILD=${CMAKE_BINARY_DIR};${VMSNAP_TEST_AWS_ENV}")
