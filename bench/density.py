@@ -202,7 +202,9 @@ def start_daemon(mode):
             "--set", "state_dir=" + S, "--set", "ram_dir=" + RAM,
             "--set", "cache_dir=%s/cache-%s" % (W, mode),
             "--set", "profile=rgw aws=rgw endpoint=%s region=us-east-1 path_style" % E["AWS_ENDPOINT_URL"]]
-    for s in DAEMON_SET:
+    # a mode "daemon.LABEL" adds DAEMON_SET_LABEL's settings to DAEMON_SET's
+    extra = E.get("DAEMON_SET_" + mode.split(".", 1)[1], "").split() if "." in mode else []
+    for s in DAEMON_SET + extra:
         args += ["--set", s]
     env = {k: v for k, v in E.items() if not k.startswith("AWS_")}
     env.update(AWS_SHARED_CREDENTIALS_FILE=W + "/aws-credentials", AWS_CONFIG_FILE="/nonexistent")
@@ -232,7 +234,7 @@ def metrics(name):
 def mode_run(mode):
     rnd = random.Random(SEED)
     E["VMSNAP_CACHE_DIR"] = "%s/cache-%s" % (W, mode)
-    dproc = start_daemon(mode) if mode == "daemon" else None
+    dproc = start_daemon(mode) if mode.split(".")[0] == "daemon" else None
     lock = threading.Lock()
     free = list(range(N))
     last = {i: golden(i) for i in range(N)}
@@ -352,11 +354,11 @@ def main():
     print("|---|" + "---|" * len(MODES))
     for lab, f in rows:
         print("| %s | %s |" % (lab, " | ".join(f(out[m]) for m in MODES)))
-    if "daemon" in out and "cli" in out:
-        d, c = out["daemon"], out["cli"]
+    for m in (m for m in MODES if m.split(".")[0] == "daemon" and "cli" in out):
+        d, c = out[m], out["cli"]
         nd, nc = sum(1 for t in d["cycles"] if t <= DUR), sum(1 for t in c["cycles"] if t <= DUR)
-        print("\ndaemon against cli: resume p99 %.2fx lower, throughput %.2fx higher, failures %d vs %d"
-              % (pct(c["resume"], 99) / pct(d["resume"], 99), nd / max(1, nc), len(d["fail"]), len(c["fail"])))
+        print("\n%s against cli: resume p99 %.2fx lower, throughput %.2fx higher, failures %d vs %d"
+              % (m, pct(c["resume"], 99) / pct(d["resume"], 99), nd / max(1, nc), len(d["fail"]), len(c["fail"])))
     print("\nload average at the end: %s" % " ".join(open("/proc/loadavg").read().split()[:3]))
 
 

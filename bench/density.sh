@@ -13,6 +13,9 @@
 #   bench/density.sh [BUILD_DIR]   env: VMS=8 MEM_MIB=256 CLIENTS=4 DURATION=180 DIRTY_MIB=32
 #                                       MODES="daemon cli" DAEMON_SET="workers=2 memory=512M"
 #                                       (vmsnapd --set KEY=VALUE, space separated) SEED=1
+#                                       a mode daemon.LABEL: a daemon with DAEMON_SET_LABEL too,
+#                                       e.g. MODES="daemon daemon.old cli"
+#                                       DAEMON_SET_old="bulk_workers=2 bulk_nice=0"
 #                                       BENCH_DIR=/var/tmp
 #   smoke:  VMS=2 CLIENTS=2 DURATION=30 bench/density.sh
 # Runs under TCG here (--accel auto: no vmx/svm): the figures are for ratios.
