@@ -1,30 +1,19 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """The node's memory budget shared live by the operations in flight (docs/daemon.md, Budgets),
-against a real vmsnapd (workers=2, memory=64M) and a store that never answers: two pushes held
+against a real vmsnapd (workers=2, bulk_workers=2, memory=64M) and a store that never answers: two pushes held
 running at once are each granted the whole 64 MiB as their cap (a fixed share would be 32 MiB
 each) while threads and connections are still divided; a real push to a local store charges
 its buffers to the shared budget (the peak gauge moves) and gives every byte back (used 0 at the
 end); /metrics shows the budget."""
-import os, re, socket, sys, threading
+import os, re, sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from dlib import Daemon
+from dlib import Checks, Daemon, silent_store
 
-silent = socket.socket()
-silent.bind(("127.0.0.1", 0))
-silent.listen(64)
-held = []
-threading.Thread(target=lambda: [held.append(silent.accept()) for _ in iter(int, 1)],
-                 daemon=True).start()
-port = silent.getsockname()[1]
-fails = []
-
-
-def check(cond, what):
-    if not cond:
-        print("FAIL:", what)
-        fails.append(what)
+port = silent_store()
+check = Checks()
+fails = check.fails
 
 
 def gauge(text, name):
@@ -39,7 +28,7 @@ try:
     creds = tempfile.NamedTemporaryFile("w", delete=False)
     creds.write("[hang]\naws_access_key_id = AKIDTEST\naws_secret_access_key = notasecret\n")
     creds.close()
-    d = Daemon("workers=2", "memory=64M", "codec_threads=2", "connections=8",
+    d = Daemon("workers=2", "bulk_workers=2", "memory=64M", "codec_threads=2", "connections=8",
                f"profile=hang endpoint=http://127.0.0.1:{port} region=us-east-1 path_style",
                env={"AWS_SHARED_CREDENTIALS_FILE": creds.name, "VMSNAP_S3_ATTEMPTS": "1"})
     m = d.request("GET", "/metrics")[3].decode()

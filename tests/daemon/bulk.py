@@ -8,25 +8,14 @@ accepts and stays silent, so an operation runs until it is cancelled):
   the running push's thread runs at nice +10, the pull's at the daemon's own nice;
 - with bulk_workers=2 both pushes run at once; with bulk_nice=0 no thread of the daemon is niced.
 On the code before bulk operations existed, the second push ran at once and no thread was niced."""
-import os, socket, sys, tempfile, threading, time
+import os, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from dlib import Daemon
+from dlib import Checks, Daemon, silent_store
 
-silent = socket.socket()
-silent.bind(("127.0.0.1", 0))
-silent.listen(64)
-held = []
-threading.Thread(target=lambda: [held.append(silent.accept()) for _ in iter(int, 1)],
-                 daemon=True).start()
-port = silent.getsockname()[1]
-fails = []
-
-
-def check(cond, what):
-    if not cond:
-        print("FAIL:", what)
-        fails.append(what)
+port = silent_store()
+check = Checks()
+fails = check.fails
 
 
 def nices(pid):

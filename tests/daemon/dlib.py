@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Helpers of the daemon tests: start a real vmsnapd on a unix socket in a temporary root, talk
 HTTP to it through http.client over AF_UNIX, check bodies against docs/openapi.yaml's schemas."""
-import http.client, json, os, shutil, signal, socket, subprocess, sys, tempfile, time
+import http.client, json, os, shutil, signal, socket, subprocess, sys, tempfile, threading, time
 
 BUILD = os.environ.get("VMSNAP_BUILD", "build")
 SRC = os.environ.get("VMSNAP_SRC", ".")
@@ -11,6 +11,33 @@ DAEMON = os.path.join(BUILD, "vmsnapd")
 def skip(why):
     print(f"SKIP: {why}")
     sys.exit(1 if os.environ.get("VMSNAP_REQUIRE_ALL") == "1" else 77)
+
+
+_held = []
+
+
+def silent_store():
+    """A store that never answers: a real TCP server on loopback that accepts every connection
+    and stays silent, so an operation against it runs until it is cancelled. Returns its port."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    _held.append(srv)
+    threading.Thread(target=lambda: [_held.append(srv.accept()) for _ in iter(int, 1)],
+                     daemon=True).start()
+    return srv.getsockname()[1]
+
+
+class Checks:
+    """check(cond, what) prints and records a failure; .fails lists them"""
+
+    def __init__(self):
+        self.fails = []
+
+    def __call__(self, cond, what):
+        if not cond:
+            print("FAIL:", what)
+            self.fails.append(what)
 
 
 class UnixConn(http.client.HTTPConnection):

@@ -10,27 +10,14 @@ count what was admitted and rejected; Retry-After is computed from the queue: af
 operations that each held the worker for their whole deadline (2 s: the watchdog ends them no
 sooner), a full queue (one running, two queued) answers at least 2 s x 3 / 1 worker = 6 (the
 configured retry_after, 2, before any history); SIGTERM then stops the daemon cleanly."""
-import os, socket, sys, threading
+import os, sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from dlib import Daemon
+from dlib import Checks, Daemon, silent_store
 
-silent = socket.socket()
-silent.bind(("127.0.0.1", 0))
-silent.listen(64)
-held = []
-threading.Thread(target=lambda: [held.append(silent.accept()) for _ in iter(int, 1)],
-                 daemon=True).start()
-port = silent.getsockname()[1]
-
-fails = []
-
-
-def check(cond, what):
-    if not cond:
-        print("FAIL:", what)
-        fails.append(what)
-
+port = silent_store()
+check = Checks()
+fails = check.fails
 
 creds = None
 d = None
