@@ -30,7 +30,7 @@ void d_config_init(struct d_config *c)
         .header_mem = 16u << 10,
         .max_connections = 64,
         .retry_after = 2,
-        .bulk_nice = 10,
+        .bulk_nice = 0,
     };
 }
 

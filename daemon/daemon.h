@@ -68,7 +68,8 @@ struct d_config {
     unsigned retry_after;     /* a 503's Retry-After: at least this, and before any history (2) */
     /* Bulk operations (priority 0 and a budget: suspend, push, rm, gc, export) yield to the ones a
      * user waits on (resume, run, pull): at most bulk_workers of them run at once (0: workers - 1,
-     * at least 1), so a resume finds a worker free; their threads run at nice +bulk_nice (10). */
+     * at least 1), so a resume finds a worker free; their threads run at nice +bulk_nice (0: off;
+     * a busy node starves niced suspends, bench/RESULTS.md). */
     unsigned bulk_workers;
     unsigned bulk_nice;
 };

@@ -6,8 +6,8 @@
  * with Retry-After). Admitted operations wait in one queue, highest priority first (resumes
  * before suspends: a user waits on a resume), then in arrival order; `workers` threads run them.
  * Bulk operations (priority 0 with a budget: suspend, push, rm, gc, export) take at most
- * bulk_workers of them (a resume finds one free) and run at nice +bulk_nice on a thread of their
- * own, which the library's threads for them inherit.
+ * bulk_workers of them (a resume finds one free) and, if bulk_nice is set, run at nice +bulk_nice
+ * on a thread of their own, which the library's threads for them inherit.
  * Before one starts it is granted codec threads and store connections from the node's budgets
  * (reserved for its life) and a cap on buffer memory, whose bytes come from the node's memory
  * budget shared live by every operation in flight (a vmsnap_xfer_budget); the resource passes

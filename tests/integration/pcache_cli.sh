@@ -63,7 +63,8 @@ for i in range(50):
     f.write(b"x" * 65536)
     time.sleep(0.1)' "$T/wlog" &
 wpid=$!
-sleep 0.5
+# until the writer has written (python starts slowly on a loaded machine)
+for _ in $(seq 300); do [ -s "$T/wlog" ] && break; sleep 0.1; done
 "$VMSNAP" cache evict --wait 2 "$T/wlog" >"$T/ev.out" || fail "evict --wait of a file being written"
 wait $wpid
 grep -q '^written, replaced or removed during the wait (left alone): 1 files' "$T/ev.out" ||
