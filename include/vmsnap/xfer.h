@@ -143,8 +143,10 @@ struct vmsnap_xfer_stats {
 
 /* Can a push to `url` (of a snapshot set when `set`) start? The URL parses and, for the local
  * store, the deepest directory of the key that exists is a directory this process may write
- * (and the key itself, for a set, is a directory or nothing). S3 is not asked: that needs a
- * request. For a caller about to do something costly first (vm suspend stops the VM). */
+ * (and the key itself, for a set, is a directory or nothing). For a set on S3 the store is
+ * asked: a small push mark naming nothing is stored at the key and removed (two requests), so an
+ * endpoint that does not answer, credentials it refuses and a bucket they cannot write in fail
+ * here. For a caller about to do something costly first (vm suspend stops the VM). */
 VMSNAP_API int vmsnap_xfer_check_dest(const char *url, bool set,
                                       const struct vmsnap_xfer_opts *opts, struct vmsnap_err *err);
 

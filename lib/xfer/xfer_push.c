@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Resolve the base URL to a key of the push's own store (copies work only inside one store). */
@@ -66,6 +67,41 @@ bool xfer_local_same(const struct xfer *x, const char *key, const char *path, bo
     }
 }
 
+/* A remote store is asked: a push mark that names nothing is stored at the set's key and
+ * removed again, which only an endpoint that answers, credentials it takes and a bucket they may
+ * write in allow (what a push does first, before a byte of the set). A mark the removal leaves
+ * (its DELETE failed, or this process was killed) is what a killed push leaves: the next push
+ * there or gc removes it. */
+static int probe_remote(struct xfer *x, const char *url, struct vmsnap_err *err)
+{
+    char id[33], mname[64];
+    int rc = xfer_new_push_id(id, err);
+    if (rc < 0)
+        return rc;
+    snprintf(mname, sizeof(mname), PUSH_MARK_PREFIX "%s" PUSH_MARK_SUFFIX, id);
+    char *key = xfer_join_key(x->key, mname);
+    char *mark = push_mark_build(id, (int64_t)time(NULL), NULL, 0, NULL, 0);
+    if (!key || !mark)
+        rc = vmsnap_err_set(err, ENOMEM, "out of memory");
+    if (rc == 0)
+        rc = xfer_conn(x, err);
+    if (rc == 0 && (rc = vmsnap_store_put(x->ctl, key, mark, strlen(mark), err)) < 0)
+        vmsnap_err_wrap(err, "%s: the store cannot be written (a test object %s there): ", url,
+                        mname);
+    if (rc == 0) {
+        sys_failpoint("probe-stored");
+        struct vmsnap_err de = {0};
+        if (vmsnap_store_delete(x->ctl, key, &de) < 0)
+            vlog(VMSNAP_LOG_WARN,
+                 "%s: cannot remove the test object %s (the next push there or "
+                 "'vmsnap gc' will): %s",
+                 url, mname, de.msg);
+    }
+    free(mark);
+    free(key);
+    return rc;
+}
+
 int vmsnap_xfer_check_dest(const char *url, bool set, const struct vmsnap_xfer_opts *opts,
                            struct vmsnap_err *err)
 {
@@ -89,7 +125,8 @@ int vmsnap_xfer_check_dest(const char *url, bool set, const struct vmsnap_xfer_o
             rc = vmsnap_err_set(err, ENOTDIR, "%s: %s is not a directory", url, p);
         else if (S_ISDIR(sb.st_mode) && access(p, W_OK | X_OK) < 0)
             rc = err_sys(err, "%s: cannot write in %s", url, p);
-    }
+    } else if (vmsnap_store_kind(x.st) == VMSNAP_STORE_S3 && set)
+        rc = probe_remote(&x, url, err);
     xfer_close(&x);
     return rc;
 }

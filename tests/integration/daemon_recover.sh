@@ -13,9 +13,9 @@
 # says what recovery did; it is the VM's last_operation (kept across the restart); the VM is
 # running, paused or suspended (vm ls --json) and the next suspend and resume need no --force;
 # every set in the store pulls whole; no temporaries, no push marks, no unfinished uploads, no
-# objects a manifest does not name. Then SIGTERM during a suspend to a store that never answers:
-# the suspend is cancelled, the VM keeps its checkpoint (paused), the journal is empty, and the
-# guest's RAM blob still has its md5.
+# objects a manifest does not name. Then SIGTERM during a suspend to a store that never answers
+# its upload: the suspend is cancelled, the VM keeps its checkpoint (paused), the journal is
+# empty, and the guest's RAM blob still has its md5.
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
 . "$VMSNAP_SRC/tests/integration/daemon_lib.sh"
 R=$T/root
@@ -26,13 +26,9 @@ from_golden "$S"
 # shellcheck disable=SC2153
 G=$GUEST
 
-# a store that accepts connections and never answers (the SIGTERM case)
-python3 -c '
-import socket, sys
-s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(16)
-open(sys.argv[1], "w").write(str(s.getsockname()[1]))
-held = []
-while True: held.append(s.accept())' "$T/silent.port" &
+# a store that answers a push's marks and holds every other request (the SIGTERM case: the
+# suspend's test of the store passes, the guest stops, the upload hangs)
+python3 "$VMSNAP_SRC/tests/servers/marks_only.py" "$T/silent.port" &
 SILENT=$!
 at_exit "kill $SILENT"
 wait_for 5 test -s "$T/silent.port" || fail "the silent store did not start"

@@ -53,10 +53,12 @@ mutable() { chattr -i "$@"; }
 at_exit 'for p in ${IMMUTABLE[@]+"${IMMUTABLE[@]}"}; do chattr -i "$p" 2>/dev/null; done'
 mkdir -p "$T/ct" && chattr +i "$T/ct" 2>/dev/null && ! touch "$T/ct/x" 2>/dev/null && chattr -i "$T/ct" ||
     skip "chattr +i does not stop writes under $T (the refusing filesystem cannot be made here)"
-# S3 down: a port nothing listens on (picked free, then left closed)
-down=$((20000 + RANDOM % 20000))
-while (exec 3<>"/dev/tcp/127.0.0.1/$down") 2>/dev/null; do down=$((down + 1)); done
-DOWN="env AWS_ENDPOINT_URL=http://127.0.0.1:$down VMSNAP_S3_ATTEMPTS=2"
+# S3 down after the suspend's test of the store: a store that takes a push's marks and answers
+# 500 to everything else (a suspend's upload fails once the guest is stopped)
+python3 "$SRC/tests/servers/marks_only.py" "$T/down.port" 500 &
+at_exit "kill $!"
+wait_for 5 test -s "$T/down.port" || fail "the failing store did not start"
+DOWN="env AWS_ENDPOINT_URL=http://127.0.0.1:$(cat "$T/down.port") VMSNAP_S3_ATTEMPTS=2"
 
 # vm_err STATE CMD...: run the vm command (expected to fail), its stderr in $T/err
 vm_err() {

@@ -1,8 +1,10 @@
 #!/bin/bash
 # SPDX-License-Identifier: Apache-2.0
 # suspend to a real Ceph RGW (the xfer_rgw fixture) -> resume under another state directory:
-# both counters continue. S3 down during suspend (the endpoint refuses connections): the local
-# checkpoint survives, the error says so, and a later suspend to the real RGW succeeds. A suspend
+# both counters continue. S3 down before a suspend (the endpoint refuses connections) or the
+# credentials refused: the suspend fails before it stops the guest, which runs on. S3 failing
+# during the upload (a proxy resets every part): the local checkpoint survives, the error says
+# so, and a later suspend to the real RGW succeeds. A suspend
 # interrupted during its upload keeps its checkpoint locally and leaves nothing in the bucket. A
 # suspend over a base of the same frames: copied inside RGW, and counted.
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
@@ -20,8 +22,31 @@ sleep 1
 # S3 down: a port nothing listens on (picked free, then left closed), two attempts per request
 down=$((20000 + RANDOM % 20000))
 while (exec 3<>"/dev/tcp/127.0.0.1/$down") 2>/dev/null; do down=$((down + 1)); done
+# the suspend asks the store before it stops the guest: it fails with the VM running on
+qpid0=$(cat "$A/vms/golden/pid")
 AWS_ENDPOINT_URL=http://127.0.0.1:$down VMSNAP_S3_ATTEMPTS=2 \
     expect_fail "suspend with S3 down" vmc "$A" suspend golden "s3://$BUCKET/down"
+grep -q 'nothing was stopped or changed: .*cannot be written' "$T/err" ||
+    fail "S3-down suspend does not say the VM was left alone: $(cat "$T/err")"
+grep -q "$AWS_SECRET_ACCESS_KEY" "$T/err" && fail "the secret key appears in an error"
+vmc "$A" ls | grep -Eq '^golden +running' || fail "ls after S3-down suspend: $(vmc "$A" ls)"
+[ "$(cat "$A/vms/golden/pid")" = "$qpid0" ] && kill -0 "$qpid0" ||
+    fail "S3-down suspend did not leave the guest's QEMU running"
+# credentials the store refuses: the same, and the secret in no output
+AWS_SECRET_ACCESS_KEY=wrong-$AWS_SECRET_ACCESS_KEY VMSNAP_S3_ATTEMPTS=2 \
+    expect_fail "suspend with a wrong secret" vmc "$A" suspend golden "s3://$BUCKET/badkey"
+grep -q 'nothing was stopped or changed: .*cannot be written' "$T/err" ||
+    fail "suspend with a wrong secret: $(cat "$T/err")"
+grep -q "$AWS_SECRET_ACCESS_KEY" "$T/err" && fail "the secret key appears in an error"
+vmc "$A" ls | grep -Eq '^golden +running' || fail "ls after a suspend with a wrong secret: $(vmc "$A" ls)"
+OUT=$T/probe.xml s3curl GET "$BUCKET/?prefix=badkey/" >/dev/null
+grep -q '<Key>' "$T/probe.xml" && fail "the refused suspend left objects: $(grep -o '<Key>[^<]*' "$T/probe.xml")"
+# the store answering the test (requests 1 and 2) but nothing after it (reset): the
+# guest was stopped, its checkpoint is kept locally, and the error says so
+start_proxy "3+:reset"
+AWS_ENDPOINT_URL=$PEP VMSNAP_S3_ATTEMPTS=2 \
+    expect_fail "suspend with the store gone after its test" vmc "$A" suspend golden "s3://$BUCKET/down"
+stop_proxy
 grep -q 'kept locally' "$T/err" || fail "S3-down suspend does not say the checkpoint is kept: $(cat "$T/err")"
 grep -q "$AWS_SECRET_ACCESS_KEY" "$T/err" && fail "the secret key appears in an error"
 [ -f "$A/vms/golden/checkpoint/memory-ranges" ] || fail "S3-down suspend lost the local checkpoint"
