@@ -34,7 +34,7 @@ format:
 
 format-check:
 	@scripts/deps.sh
-	@bad=$$(for f in $$(git ls-files -co --exclude-standard -- 'include/*.h' 'lib/*.[ch]' 'cli/*.[ch]' 'tests/*.[ch]' 'bench/*.[ch]' 'guest/*.[ch]'); do \
+	@bad=$$(for f in $$(git ls-files -co --exclude-standard -- 'include/*.h' 'lib/*.[ch]' 'cli/*.[ch]' 'tests/*.[ch]' 'bench/*.[ch]' 'guest/*.[ch]' 'daemon/*.[ch]'); do \
 	    clang-format --dry-run -Werror "$$f" >/dev/null 2>&1 || echo "$$f"; done); \
 	if [ -n "$$bad" ]; then echo "not clang-formatted (run 'make format'):"; echo "$$bad"; exit 1; fi; \
 	echo "format-check: ok"

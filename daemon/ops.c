@@ -311,8 +311,8 @@ static void *op_run(void *arg)
     if (r->nice) {
         errno = 0;
         int cur = getpriority(PRIO_PROCESS, (id_t)gettid());
-        if (errno == 0 && setpriority(PRIO_PROCESS, (id_t)gettid(),
-                                      cur + (int)r->cfg->bulk_nice) != 0)
+        if (errno == 0 &&
+            setpriority(PRIO_PROCESS, (id_t)gettid(), cur + (int)r->cfg->bulk_nice) != 0)
             d_log(VMSNAP_LOG_WARN, r->op->req_id, "operation %s: nice +%u: %s", r->op->id,
                   r->cfg->bulk_nice, strerror(errno));
     }
