@@ -386,18 +386,18 @@ static int suspend_open(struct suspend *s, struct vmsnap_err *err)
 {
     struct vmctx *c = &s->c;
     int rc = vm_open_record(c, s->o, s->name, &s->cfg, err);
-    if (rc == 0)
-        rc = dest_outside_vms(c, s->url, err);
-    if (rc == 0)
-        rc = vm_check_ram_dir(c, err);
     if (rc == 0) {
-        /* last, as it may take requests: a remote store that does not answer, refuses the
-         * credentials or cannot be written in fails here, with the VM as it was */
+        /* a remote store that does not answer, refuses the credentials or cannot be written in
+         * fails here too, with the VM as it was */
         struct vmsnap_xfer_opts xo = suspend_push_opts(s->o, s->cfg, s->url);
         if ((rc = vmsnap_xfer_check_dest(s->url, true, &xo, err)) < 0 &&
             vmsnap_store_url_remote(s->url))
             vmsnap_err_wrap(err, "nothing was stopped or changed: ");
     }
+    if (rc == 0)
+        rc = dest_outside_vms(c, s->url, err);
+    if (rc == 0)
+        rc = vm_check_ram_dir(c, err);
     if (rc == 0)
         rc = vm_vmm_from_cfg(c, s->cfg, &s->v, err);
     return rc;
