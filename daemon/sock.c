@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <grp.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -50,9 +51,24 @@ static bool proc_stat(const char *path, char *comm, size_t len, char *state)
     return true;
 }
 
-/* Whether PID is a live vmsnapd: it exists, is no zombie, and has this program's name (the pid
- * of a dead daemon may be reused by another program; the name, not the executable's path,
- * which an upgrade replaces under a running daemon). */
+/* The executable of /proc/PID (`who`), without the " (deleted)" of one replaced since. */
+static bool proc_exe(const char *who, char *buf, size_t len)
+{
+    char p[64];
+    snprintf(p, sizeof(p), "/proc/%s/exe", who);
+    ssize_t n = readlink(p, buf, len - 1);
+    if (n <= 0)
+        return false;
+    buf[n] = '\0';
+    size_t dl = strlen(" (deleted)");
+    if ((size_t)n > dl && !strcmp(buf + n - dl, " (deleted)"))
+        buf[n - dl] = '\0';
+    return true;
+}
+
+/* Whether PID is a live vmsnapd: it exists, is no zombie, and has this program's name or
+ * executable (the pid of a dead daemon may be reused by another program; either is enough, so
+ * that a live daemon upgraded or started under another name is not taken for a stale one). */
 static bool vmsnapd_alive(pid_t pid)
 {
     if (pid == getpid())
@@ -65,7 +81,15 @@ static bool vmsnapd_alive(pid_t pid)
         return true; /* no /proc: cannot tell, taken for alive */
     if (!proc_stat(p, its, sizeof(its), &is))
         return errno != ENOENT && errno != ESRCH;
-    return is != 'Z' && is != 'X' && !strcmp(mine, its);
+    if (is == 'Z' || is == 'X')
+        return false;
+    if (!strcmp(mine, its))
+        return true;
+    char me[PATH_MAX], it[PATH_MAX];
+    snprintf(p, sizeof(p), "%ld", (long)pid);
+    if (!proc_exe("self", me, sizeof(me)) || !proc_exe(p, it, sizeof(it)))
+        return true; /* not ours to read (another user's): cannot tell */
+    return !strcmp(me, it);
 }
 
 static int clear_stale(const char *path, const struct sockaddr_un *sa, struct vmsnap_err *err)
