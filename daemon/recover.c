@@ -364,6 +364,7 @@ static void settle_vm(const struct d_config *cfg, struct vmsnap_vm_opts *vo, con
 
 static void gc_url(const struct d_config *cfg, json_object *body, const char *url, double death,
                    struct rec *r);
+static void sweep_store_temps(const char *dir, double death, struct rec *r);
 
 /* The VM's lock (the library's flock of its directory) held by no live process: a child of the
  * dead daemon, forked and not yet exec'd (QEMU's), shares it until it execs or exits. Waited
@@ -467,6 +468,8 @@ static void gc_url(const struct d_config *cfg, json_object *body, const char *ur
     d_xfer_opts(cfg, body, &gr, &x);
     struct vmsnap_gc_result res = {0};
     struct vmsnap_err e = {0};
+    if (strncmp(url, "s3://", 5) && strncmp(url, "gs://", 5)) /* a local store's set directory */
+        sweep_store_temps(!strncmp(url, "file://", 7) ? url + 7 : url, death, r);
     if (vmsnap_xfer_gc(w, &g, &x, &res, &e) < 0) {
         failed(r, "gc", &e);
         return;
@@ -588,6 +591,36 @@ static void sweep_atomic(const char *path, double death, struct rec *r)
     if (d)
         closedir(d);
     did(r, "%u temporar%s of %s removed", n, n == 1 ? "y" : "ies", path);
+}
+
+/* In a local store's set directory `dir`: the temporaries `.manifest.json.XXXXXX` and
+ * `.vmsnap-push-ID.json.XXXXXX` of a manifest or push mark being written (renamed into place once
+ * written), of this user and last written before the daemon died (a live writer's are younger) */
+static void sweep_store_temps(const char *dir, double death, struct rec *r)
+{
+    static const char mark[] = "vmsnap-push-", json[] = ".json";
+    unsigned n = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *de; d && (de = readdir(d));) {
+        const char *nm = de->d_name;
+        size_t l = strlen(nm), ml = l > 8 ? l - 8 : 0; /* the name between '.' and ".XXXXXX" */
+        struct stat sb;
+        bool match = nm[0] == '.' && ml > 0 && nm[ml + 1] == '.' &&
+                     ((ml == strlen("manifest.json") && !strncmp(nm + 1, "manifest.json", ml)) ||
+                      (ml > strlen(mark) + strlen(json) && !strncmp(nm + 1, mark, strlen(mark)) &&
+                       !strncmp(nm + 1 + ml - strlen(json), json, strlen(json))));
+        for (size_t i = ml + 2; match && i < l; i++)
+            match = isalnum((unsigned char)nm[i]);
+        if (match && fstatat(dirfd(d), nm, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode) &&
+            sb.st_uid == geteuid() && (death <= 0 || (double)sb.st_mtime <= death + 1) &&
+            unlinkat(dirfd(d), nm, 0) == 0)
+            n++;
+    }
+    if (d)
+        closedir(d);
+    if (n)
+        did(r, "%u temporar%s of a manifest or push mark removed in %s", n, n == 1 ? "y" : "ies",
+            dir);
 }
 
 /* ---- one entry ---- */

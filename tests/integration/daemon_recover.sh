@@ -8,7 +8,7 @@
 #   (unsaved), one after every object of its push was stored but not the manifest, one after
 #   its manifest was committed but not the record, one in its teardown (suspended, the
 #   checkpoint not yet gone), a resume from the store before QEMU starts, a set push over a set
-#   after its objects were stored, a set pull before it publishes and one in its directory swap,
+#   after its objects were stored and one with its manifest written, not renamed, a set pull before it publishes and one in its directory swap,
 #   and (last) a resume killed by its QEMU child, forked and not yet exec'd: restarted at once,
 #   while that child holds copies of the daemon's socket and locks.
 # After each restart: the operation is listed as failed with class interrupted and its result
@@ -201,6 +201,15 @@ no_leftovers "set push killed before its commit" objects
 set_whole "$ST/p1"
 cmp -s "$T/check/a" "$R/setA/a" && cmp -s "$T/check/b" "$R/setA/b" ||
     fail "the old set is not what was pushed before the killed push"
+
+# 7b. the same push killed with its manifest written under its temporary name, not yet renamed:
+# the temporary goes too (no_leftovers), the old set stays
+killed_at local-manifest-written POST /v1/sets/push "{\"path\":\"$R/setB\",\"url\":\"$ST/p1\"}" || done_tests
+recovered "set push killed before its manifest's rename"
+no_leftovers "set push killed before its manifest's rename" objects
+set_whole "$ST/p1"
+cmp -s "$T/check/a" "$R/setA/a" && cmp -s "$T/check/b" "$R/setA/b" ||
+    fail "the old set is not what was pushed before the push killed before its manifest's rename"
 
 # 8. a set pull over a pulled set, killed before it publishes and in its directory swap
 dop POST /v1/sets/pull "{\"url\":\"$ST/p1\",\"path\":\"$R/pulled\"}" || done_tests
