@@ -10,8 +10,9 @@
  * a VM, those of VMs gone removed at the next start; `alive`, touched every second, whose mtime
  * tells a restarted daemon when its predecessor died (a gc then takes only what is older: what
  * others stored since stays); `lock`, held while the daemon runs (one daemon per state
- * directory). The files are not fsynced: they outlive the daemon, not the host (a host crash ends
- * the guests too; the library's boot ids cover that).
+ * directory; a record lock, which a forked child does not share). The files are not fsynced: they
+ * outlive the daemon, not the host (a host crash ends the guests too; the library's boot ids cover
+ * that).
  *
  * Recovery, before the socket serves: each entry's kind gets the sweeps the library has (a VM's
  * next command completes or uses what its marks say, a gc removes a killed push's marks, uploads
@@ -272,7 +273,7 @@ static void vm_opts(const struct d_config *cfg, struct vmsnap_vm_opts *vo, char 
 
 struct vm_look {
     const char *name;
-    char status[32], url[PATH_MAX];
+    char status[32], url[PATH_MAX], dir[PATH_MAX];
     pid_t busy;
     bool found;
 };
@@ -285,6 +286,7 @@ static int look_one(void *arg, const struct vmsnap_vm_info *i)
     l->found = true;
     snprintf(l->status, sizeof(l->status), "%s", i->status);
     snprintf(l->url, sizeof(l->url), "%s", i->url ? i->url : "");
+    snprintf(l->dir, sizeof(l->dir), "%s", i->dir ? i->dir : "");
     l->busy = i->busy_pid;
     return 0;
 }
@@ -362,6 +364,30 @@ static void settle_vm(const struct d_config *cfg, struct vmsnap_vm_opts *vo, con
 
 static void gc_url(const struct d_config *cfg, json_object *body, const char *url, double death,
                    struct rec *r);
+static void sweep_store_temps(const char *dir, double death, struct rec *r);
+
+/* The VM's lock (the library's flock of its directory) held by no live process: a child of the
+ * dead daemon, forked and not yet exec'd (QEMU's), shares it until it execs or exits. Waited
+ * for, up to 10 s (then recovery fails as busy, the VM left to the next command). */
+static void wait_orphan_lock(const struct vmsnap_vm_opts *vo, const char *name, struct vm_look *l,
+                             struct rec *r)
+{
+    if (!l->found || !l->dir[0] || (l->busy > 0 && !(kill(l->busy, 0) < 0 && errno == ESRCH)))
+        return;
+    int fd = open(l->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    int i;
+    for (i = 0; i < 100 && flock(fd, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK; i++) {
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    close(fd); /* (the lock, if taken, goes with it) */
+    if (i > 0) {
+        did(r, "the VM's lock was held by a process of the dead daemon's: waited %.1f s", i / 10.0);
+        vm_look(vo, name, l);
+    }
+}
 
 static void recover_vm(const struct d_config *cfg, const char *kind, const char *name,
                        json_object *body, double death, struct rec *r)
@@ -371,6 +397,7 @@ static void recover_vm(const struct d_config *cfg, const char *kind, const char 
     vm_opts(cfg, &vo, assets, sizeof(assets));
     struct vm_look l;
     vm_look(&vo, name, &l);
+    wait_orphan_lock(&vo, name, &l, r);
     json_object_object_add(r->r, "status_before",
                            l.found ? json_object_new_string(l.status) : NULL);
     struct vmsnap_err e = {0};
@@ -441,6 +468,8 @@ static void gc_url(const struct d_config *cfg, json_object *body, const char *ur
     d_xfer_opts(cfg, body, &gr, &x);
     struct vmsnap_gc_result res = {0};
     struct vmsnap_err e = {0};
+    if (strncmp(url, "s3://", 5) && strncmp(url, "gs://", 5)) /* a local store's set directory */
+        sweep_store_temps(!strncmp(url, "file://", 7) ? url + 7 : url, death, r);
     if (vmsnap_xfer_gc(w, &g, &x, &res, &e) < 0) {
         failed(r, "gc", &e);
         return;
@@ -562,6 +591,36 @@ static void sweep_atomic(const char *path, double death, struct rec *r)
     if (d)
         closedir(d);
     did(r, "%u temporar%s of %s removed", n, n == 1 ? "y" : "ies", path);
+}
+
+/* In a local store's set directory `dir`: the temporaries `.manifest.json.XXXXXX` and
+ * `.vmsnap-push-ID.json.XXXXXX` of a manifest or push mark being written (renamed into place once
+ * written), of this user and last written before the daemon died (a live writer's are younger) */
+static void sweep_store_temps(const char *dir, double death, struct rec *r)
+{
+    static const char mark[] = "vmsnap-push-", json[] = ".json";
+    unsigned n = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *de; d && (de = readdir(d));) {
+        const char *nm = de->d_name;
+        size_t l = strlen(nm), ml = l > 8 ? l - 8 : 0; /* the name between '.' and ".XXXXXX" */
+        struct stat sb;
+        bool match = nm[0] == '.' && ml > 0 && nm[ml + 1] == '.' &&
+                     ((ml == strlen("manifest.json") && !strncmp(nm + 1, "manifest.json", ml)) ||
+                      (ml > strlen(mark) + strlen(json) && !strncmp(nm + 1, mark, strlen(mark)) &&
+                       !strncmp(nm + 1 + ml - strlen(json), json, strlen(json))));
+        for (size_t i = ml + 2; match && i < l; i++)
+            match = isalnum((unsigned char)nm[i]);
+        if (match && fstatat(dirfd(d), nm, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode) &&
+            sb.st_uid == geteuid() && (death <= 0 || (double)sb.st_mtime <= death + 1) &&
+            unlinkat(dirfd(d), nm, 0) == 0)
+            n++;
+    }
+    if (d)
+        closedir(d);
+    if (n)
+        did(r, "%u temporar%s of a manifest or push mark removed in %s", n, n == 1 ? "y" : "ies",
+            dir);
 }
 
 /* ---- one entry ---- */
@@ -713,9 +772,24 @@ static int journal_open(const struct d_config *cfg, struct d_journal *j, struct 
     j->lockfd = open(p, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (j->lockfd < 0)
         return vmsnap_err_set(err, errno, "%s: %s", p, strerror(errno));
-    if (flock(j->lockfd, LOCK_EX | LOCK_NB) < 0)
-        return vmsnap_err_set(err, EBUSY, "%s: another vmsnapd on %s uses the state directory %s",
-                              p, cfg->socket, sd);
+    /* A POSIX record lock, not flock(): a child forked and not yet exec'd (QEMU's) shares a
+     * flock with the daemon, and holds it past a kill -9 of the daemon, while a record lock is
+     * the process's own (not inherited by fork) and goes with it. Only this descriptor opens
+     * the file (closing any other would drop the lock). */
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    for (int tries = 0; fcntl(j->lockfd, F_SETLK, &fl) < 0; tries++) {
+        if (errno == EINTR)
+            continue;
+        if (errno != EACCES && errno != EAGAIN)
+            return vmsnap_err_set(err, errno, "%s: lock: %s", p, strerror(errno));
+        struct flock h = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        if (fcntl(j->lockfd, F_GETLK, &h) == 0 && h.l_type == F_UNLCK && tries < 100)
+            continue; /* its holder just went */
+        return vmsnap_err_set(err, EBUSY,
+                              "%s: another vmsnapd (pid %ld) on %s uses the state directory %s "
+                              "(stop it first)",
+                              p, (long)h.l_pid, cfg->socket, sd);
+    }
     snprintf(p, sizeof(p), "%s/ops", j->dir);
     j->opsfd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
     snprintf(p, sizeof(p), "%s/last", j->dir);

@@ -2,12 +2,17 @@
 /* The listening unix socket, bound by the daemon itself (then handed to libmicrohttpd), so that
  * its mode and group are set before anyone can connect: bound under umask 0177, then chmod and
  * chown to the configured mode and group, then listen. A socket file already at the path is
- * tried: one that accepts belongs to a live daemon (refused); one that refuses is stale
- * (unlinked and replaced). Anything else at the path is never removed. */
+ * tried: one that accepts belongs to a live daemon (refused), unless the process that listens
+ * on it (SO_PEERCRED) is gone or is no vmsnapd (a dead daemon's socket that a child of it, forked
+ * and not yet exec'd, still holds); one that refuses is stale. A stale one is unlinked and
+ * replaced. Anything else at the path is never removed. */
 #include "daemon.h"
 
 #include <errno.h>
 #include <grp.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +31,67 @@ static int fill(struct sockaddr_un *sa, const char *path, struct vmsnap_err *err
     return 0;
 }
 
+/* A process's name and state from /proc/PID/stat ("PID (COMM) S ..."); false when it is gone. */
+static bool proc_stat(const char *path, char *comm, size_t len, char *state)
+{
+    char buf[512];
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return false;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *o = strchr(buf, '('), *c = strrchr(buf, ')');
+    if (!o || !c || c < o || c[1] != ' ') {
+        errno = EINVAL; /* unreadable: not taken for gone */
+        return false;
+    }
+    snprintf(comm, len, "%.*s", (int)(c - o - 1), o + 1);
+    *state = c[2];
+    return true;
+}
+
+/* The executable of /proc/PID (`who`), without the " (deleted)" of one replaced since. */
+static bool proc_exe(const char *who, char *buf, size_t len)
+{
+    char p[64];
+    snprintf(p, sizeof(p), "/proc/%s/exe", who);
+    ssize_t n = readlink(p, buf, len - 1);
+    if (n <= 0)
+        return false;
+    buf[n] = '\0';
+    size_t dl = strlen(" (deleted)");
+    if ((size_t)n > dl && !strcmp(buf + n - dl, " (deleted)"))
+        buf[n - dl] = '\0';
+    return true;
+}
+
+/* Whether PID is a live vmsnapd: it exists, is no zombie, and has this program's name or
+ * executable (the pid of a dead daemon may be reused by another program; either is enough, so
+ * that a live daemon upgraded or started under another name is not taken for a stale one). */
+static bool vmsnapd_alive(pid_t pid)
+{
+    if (pid == getpid())
+        return true;
+    if (kill(pid, 0) < 0 && errno == ESRCH)
+        return false;
+    char p[64], mine[32], its[32], ms, is;
+    snprintf(p, sizeof(p), "/proc/%ld/stat", (long)pid);
+    if (!proc_stat("/proc/self/stat", mine, sizeof(mine), &ms))
+        return true; /* no /proc: cannot tell, taken for alive */
+    if (!proc_stat(p, its, sizeof(its), &is))
+        return errno != ENOENT && errno != ESRCH;
+    if (is == 'Z' || is == 'X')
+        return false;
+    if (!strcmp(mine, its))
+        return true;
+    char me[PATH_MAX], it[PATH_MAX];
+    snprintf(p, sizeof(p), "%ld", (long)pid);
+    if (!proc_exe("self", me, sizeof(me)) || !proc_exe(p, it, sizeof(it)))
+        return true; /* not ours to read (another user's): cannot tell */
+    return !strcmp(me, it);
+}
+
 static int clear_stale(const char *path, const struct sockaddr_un *sa, struct vmsnap_err *err)
 {
     struct stat st;
@@ -40,11 +106,20 @@ static int clear_stale(const char *path, const struct sockaddr_un *sa, struct vm
         return vmsnap_err_set(err, errno, "socket: %s", strerror(errno));
     int rc = connect(fd, (const struct sockaddr *)sa, sizeof(*sa));
     int e = errno;
+    /* A connect may reach a dead daemon's socket still held by a child of it forked and not
+     * yet exec'd (QEMU's, its descriptors close-on-exec): SO_PEERCRED names the process that
+     * called listen(), the daemon, stale when it is gone or no longer a vmsnapd. */
+    struct ucred uc = {0};
+    socklen_t ul = sizeof(uc);
+    if (rc == 0 && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &ul) < 0)
+        uc.pid = 0;
     close(fd);
-    if (rc == 0)
+    if (rc == 0 && (uc.pid <= 0 || vmsnapd_alive(uc.pid)))
         return vmsnap_err_set(err, EADDRINUSE,
-                              "socket %s: another daemon is listening there (stop it first)", path);
-    if (e != ECONNREFUSED)
+                              "socket %s: another vmsnapd (pid %ld) is listening there (stop it "
+                              "first)",
+                              path, (long)uc.pid);
+    if (rc < 0 && e != ECONNREFUSED)
         return vmsnap_err_set(err, e, "socket %s: cannot tell whether it is in use: %s", path,
                               strerror(e));
     if (unlink(path) < 0 && errno != ENOENT)

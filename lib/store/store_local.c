@@ -259,6 +259,9 @@ static int lput_plain(struct vmsnap_store_conn *c, const char *key, const void *
             sys_atomic_abort(&af);
         } else {
             (void)posix_fadvise(af.fd, 0, 0, POSIX_FADV_DONTNEED); /* clean after the fsync */
+            const char *b = strrchr(key, '/');
+            if (!strcmp(b ? b + 1 : key, "manifest.json"))
+                sys_failpoint("local-manifest-written"); /* test hook: its temporary written */
             rc = sys_atomic_commit(&af, false, err);
             if (rc == 0)
                 rc = sys_fsync_parent(path, err);

@@ -261,8 +261,9 @@ static int cloexec_from_3(void)
  * child). */
 struct spawn {
     char *argv[ARGV_MAX];
-    char *pool;  /* the strings of argv */
-    char **envp; /* the caller's environment that QEMU gets (env_for_qemu) */
+    char *pool;    /* the strings of argv */
+    char **envp;   /* the caller's environment that QEMU gets (env_for_qemu) */
+    pid_t fp_kill; /* test hook VMSNAP_FAILPOINT=qemu-forked: the caller, killed by the child */
 };
 
 static void spawn_free(struct spawn *sp)
@@ -292,6 +293,8 @@ static int spawn_prepare(struct vmsnap_vmm *v, bool incoming, struct spawn *sp,
     for (char **e = environ; *e; e++)
         if (env_for_qemu(*e))
             sp->envp[nenv++] = *e;
+    const char *fp = getenv("VMSNAP_FAILPOINT");
+    sp->fp_kill = fp && !strcmp(fp, "qemu-forked") ? getpid() : 0;
     return 0;
 }
 
@@ -318,6 +321,15 @@ static __attribute__((noreturn)) void spawn_child(const struct spawn *sp, int lo
     if (q != 0) {
         int qp = (int)q;
         _exit(q < 0 || write(wfd, &qp, sizeof(qp)) != (ssize_t)sizeof(qp) ? 127 : 0);
+    }
+    if (sp->fp_kill > 0) {
+        /* test hook: the caller killed (SIGKILL) while this child, not yet exec'd, holds copies
+         * of its descriptors (a restart must not take them for a live daemon's); then it
+         * exits without QEMU (one started for the dead caller would race its recovery) */
+        kill(sp->fp_kill, SIGKILL);
+        struct timespec ts = {5, 0};
+        nanosleep(&ts, NULL);
+        _exit(127);
     }
     /* not close-on-exec: with the caller's stdin closed this is descriptor 0 itself (those
      * above 2 are made close-on-exec below) */

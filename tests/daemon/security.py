@@ -77,7 +77,7 @@ try:
     # a live socket is not stolen; a stale one is replaced
     import subprocess
     r = subprocess.run(d.args, capture_output=True, text=True)
-    if r.returncode == 0 or "another daemon is listening" not in r.stderr:
+    if r.returncode == 0 or "another vmsnapd (pid " not in r.stderr:
         fails.append(f"a second daemon on the live socket: {r.returncode} {r.stderr}")
     st, _, _, _ = d.request("GET", "/healthz")
     if st != 200:

@@ -43,7 +43,7 @@ daemon_restart() {
             DPID=
             return 1
         }
-        curl -s --unix-socket "$DSOCK" -o /dev/null http://localhost/healthz && return 0
+        curl -s -m 5 --unix-socket "$DSOCK" -o /dev/null http://localhost/healthz && return 0
         sleep 0.05
     done
     fail "vmsnapd did not start listening"
@@ -64,7 +64,7 @@ at_exit 'daemon_stop KILL'
 dapi() {
     local data=()
     [ $# -lt 3 ] || data=(-H 'Content-Type: application/json' --data-binary "$3")
-    curl -s --unix-socket "$DSOCK" -o "$T/resp" -w '%{http_code}' -X "$1" ${data[@]+"${data[@]}"} \
+    curl -s -m 90 --unix-socket "$DSOCK" -o "$T/resp" -w '%{http_code}' -X "$1" ${data[@]+"${data[@]}"} \
         "http://localhost$2"
 }
 # dj EXPR: the Python expression EXPR over `j`, the last answer's body

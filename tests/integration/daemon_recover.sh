@@ -8,7 +8,9 @@
 #   (unsaved), one after every object of its push was stored but not the manifest, one after
 #   its manifest was committed but not the record, one in its teardown (suspended, the
 #   checkpoint not yet gone), a resume from the store before QEMU starts, a set push over a set
-#   after its objects were stored, a set pull before it publishes and one in its directory swap.
+#   after its objects were stored and one with its manifest written, not renamed, a set pull before it publishes and one in its directory swap,
+#   and (last) a resume killed by its QEMU child, forked and not yet exec'd: restarted at once,
+#   while that child holds copies of the daemon's socket and locks.
 # After each restart: the operation is listed as failed with class interrupted and its result
 # says what recovery did; it is the VM's last_operation (kept across the restart); the VM is
 # running, paused or suspended (vm ls --json) and the next suspend and resume need no --force;
@@ -196,6 +198,15 @@ set_whole "$ST/p1"
 cmp -s "$T/check/a" "$R/setA/a" && cmp -s "$T/check/b" "$R/setA/b" ||
     fail "the old set is not what was pushed before the killed push"
 
+# 7b. the same push killed with its manifest written under its temporary name, not yet renamed:
+# the temporary goes too (no_leftovers), the old set stays
+killed_at local-manifest-written POST /v1/sets/push "{\"path\":\"$R/setB\",\"url\":\"$ST/p1\"}" || done_tests
+recovered "set push killed before its manifest's rename"
+no_leftovers "set push killed before its manifest's rename" objects
+set_whole "$ST/p1"
+cmp -s "$T/check/a" "$R/setA/a" && cmp -s "$T/check/b" "$R/setA/b" ||
+    fail "the old set is not what was pushed before the push killed before its manifest's rename"
+
 # 8. a set pull over a pulled set, killed before it publishes and in its directory swap
 dop POST /v1/sets/pull "{\"url\":\"$ST/p1\",\"path\":\"$R/pulled\"}" || done_tests
 dop POST /v1/sets/push "{\"path\":\"$R/setB\",\"url\":\"$ST/p2\"}" || done_tests
@@ -249,5 +260,16 @@ dop POST /v1/vms/golden/resume '{}' || done_tests
 md5_ok "resume after SIGTERM during a suspend"
 dop POST /v1/vms/golden/suspend "{\"url\":\"$ST/s1\"}" || done_tests
 set_whole "$ST/s1"
+
+# 10. a resume killed by its QEMU child, forked and not yet exec'd (it holds copies of the
+# daemon's descriptors, the listening socket and the journal's lock among them, and sleeps
+# with them): the restart at once is not refused as if the dead daemon were alive, and its
+# recovery resumes the VM
+killed_at qemu-forked POST /v1/vms/golden/resume "{\"url\":\"$ST/s1\"}" || done_tests
+recovered "resume killed by its forked QEMU child"
+vm_settled "resume killed by its forked QEMU child" running
+no_leftovers "resume killed by its forked QEMU child"
+md5_ok "resume after one killed by its forked QEMU child"
+dop POST /v1/vms/golden/suspend "{\"url\":\"$ST/s1\"}" || done_tests
 daemon_stop || fail "vmsnapd did not stop cleanly"
 done_tests
