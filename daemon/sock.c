@@ -66,11 +66,14 @@ static bool proc_exe(const char *who, char *buf, size_t len)
     return true;
 }
 
-/* Whether PID is a live vmsnapd: it exists, is no zombie, and has this program's name or
- * executable (the pid of a dead daemon may be reused by another program; either is enough, so
- * that a live daemon upgraded or started under another name is not taken for a stale one). */
-static bool vmsnapd_alive(pid_t pid)
+/* Whether PID (the process that called listen() on the socket) is alive: not when it is gone
+ * or a zombie. A live process under another name and executable than this one's is alive too
+ * (a program that took a dead daemon's pid, or one listening on a misconfigured path: the two
+ * cannot be told apart, and a socket is never taken from a live process); `comm` gets its
+ * name ("" when this one's). */
+static bool listener_alive(pid_t pid, char *comm, size_t len)
 {
+    comm[0] = '\0';
     if (pid == getpid())
         return true;
     if (kill(pid, 0) < 0 && errno == ESRCH)
@@ -87,9 +90,13 @@ static bool vmsnapd_alive(pid_t pid)
         return true;
     char me[PATH_MAX], it[PATH_MAX];
     snprintf(p, sizeof(p), "%ld", (long)pid);
-    if (!proc_exe("self", me, sizeof(me)) || !proc_exe(p, it, sizeof(it)))
-        return true; /* not ours to read (another user's): cannot tell */
-    return !strcmp(me, it);
+    if (proc_exe("self", me, sizeof(me)) && proc_exe(p, it, sizeof(it)) && strcmp(me, it)) {
+        snprintf(comm, len, "%s", its); /* another program: named in the refusal, escaped */
+        for (char *q = comm; *q; q++)
+            if ((unsigned char)*q < 0x20 || (unsigned char)*q >= 0x7f)
+                *q = '?';
+    }
+    return true;
 }
 
 static int clear_stale(const char *path, const struct sockaddr_un *sa, struct vmsnap_err *err)
@@ -108,17 +115,24 @@ static int clear_stale(const char *path, const struct sockaddr_un *sa, struct vm
     int e = errno;
     /* A connect may reach a dead daemon's socket still held by a child of it forked and not
      * yet exec'd (QEMU's, its descriptors close-on-exec): SO_PEERCRED names the process that
-     * called listen(), the daemon, stale when it is gone or no longer a vmsnapd. */
+     * called listen(), the daemon, stale when it is gone. */
     struct ucred uc = {0};
     socklen_t ul = sizeof(uc);
     if (rc == 0 && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &ul) < 0)
         uc.pid = 0;
     close(fd);
-    if (rc == 0 && (uc.pid <= 0 || vmsnapd_alive(uc.pid)))
+    char comm[64];
+    if (rc == 0 && (uc.pid <= 0 || listener_alive(uc.pid, comm, sizeof(comm)))) {
+        if (comm[0])
+            return vmsnap_err_set(err, EADDRINUSE,
+                                  "socket %s: process %ld (%s) is listening there: not replaced "
+                                  "(configure another socket path, or stop it)",
+                                  path, (long)uc.pid, comm);
         return vmsnap_err_set(err, EADDRINUSE,
                               "socket %s: another vmsnapd (pid %ld) is listening there (stop it "
                               "first)",
                               path, (long)uc.pid);
+    }
     if (rc < 0 && e != ECONNREFUSED)
         return vmsnap_err_set(err, e, "socket %s: cannot tell whether it is in use: %s", path,
                               strerror(e));

@@ -91,6 +91,29 @@ try:
     mode = os.stat(d.sock).st_mode & 0o777
     if mode != 0o660:
         fails.append(f"socket mode {oct(mode)}, not 0660")
+    # a socket another live program listens on (a misconfigured path) is not taken from it
+    d.proc.kill()
+    d.proc.wait()
+    os.unlink(d.sock)
+    other = subprocess.Popen(["python3", "-c", "import socket, sys, time\n"
+                              "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(4)\n"
+                              "print('up', flush=True); time.sleep(120)", d.sock],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        other.stdout.readline()
+        r = subprocess.run(d.args, capture_output=True, text=True, timeout=60)
+        if r.returncode == 0 or f"process {other.pid} (python3) is listening there" not in r.stderr:
+            fails.append(f"a daemon on another program's socket: {r.returncode} {r.stderr}")
+        import socket
+        c = socket.socket(socket.AF_UNIX)
+        try:
+            c.connect(d.sock)  # still the other program's
+        except OSError as e:
+            fails.append(f"the other program's socket was taken: {e}")
+        c.close()
+    finally:
+        other.kill()
+        other.wait()
 finally:
     if fails:
         print(d.logtext()[-3000:])
