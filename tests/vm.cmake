@@ -19,11 +19,12 @@ set_tests_properties(vm_s3 PROPERTIES FIXTURES_REQUIRED "vm_golden;xfer_rgw")
 set_property(TEST vm_s3 APPEND PROPERTY ENVIRONMENT "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state"
              "VMSNAP_FAULTPROXY=$<TARGET_FILE:vmsnap_faultproxy>")
 # Every advising VM message provoked, and the command it advises run (tests/integration/vm_advice.sh;
-# S3 down and up against the same RGW)
+# S3 down and up against the same RGW, a fault proxy in front of it)
 vmsnap_sh_test(vm_advice tests/integration/vm_advice.sh TIMEOUT 600 LABELS vm RESOURCE_LOCK vm)
 set_tests_properties(vm_advice PROPERTIES FIXTURES_REQUIRED "vm_golden;xfer_rgw")
 set_property(TEST vm_advice APPEND PROPERTY ENVIRONMENT
-             "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state")
+             "VMSNAP_RGW_STATE=${CMAKE_BINARY_DIR}/rgw-state"
+             "VMSNAP_FAULTPROXY=$<TARGET_FILE:vmsnap_faultproxy>")
 # The crash matrix's VM operations, short (tests/crash/crash.py)
 vmsnap_sh_test(crash_vm_short tests/crash/crash_vm_short.sh TIMEOUT 600 LABELS vm crash
                RESOURCE_LOCK vm)

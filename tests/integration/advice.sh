@@ -40,6 +40,7 @@ lib/xfer/xfer_layers_push.c^'vmsnap rm %s'^holds a single object^s3_object_prefi
 lib/xfer/xfer_set_push.c^'vmsnap rm %s'^holds a single object^s3_object_prefix_ref
 lib/xfer/xfer_upload.c^'vmsnap gc'^cannot list unfinished uploads^s3_list_uploads
 lib/xfer/xfer_set_push.c^'vmsnap gc'^cannot tell whether the set there is still committed^s3_uncommit_unknown
+lib/xfer/xfer_push.c^'vmsnap gc'^cannot remove the test object^elsewhere: only a vm suspend tests a store before its push; vm_advice.sh's case probe_left provokes this message and runs the gc it names
 lib/store/s3/s3_request.c^'vmsnap gc'^no such multipart upload^none: names gc as a cause of a lost upload (it advises nothing to run); the state is s3_nsu's
 "
 ADVICE_EXCLUDE=lib/vm/ advice_check_table cli lib

@@ -281,6 +281,29 @@ else
     kill_wait "$SPID"
 fi
 
+# --- a suspend whose test of the store leaves its test object (lib/xfer/xfer_push.c: only a
+# suspend tests a store before its push, so advice.sh's table gives this message to this case):
+# the store takes the object and refuses its removal (the proxy answers the DELETE 503, one
+# attempt); the suspend goes on and stores the set; gc, past the grace period (an S3 object's
+# age cannot be faked: --older-than 0), removes the object, and the set pulls whole
+sleep 1
+r0=$(ram_now "$C" golden)
+start_proxy "2:503"
+rc=0 && AWS_ENDPOINT_URL=$PEP VMSNAP_S3_ATTEMPTS=1 "$VMSNAP" vm suspend golden "$B/probe" --state-dir "$C" 2>"$T/err" || rc=$?
+stop_proxy
+left=$(keys_under probe/ | grep -c '/vmsnap-push-[0-9a-f]*\.json$' || true)
+if [ "$rc" = 0 ] && c=$(advised "$T/err" "vmsnap gc") && grep -q "$B/probe: cannot remove the test object vmsnap-push-" "$T/err" &&
+    [ "$left" = 1 ] && [ "$(head_code probe/manifest.json)" = 200 ]; then
+    run_advised "test object left" "$c $B/probe" && grep -q "kept" "$T/adv.err" ||
+        fail "'$c $B/probe' did not find the test object: $(cat "$T/adv.err")"
+    "$VMSNAP" -q gc --older-than 0 "$B/probe" 2>"$T/gc.err" || fail "gc --older-than 0 $B/probe: $(cat "$T/gc.err")"
+    [ "$(keys_under probe/ | grep -c '/vmsnap-push-' || true)" = 0 ] || fail "gc left the test object: $(keys_under probe/)"
+    runs "$C" golden "vmsnap vm resume golden" "$r0" && advice_seen probe_left
+else
+    fail "suspend whose test object could not be removed: exit $rc, $left left: $(cat "$T/err")"
+    vmc "$C" resume golden >/dev/null 2>&1 || true
+fi
+
 # --- a VM that ran with another RAM directory, its QEMU dead, suspended from its checkpoint
 # (lib/vm/vm_suspend.c): its RAM file stays, and stop with that directory removes it
 vmc "$C" pause golden && vmc "$C" resume golden >/dev/null || fail "pause and resume"
