@@ -64,6 +64,40 @@ struct cli_opt {
     {                                                                                              \
         NULL, 0, 0, NULL, CLI_K_NONE, NULL, NULL, NULL                                             \
     }
+/* The store's options (endpoint, region, path style, retries, profile, CA bundle), rows of the
+ * transfer verbs' table and of the VM verbs' (`only`: the verbs that take them, NULL: every one);
+ * cli_store_opt parses them. */
+#define CLI_STORE_OPTS(ONLY)                                                                       \
+    {"endpoint",                                                                                   \
+     0,                                                                                            \
+     'e',                                                                                          \
+     "URL",                                                                                        \
+     CLI_K_NONE,                                                                                   \
+     NULL,                                                                                         \
+     ONLY,                                                                                         \
+     "the S3 endpoint (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile, AWS's)"},      \
+        {"region",                                                                                 \
+         0,                                                                                        \
+         'r',                                                                                      \
+         "R",                                                                                      \
+         CLI_K_NONE,                                                                               \
+         NULL,                                                                                     \
+         ONLY,                                                                                     \
+         "the S3 region (default: AWS_REGION, AWS_DEFAULT_REGION, the profile, us-east-1)"},       \
+        {"path-style", 0,                                                                          \
+         'P',          NULL,                                                                       \
+         CLI_K_NONE,   NULL,                                                                       \
+         ONLY,         "path-style S3 URLs (endpoint/bucket/key) instead of virtual-hosted ones"}, \
+        {"retries",  0,    'R',  "N",                                                              \
+         CLI_K_NONE, NULL, ONLY, "retries per request, 0 to 100 (default 5)"},                     \
+        {"profile",  0,                                                                            \
+         'A',        "NAME",                                                                       \
+         CLI_K_NONE, NULL,                                                                         \
+         ONLY,       "the AWS profile of the shared files (default: AWS_PROFILE, else default)"},  \
+    {                                                                                              \
+        "ca-bundle", 0, 'C', "FILE", CLI_K_FILE, NULL, ONLY,                                       \
+            "trust the CAs of this PEM file (default: AWS_CA_BUNDLE, the profile, the system's)"   \
+    }
 
 /* A sub-verb ("vm run", "disk create"). `operands` names each operand's kind for the
  * completions, in order, space-separated: "file", "dir", "url", "name" (nothing offered) or
@@ -104,6 +138,10 @@ extern const struct cli_exit cli_exits[]; /* ends with code NULL */
 extern const struct cli_opt cli_pack_opts[], cli_unpack_opts[], cli_inspect_opts[];
 extern const struct cli_opt cli_xfer_opts[]; /* push, pull, export, ls, rm, gc */
 extern const struct cli_opt cli_vm_opts[];   /* every vm sub-verb's (`only`: which uses it) */
+struct vmsnap_xfer_opts;
+/* A store option (CLI_STORE_OPTS: cli_getopt's `c`, its argument in optarg) into `o`: 0, 1 when
+ * `c` is not one, -1 after the usage error (for `verb`) was printed. */
+int cli_store_opt(const char *verb, int c, struct vmsnap_xfer_opts *o);
 extern const struct cli_sub cli_vm_subs[], cli_disk_subs[], cli_cache_subs[];
 /* `word` is one of the space-separated `list`. */
 bool cli_word_in(const char *list, const char *word);

@@ -534,6 +534,11 @@ static int vm_refused(const struct vmsnap_vm_opts *o, struct vmsnap_err *err)
                        : o->kernel || o->initrd ? "--kernel/--initrd on resume"
                        : o->xfer && (o->xfer->base || o->xfer->connections || o->xfer->threads)
                            ? "--base, -j, -T"
+                       : o->xfer && (o->xfer->store.endpoint || o->xfer->store.region ||
+                                     o->xfer->store.path_style || o->xfer->store.ca_bundle ||
+                                     o->xfer->store.max_attempts)
+                           ? "--endpoint, --region, --path-style, --ca-bundle, --retries (the "
+                             "node's profiles name the store; --profile picks one)"
                            : NULL;
     if (!what)
         return 0;

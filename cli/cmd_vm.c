@@ -82,6 +82,7 @@ const struct cli_opt cli_vm_opts[] = {
      "connections to the store, 1 to 256 (default 8)"},
     {"threads", 'T', 'T', "N", CLI_K_NONE, NULL, "suspend resume",
      "codec threads (0, the default: all CPUs)"},
+    CLI_STORE_OPTS("suspend resume"),
     CLI_OPT_END,
 };
 
@@ -211,8 +212,13 @@ static int parse(const char *verb, const struct cli_sub *sub, int argc, char **a
         case 'h':
             cli_sub_help("vm", sub);
             return -1;
-        default:
-            return cli_usage(verb, "unknown option");
+        default: {
+            int rc = cli_store_opt(verb, c, &a->x);
+            if (rc < 0) /* said */
+                return EXIT_USAGE;
+            if (rc > 0)
+                return cli_usage(verb, "unknown option");
+        }
         }
     }
     for (int i = optind; i < argc; i++) {

@@ -51,17 +51,7 @@ const struct cli_opt cli_xfer_opts[] = {
     {"dry-run", 0, 'N', NULL, CLI_K_NONE, NULL, "gc", "list what gc would remove, remove nothing"},
     {"older-than", 0, 'O', "DURATION", CLI_K_NONE, NULL, "gc",
      "only what is older (90s, 30m, 2h, 7d; default 1h; 0: everything)"},
-    {"endpoint", 0, 'e', "URL", CLI_K_NONE, NULL, NULL,
-     "the S3 endpoint (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile, AWS's)"},
-    {"region", 0, 'r', "R", CLI_K_NONE, NULL, NULL,
-     "the S3 region (default: AWS_REGION, AWS_DEFAULT_REGION, the profile, us-east-1)"},
-    {"path-style", 0, 'P', NULL, CLI_K_NONE, NULL, NULL,
-     "path-style S3 URLs (endpoint/bucket/key) instead of virtual-hosted ones"},
-    {"retries", 0, 'R', "N", CLI_K_NONE, NULL, NULL, "retries per request, 0 to 100 (default 5)"},
-    {"profile", 0, 'A', "NAME", CLI_K_NONE, NULL, NULL,
-     "the AWS profile of the shared files (default: AWS_PROFILE, else default)"},
-    {"ca-bundle", 0, 'C', "FILE", CLI_K_FILE, NULL, NULL,
-     "trust the CAs of this PEM file (default: AWS_CA_BUNDLE, the profile, the system's)"},
+    CLI_STORE_OPTS(NULL),
     CLI_OPT_END,
 };
 
@@ -120,6 +110,31 @@ static int count_opt(const char *verb, int c, struct vmsnap_xfer_opts *o)
     else
         o->store.max_attempts = (unsigned)v + 1;
     return 0;
+}
+
+int cli_store_opt(const char *verb, int c, struct vmsnap_xfer_opts *o)
+{
+    switch (c) {
+    case 'e':
+        o->store.endpoint = optarg;
+        return 0;
+    case 'r':
+        o->store.region = optarg;
+        return 0;
+    case 'P':
+        o->store.path_style = true;
+        return 0;
+    case 'A':
+        o->store.profile = optarg;
+        return 0;
+    case 'C':
+        o->store.ca_bundle = optarg;
+        return 0;
+    case 'R':
+        return count_opt(verb, c, o);
+    default:
+        return 1;
+    }
 }
 
 /* --part-size, --max-memory, --frame-size, --max-size: a size above 0. */
@@ -234,20 +249,11 @@ static int one_opt(const char *verb, int c, struct vmsnap_xfer_opts *o, const st
         o->no_fsync = true;
         return 0;
     case 'e':
-        o->store.endpoint = optarg;
-        return 0;
     case 'r':
-        o->store.region = optarg;
-        return 0;
     case 'P':
-        o->store.path_style = true;
-        return 0;
     case 'A':
-        o->store.profile = optarg;
-        return 0;
     case 'C':
-        o->store.ca_bundle = optarg;
-        return 0;
+        return cli_store_opt(verb, c, o);
     case 'h':
         return -2;
     default:

@@ -277,6 +277,14 @@ for c in "cache evict --wait 2 $W/pc/a" "cache objects --cache-dir $W/cache" \
     "$VMSNAP" --socket "$DSOCK" $c 2>"$T/e" || rc=$?
     [ "$rc" = 2 ] && grep -q 'not through the daemon' "$T/e" || fail "$c through the daemon: $rc $(cat "$T/e")"
 done
+# the VM verbs' store options: the node's profile names the store (exit 1, the option named)
+for c in "suspend nosuch $W/store/v --endpoint http://127.0.0.1:1" "resume nosuch --retries 0"; do
+    rc=0
+    "$VMSNAP" --socket "$DSOCK" vm $c 2>"$T/e" || rc=$?
+    o=${c##* --}
+    [ "$rc" = 1 ] && grep -q -- "--${o%% *}.*not through the daemon" "$T/e" ||
+        fail "vm $c through the daemon: $rc $(cat "$T/e")"
+done
 rc=0
 "$VMSNAP" --socket "$T/no-daemon.sock" ls "$W/store" 2>"$T/e" || rc=$?
 [ "$rc" = 5 ] && grep -q "no-daemon.sock" "$T/e" || fail "no daemon at the socket: exit $rc $(cat "$T/e")"

@@ -6,7 +6,8 @@
 # during the upload (a proxy resets every part): the local checkpoint survives, the error says
 # so, and a later suspend to the real RGW succeeds. A suspend
 # interrupted during its upload keeps its checkpoint locally and leaves nothing in the bucket. A
-# suspend over a base of the same frames: copied inside RGW, and counted.
+# suspend over a base of the same frames: copied inside RGW, and counted. The store's options
+# (--endpoint, --retries) on suspend and resume.
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
 # the reference layout's contract (objects at <set>/<name>.zstd, --base copies); the layered
 # layout's suspends and resumes are tests/integration/vm_layers.sh
@@ -41,6 +42,19 @@ grep -q "$AWS_SECRET_ACCESS_KEY" "$T/err" && fail "the secret key appears in an 
 vmc "$A" ls | grep -Eq '^golden +running' || fail "ls after a suspend with a wrong secret: $(vmc "$A" ls)"
 OUT=$T/probe.xml s3curl GET "$BUCKET/?prefix=badkey/" >/dev/null
 grep -q '<Key>' "$T/probe.xml" && fail "the refused suspend left objects: $(grep -o '<Key>[^<]*' "$T/probe.xml")"
+# the store's options on the VM verbs, as on push: --endpoint over the environment's (a dead
+# port) and --retries (0: one 503 to the store's test fails the suspend, before the guest stops;
+# the proxy answered it: the error is its 503, not the dead port's refusal)
+start_proxy "1:503"
+AWS_ENDPOINT_URL=http://127.0.0.1:$down expect_fail "suspend with --retries 0 over a 503" \
+    vmc "$A" suspend golden "s3://$BUCKET/r0" --endpoint "$PEP" --retries 0
+stop_proxy
+grep -q 'nothing was stopped or changed: .*503' "$T/err" ||
+    fail "suspend --endpoint PROXY --retries 0 over a 503: $(cat "$T/err")"
+[ "$(cat "$A/vms/golden/pid")" = "$qpid0" ] && kill -0 "$qpid0" ||
+    fail "the suspend refused by its store's test did not leave the guest's QEMU running"
+rc=0 && vmc "$A" suspend golden "s3://$BUCKET/r0" --retries 101 2>"$T/err" || rc=$?
+[ "$rc" = 2 ] && grep -q -- '--retries wants 0 to 100' "$T/err" || fail "vm suspend --retries 101: exit $rc: $(cat "$T/err")"
 # the store answering the test (requests 1 and 2) but nothing after it (reset): the
 # guest was stopped, its checkpoint is kept locally, and the error says so
 start_proxy "3+:reset"
@@ -54,10 +68,15 @@ vmc "$A" ls | grep -Eq '^golden +paused .*checkpoint' || fail "ls after S3-down 
 read -r r d <<<"$(last_counter "$A" golden)"
 
 # a later suspend (of the kept checkpoint, the VM being stopped) succeeds; resume elsewhere
-vmc "$A" suspend golden "s3://$BUCKET/vm0" || fail "suspend of the kept checkpoint to RGW"
+# (both through --endpoint, the environment's a dead port; the suspend's first request answered
+# 503 and retried)
+start_proxy "1:503"
+AWS_ENDPOINT_URL=http://127.0.0.1:$down vmc "$A" suspend golden "s3://$BUCKET/vm0" --endpoint "$PEP" --retries 1 2>"$T/err" ||
+    fail "suspend of the kept checkpoint to RGW: $(cat "$T/err")"
 [ "$(head_code vm0/manifest.json)" = 200 ] || fail "no manifest for the kept checkpoint"
 [ ! -e "$A/vms/golden/checkpoint" ] || fail "local checkpoint left after the later suspend"
-resume_check "$B" golden "$r" "$d" "s3://$BUCKET/vm0" || done_tests
+AWS_ENDPOINT_URL=http://127.0.0.1:$down resume_check "$B" golden "$r" "$d" "s3://$BUCKET/vm0" --endpoint "$PEP" || done_tests
+stop_proxy
 # and a running VM: suspend to the real RGW and resume back on the first node
 sleep 1
 "$VMSNAP" -v vm suspend golden "s3://$BUCKET/vm1" --state-dir "$B" 2>"$T/s1.err" || fail "suspend to RGW"
