@@ -564,6 +564,16 @@ static int vm_op(const char *name, const char *action, json_object *b, struct vm
     return rc;
 }
 
+/* run, resume: the readiness wait (the daemon's operation waits, as the library does) */
+static void add_ready(json_object *b, const struct vmsnap_vm_opts *o)
+{
+    if (o->ready)
+        json_object_object_add(b, "ready", json_object_new_string(o->ready));
+    if (o->ready_timeout)
+        json_object_object_add(b, "ready_timeout_seconds",
+                               json_object_new_int((int)o->ready_timeout));
+}
+
 int cli_client_vm_run(const struct vmsnap_vm_opts *o, const char *name,
                       const struct vmsnap_vm_run_args *a, struct vmsnap_vm_timing *t,
                       struct vmsnap_err *err)
@@ -584,6 +594,7 @@ int cli_client_vm_run(const struct vmsnap_vm_opts *o, const char *name,
         json_object_object_add(b, "cpus", json_object_new_int((int)a->cpus));
     if (a->disk_size)
         json_object_object_add(b, "disk_size_bytes", json_object_new_int64((int64_t)a->disk_size));
+    add_ready(b, o);
     return vm_op(name, "run", b, t, err);
 }
 
@@ -620,6 +631,7 @@ int cli_client_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const
         json_object_object_add(b, "on_demand", json_object_new_boolean(1));
     if (o->force)
         json_object_object_add(b, "force", json_object_new_boolean(1));
+    add_ready(b, o);
     return vm_op(name, "resume", b, t, err);
 }
 

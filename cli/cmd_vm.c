@@ -35,6 +35,8 @@ enum {
     OPT_ASSET_DIR,
     OPT_FORCE,
     OPT_RAM_OVERCOMMIT,
+    OPT_READY,
+    OPT_READY_TIMEOUT,
 };
 
 /* One table for every sub-verb: each takes them all (one a sub-verb does not use is ignored);
@@ -52,6 +54,10 @@ const struct cli_opt cli_vm_opts[] = {
     {"append", 0, OPT_APPEND, "A", CLI_K_NONE, NULL, "run", "the kernel command line"},
     {"ram-overcommit", 0, OPT_RAM_OVERCOMMIT, NULL, CLI_K_NONE, NULL, "run resume",
      "start even when the RAM directory has less room than the guest's memory"},
+    {"ready", 0, OPT_READY, "TEXT", CLI_K_NONE, NULL, "run resume",
+     "then wait until the guest prints a console line holding TEXT (its readiness)"},
+    {"ready-timeout", 0, OPT_READY_TIMEOUT, "SECONDS", CLI_K_NONE, NULL, "run resume",
+     "at most this long for --ready, 1 to 3600 (default 60; then exit 5, the VM running)"},
     {"base", 0, OPT_BASE, "URL", CLI_K_URL, NULL, "suspend",
      "a set whose unchanged frames the store copies (default: the set the VM came from)"},
     {"no-base", 0, OPT_NO_BASE, NULL, CLI_K_NONE, NULL, "suspend",
@@ -89,7 +95,7 @@ const struct cli_opt cli_vm_opts[] = {
 const struct cli_sub cli_vm_subs[] = {
     {"run",
      "vm run NAME --kernel K [--initrd I] [--mem 512M] [--cpus 1] [--disk-size 4G] [--append A] "
-     "[--ram-overcommit]",
+     "[--ram-overcommit] [--ready TEXT [--ready-timeout S]]",
      "start a new VM", cli_vm_opts, "name"},
     {"pause", "vm pause NAME", "local checkpoint, VM stopped, memory freed", cli_vm_opts, "name"},
     {"suspend", "vm suspend NAME URL [--base URL | --no-base]",
@@ -97,7 +103,7 @@ const struct cli_sub cli_vm_subs[] = {
      "name url"},
     {"resume",
      "vm resume NAME [URL] [--on-demand] [--asset-dir DIR[:DIR...]] [--kernel K] [--initrd I] "
-     "[--force] [--ram-overcommit]",
+     "[--force] [--ram-overcommit] [--ready TEXT [--ready-timeout S]]",
      "from the local checkpoint, or from a store", cli_vm_opts, "name url"},
     {"ls", "vm ls [--json]", "the VMs and their state", cli_vm_opts, "none"},
     {"stop", "vm stop NAME [--rm]", "stop the VM (its checkpoint is kept unless --rm)", cli_vm_opts,
@@ -185,6 +191,16 @@ static int parse(const char *verb, const struct cli_sub *sub, int argc, char **a
             break;
         case OPT_RAM_OVERCOMMIT:
             a->o.ram_overcommit = true;
+            break;
+        case OPT_READY:
+            if (!*optarg || strlen(optarg) > VMSNAP_VM_READY_MAX)
+                return cli_usage(verb, "--ready: 1 to %d bytes of text", VMSNAP_VM_READY_MAX);
+            a->o.ready = optarg;
+            break;
+        case OPT_READY_TIMEOUT:
+            if (cli_parse_uint(optarg, 1, 3600, &v) < 0)
+                return cli_usage(verb, "--ready-timeout: '%s' is not 1..3600 seconds", optarg);
+            a->o.ready_timeout = (unsigned)v;
             break;
         case OPT_JSON:
             a->json = true;
@@ -385,6 +401,8 @@ int cmd_vm(int argc, char **argv)
         return EXIT_OK;
     if (rc > 0)
         return rc;
+    if (a.o.ready_timeout && !a.o.ready)
+        return cli_usage(verb, "--ready-timeout: without --ready there is nothing to wait for");
     a.json = a.json || cli_json;
     cli_json = a.json;
     if (a.npos >= 1 && strcmp(sub, "ls"))

@@ -230,6 +230,8 @@ static int do_vm(struct d_op *op, const struct d_config *cfg, const struct d_gra
     vo.xfer = &x;
     vo.on_demand = d_jbool(o, "on_demand");
     vo.force = d_jbool(o, "force");
+    vo.ready = d_jstr(o, "ready");
+    vo.ready_timeout = (unsigned)d_jint(o, "ready_timeout_seconds", 0);
     struct vmsnap_vm_timing t = {0};
     if (!strcmp(action, "run")) {
         struct vmsnap_vm_run_args a = {
@@ -294,6 +296,24 @@ static int asset(struct d_request *rq, struct d_response *rs, json_object *o, co
     return rc;
 }
 
+/* run, resume: "ready" 1 to VMSNAP_VM_READY_MAX bytes, "ready_timeout_seconds" 1 to 3600 and
+ * only with it (the CLI's --ready, --ready-timeout); false after the 400 */
+static bool ready_ok(struct d_response *rs, json_object *o)
+{
+    const char *r = d_jstr(o, "ready");
+    int64_t to = d_jint(o, "ready_timeout_seconds", 0);
+    json_object *tv = NULL;
+    bool has_to = json_object_object_get_ex(o, "ready_timeout_seconds", &tv);
+    if ((r && (!*r || strlen(r) > VMSNAP_VM_READY_MAX)) || (has_to && (to < 1 || to > 3600)) ||
+        (has_to && !r)) {
+        d_error_msg(rs, -D_EUSAGE,
+                    "ready: 1 to %d bytes; ready_timeout_seconds: 1 to 3600, and only with ready",
+                    VMSNAP_VM_READY_MAX);
+        return false;
+    }
+    return true;
+}
+
 void r_vm_run(struct d_request *rq, struct d_response *rs)
 {
     static const struct d_field f[] = {
@@ -304,6 +324,8 @@ void r_vm_run(struct d_request *rq, struct d_response *rs)
         {"memory_bytes", D_INT, false},
         {"cpus", D_INT, false},
         {"disk_size_bytes", D_INT, false},
+        {"ready", D_STR, false},
+        {"ready_timeout_seconds", D_INT, false},
         {"deadline_seconds", D_INT, false},
         {0},
     };
@@ -313,7 +335,7 @@ void r_vm_run(struct d_request *rq, struct d_response *rs)
     char name[VMSNAP_VM_NAME_MAX + 1];
     snprintf(name, sizeof(name), "%s", d_jstr(o, "name"));
     if (!name_ok(rs, d_jstr(o, "name")) || asset(rq, rs, o, "kernel") < 0 ||
-        asset(rq, rs, o, "initrd") < 0) {
+        asset(rq, rs, o, "initrd") < 0 || !ready_ok(rs, o)) {
         json_object_put(o);
         return;
     }
@@ -335,8 +357,14 @@ void r_vm_action(struct d_request *rq, struct d_response *rs)
     static const struct d_field f_suspend[] = {
         {"url", D_STR, true}, {"profile", D_STR, false}, {"deadline_seconds", D_INT, false}, {0}};
     static const struct d_field f_resume[] = {
-        {"url", D_STR, false},    {"profile", D_STR, false},          {"on_demand", D_BOOL, false},
-        {"force", D_BOOL, false}, {"deadline_seconds", D_INT, false}, {0},
+        {"url", D_STR, false},
+        {"profile", D_STR, false},
+        {"on_demand", D_BOOL, false},
+        {"force", D_BOOL, false},
+        {"ready", D_STR, false},
+        {"ready_timeout_seconds", D_INT, false},
+        {"deadline_seconds", D_INT, false},
+        {0},
     };
     const char *name = rq->params[0], *action = rq->params[1];
     const struct d_field *f = !strcmp(action, "pause")     ? f_plain
@@ -353,7 +381,8 @@ void r_vm_action(struct d_request *rq, struct d_response *rs)
     json_object *o = d_req_body(rq, rs, f);
     if (!o)
         return;
-    if (d_req_url(rq, rs, o, "url", false) < 0 || d_req_profile(rq, rs, o) < 0) {
+    if (d_req_url(rq, rs, o, "url", false) < 0 || d_req_profile(rq, rs, o) < 0 ||
+        !ready_ok(rs, o)) {
         json_object_put(o);
         return;
     }

@@ -61,7 +61,17 @@ struct vmsnap_vm_opts {
     /* run/resume: start the guest even when its RAM directory has less room than its memory
      * (a guest whose RAM file cannot grow dies of SIGBUS) */
     bool ram_overcommit;
+    /* run/resume: readiness. Once the guest runs, wait until its serial console prints a line
+     * holding `ready` (1 to VMSNAP_VM_READY_MAX bytes; only what it prints after this call made
+     * it run counts) for at most `ready_timeout` seconds (0: VMSNAP_VM_READY_TIMEOUT): the step
+     * "ready" of the timing. A guest that does not print it in time fails the call with
+     * ETIMEDOUT, one whose QEMU exits meanwhile with ESRCH; either way the VM is left as the
+     * run or resume made it (running). NULL: no wait. */
+    const char *ready;
+    unsigned ready_timeout;
 };
+#define VMSNAP_VM_READY_MAX 256
+#define VMSNAP_VM_READY_TIMEOUT 60
 
 /* Step timings of one lifecycle call, in call order. */
 struct vmsnap_vm_timing {

@@ -1,12 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* vm console: the serial console's log path, and a line sent to its socket. */
+/* vm console: the serial console's log path, a line sent to its socket, and readiness (a line
+ * the guest prints on it after a run or resume). */
 #include "vm_int.h"
 
 #include "sys/sys.h"
 #include "util/util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -69,5 +75,112 @@ int vmsnap_vm_console_send(const struct vmsnap_vm_opts *o, const char *name, con
         }
     }
     close(fd);
+    return rc;
+}
+
+struct vm_console_mark vm_console_mark(const struct vmctx *c)
+{
+    char p[PATH_LEN];
+    struct stat st;
+    if (vm_pcat(p, c->vmdir, "/console.log") < 0 || stat(p, &st) < 0)
+        return (struct vm_console_mark){0};
+    return (struct vm_console_mark){st.st_dev, st.st_ino, (int64_t)st.st_size};
+}
+
+/* The VM's QEMU (its pid file) runs: neither gone nor a zombie. A pid file that cannot be read
+ * counts as running (the timeout still ends the wait). */
+static bool qemu_runs(const struct vmctx *c)
+{
+    char p[PATH_LEN], b[64];
+    if (vm_pcat(p, c->vmdir, "/pid") < 0)
+        return true;
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return true;
+    ssize_t n = read(fd, b, sizeof(b) - 1);
+    close(fd);
+    if (n <= 0)
+        return true;
+    b[n] = '\0';
+    long pid = strtol(b, NULL, 10);
+    if (pid <= 0)
+        return true;
+    if (kill((pid_t)pid, 0) < 0 && errno == ESRCH)
+        return false;
+    /* a zombie: "PID (comm) Z ..."; comm may hold ')' , so the last one ends it */
+    snprintf(p, sizeof(p), "/proc/%ld/stat", pid);
+    char st[512];
+    if ((fd = open(p, O_RDONLY | O_CLOEXEC)) < 0)
+        return errno != ENOENT;
+    n = read(fd, st, sizeof(st) - 1);
+    close(fd);
+    if (n <= 0)
+        return true;
+    st[n] = '\0';
+    char *e = strrchr(st, ')');
+    return !(e && e[1] == ' ' && e[2] == 'Z');
+}
+
+int vm_wait_ready(const struct vmctx *c, struct vm_console_mark from, struct vmsnap_vm_timing *t,
+                  double *t0, struct vmsnap_err *err)
+{
+    const struct vmsnap_vm_opts *o = c->o;
+    if (!o || !o->ready)
+        return 0;
+    const char *want = o->ready;
+    size_t n = strlen(want);
+    if (n == 0 || n > VMSNAP_VM_READY_MAX)
+        return vmsnap_err_set(err, EINVAL, "the readiness line: 1 to %d bytes, not %zu",
+                              VMSNAP_VM_READY_MAX, n);
+    double limit = o->ready_timeout ? o->ready_timeout : VMSNAP_VM_READY_TIMEOUT;
+    double start = mono_now();
+    char p[PATH_LEN];
+    if (vm_pcat(p, c->vmdir, "/console.log") < 0)
+        return vmsnap_err_set(err, ENAMETOOLONG, "path %s too long", c->vmdir);
+    /* the log read as it grows, in a bounded buffer: what was read, but the last n-1 bytes (a
+     * line the next read completes), is dropped */
+    char buf[16384 + VMSNAP_VM_READY_MAX];
+    size_t keep = 0;
+    off_t pos = 0;
+    int fd = -1, rc = 0;
+    bool found = false;
+    for (int i = 0; !found; i++) {
+        struct stat st;
+        if (fd < 0 && (fd = open(p, O_RDONLY | O_CLOEXEC)) >= 0 && fstat(fd, &st) == 0 &&
+            st.st_dev == from.dev && st.st_ino == from.ino && st.st_size >= from.size)
+            pos = (off_t)from.size; /* the log of the mark: past what it held then */
+        ssize_t r;
+        while (fd >= 0 && !found && (r = pread(fd, buf + keep, sizeof(buf) - keep, pos)) > 0) {
+            pos += r;
+            size_t len = keep + (size_t)r;
+            found = memmem(buf, len, want, n) != NULL;
+            keep = len < n - 1 ? len : n - 1;
+            memmove(buf, buf + len - keep, keep);
+        }
+        if (found)
+            break;
+        if ((rc = cancel_check(err)) < 0)
+            break;
+        if (i % 5 == 0 && !qemu_runs(c)) {
+            rc = vmsnap_err_set(err, ESRCH,
+                                "VM '%s': its QEMU exited before the guest printed its readiness "
+                                "line on its console (%s)",
+                                c->name, p);
+            break;
+        }
+        if (mono_now() - start >= limit) {
+            rc = vmsnap_err_set(err, ETIMEDOUT,
+                                "VM '%s' runs, but its guest printed no readiness line on its "
+                                "console (%s) within %.0f s; it is left running",
+                                c->name, p, limit);
+            break;
+        }
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (fd >= 0)
+        close(fd);
+    if (rc == 0)
+        vm_step(t, "ready", t0);
     return rc;
 }

@@ -115,6 +115,21 @@ int vm_check_set_cfg(const char *file, const char *path, json_object *cfg, struc
 int vm_state(struct vmctx *c, json_object *cfg, double wait, enum vmsnap_vmm_state *st, pid_t *pid,
              struct vmsnap_err *err);
 
+/* ---- vm_console.c: readiness ---- */
+/* Where the console log ends now: what a guest made to run after this prints comes past it
+ * (QEMU appends to the log; a log made anew meanwhile, another file, is read whole). */
+struct vm_console_mark {
+    dev_t dev;
+    ino_t ino; /* 0: no log yet */
+    int64_t size;
+};
+struct vm_console_mark vm_console_mark(const struct vmctx *c);
+/* c->o->ready (none: 0 at once): wait for a console line past `from` holding it, the step "ready"
+ * of `t` (from *t0); ETIMEDOUT after the timeout, ESRCH when QEMU exits first, EINVAL for a
+ * `ready` that is empty or longer than VMSNAP_VM_READY_MAX. */
+int vm_wait_ready(const struct vmctx *c, struct vm_console_mark from, struct vmsnap_vm_timing *t,
+                  double *t0, struct vmsnap_err *err);
+
 /* ---- vm_checkpoint.c: the checkpoint format ---- */
 bool vm_stage_ok(const struct vmctx *c);
 void vm_stage_consumed(const struct vmctx *c);

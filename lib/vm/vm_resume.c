@@ -757,12 +757,17 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     int rc = vm_ctx_init(&r.c, o, name, err);
     if (rc < 0)
         return rc;
+    /* (the guest prints nothing before the resume lets it run: a QEMU that holds it stopped
+     * does not run it) */
+    struct vm_console_mark mark = vm_console_mark(&r.c);
     for (size_t i = 0; rc == 0 && i < sizeof(resume_phases) / sizeof(resume_phases[0]); i++)
         rc = resume_phases[i](&r, err);
-    if (rc < 0) {
+    if (rc < 0)
         resume_undo(&r);
+    else /* the guest runs: not undone if it does not say it is ready (the error says it runs) */
+        rc = vm_wait_ready(&r.c, mark, t, &r.t0, err);
+    if (rc < 0)
         vmsnap_err_wrap(err, "vm resume %s: ", name);
-    }
     if (t)
         t->total = mono_now() - tstart;
     free(r.url_copy);

@@ -133,6 +133,7 @@ int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
     rc = vm_cfg_save(c.cfgpath, cfg, err);
     if (rc == 0)
         rc = vm_vmm_from_cfg(&c, cfg, &v, err);
+    struct vm_console_mark mark = vm_console_mark(&c);
     if (rc == 0)
         rc = vmsnap_vmm_boot(v, err);
     if (rc < 0)
@@ -140,8 +141,13 @@ int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
     vm_step(t, "boot", &t0);
     vm_cfg_set_str(cfg, "status", "running");
     rc = vm_cfg_save(c.cfgpath, cfg, err);
-    if (rc < 0)
+    if (rc < 0) {
         vmsnap_vmm_stop(v, NULL);
+        goto out;
+    }
+    /* a guest that is not ready is not undone: it runs, as the error says */
+    rc = vm_wait_ready(&c, mark, t, &t0, err);
+    return vm_op_end(&c, cfg, v, rc, "run", t, tstart, err);
 out:
     if (rc < 0 && created) {
         unlink(c.ram);

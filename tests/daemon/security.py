@@ -50,6 +50,16 @@ try:
     expect("initrd outside the assets",
            d.request("POST", "/v1/vms", {"name": "v1", "kernel": d.assets + "/k",
                                          "initrd": "/etc/passwd"}), 403, "access_denied")
+    # readiness: 1 to 256 bytes, a timeout of 1 to 3600 s and only with a line to wait for
+    resume = lambda b: d.request("POST", "/v1/vms/v1/resume", b)
+    expect("an empty readiness line", resume({"ready": ""}), 400, "usage")
+    expect("a readiness line over 256 bytes", resume({"ready": "x" * 257}), 400, "usage")
+    expect("a readiness timeout without a line", resume({"ready_timeout_seconds": 5}), 400, "usage")
+    expect("a readiness timeout of 0", resume({"ready": "x", "ready_timeout_seconds": 0}), 400,
+           "usage")
+    expect("a run's readiness timeout over 3600 s",
+           d.request("POST", "/v1/vms", {"name": "v1", "kernel": d.assets + "/k", "ready": "x",
+                                         "ready_timeout_seconds": 3601}), 400, "usage")
     # size limits
     expect("body over body_max",
            d.request("POST", "/v1/disks/create", raw=b'{"path":"' + b"a" * 8000 + b'"}'), 413,

@@ -122,6 +122,7 @@ sample() {
     case $2 in choice:*) set -- "${2#choice:}" && echo "${1%% *}" && return ;; esac
     case $1 in
     N | L) echo 1 ;;
+    SECONDS) echo 5 ;;
     SIZE) echo 16M ;;
     DURATION) echo 10s ;;
     U) echo 0123abcd-0123-4567-89ab-0123456789ab ;;
@@ -129,7 +130,7 @@ sample() {
     DEST*) echo d ;;
     DIR*) echo "$T" ;;
     FILE | K | I | BIN | PATH | URL) echo "$T/x" ;;
-    LINE | A | R | NAME) echo x ;;
+    LINE | A | R | NAME | TEXT) echo x ;;
     *) return 1 ;;
     esac
 }

@@ -105,7 +105,10 @@ read -r r d <<<"$(last_counter "$S" g1)"
 info_check "after a local suspend" "v['status'] == 'suspended' and v['url'] == '$R/store/s1' \
 and v['checkpoint'] is False and v['sizes']['disk_bytes'] == 0"
 last_is "after a local suspend"
-api_resume "{\"url\":\"$R/store/s1\"}" "$r" "$d" || done_tests
+# (with a readiness wait: the operation ends once the guest printed its next counter line)
+api_resume "{\"url\":\"$R/store/s1\",\"ready\":\"vmsnap-counter ram=\",\"ready_timeout_seconds\":120}" "$r" "$d" ||
+    done_tests
+[ "$(opj '"ready" in j["result"]["steps"]')" = True ] || fail "a resume with ready: no step 'ready': $(cat "$T/op.json")"
 last_is "after a resume from the local store"
 info_check "after a resume from the local store" "v['status'] == 'running' and v['url'] == '$R/store/s1'"
 [ "$(blob_md5 "$S" g1)" = "$boot_md5" ] || fail "RAM blob md5 after the local store round trip"
