@@ -43,12 +43,13 @@ rc=0 && wait "$job" || rc=$?
     fail "resume whose QEMU died during the readiness wait: exit $rc: $(cat "$T/err")"
 vmc "$S" stop --rm golden >/dev/null 2>&1 || true
 
-# --- run --ready: returns once the booted guest printed its first counter line
+# --- run --ready: returns once the booted guest said it is ready (guest/init's "vmsnap-ready",
+# printed once its disk is mounted and its blob made)
 G=$(guest_dir)
 rc=0 && vmc "$S" run fresh --kernel "$G/vmlinux" --initrd "$G/initrd.cpio.gz" --mem "$VM_MEM" \
-    --disk-size 64M --append "$(cat "$G/cmdline")" --ready "$READY" --ready-timeout 600 --json >"$T/run.json" 2>"$T/err" || rc=$?
+    --disk-size 64M --append "$(cat "$G/cmdline")" --ready 'vmsnap-ready dirty=' --ready-timeout 600 --json >"$T/run.json" 2>"$T/err" || rc=$?
 [ "$rc" = 0 ] || fail "run --ready: exit $rc: $(cat "$T/err")"
-[ "$(new_lines "$S" fresh 0)" -ge 1 ] || fail "run --ready returned before the guest printed '$READY'"
+tr -d '\r' <"$(con_log "$S" fresh)" | grep -q 'vmsnap-ready dirty=' || fail "run --ready returned before the guest printed 'vmsnap-ready'"
 [ "$(jget "$T/run.json" '"ready" in j["steps"] and "boot" in j["steps"]')" = True ] ||
     fail "run --ready: steps: $(cat "$T/run.json")"
 vmc "$S" stop --rm fresh || fail "stop --rm fresh"
