@@ -326,8 +326,8 @@ int cli_client_vm_suspend(const struct vmsnap_vm_opts *o, const char *name, cons
                           struct vmsnap_vm_timing *t, struct vmsnap_err *err);
 int cli_client_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const char *url,
                          struct vmsnap_vm_timing *t, struct vmsnap_err *err);
-int cli_client_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove,
-                       struct vmsnap_err *err);
+int cli_client_vm_shutdown(const struct vmsnap_vm_opts *o, const char *name, bool remove,
+                           unsigned timeout, bool *graceful, struct vmsnap_err *err);
 int cli_client_vm_list(const struct vmsnap_vm_opts *o,
                        int (*fn)(void *arg, const struct vmsnap_vm_info *info), void *arg,
                        struct vmsnap_err *err);

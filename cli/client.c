@@ -635,16 +635,25 @@ int cli_client_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const
     return vm_op(name, "resume", b, t, err);
 }
 
-int cli_client_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove,
-                       struct vmsnap_err *err)
+int cli_client_vm_shutdown(const struct vmsnap_vm_opts *o, const char *name, bool remove,
+                           unsigned timeout, bool *graceful, struct vmsnap_err *err)
 {
     int rc = vm_refused(o, err);
     if (rc < 0)
         return rc;
-    json_object *b = json_object_new_object();
+    json_object *b = json_object_new_object(), *r;
     if (remove)
         json_object_object_add(b, "remove", json_object_new_boolean(1));
-    return vm_op(name, "stop", b, NULL, err);
+    if (timeout)
+        json_object_object_add(b, "timeout_seconds", json_object_new_int((int)timeout));
+    char path[256];
+    snprintf(path, sizeof(path), "/v1/vms/%s/stop", name);
+    rc = run_op(path, b, &r, err);
+    json_object *g;
+    if (rc == 0 && graceful && json_object_object_get_ex(r, "graceful", &g))
+        *graceful = json_object_get_boolean(g);
+    json_object_put(r);
+    return rc;
 }
 
 int cli_client_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *arg,

@@ -37,6 +37,7 @@ enum {
     OPT_RAM_OVERCOMMIT,
     OPT_READY,
     OPT_READY_TIMEOUT,
+    OPT_TIMEOUT,
 };
 
 /* One table for every sub-verb: each takes them all (one a sub-verb does not use is ignored);
@@ -69,6 +70,9 @@ const struct cli_opt cli_vm_opts[] = {
     {"force", 0, OPT_FORCE, NULL, CLI_K_NONE, NULL, "resume",
      "replace a newer local checkpoint, or go back past an interrupted pause"},
     {"rm", 0, OPT_RM, NULL, CLI_K_NONE, NULL, "stop", "also remove the VM's state directory"},
+    {"timeout", 0, OPT_TIMEOUT, "SECONDS", CLI_K_NONE, NULL, "stop",
+     "ask a running guest to power off (ACPI power button) and wait this long, 1 to 3600, "
+     "before the hard stop (default: the hard stop at once)"},
     {"send", 0, OPT_SEND, "LINE", CLI_K_NONE, NULL, "console",
      "type LINE on the serial console instead of printing its log"},
     {"lines", 0, OPT_LINES, "N", CLI_K_NONE, NULL, "console", "print only the log's last N lines"},
@@ -106,8 +110,9 @@ const struct cli_sub cli_vm_subs[] = {
      "[--force] [--ram-overcommit] [--ready TEXT [--ready-timeout S]]",
      "from the local checkpoint, or from a store", cli_vm_opts, "name url"},
     {"ls", "vm ls [--json]", "the VMs and their state", cli_vm_opts, "none"},
-    {"stop", "vm stop NAME [--rm]", "stop the VM (its checkpoint is kept unless --rm)", cli_vm_opts,
-     "name"},
+    {"stop", "vm stop NAME [--rm] [--timeout S]",
+     "stop the VM (its checkpoint is kept unless --rm); --timeout: ask its guest first",
+     cli_vm_opts, "name"},
     {"console", "vm console NAME [--send LINE] [--lines N]", "the serial console's log",
      cli_vm_opts, "name"},
     {NULL, NULL, NULL, NULL, NULL},
@@ -118,18 +123,58 @@ struct args {
     struct vmsnap_xfer_opts x;
     struct vmsnap_vm_run_args run;
     bool json, rm;
+    unsigned timeout; /* stop: ask the guest first */
     const char *send;
     unsigned long lines;
     char *pos[3];
     int npos;
 };
 
+/* An option that takes a count (cli_getopt's `c`, the value in optarg): 0 taken, 1 not one of
+ * them, else the usage error's exit code. */
+static int count_opt(const char *verb, int c, struct args *a)
+{
+    static const struct {
+        int c;
+        unsigned long lo, hi;
+        const char *name, *unit;
+    } t[] = {
+        {OPT_CPUS, 1, 64, "--cpus", ""},
+        {OPT_READY_TIMEOUT, 1, 3600, "--ready-timeout", " seconds"},
+        {OPT_TIMEOUT, 1, VMSNAP_VM_SHUTDOWN_MAX, "--timeout", " seconds"},
+        {OPT_LINES, 1, 1000000, "--lines", ""},
+        {'j', 1, 256, "-j", ""},
+        {'T', 0, 256, "-T", " (0: all CPUs)"},
+    };
+    size_t k = 0;
+    while (k < sizeof(t) / sizeof(t[0]) && t[k].c != c)
+        k++;
+    if (k == sizeof(t) / sizeof(t[0]))
+        return 1;
+    unsigned long v;
+    if (cli_parse_uint(optarg, t[k].lo, t[k].hi, &v) < 0)
+        return cli_usage(verb, "%s: '%s' is not in %lu..%lu%s", t[k].name, optarg, t[k].lo, t[k].hi,
+                         t[k].unit);
+    if (c == OPT_CPUS)
+        a->run.cpus = (unsigned)v;
+    else if (c == OPT_READY_TIMEOUT)
+        a->o.ready_timeout = (unsigned)v;
+    else if (c == OPT_TIMEOUT)
+        a->timeout = (unsigned)v;
+    else if (c == OPT_LINES)
+        a->lines = v;
+    else if (c == 'j')
+        a->x.connections = (unsigned)v;
+    else
+        a->x.threads = (unsigned)v;
+    return 0;
+}
+
 static int parse(const char *verb, const struct cli_sub *sub, int argc, char **argv, struct args *a)
 {
     memset(a, 0, sizeof(*a));
     a->o.xfer = &a->x;
     int c;
-    unsigned long v;
     optind = 1;
     while ((c = cli_getopt(argc, argv, cli_vm_opts)) != -1) {
         switch (c) {
@@ -147,11 +192,6 @@ static int parse(const char *verb, const struct cli_sub *sub, int argc, char **a
                 a->run.mem % (1u << 20))
                 return cli_usage(verb, "--mem: '%s' is not a size of at least 16M in whole MiB",
                                  optarg);
-            break;
-        case OPT_CPUS:
-            if (cli_parse_uint(optarg, 1, 64, &v) < 0)
-                return cli_usage(verb, "--cpus: '%s' is not in 1..64", optarg);
-            a->run.cpus = (unsigned)v;
             break;
         case OPT_DISK_SIZE:
             if (cli_parse_size(optarg, &a->run.disk_size) < 0 || a->run.disk_size < (8u << 20))
@@ -197,11 +237,6 @@ static int parse(const char *verb, const struct cli_sub *sub, int argc, char **a
                 return cli_usage(verb, "--ready: 1 to %d bytes of text", VMSNAP_VM_READY_MAX);
             a->o.ready = optarg;
             break;
-        case OPT_READY_TIMEOUT:
-            if (cli_parse_uint(optarg, 1, 3600, &v) < 0)
-                return cli_usage(verb, "--ready-timeout: '%s' is not 1..3600 seconds", optarg);
-            a->o.ready_timeout = (unsigned)v;
-            break;
         case OPT_JSON:
             a->json = true;
             break;
@@ -211,25 +246,17 @@ static int parse(const char *verb, const struct cli_sub *sub, int argc, char **a
         case OPT_SEND:
             a->send = optarg;
             break;
-        case OPT_LINES:
-            if (cli_parse_uint(optarg, 1, 1000000, &a->lines) < 0)
-                return cli_usage(verb, "--lines: '%s' is not in 1..1000000", optarg);
-            break;
-        case 'j':
-            if (cli_parse_uint(optarg, 1, 256, &v) < 0)
-                return cli_usage(verb, "-j: '%s' is not in 1..256", optarg);
-            a->x.connections = (unsigned)v;
-            break;
-        case 'T':
-            if (cli_parse_uint(optarg, 0, 256, &v) < 0)
-                return cli_usage(verb, "-T: '%s' is not in 0 (all CPUs)..256", optarg);
-            a->x.threads = (unsigned)v;
-            break;
         case 'h':
             cli_sub_help("vm", sub);
             return -1;
         default: {
-            int rc = cli_store_opt(verb, c, &a->x);
+            int rc = count_opt(verb, c, a);
+            if (rc != 1) {
+                if (rc)
+                    return rc;
+                break;
+            }
+            rc = cli_store_opt(verb, c, &a->x);
             if (rc < 0) /* said */
                 return EXIT_USAGE;
             if (rc > 0)
@@ -452,12 +479,15 @@ int cmd_vm(int argc, char **argv)
     } else if (!strcmp(sub, "stop")) {
         if (a.npos != 1)
             return cli_usage(verb, "expected NAME only");
-        rc = (cli_socket ? cli_client_vm_stop : vmsnap_vm_stop)(&a.o, name, a.rm, &e);
+        bool graceful = false;
+        rc = (cli_socket ? cli_client_vm_shutdown : vmsnap_vm_shutdown)(&a.o, name, a.rm, a.timeout,
+                                                                        &graceful, &e);
         if (rc < 0)
             return cli_fail(verb, &e);
         if (a.json) {
             json_object_object_add(cli_out(), "op", json_object_new_string("stop"));
             json_object_object_add(cli_out(), "removed", json_object_new_boolean(a.rm));
+            json_object_object_add(cli_out(), "graceful", json_object_new_boolean(graceful));
         }
         return EXIT_OK;
     } else if (!strcmp(sub, "console")) {

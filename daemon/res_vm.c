@@ -250,11 +250,14 @@ static int do_vm(struct d_op *op, const struct d_config *cfg, const struct d_gra
     } else if (!strcmp(action, "resume")) {
         rc = vmsnap_vm_resume(&vo, name, url, &t, err);
     } else {
-        rc = vmsnap_vm_stop(&vo, name, d_jbool(o, "remove"), err);
+        bool graceful = false;
+        rc = vmsnap_vm_shutdown(&vo, name, d_jbool(o, "remove"),
+                                (unsigned)d_jint(o, "timeout_seconds", 0), &graceful, err);
         if (rc == 0) {
             json_object_object_add(r, "name", json_object_new_string(name));
             json_object_object_add(r, "op", json_object_new_string("stop"));
             json_object_object_add(r, "removed", json_object_new_boolean(d_jbool(o, "remove")));
+            json_object_object_add(r, "graceful", json_object_new_boolean(graceful));
         }
         return rc;
     }
@@ -352,8 +355,10 @@ void r_vm_run(struct d_request *rq, struct d_response *rs)
 void r_vm_action(struct d_request *rq, struct d_response *rs)
 {
     static const struct d_field f_plain[] = {{"deadline_seconds", D_INT, false}, {0}};
-    static const struct d_field f_stop[] = {
-        {"remove", D_BOOL, false}, {"deadline_seconds", D_INT, false}, {0}};
+    static const struct d_field f_stop[] = {{"remove", D_BOOL, false},
+                                            {"timeout_seconds", D_INT, false},
+                                            {"deadline_seconds", D_INT, false},
+                                            {0}};
     static const struct d_field f_suspend[] = {
         {"url", D_STR, true}, {"profile", D_STR, false}, {"deadline_seconds", D_INT, false}, {0}};
     static const struct d_field f_resume[] = {
@@ -381,6 +386,12 @@ void r_vm_action(struct d_request *rq, struct d_response *rs)
     json_object *o = d_req_body(rq, rs, f);
     if (!o)
         return;
+    int64_t to = d_jint(o, "timeout_seconds", 0);
+    if (to < 0 || to > VMSNAP_VM_SHUTDOWN_MAX) {
+        json_object_put(o);
+        d_error_msg(rs, -D_EUSAGE, "timeout_seconds: 0 to %d", VMSNAP_VM_SHUTDOWN_MAX);
+        return;
+    }
     if (d_req_url(rq, rs, o, "url", false) < 0 || d_req_profile(rq, rs, o) < 0 ||
         !ready_ok(rs, o)) {
         json_object_put(o);

@@ -5,7 +5,8 @@
 #   vmlinux          the kernel ELF (PVH entry), unpacked from the XZ payload of the bzImage of
 #                    Debian's linux-image-<ver>-amd64 (fetched with `apt-get download`)
 #   initrd.cpio.gz   busybox-static, guest/init as /init, and the virtio-mmio / virtio-blk / ext4
-#                    modules (with their dependencies) from the same kernel package
+#                    modules, and evdev and the ACPI button (the power button: a graceful stop),
+#                    with their dependencies, from the same kernel package
 #   cmdline          the kernel command line that boots reliably under TCG
 # Idempotent: a finished build (stamp matching the kernel version and this script's inputs) is
 # reused. Prints the cache directory on stdout.
@@ -75,7 +76,7 @@ add_mod() { # add_mod PATH-relative-to-mdir: dependencies first
     for d in $(sed -n "s|^$m: *||p" "$mdir/modules.dep"); do add_mod "$d"; done
     order+=("$m")
 }
-for name in virtio_mmio virtio_blk crc32c_generic ext4; do
+for name in virtio_mmio virtio_blk crc32c_generic ext4 evdev button; do
     m=$(grep -o "^[^:]*/$name\.ko[^:]*" "$mdir/modules.dep" | head -n1)
     [ -n "$m" ] || { echo "guest/build.sh: module $name not in $kpkg" >&2; exit 1; }
     add_mod "$m"

@@ -7,7 +7,7 @@ vmsnap_c_test(vm_unit SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_vmm.c TIMEOUT 
 
 vmsnap_sh_test(vm_golden tests/integration/vm_golden.sh TIMEOUT 300 LABELS vm RESOURCE_LOCK vm)
 set_tests_properties(vm_golden PROPERTIES FIXTURES_SETUP vm_golden)
-foreach(t IN ITEMS vm_local vm_store vm_faults vm_crash vm_full vm_ready)
+foreach(t IN ITEMS vm_local vm_store vm_faults vm_crash vm_full vm_ready vm_shutdown)
   vmsnap_sh_test(${t} tests/integration/${t}.sh TIMEOUT 400 LABELS vm RESOURCE_LOCK vm)
   set_tests_properties(${t} PROPERTIES FIXTURES_REQUIRED vm_golden)
 endforeach()

@@ -95,6 +95,13 @@ VMSNAP_API int vmsnap_vmm_resume(struct vmsnap_vmm *vmm, struct vmsnap_err *err)
 /* Stop the VMM process: ask it to quit, then SIGTERM, then SIGKILL, and wait until it is gone
  * (at most about 10 s). Succeeds when there is no process. The RAM file is left in place. */
 VMSNAP_API int vmsnap_vmm_stop(struct vmsnap_vmm *vmm, struct vmsnap_err *err);
+/* Ask the guest to power off (the ACPI power button: QEMU's system_powerdown) and wait up to
+ * `seconds` for the VMM process to exit, as it does once the guest powered off; *off says
+ * whether it did (false, and 0, when there was no process or the guest did not power off in
+ * time: vmsnap_vmm_stop() then stops it hard). A guest that ignores the button (no ACPI, nothing
+ * listening) just runs on. Cancellable (vmsnap_cancel). */
+VMSNAP_API int vmsnap_vmm_powerdown(struct vmsnap_vmm *vmm, double seconds, bool *off,
+                                    struct vmsnap_err *err);
 /* The VM's state; *pid (may be NULL) gets the process id or 0. */
 VMSNAP_API int vmsnap_vmm_state(struct vmsnap_vmm *vmm, enum vmsnap_vmm_state *st, pid_t *pid,
                                 struct vmsnap_err *err);

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* vm stop: the VM's QEMU stopped and its RAM file freed, or (--rm) its whole record removed. */
+/* vm stop: the VM's QEMU stopped (its guest asked to power off first: --timeout) and its RAM
+ * file freed, or (--rm) its whole record removed. */
 #include "vm_int.h"
 
 #include "util/util.h"
@@ -9,9 +10,47 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* A running guest asked to power off, `timeout` seconds at most (*off: it did). */
+static int ask_guest(struct vmctx *c, struct vmsnap_vmm *v, unsigned timeout, bool *off,
+                     struct vmsnap_err *err)
+{
+    enum vmsnap_vmm_state st;
+    struct vmsnap_err se = {0};
+    vmsnap_vmm_set_reply_wait(v, 5); /* a QEMU that does not answer is stopped hard */
+    int rc = vmsnap_vmm_state(v, &st, NULL, &se);
+    vmsnap_vmm_set_reply_wait(v, 0);
+    if (rc < 0 || st != VMSNAP_VMM_RUNNING) {
+        vlog(VMSNAP_LOG_INFO, "VM '%s' is %s: stopped hard (only a running guest can power off)",
+             c->name, rc < 0 ? "not answering" : vmsnap_vmm_state_name(st));
+        return 0;
+    }
+    double t0 = mono_now();
+    if ((rc = vmsnap_vmm_powerdown(v, timeout, off, err)) < 0)
+        return rc;
+    if (*off)
+        vlog(VMSNAP_LOG_INFO, "VM '%s': the guest powered off (%.1f s)", c->name, mono_now() - t0);
+    else
+        vlog(VMSNAP_LOG_WARN,
+             "VM '%s': the guest did not power off within %u s of its power button: stopped hard",
+             c->name, timeout);
+    return 0;
+}
+
 int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove,
                    struct vmsnap_err *err)
 {
+    return vmsnap_vm_shutdown(o, name, remove, 0, NULL, err);
+}
+
+int vmsnap_vm_shutdown(const struct vmsnap_vm_opts *o, const char *name, bool remove,
+                       unsigned timeout, bool *graceful, struct vmsnap_err *err)
+{
+    bool off = false;
+    if (graceful)
+        *graceful = false;
+    if (timeout > VMSNAP_VM_SHUTDOWN_MAX)
+        return vmsnap_err_set(err, EINVAL, "vm stop %s: a timeout of at most %d s, not %u", name,
+                              VMSNAP_VM_SHUTDOWN_MAX, timeout);
     struct vmctx c;
     json_object *cfg = NULL;
     struct vmsnap_vmm *v = NULL;
@@ -28,8 +67,12 @@ int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove
                             name, vm_cfg_str(cfg, "ram_path"), c.ram);
     if (rc == 0)
         rc = vm_vmm_from_cfg(&c, cfg, &v, err);
-    if (rc == 0)
+    if (rc == 0 && timeout)
+        rc = ask_guest(&c, v, timeout, &off, err);
+    if (rc == 0) /* (gone already when the guest powered off: its files are removed) */
         rc = vmsnap_vmm_stop(v, err);
+    if (rc == 0 && graceful)
+        *graceful = off;
     char pend[PATH_LEN];
     bool pending = false;
     if (rc == 0 && !remove) { /* before the RAM file goes: it may be the newest state */

@@ -199,6 +199,11 @@ int vmsnap_vmm_stop(struct vmsnap_vmm *v, struct vmsnap_err *err)
     return v->drv->stop(v, err);
 }
 
+int vmsnap_vmm_powerdown(struct vmsnap_vmm *v, double seconds, bool *off, struct vmsnap_err *err)
+{
+    return v->drv->powerdown(v, seconds, off, err);
+}
+
 int vmsnap_vmm_state(struct vmsnap_vmm *v, enum vmsnap_vmm_state *st, pid_t *pid,
                      struct vmsnap_err *err)
 {

@@ -18,6 +18,7 @@ struct vmm_driver {
     int (*snapshot)(struct vmsnap_vmm *vmm, const char *dir, struct vmsnap_err *err);
     int (*resume)(struct vmsnap_vmm *vmm, struct vmsnap_err *err);
     int (*stop)(struct vmsnap_vmm *vmm, struct vmsnap_err *err);
+    int (*powerdown)(struct vmsnap_vmm *vmm, double seconds, bool *off, struct vmsnap_err *err);
     int (*state)(struct vmsnap_vmm *vmm, enum vmsnap_vmm_state *st, pid_t *pid,
                  struct vmsnap_err *err);
 };

@@ -219,6 +219,7 @@ static int build_argv(struct vmsnap_vmm *v, bool incoming, char **argv, char *po
 }
 
 static int qemu_stop(struct vmsnap_vmm *v, struct vmsnap_err *err);
+static void qemu_gone_files(struct vmsnap_vmm *v);
 
 /* QEMU runs the guest: it gets only the environment a VMM needs, never the caller's store
  * credentials (AWS_*, GS_*) or anything else it has no use for. Names kept: */
@@ -632,9 +633,38 @@ static int qemu_stop(struct vmsnap_vmm *v, struct vmsnap_err *err)
                                       v->run_dir);
         }
     }
+    qemu_gone_files(v);
+    return 0;
+}
+
+static void qemu_gone_files(struct vmsnap_vmm *v)
+{
     unlink(v->pidfile);
     unlink(v->qmp_sock);
     unlink(v->con_sock);
+}
+
+/* system_powerdown, then the process watched (10 ms polls, cancellable) until it exits: QEMU
+ * quits once the guest powered off (it runs without -no-shutdown). */
+static int qemu_powerdown(struct vmsnap_vmm *v, double secs, bool *off, struct vmsnap_err *err)
+{
+    *off = false;
+    pid_t pid = read_pid(v);
+    if (!pid_is_ours(v, pid))
+        return 0;
+    int rc = qmp_once(v, "system_powerdown", NULL, NULL, err);
+    if (rc < 0)
+        return rc;
+    double deadline = mono_now() + secs;
+    while (pid_is_ours(v, pid)) {
+        if ((rc = cancel_check(err)) < 0)
+            return rc;
+        if (mono_now() > deadline)
+            return 0;
+        sys_sleep_ms(10);
+    }
+    *off = true;
+    qemu_gone_files(v);
     return 0;
 }
 
@@ -673,5 +703,6 @@ const struct vmm_driver vmm_qemu_driver = {
     .snapshot = qemu_snapshot,
     .resume = qemu_resume,
     .stop = qemu_stop,
+    .powerdown = qemu_powerdown,
     .state = qemu_state,
 };

@@ -163,7 +163,11 @@ got=$(counter_after "$S" g1 "$from")
 [ "${got% *}" -gt "$r" ] || fail "resume after the 409s: RAM counter ${got% *} after $r"
 [ "$(blob_md5 "$S" g1)" = "$boot_md5" ] || fail "RAM blob md5 after pause/resume"
 
-dop POST /v1/vms/g1/stop '{}' || done_tests
+# a graceful stop: the guest gets the power button and powers off by itself
+from=$(con_lines "$S" g1)
+dop POST /v1/vms/g1/stop '{"timeout_seconds":120}' || done_tests
+[ "$(opj 'j["result"]["graceful"] is True')" = True ] || fail "a stop with timeout_seconds: $(cat "$T/op.json")"
+wait_console "$S" g1 "$from" 'vmsnap-poweroff acpi' 5 || fail "the guest did not see its power button"
 info_check "after stop" "v['status'] == 'stopped' and v['pid'] == 0"
 pgrep -f "$S/vms/g1/qmp.sock" >/dev/null && fail "QEMU still runs after stop"
 dop POST /v1/vms/g1/stop '{"remove":true}' || done_tests
