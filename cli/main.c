@@ -267,7 +267,9 @@ static void log_stderr(void *arg, enum vmsnap_log_level level, const char *msg)
 }
 
 /* The verbs that stop cleanly when cancelled (pack, unpack, inspect --verify, push, pull,
- * cache evict --wait, vm suspend and resume): SIGINT, SIGTERM and SIGHUP are taken by one thread
+ * cache evict --wait, vm suspend and resume, vm run --ready and vm stop --timeout: the first ends
+ * the readiness wait, VM running, the second the guest's chance to power off, the VM then stopped
+ * hard): SIGINT, SIGTERM and SIGHUP are taken by one thread
  * (blocked in every other, from before any is created); the first cancels what runs (it stops at
  * the next frame or part and cleans up, exit 128 + the signal: 130, 143, 129) and gives the signals
  * their default action back, so a second one ends the process at once. A signal inherited as
@@ -318,8 +320,10 @@ static bool cancellable(int argc, char **argv)
         return has_arg(argc, argv, "--verify");
     if (argc > 1 && !strcmp(argv[0], "cache"))
         return !strcmp(argv[1], "evict") && has_arg(argc, argv, "--wait");
-    if (argc > 1 && !strcmp(argv[0], "vm"))
-        return !strcmp(argv[1], "suspend") || !strcmp(argv[1], "resume");
+    if (argc > 1 && !strcmp(argv[0], "vm")) /* and the waits of run --ready, stop --timeout */
+        return !strcmp(argv[1], "suspend") || !strcmp(argv[1], "resume") ||
+               (!strcmp(argv[1], "run") && has_arg(argc, argv, "--ready")) ||
+               (!strcmp(argv[1], "stop") && has_arg(argc, argv, "--timeout"));
     return false;
 }
 

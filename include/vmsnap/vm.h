@@ -129,9 +129,11 @@ VMSNAP_API int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name
 VMSNAP_API int vmsnap_vm_stop(const struct vmsnap_vm_opts *o, const char *name, bool remove,
                               struct vmsnap_err *err);
 /* vmsnap_vm_stop with the guest asked first: a running guest gets the ACPI power button and up
- * to `timeout` seconds to power off (its disk then clean: it synced and unmounted) before the
- * hard stop; *graceful (may be NULL) says whether it powered off itself. 0: the hard stop at
- * once (vmsnap_vm_stop). A paused, frozen or dead VM is stopped hard (its guest cannot answer). */
+ * to `timeout` seconds to power off (a guest that syncs and unmounts first leaves its disks
+ * clean) before the hard stop; *graceful (may be NULL) says whether it powered off itself. 0:
+ * the hard stop at once (vmsnap_vm_stop). A paused, frozen or dead VM is stopped hard (its guest
+ * cannot answer); so is one whose wait is interrupted (vmsnap_cancel: the stop is not left
+ * half-done). */
 VMSNAP_API int vmsnap_vm_shutdown(const struct vmsnap_vm_opts *o, const char *name, bool remove,
                                   unsigned timeout, bool *graceful, struct vmsnap_err *err);
 #define VMSNAP_VM_SHUTDOWN_MAX 3600

@@ -9,8 +9,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <stdio.h>
@@ -87,42 +85,8 @@ struct vm_console_mark vm_console_mark(const struct vmctx *c)
     return (struct vm_console_mark){st.st_dev, st.st_ino, (int64_t)st.st_size};
 }
 
-/* The VM's QEMU (its pid file) runs: neither gone nor a zombie. A pid file that cannot be read
- * counts as running (the timeout still ends the wait). */
-static bool qemu_runs(const struct vmctx *c)
-{
-    char p[PATH_LEN], b[64];
-    if (vm_pcat(p, c->vmdir, "/pid") < 0)
-        return true;
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return true;
-    ssize_t n = read(fd, b, sizeof(b) - 1);
-    close(fd);
-    if (n <= 0)
-        return true;
-    b[n] = '\0';
-    long pid = strtol(b, NULL, 10);
-    if (pid <= 0)
-        return true;
-    if (kill((pid_t)pid, 0) < 0 && errno == ESRCH)
-        return false;
-    /* a zombie: "PID (comm) Z ..."; comm may hold ')' , so the last one ends it */
-    snprintf(p, sizeof(p), "/proc/%ld/stat", pid);
-    char st[512];
-    if ((fd = open(p, O_RDONLY | O_CLOEXEC)) < 0)
-        return errno != ENOENT;
-    n = read(fd, st, sizeof(st) - 1);
-    close(fd);
-    if (n <= 0)
-        return true;
-    st[n] = '\0';
-    char *e = strrchr(st, ')');
-    return !(e && e[1] == ' ' && e[2] == 'Z');
-}
-
-int vm_wait_ready(const struct vmctx *c, struct vm_console_mark from, struct vmsnap_vm_timing *t,
-                  double *t0, struct vmsnap_err *err)
+int vm_wait_ready(struct vmctx *c, json_object *cfg, struct vm_console_mark from,
+                  struct vmsnap_vm_timing *t, double *t0, struct vmsnap_err *err)
 {
     const struct vmsnap_vm_opts *o = c->o;
     if (!o || !o->ready)
@@ -141,13 +105,21 @@ int vm_wait_ready(const struct vmctx *c, struct vm_console_mark from, struct vms
      * line the next read completes), is dropped */
     char buf[16384 + VMSNAP_VM_READY_MAX];
     size_t keep = 0;
+    /* QEMU watched as vm ls does without asking it (the pid file's process, checked to be this
+     * VM's: a QEMU that exited removed its pid file, a reused pid is another program's) */
+    struct vmsnap_vmm *v = NULL;
+    int rc = vm_vmm_from_cfg(c, cfg, &v, err);
+    if (rc < 0)
+        return rc;
+    vmsnap_vmm_set_reply_wait(v, -1);
     off_t pos = 0;
-    int fd = -1, rc = 0;
+    int fd = -1;
     bool found = false;
     for (int i = 0; !found; i++) {
         struct stat st;
-        if (fd < 0 && (fd = open(p, O_RDONLY | O_CLOEXEC)) >= 0 && fstat(fd, &st) == 0 &&
-            st.st_dev == from.dev && st.st_ino == from.ino && st.st_size >= from.size)
+        if (fd < 0 && (fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)) >= 0 &&
+            fstat(fd, &st) == 0 && st.st_dev == from.dev && st.st_ino == from.ino &&
+            st.st_size >= from.size)
             pos = (off_t)from.size; /* the log of the mark: past what it held then */
         ssize_t r;
         while (fd >= 0 && !found && (r = pread(fd, buf + keep, sizeof(buf) - keep, pos)) > 0) {
@@ -161,7 +133,9 @@ int vm_wait_ready(const struct vmctx *c, struct vm_console_mark from, struct vms
             break;
         if ((rc = cancel_check(err)) < 0)
             break;
-        if (i % 5 == 0 && !qemu_runs(c)) {
+        enum vmsnap_vmm_state vs = VMSNAP_VMM_OTHER;
+        struct vmsnap_err se = {0};
+        if (i % 5 == 0 && vmsnap_vmm_state(v, &vs, NULL, &se) == 0 && vs == VMSNAP_VMM_DEAD) {
             rc = vmsnap_err_set(err, ESRCH,
                                 "VM '%s': its QEMU exited before the guest printed its readiness "
                                 "line on its console (%s)",
@@ -180,6 +154,7 @@ int vm_wait_ready(const struct vmctx *c, struct vm_console_mark from, struct vms
     }
     if (fd >= 0)
         close(fd);
+    vmsnap_vmm_free(v);
     if (rc == 0)
         vm_step(t, "ready", t0);
     return rc;

@@ -125,10 +125,10 @@ struct vm_console_mark {
 };
 struct vm_console_mark vm_console_mark(const struct vmctx *c);
 /* c->o->ready (none: 0 at once): wait for a console line past `from` holding it, the step "ready"
- * of `t` (from *t0); ETIMEDOUT after the timeout, ESRCH when QEMU exits first, EINVAL for a
- * `ready` that is empty or longer than VMSNAP_VM_READY_MAX. */
-int vm_wait_ready(const struct vmctx *c, struct vm_console_mark from, struct vmsnap_vm_timing *t,
-                  double *t0, struct vmsnap_err *err);
+ * of `t` (from *t0); ETIMEDOUT after the timeout, ESRCH when the QEMU of `cfg` (the VM's record)
+ * exits first, EINVAL for a `ready` that is empty or longer than VMSNAP_VM_READY_MAX. */
+int vm_wait_ready(struct vmctx *c, json_object *cfg, struct vm_console_mark from,
+                  struct vmsnap_vm_timing *t, double *t0, struct vmsnap_err *err);
 
 /* ---- vm_checkpoint.c: the checkpoint format ---- */
 bool vm_stage_ok(const struct vmctx *c);

@@ -765,7 +765,7 @@ int vmsnap_vm_resume(const struct vmsnap_vm_opts *o, const char *name, const cha
     if (rc < 0)
         resume_undo(&r);
     else /* the guest runs: not undone if it does not say it is ready (the error says it runs) */
-        rc = vm_wait_ready(&r.c, mark, t, &r.t0, err);
+        rc = vm_wait_ready(&r.c, r.cfg ? r.cfg : r.old, mark, t, &r.t0, err);
     if (rc < 0)
         vmsnap_err_wrap(err, "vm resume %s: ", name);
     if (t)

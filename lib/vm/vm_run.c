@@ -146,7 +146,7 @@ int vmsnap_vm_run(const struct vmsnap_vm_opts *o, const char *name,
         goto out;
     }
     /* a guest that is not ready is not undone: it runs, as the error says */
-    rc = vm_wait_ready(&c, mark, t, &t0, err);
+    rc = vm_wait_ready(&c, cfg, mark, t, &t0, err);
     return vm_op_end(&c, cfg, v, rc, "run", t, tstart, err);
 out:
     if (rc < 0 && created) {

@@ -10,7 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* A running guest asked to power off, `timeout` seconds at most (*off: it did). */
+/* A running guest asked to power off, `timeout` seconds at most (*off: it did); a failure is
+ * the wait's (interrupted) or QMP's: the caller stops the VM hard all the same. */
 static int ask_guest(struct vmctx *c, struct vmsnap_vmm *v, unsigned timeout, bool *off,
                      struct vmsnap_err *err)
 {
@@ -67,8 +68,11 @@ int vmsnap_vm_shutdown(const struct vmsnap_vm_opts *o, const char *name, bool re
                             name, vm_cfg_str(cfg, "ram_path"), c.ram);
     if (rc == 0)
         rc = vm_vmm_from_cfg(&c, cfg, &v, err);
-    if (rc == 0 && timeout)
-        rc = ask_guest(&c, v, timeout, &off, err);
+    struct vmsnap_err ae = {0};
+    if (rc == 0 && timeout && ask_guest(&c, v, timeout, &off, &ae) < 0)
+        /* the wait interrupted (Ctrl-C, the daemon's deadline or shutdown), or QEMU gone or
+         * mute meanwhile: the stop goes on, hard, rather than leave a VM half-stopped */
+        vlog(VMSNAP_LOG_WARN, "VM '%s': %s: stopped hard", name, ae.msg);
     if (rc == 0) /* (gone already when the guest powered off: its files are removed) */
         rc = vmsnap_vmm_stop(v, err);
     if (rc == 0 && graceful)

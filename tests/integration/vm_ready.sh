@@ -4,8 +4,9 @@
 # returns once the guest printed a console line holding TEXT after it made it run, so that line
 # is in the log when it returns (a wait that returned at once would not find it there), and the
 # step "ready" is in its timing. A guest that prints no such line in time: exit 5, the VM left
-# running (its counter goes on, a later pause works). A QEMU that exits during the wait: exit 3,
-# said at once, not after the timeout. Bad values: usage errors.
+# running (its counter goes on, a later pause works), as after a wait interrupted (exit 130). A
+# QEMU that exits during the wait (killed, or terminated: its pid file gone): exit 3, said at
+# once, not after the timeout. Bad values: usage errors.
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
 S=$T/state
 from_golden "$S"
@@ -32,15 +33,26 @@ vmc "$S" ls | grep -Eq '^golden +running' || fail "ls after the readiness timeou
 wait_console "$S" golden "$from" "$READY" 60 || fail "the guest does not run on after the readiness timeout"
 vmc "$S" pause golden || fail "pause after the readiness timeout"
 
-# --- QEMU gone during the wait: exit 3 (ESRCH), said before the 600 s timeout
-vmc "$S" resume golden --ready 'vmsnap-never-printed' --ready-timeout 600 2>"$T/err" &
-job=$!
-wait_for 60 test -s "$S/vms/golden/pid" && wait_console "$S" golden "$(con_lines "$S" golden)" "$READY" 60 quiet ||
-    fail "the resume did not start its guest"
-kill -9 "$(cat "$S/vms/golden/pid")" 2>/dev/null
-rc=0 && wait "$job" || rc=$?
-[ "$rc" = 3 ] && grep -q "its QEMU exited before the guest printed its readiness line" "$T/err" ||
-    fail "resume whose QEMU died during the readiness wait: exit $rc: $(cat "$T/err")"
+# --- the wait interrupted (Ctrl-C): exit 130, the guest running on (not undone)
+from=$(con_lines "$S" golden)
+interrupt INT 3 "$VMSNAP" vm resume golden --ready 'vmsnap-never-printed' --ready-timeout 600 --state-dir "$S"
+[ "$irc" = 130 ] || fail "resume --ready interrupted: exit $irc: $(cat "$T/err")"
+vmc "$S" ls | grep -Eq '^golden +running' || fail "ls after an interrupted readiness wait: $(vmc "$S" ls)"
+wait_console "$S" golden "$from" "$READY" 60 || fail "the guest does not run on after an interrupted readiness wait"
+vmc "$S" pause golden || fail "pause after an interrupted readiness wait"
+
+# --- QEMU gone during the wait: exit 3 (ESRCH), said before the 600 s timeout; killed (its pid
+# file left behind) or terminated (QEMU removes its pid file as it exits)
+for sig in KILL TERM; do
+    vmc "$S" resume golden --ready 'vmsnap-never-printed' --ready-timeout 600 2>"$T/err" &
+    job=$!
+    wait_for 60 test -s "$S/vms/golden/pid" && wait_console "$S" golden "$(con_lines "$S" golden)" "$READY" 60 quiet ||
+        fail "the resume did not start its guest"
+    kill -"$sig" "$(cat "$S/vms/golden/pid")" 2>/dev/null
+    rc=0 && wait "$job" || rc=$?
+    [ "$rc" = 3 ] && grep -q "its QEMU exited before the guest printed its readiness line" "$T/err" ||
+        fail "resume whose QEMU died (SIG$sig) during the readiness wait: exit $rc: $(cat "$T/err")"
+done
 vmc "$S" stop --rm golden >/dev/null 2>&1 || true
 
 # --- run --ready: returns once the booted guest said it is ready (guest/init's "vmsnap-ready",

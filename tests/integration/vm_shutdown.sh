@@ -4,7 +4,8 @@
 # (QEMU's system_powerdown), powers off by itself (guest/init: "vmsnap-poweroff acpi", its disk
 # synced and unmounted) and QEMU exits: --json says graceful, the disk is e2fsck-clean and holds
 # the last file counter the guest printed. A guest that ignores the button (vmsnap.acpi=0) is
-# stopped hard after the timeout, said, still exit 0. A paused VM (no guest to ask) stops at once.
+# stopped hard after the timeout, said, still exit 0, and so is one whose wait is interrupted
+# (Ctrl-C). A paused VM (no guest to ask) stops at once.
 # Without --timeout the stop is the hard one it was (no power button). Bad values: usage errors.
 . "${VMSNAP_SRC:?run through ctest (VMSNAP_SRC, VMSNAP_BIN)}/tests/integration/vm_lib.sh"
 S=$T/state
@@ -47,6 +48,19 @@ rc=0 && vmc "$S" stop deaf --timeout 3 --json >"$T/stop.json" 2>"$T/err" || rc=$
 tail -n +"$((from + 1))" "$(con_log "$S" deaf)" | tr -d '\r' | grep -q 'vmsnap-poweroff' &&
     fail "the deaf guest powered off (vmsnap.acpi=0 not honoured: the case proves nothing)"
 wait_for 10 gone "$qp" || fail "QEMU $qp runs after the hard stop"
+
+# --- a graceful stop interrupted during its wait (Ctrl-C): the stop goes on, hard, exit 0 (it is
+# not left half-done: a VM whose record says running with its guest told to power off)
+vmc "$S" stop --rm deaf >/dev/null 2>&1
+vmc "$S" run deaf --kernel "$G/vmlinux" --initrd "$G/initrd.cpio.gz" --mem "$VM_MEM" --disk-size 64M \
+    --append "$(cat "$G/cmdline") vmsnap.acpi=0" --ready 'vmsnap-ready dirty=' --ready-timeout 600 >/dev/null 2>"$T/err" ||
+    fail "run deaf again: $(cat "$T/err")"
+qp=$(cat "$S/vms/deaf/pid")
+interrupt INT 2 "$VMSNAP" vm stop deaf --timeout 600 --state-dir "$S"
+[ "$irc" = 0 ] && grep -q "VM 'deaf': interrupted (SIGINT): stopped hard" "$T/err" ||
+    fail "a graceful stop interrupted: exit $irc: $(cat "$T/err")"
+wait_for 10 gone "$qp" || fail "QEMU $qp runs after an interrupted graceful stop"
+vmc "$S" ls | grep -Eq '^deaf +stopped' || fail "ls after an interrupted graceful stop: $(vmc "$S" ls)"
 
 # --- without --timeout: the hard stop, the guest not asked
 vmc "$S" stop --rm deaf >/dev/null 2>&1
