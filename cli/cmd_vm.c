@@ -140,7 +140,7 @@ static int count_opt(const char *verb, int c, struct args *a)
         const char *name, *unit;
     } t[] = {
         {OPT_CPUS, 1, 64, "--cpus", ""},
-        {OPT_READY_TIMEOUT, 1, 3600, "--ready-timeout", " seconds"},
+        {OPT_READY_TIMEOUT, 1, VMSNAP_VM_READY_TIMEOUT_MAX, "--ready-timeout", " seconds"},
         {OPT_TIMEOUT, 1, VMSNAP_VM_SHUTDOWN_MAX, "--timeout", " seconds"},
         {OPT_LINES, 1, 1000000, "--lines", ""},
         {'j', 1, 256, "-j", ""},

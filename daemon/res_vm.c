@@ -299,19 +299,20 @@ static int asset(struct d_request *rq, struct d_response *rs, json_object *o, co
     return rc;
 }
 
-/* run, resume: "ready" 1 to VMSNAP_VM_READY_MAX bytes, "ready_timeout_seconds" 1 to 3600 and
- * only with it (the CLI's --ready, --ready-timeout); false after the 400 */
+/* run, resume: "ready" 1 to VMSNAP_VM_READY_MAX bytes, "ready_timeout_seconds" 1 to
+ * VMSNAP_VM_READY_TIMEOUT_MAX and only with it (the CLI's --ready, --ready-timeout); false after
+ * the 400 */
 static bool ready_ok(struct d_response *rs, json_object *o)
 {
     const char *r = d_jstr(o, "ready");
     int64_t to = d_jint(o, "ready_timeout_seconds", 0);
     json_object *tv = NULL;
     bool has_to = json_object_object_get_ex(o, "ready_timeout_seconds", &tv);
-    if ((r && (!*r || strlen(r) > VMSNAP_VM_READY_MAX)) || (has_to && (to < 1 || to > 3600)) ||
-        (has_to && !r)) {
+    if ((r && (!*r || strlen(r) > VMSNAP_VM_READY_MAX)) ||
+        (has_to && (to < 1 || to > VMSNAP_VM_READY_TIMEOUT_MAX)) || (has_to && !r)) {
         d_error_msg(rs, -D_EUSAGE,
-                    "ready: 1 to %d bytes; ready_timeout_seconds: 1 to 3600, and only with ready",
-                    VMSNAP_VM_READY_MAX);
+                    "ready: 1 to %d bytes; ready_timeout_seconds: 1 to %d, and only with ready",
+                    VMSNAP_VM_READY_MAX, VMSNAP_VM_READY_TIMEOUT_MAX);
         return false;
     }
     return true;

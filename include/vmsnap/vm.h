@@ -72,6 +72,7 @@ struct vmsnap_vm_opts {
 };
 #define VMSNAP_VM_READY_MAX 256
 #define VMSNAP_VM_READY_TIMEOUT 60
+#define VMSNAP_VM_READY_TIMEOUT_MAX 3600 /* what the CLI and the daemon take */
 
 /* Step timings of one lifecycle call, in call order. */
 struct vmsnap_vm_timing {
