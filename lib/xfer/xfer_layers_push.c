@@ -575,18 +575,21 @@ static int commit(struct lpush *p, struct vmsnap_err *err)
 
 /* A failed push: what it stored is nobody's (no manifest names a key of its push id), so it
  * goes without any check; what cannot be removed is gc's. Not once a commit was sent whose
- * outcome is unknown (its manifest may be there, naming them). */
+ * outcome is unknown (its manifest may be there, naming them). The first delete that fails
+ * (after its retries) ends it: the store is gone or refusing, and trying each object in turn
+ * kept a Ctrl-C'd push against a dead or stalled store for minutes (6 attempts of up to 30 s
+ * stall each, per object). */
 static void undo(struct lpush *p)
 {
     if (p->put_sent)
         return;
-    unsigned left = 0;
-    for (size_t i = 0; i < p->nstored; i++)
+    size_t left = 0;
+    for (size_t i = 0; i < p->nstored && !left; i++)
         if (vmsnap_store_delete(p->ctl, p->stored[i], NULL) < 0)
-            left++;
+            left = p->nstored - i;
     if (left)
         vlog(VMSNAP_LOG_WARN,
-             "%s: %u objects of this push could not be removed ('vmsnap gc' "
+             "%s: %zu objects of this push could not be removed ('vmsnap gc' "
              "removes them after its grace period)",
              p->url, left);
 }

@@ -38,6 +38,23 @@ grep -q "gave up after 3 attempts" "$T/err" || fail "push: not a bounded-retry e
 [ "$(head_code gone)" = 404 ] || fail "an object is visible after the failed push"
 [ "$(uploads_left)" = 0 ] || fail "the failed push left its multipart upload"
 
+# ... and mid-way through a layered set's push: its clean-up gives up at the first object it
+# cannot remove (it tried every object in turn, each with all its retries: minutes against a
+# dead or stalled store after a Ctrl-C), says how many it left, and gc removes them later
+mkdir -p "$T/gset" && for f in a b c d; do head -c 200000 /dev/urandom >"$T/gset/$f"; done
+start_proxy "7+:reset"
+: >"$T/proxy.log"
+VMSNAP_S3_ATTEMPTS=3 expect_fail "set push with the server gone" \
+    "$VMSNAP" push -j 1 --layout layered --endpoint "$PEP" "$T/gset" "s3://$BUCKET/gset"
+grep -q "objects of this push could not be removed ('vmsnap gc'" "$T/err" ||
+    fail "set push with the server gone: what it left is not said: $(cat "$T/err")"
+# (one object's 3 attempts; libcurl may send one of them again on a fresh connection)
+ndel=$(grep '^faultproxy: #[0-9]* DELETE ' "$T/proxy.log" | awk '{print $4}' | sort -u | wc -l)
+[ "$ndel" = 1 ] || fail "the clean-up tried $ndel objects: $(grep DELETE "$T/proxy.log")"
+[ -n "$(keys_under gset/)" ] || fail "the test did not leave objects behind"
+"$VMSNAP" -q gc --older-than 0 "s3://$BUCKET/gset" || fail "gc after the failed set push"
+[ -z "$(keys_under gset/)" ] || fail "gc left the failed push's objects: $(keys_under gset/)"
+
 # an endpoint where nothing listens: the error names it (only the bucket and key were named, and
 # a mistyped AWS_ENDPOINT_URL looked like a store problem)
 stop_proxy
