@@ -16,7 +16,8 @@
 #                                       a mode daemon.LABEL: a daemon with DAEMON_SET_LABEL too,
 #                                       e.g. MODES="daemon daemon.old cli"
 #                                       DAEMON_SET_old="bulk_workers=2 bulk_nice=0"
-#                                       BENCH_DIR=/var/tmp
+#                                       BENCH_DIR=/var/tmp RGW_GIB=64 (the store's sparse
+#                                       OSD file; a run of 3 modes wrote ~20 GiB)
 #   smoke:  VMS=2 CLIENTS=2 DURATION=30 bench/density.sh
 # Runs under TCG here (--accel auto: no vmx/svm): the figures are for ratios.
 set -euo pipefail
@@ -52,7 +53,12 @@ cleanup() {
     rm -rf "$W"
 }
 trap cleanup EXIT
-bash "$here/tests/rgw-up.sh" "$RGW" >"$W/rgw.log" 2>&1 || { echo "RGW did not start: $(tail -5 "$W/rgw.log")" >&2; exit 1; }
+# the store's OSD: a quiet machine's three-mode run (~180 cycles per mode) wrote 20 GiB and
+# filled the tests' default, whose full OSD then blocked every suspend of the last mode
+need=$((${RGW_GIB:-64} / 2))
+free=$(($(df -k --output=avail "$W" | tail -1) >> 20))
+[ "$free" -ge "$need" ] || echo "bench/density.sh: warning: $free GiB free under $W, a long run may need $need" >&2
+VMSNAP_RGW_BLOCK_GIB=${RGW_GIB:-64} bash "$here/tests/rgw-up.sh" "$RGW" >"$W/rgw.log" 2>&1 || { echo "RGW did not start: $(tail -5 "$W/rgw.log")" >&2; exit 1; }
 . "$RGW/env"
 export AWS_ENDPOINT_URL AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
 export BUCKET=densitybench-$$

@@ -3,7 +3,8 @@
 # Start a throw-away Ceph RGW on 127.0.0.1 for the S3 tests (one mon, one OSD on a sparse
 # bluestore file, radosgw, auth none), following docs in ../shared/reference/ceph-rgw.md.
 #
-#   tests/rgw-up.sh STATE_DIR
+#   tests/rgw-up.sh STATE_DIR       env: VMSNAP_RGW_BLOCK_GIB=20 (the OSD's sparse block file;
+#                                   a full OSD blocks every write, it does not fail them)
 #
 # STATE_DIR (e.g. <build>/rgw) holds every file of the cluster; ports are picked free at start,
 # so a normal and an ASan build (or two checkouts) never collide. On success STATE_DIR/env holds
@@ -85,7 +86,7 @@ osd data = $STATE/osd.0
 osd objectstore = bluestore
 bluestore block path = $STATE/osd0-block.img
 bluestore block create = true
-bluestore block size = 21474836480
+bluestore block size = $((${VMSNAP_RGW_BLOCK_GIB:-20} << 30))
 bluestore block db create = false
 bluestore block wal create = false
 osd memory target = 1073741824
