@@ -17,6 +17,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 void vm_step(struct vmsnap_vm_timing *t, const char *name, double *t0)
@@ -242,6 +243,37 @@ static void sweep_temps(const struct vmctx *c)
             vlog(VMSNAP_LOG_INFO, "removed %s, left by a vmsnap command that was killed", p);
 }
 
+pid_t vm_lock_holder(const char *path, bool self)
+{
+    struct stat sb;
+    if (stat(path, &sb) < 0)
+        return 0;
+    FILE *f = fopen("/proc/locks", "re");
+    if (!f)
+        return 0;
+    char line[256];
+    pid_t holder = 0;
+    while (!holder && fgets(line, sizeof(line), f)) {
+        /* "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF" (major:minor in hex) */
+        char kind[16];
+        int pid;
+        unsigned maj, min;
+        unsigned long long ino;
+        if (sscanf(line, "%*d: %15s %*s %*s %d %x:%x:%llu", kind, &pid, &maj, &min, &ino) == 5 &&
+            !strcmp(kind, "FLOCK") && ino == (unsigned long long)sb.st_ino &&
+            maj == major(sb.st_dev) && min == minor(sb.st_dev) && pid > 0 &&
+            (pid == getpid()) == self)
+            holder = pid;
+    }
+    fclose(f);
+    return holder;
+}
+
+/* How long a lock this process took, still held after its release, is waited for: a child this
+ * process forked at that moment (QEMU's start for another VM, in vmsnapd) holds copies of every
+ * descriptor until it closes them, and an flock lives as long as any copy. */
+#define LOCK_OWN_WAIT_MS 2000
+
 /* Lock the VM's directory against concurrent vmsnap commands on the same VM. */
 int vm_ctx_lock(struct vmctx *c, struct vmsnap_err *err)
 {
@@ -251,9 +283,13 @@ int vm_ctx_lock(struct vmctx *c, struct vmsnap_err *err)
             return vmsnap_err_set(err, ENOENT, "no VM named '%s' under %s", c->name, c->state);
         return err_sys(err, "open %s", c->vmdir);
     }
-    if (flock(c->lockfd, LOCK_EX | LOCK_NB) < 0)
-        return vmsnap_err_set(err, EBUSY, "VM '%s' is busy: another vmsnap command holds %s",
-                              c->name, c->vmdir);
+    for (unsigned waited = 0; flock(c->lockfd, LOCK_EX | LOCK_NB) < 0; waited += 10) {
+        /* a lock another process took is that command's: busy at once */
+        if (errno != EWOULDBLOCK || waited >= LOCK_OWN_WAIT_MS || !vm_lock_holder(c->vmdir, true))
+            return vmsnap_err_set(err, EBUSY, "VM '%s' is busy: another vmsnap command holds %s",
+                                  c->name, c->vmdir);
+        sys_sleep_ms(10);
+    }
     sweep_temps(c);
     return 0;
 }

@@ -85,6 +85,10 @@ int vm_ctx_init(struct vmctx *c, const struct vmsnap_vm_opts *o, const char *nam
                 struct vmsnap_err *err);
 void vm_ctx_fini(struct vmctx *c);
 int vm_ctx_lock(struct vmctx *c, struct vmsnap_err *err);
+/* The pid of a process holding an flock on `path` (a VM directory: vm_ctx_lock), from
+ * /proc/locks, or 0: another process's, or (`self`) one this process took. vm ls only looks:
+ * taking the lock, even shared for a moment, could make a command starting then fail as busy. */
+pid_t vm_lock_holder(const char *path, bool self);
 int vm_check_ram_dir(struct vmctx *c, struct vmsnap_err *err);
 int vm_ram_room(const struct vmctx *c, int64_t mem, struct vmsnap_err *err);
 int vm_load(struct vmctx *c, json_object **cfg, struct vmsnap_err *err);

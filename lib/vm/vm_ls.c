@@ -18,34 +18,6 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* The pid of the process holding an flock on `path` (a VM directory: vm_ctx_lock), from
- * /proc/locks, or 0. vm ls only looks: taking the lock, even shared for a moment, could make a
- * command starting then fail as busy. */
-static pid_t lock_holder(const char *path)
-{
-    struct stat sb;
-    if (stat(path, &sb) < 0)
-        return 0;
-    FILE *f = fopen("/proc/locks", "re");
-    if (!f)
-        return 0;
-    char line[256];
-    pid_t holder = 0;
-    while (!holder && fgets(line, sizeof(line), f)) {
-        /* "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF" (major:minor in hex) */
-        char kind[16];
-        int pid;
-        unsigned maj, min;
-        unsigned long long ino;
-        if (sscanf(line, "%*d: %15s %*s %*s %d %x:%x:%llu", kind, &pid, &maj, &min, &ino) == 5 &&
-            !strcmp(kind, "FLOCK") && ino == (unsigned long long)sb.st_ino &&
-            maj == major(sb.st_dev) && min == minor(sb.st_dev) && pid > 0 && pid != getpid())
-            holder = pid;
-    }
-    fclose(f);
-    return holder;
-}
-
 int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *arg,
                    struct vmsnap_err *err)
 {
@@ -91,7 +63,7 @@ int vmsnap_vm_list(const struct vmsnap_vm_opts *o, vmsnap_vm_list_fn fn, void *a
             status = "?";
         /* a VM a command holds is not asked: its QEMU may be that command's QMP client (one
          * at a time), and ls waited for it, up to the QMP timeout per VM */
-        pid_t busy = lock_holder(vc.vmdir);
+        pid_t busy = vm_lock_holder(vc.vmdir, false);
         int src = vm_state(&vc, cfg, busy ? -1 : LS_QMP_WAIT, &st, &pid, &e2);
         if (src < 0)
             st = VMSNAP_VMM_OTHER;

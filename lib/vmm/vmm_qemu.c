@@ -258,6 +258,26 @@ static int cloexec_from_3(void)
     return 0;
 }
 
+/* In a child at once: every descriptor from 3 on closed but `a` and `b`. The caller's (in
+ * vmsnapd, every operation's: their VM directories' locks, store connections, the daemon's
+ * socket) were held by the children until QEMU's exec, through a second fork: a VM lock released
+ * meanwhile stayed taken and the VM's next command failed as busy. Best effort (close_range):
+ * close-on-exec covers the rest. */
+static void close_but(int a, int b)
+{
+    int lo = a < b ? a : b, hi = a < b ? b : a;
+    int from = 3;
+    const int keep[2] = {lo, hi};
+    for (int i = 0; i < 2; i++) {
+        if (keep[i] < from)
+            continue;
+        if (keep[i] > from)
+            (void)close_range((unsigned)from, (unsigned)keep[i] - 1, 0);
+        from = keep[i] + 1;
+    }
+    (void)close_range((unsigned)from, ~0U, 0);
+}
+
 /* A start of QEMU: its command line and environment, built before fork (no allocation in the
  * child). */
 struct spawn {
@@ -303,6 +323,16 @@ static int spawn_prepare(struct vmsnap_vmm *v, bool incoming, struct spawn *sp,
  * QEMU, sends its pid over `wfd` and exits; QEMU execs, or sends its exec errno. */
 static __attribute__((noreturn)) void spawn_child(const struct spawn *sp, int logfd, int wfd)
 {
+    if (sp->fp_kill > 0) {
+        /* test hook: the caller killed (SIGKILL) while this child, just forked, holds copies
+         * of its descriptors (a restart must not take them for a live daemon's); then it
+         * exits without QEMU (one started for the dead caller would race its recovery) */
+        kill(sp->fp_kill, SIGKILL);
+        struct timespec ts = {5, 0};
+        nanosleep(&ts, NULL);
+        _exit(127);
+    }
+    close_but(logfd, wfd);
     /* QEMU gets the default signal mask and actions (the caller's may block SIGTERM, as
      * the CLI does to handle it on a thread: QEMU would not stop on it). A signal sent to
      * the caller's process group before setsid() is pending here: discarded (ignored, then
@@ -322,15 +352,6 @@ static __attribute__((noreturn)) void spawn_child(const struct spawn *sp, int lo
     if (q != 0) {
         int qp = (int)q;
         _exit(q < 0 || write(wfd, &qp, sizeof(qp)) != (ssize_t)sizeof(qp) ? 127 : 0);
-    }
-    if (sp->fp_kill > 0) {
-        /* test hook: the caller killed (SIGKILL) while this child, not yet exec'd, holds copies
-         * of its descriptors (a restart must not take them for a live daemon's); then it
-         * exits without QEMU (one started for the dead caller would race its recovery) */
-        kill(sp->fp_kill, SIGKILL);
-        struct timespec ts = {5, 0};
-        nanosleep(&ts, NULL);
-        _exit(127);
     }
     /* not close-on-exec: with the caller's stdin closed this is descriptor 0 itself (those
      * above 2 are made close-on-exec below) */

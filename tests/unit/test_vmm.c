@@ -8,9 +8,11 @@
 #include "vmm/vmm_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -130,6 +132,65 @@ static void test_new(void)
     vmsnap_vmm_free(NULL);
 }
 
+/* The VM lock: a copy of this process's lock descriptor in a child it forked (QEMU's start for
+ * another VM, in vmsnapd) outlives the lock's release for a moment; the next command of this
+ * process on that VM waits for it (it failed as busy: a density run's resume, 6 ms after the
+ * suspend before it). A lock another process holds is busy at once. */
+static void test_lock(void)
+{
+    char sd[512], rd[512], vd[600];
+    snprintf(sd, sizeof(sd), "%s/lock-state", t_tmpdir());
+    snprintf(rd, sizeof(rd), "%s/lock-ram", t_tmpdir());
+    snprintf(vd, sizeof(vd), "%s/vms/x", sd);
+    REQUIRE(mkdir(sd, 0700) == 0 && mkdir(rd, 0700) == 0);
+    char vms[560];
+    snprintf(vms, sizeof(vms), "%s/vms", sd);
+    REQUIRE(mkdir(vms, 0700) == 0 && mkdir(vd, 0700) == 0);
+    struct vmsnap_vm_opts o = {.state_dir = sd, .ram_dir = rd};
+    struct vmsnap_err e = {0};
+    struct vmctx c;
+    REQUIRE(vm_ctx_init(&c, &o, "x", &e) == 0);
+    CHECKF(vm_ctx_lock(&c, &e) == 0, "%s", e.msg);
+    pid_t kid = fork();
+    REQUIRE(kid >= 0);
+    if (kid == 0) { /* holds a copy of the lock's descriptor for a moment, as a forked child does */
+        usleep(300 * 1000);
+        _exit(0);
+    }
+    vm_ctx_fini(&c);
+    struct vmctx c2;
+    REQUIRE(vm_ctx_init(&c2, &o, "x", &e) == 0);
+    CHECKF(vm_ctx_lock(&c2, &e) == 0, "a lock our child still held for a moment: %s", e.msg);
+    int st;
+    REQUIRE(waitpid(kid, &st, 0) == kid);
+    vm_ctx_fini(&c2);
+    /* another process's lock */
+    int p[2];
+    REQUIRE(pipe(p) == 0);
+    kid = fork();
+    REQUIRE(kid >= 0);
+    if (kid == 0) {
+        int fd = open(vd, O_RDONLY | O_DIRECTORY);
+        char b = fd >= 0 && flock(fd, LOCK_EX) == 0 ? 'y' : 'n';
+        if (write(p[1], &b, 1) != 1)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    char b = 0;
+    REQUIRE(read(p[0], &b, 1) == 1 && b == 'y');
+    struct vmctx c3;
+    REQUIRE(vm_ctx_init(&c3, &o, "x", &e) == 0);
+    CHECK(vm_ctx_lock(&c3, &e) == -EBUSY);
+    CHECKF(strstr(e.msg, "is busy: another vmsnap command holds") != NULL, "%s", e.msg);
+    CHECK(vm_lock_holder(vd, false) == kid && vm_lock_holder(vd, true) == 0);
+    vm_ctx_fini(&c3);
+    kill(kid, SIGKILL);
+    REQUIRE(waitpid(kid, &st, 0) == kid);
+    close(p[0]);
+    close(p[1]);
+}
+
 /* vmsnap_vmm_set_reply_wait(< 0): the state of a live VMM comes from its pid alone (vm ls of a
  * VM another command holds), the VMM is not asked; by default it is. A shell whose command line
  * names the handle's QMP socket as QEMU's does stands in for QEMU (nothing listens there). */
@@ -187,5 +248,6 @@ int main(void)
     test_rewrite();
     test_new();
     test_reply_wait();
+    test_lock();
     return t_done();
 }
