@@ -17,7 +17,7 @@
 #                                       e.g. MODES="daemon daemon.old cli"
 #                                       DAEMON_SET_old="bulk_workers=2 bulk_nice=0"
 #                                       BENCH_DIR=/var/tmp RGW_GIB=64 (the store's sparse
-#                                       OSD file; a run of 3 modes wrote ~20 GiB)
+#                                       OSD file; a run of 3 modes wrote over 20 GiB)
 #   smoke:  VMS=2 CLIENTS=2 DURATION=30 bench/density.sh
 # Runs under TCG here (--accel auto: no vmx/svm): the figures are for ratios.
 set -euo pipefail
@@ -53,7 +53,7 @@ cleanup() {
     rm -rf "$W"
 }
 trap cleanup EXIT
-# the store's OSD: a quiet machine's three-mode run (~180 cycles per mode) wrote 20 GiB and
+# the store's OSD: a quiet machine's three-mode run (~200 cycles per mode) wrote over 20 GiB and
 # filled the tests' default, whose full OSD then blocked every suspend of the last mode
 need=$((${RGW_GIB:-64} / 2))
 free=$(($(df -k --output=avail "$W" | tail -1) >> 20))
