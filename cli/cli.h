@@ -149,6 +149,9 @@ bool cli_word_in(const char *list, const char *word);
 const char *cli_opt_label(char *buf, size_t cap, const struct cli_opt *o);
 /* The row of `opts` cli_getopt returns `val` for; NULL when none. */
 const struct cli_opt *cli_opt_by_val(const struct cli_opt *opts, int val);
+/* The row of `opts` for `c` is for `word` (its `only` lists it, or is NULL): 0; else the usage
+ * error for `verb` ("--timeout is an option of stop only (vm pause does not use it)") and -1. */
+int cli_opt_for(const char *verb, const char *word, const struct cli_opt *opts, int c);
 /* `vmsnap help VERB` (and VERB --help): usage, sub-verbs, description, options, on stdout.
  * Returns EXIT_OK, or the usage error for an unknown verb. */
 int cli_verb_help(const char *name);

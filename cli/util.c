@@ -379,6 +379,38 @@ const struct cli_opt *cli_opt_by_val(const struct cli_opt *opts, int val)
     return NULL;
 }
 
+/* "push, pull and export": the words of `list` joined for a message. */
+static void join_words(char *who, size_t cap, const char *list)
+{
+    size_t n = 0, len = 0;
+    for (const char *p = list; *p; p += strspn(p, " "), n++)
+        p += strcspn(p, " ");
+    who[0] = 0;
+    const char *p = list;
+    for (size_t k = 0; k < n && len < cap; k++) {
+        size_t w = strcspn(p, " ");
+        len += (size_t)snprintf(who + len, cap - len, "%s%.*s",
+                                k == 0       ? ""
+                                : k == n - 1 ? " and "
+                                             : ", ",
+                                (int)w, p);
+        p += w;
+        p += strspn(p, " ");
+    }
+}
+
+int cli_opt_for(const char *verb, const char *word, const struct cli_opt *opts, int c)
+{
+    const struct cli_opt *o = cli_opt_by_val(opts, c);
+    if (!o || !o->only || cli_word_in(o->only, word))
+        return 0;
+    char name[64], who[64];
+    join_words(who, sizeof(who), o->only);
+    return cli_usage(verb, "%s is an option of %s only (%s does not use it)",
+                     cli_opt_label(name, sizeof(name), o), who, verb),
+           -1;
+}
+
 double cli_cpu_seconds(void)
 {
     struct rusage ru;

@@ -55,33 +55,6 @@ const struct cli_opt cli_xfer_opts[] = {
     CLI_OPT_END,
 };
 
-/* An option that `verb` does not use: the usage error (0, or -1 after it). */
-static int for_this_verb(const char *verb, int c)
-{
-    const struct cli_opt *o = cli_opt_by_val(cli_xfer_opts, c);
-    if (!o || !o->only || cli_word_in(o->only, verb))
-        return 0;
-    /* "push, pull and export" */
-    char name[64], who[64] = "";
-    size_t n = 0, len = 0;
-    for (const char *p = o->only; *p; p += strspn(p, " "), n++)
-        p += strcspn(p, " ");
-    const char *p = o->only;
-    for (size_t k = 0; k < n && len < sizeof(who); k++) {
-        size_t w = strcspn(p, " ");
-        len += (size_t)snprintf(who + len, sizeof(who) - len, "%s%.*s",
-                                k == 0       ? ""
-                                : k == n - 1 ? " and "
-                                             : ", ",
-                                (int)w, p);
-        p += w;
-        p += strspn(p, " ");
-    }
-    return cli_usage(verb, "%s is an option of %s only (%s does not use it)",
-                     cli_opt_label(name, sizeof(name), o), who, verb),
-           -1;
-}
-
 /* -j, --threads, --level, --retries: a count in a range. */
 static int count_opt(const char *verb, int c, struct vmsnap_xfer_opts *o)
 {
@@ -289,7 +262,7 @@ static int xfer_getopt(const char *verb, int argc, char **argv, struct vmsnap_xf
     int c;
     optind = 1;
     while ((c = cli_getopt(argc, argv, cli_xfer_opts)) != -1) {
-        int rc = for_this_verb(verb, c);
+        int rc = cli_opt_for(verb, verb, cli_xfer_opts, c);
         if (rc == 0)
             rc = one_opt(verb, c, o, f);
         if (rc < 0)
